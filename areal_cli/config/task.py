@@ -1,0 +1,134 @@
+"""Typed schema of the `task` and `reward` config groups (no torch, no heavy imports)."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TASK_SOURCES = ("reasoning_gym", "file", "hf_disk", "humaneval")
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+REWARD_FNS = ("auto", "reasoning_gym", "math_verify", "exact", "numeric", "code")
+
+DEFAULT_INSTRUCTION = (
+    "Think briefly, then give your final answer on the last line as 'Answer: <number>'."
+)
+
+
+@dataclass
+class TaskConfig:
+    """Where problems come from and how they are phrased."""
+
+    name: str = "basic_arithmetic"
+    """Preset name; also the prefix of every problem id ("<name>/<split>/<index>")."""
+    source: str = "reasoning_gym"
+    """One of "reasoning_gym" | "file" (JSONL/JSON/Parquet) | "hf_disk" | "humaneval"."""
+    dataset: str = "basic_arithmetic"
+    """reasoning-gym dataset name (source "reasoning_gym" only)."""
+    params: dict = field(default_factory=dict)
+    """reasoning_gym.create_dataset options; {} = the dataset's defaults. Empty here because
+    YAML merges dicts key by key: conf/task/basic_arithmetic.yaml sets 2 terms, 1 digit, +/-."""
+    size: int = 2000
+    """Training problems; for file/hf_disk/humaneval at most this many (0 = all that remain)."""
+    eval_size: int = 64
+    """Held-out problems; files without eval_path hold this many out by a seeded shuffle."""
+    path: str = ""
+    """File (.jsonl/.json/.parquet) or `datasets.save_to_disk` directory (file, hf_disk)."""
+    eval_path: str = ""
+    """Optional separate eval file/directory; empty = hold eval_size out of `path`."""
+    prompt_field: str = "prompt"
+    """Record field holding the question text (file, hf_disk)."""
+    answer_field: str = "answer"
+    """Record field holding the reference answer (file, hf_disk)."""
+    id_field: str = ""
+    """Record field holding a unique id; empty = "<name>/<index in the file>"."""
+    system_prompt: str = ""
+    """System message prepended to every conversation; empty = none."""
+    instruction: str = DEFAULT_INSTRUCTION
+    """Answer-format instruction appended to every prompt; empty = none."""
+    seed: int = 0
+    """Train generator/shuffle seed; eval uses a seed derived from it, so problems differ."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.source not in TASK_SOURCES:
+            errors.append(f"task.source={self.source!r}: use one of {', '.join(TASK_SOURCES)}")
+        if self.size < 0 or self.eval_size < 0:
+            errors.append("task.size / task.eval_size must be >= 0: set a non-negative count")
+        if self.source == "reasoning_gym":
+            errors += self._validate_reasoning_gym()
+        if self.source in ("file", "hf_disk"):
+            errors += self._validate_path("path", self.path, required=True)
+            errors += self._validate_path("eval_path", self.eval_path, required=False)
+            if not self.prompt_field or not self.answer_field:
+                errors.append("task.prompt_field / task.answer_field: name the record fields")
+        return errors
+
+    def _validate_reasoning_gym(self) -> list[str]:
+        if self.size == 0:
+            return ["task.size=0: reasoning-gym generates problems; set task.size > 0"]
+        if importlib.util.find_spec("reasoning_gym") is None:
+            return ["task.source=reasoning_gym needs the package: pip install reasoning-gym"]
+        from reasoning_gym.factory import DATASETS
+
+        if self.dataset not in DATASETS:
+            close = sorted(n for n in DATASETS if self.dataset[:4] in n)[:8]
+            return [f"task.dataset={self.dataset!r} is not a reasoning-gym dataset (near: {close})"]
+        return []
+
+    def _validate_path(self, key: str, value: str, required: bool) -> list[str]:
+        if not value:
+            return [f"task.{key} is empty: set task.{key}=/path/to/data"] if required else []
+        p = Path(value).expanduser()
+        if not p.exists():
+            return [f"task.{key}={value!r} does not exist: give an existing path"]
+        if self.source == "file" and p.suffix not in FILE_SUFFIXES:
+            return [f"task.{key}={value!r}: file must end in {', '.join(FILE_SUFFIXES)}"]
+        if self.source == "hf_disk" and not p.is_dir():
+            return [f"task.{key}={value!r}: hf_disk needs a datasets.save_to_disk directory"]
+        return []
+
+
+@dataclass
+class RewardConfig:
+    """How a completion is scored, and the limits of the reward worker pool and sandbox."""
+
+    fn: str = "auto"
+    """"auto" (by problem) | reasoning_gym | math_verify | exact | numeric | code | "module:function"."""
+    timeout_s: float = 10.0
+    """Per-call limit in the reward pool; a call past it scores 0 with status "timeout"."""
+    workers: int = 2
+    """Reward worker processes per rollout worker."""
+    numeric_tol: float = 1e-6
+    """Absolute and relative tolerance of the "numeric" scorer."""
+    code_cpu_s: int = 5
+    """CPU seconds a sandboxed program may use (RLIMIT_CPU)."""
+    code_wall_s: float = 8.0
+    """Wall seconds before the sandbox's whole process group is killed."""
+    code_mem_mb: int = 1024
+    """Address-space limit of a sandboxed program in MiB (RLIMIT_AS)."""
+    code_nproc: int = 32
+    """Processes a sandboxed program may own (RLIMIT_NPROC, under a uid of its own as root)."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if self.fn not in REWARD_FNS and ":" not in self.fn:
+            errors.append(
+                f"reward.fn={self.fn!r}: use one of {', '.join(REWARD_FNS)} "
+                "or an import path 'my_module:my_fn'"
+            )
+        for key in ("timeout_s", "workers", "code_cpu_s", "code_wall_s", "code_mem_mb"):
+            if getattr(self, key) <= 0:
+                errors.append(f"reward.{key}={getattr(self, key)} must be > 0: raise it")
+        if self.code_nproc < 1:
+            errors.append(f"reward.code_nproc={self.code_nproc} must be >= 1: raise it")
+        if self.numeric_tol < 0:
+            errors.append(f"reward.numeric_tol={self.numeric_tol} must be >= 0")
+        if self.fn in ("auto", "code") and self.timeout_s <= self.code_wall_s:
+            errors.append(
+                f"reward.timeout_s={self.timeout_s} <= reward.code_wall_s={self.code_wall_s}: "
+                "the pool would kill code runs first; set timeout_s above code_wall_s"
+            )
+        if self.code_wall_s <= self.code_cpu_s * 0.5:
+            errors.append("reward.code_wall_s is far below code_cpu_s: set it >= code_cpu_s")
+        return errors

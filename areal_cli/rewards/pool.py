@@ -1,0 +1,241 @@
+"""RewardPool: scoring in worker processes, each call bounded by reward.timeout_s.
+
+Guarantees: submit() never blocks; a call that overstays its timeout (counted from when a
+worker picks it up) or raises scores 0 with status "timeout" / "error", is counted in
+`timeouts` / `errors` and logged once with its problem id; a hung or dead worker process is
+killed and replaced, so one bad sample never holds up the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import multiprocessing as mp
+import os
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+
+from areal_cli.config.task import RewardConfig
+from areal_cli.tasks.base import Problem
+
+logger = logging.getLogger(__name__)
+MAX_START_FAILURES = 5
+
+
+@dataclass
+class RewardResult:
+    score: float
+    """The reward; 0.0 unless status is "ok"."""
+    status: str
+    """"ok" | "timeout" | "error"."""
+    detail: str = ""
+    """Why, when status is not "ok"."""
+
+
+@dataclass
+class _Job:
+    future: Future
+    completion: str
+    problem: Problem
+
+
+class _Worker:
+    """One scoring process, its pipe, and the job it is running (if any)."""
+
+    def __init__(self, ctx, cfg: RewardConfig):
+        self.conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(target=_worker_main, args=(child_conn, cfg), daemon=True)
+        self.process.start()
+        child_conn.close()
+        self.ready = False
+        self.job: _Job | None = None
+        self.deadline = float("inf")
+
+    def start(self, job: _Job, timeout_s: float) -> None:
+        self.job, self.deadline = job, time.monotonic() + timeout_s
+        self.conn.send((job.completion, job.problem))
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+
+def _worker_main(conn, cfg: RewardConfig) -> None:
+    from areal_cli.rewards.scoring import score
+
+    _prewarm(cfg)
+    conn.send(("ready", 0.0, ""))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        if message is None:
+            return
+        completion, problem = message
+        try:
+            conn.send(("ok", score(completion, problem, cfg), ""))
+        except Exception as e:  # noqa: BLE001 - any scorer failure is reported as "error"
+            conn.send(("error", 0.0, f"{type(e).__name__}: {e}"))
+
+
+def _prewarm(cfg: RewardConfig) -> None:
+    """Import what the scorer needs before declaring ready, so it does not eat a timeout."""
+    if cfg.fn in ("auto", "reasoning_gym"):
+        import reasoning_gym  # noqa: F401
+    if cfg.fn in ("auto", "math_verify"):
+        import math_verify  # noqa: F401
+    if ":" in cfg.fn:
+        from areal_cli.rewards.scoring import import_custom
+
+        import_custom(cfg.fn)
+
+
+class RewardPool:
+    """A pool of reward worker processes with a per-call timeout (see the module docstring)."""
+
+    def __init__(self, cfg: RewardConfig, num_workers: int = 2):
+        if num_workers < 1:
+            raise ValueError(f"RewardPool num_workers={num_workers}: use at least 1")
+        if ":" in cfg.fn:
+            from areal_cli.rewards.scoring import import_custom
+
+            import_custom(cfg.fn)  # a bad import path fails here, not in every worker
+        self.cfg = cfg
+        self.timeouts = 0
+        self.errors = 0
+        self._ctx = mp.get_context("spawn")
+        self._pending: collections.deque[_Job] = collections.deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._start_failures = 0
+        self._broken = ""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._workers = [_Worker(self._ctx, cfg) for _ in range(num_workers)]
+        self._thread = threading.Thread(target=self._run, name="reward-pool", daemon=True)
+        self._thread.start()
+
+    def submit(self, completion: str, problem: Problem) -> Future:
+        """Queue one completion; the Future resolves to a RewardResult (never raises)."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("RewardPool.submit after close()")
+            if self._broken:
+                future.set_result(RewardResult(0.0, "error", self._broken))
+                return future
+            self._pending.append(_Job(future, completion, problem))
+        os.write(self._wake_w, b"x")
+        return future
+
+    def close(self) -> None:
+        """Stop the workers; calls still queued resolve with status "error"."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        for w in self._workers:
+            if w.job is not None:
+                w.job.future.set_result(RewardResult(0.0, "error", "reward pool closed"))
+            w.kill()
+        for job in self._pending:
+            job.future.set_result(RewardResult(0.0, "error", "reward pool closed"))
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._assign()
+            busy = [w for w in self._workers if w.job is not None]
+            timeout = min((w.deadline for w in busy), default=None)
+            if timeout is not None:
+                timeout = max(0.0, timeout - time.monotonic())
+            handles = [self._wake_r] + [w.conn for w in self._workers]
+            ready = wait(handles + [w.process.sentinel for w in self._workers], timeout)
+            if self._wake_r in ready:
+                self._drain_wake()
+            for w in list(self._workers):
+                if w.conn in ready or w.process.sentinel in ready:
+                    self._receive(w)
+            self._expire()
+
+    def _assign(self) -> None:
+        with self._lock:
+            for w in self._workers:
+                if w.ready and w.job is None and self._pending:
+                    w.start(self._pending.popleft(), self.cfg.timeout_s)
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            status, score, detail = w.conn.recv()
+        except (EOFError, OSError):
+            w.process.join(timeout=1.0)  # it closed its pipe by exiting: collect the code
+            code = w.process.exitcode
+            self._replace(w, f"reward worker died (exit code {code})", "error")
+            return
+        if status == "ready":
+            w.ready, self._start_failures = True, 0
+            return
+        self._finish(w, RewardResult(score, status, detail))
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.job is not None and now >= w.deadline:
+                self._replace(w, f"no result within {self.cfg.timeout_s}s", "timeout")
+
+    def _finish(self, w: _Worker, result: RewardResult) -> None:
+        job, w.job, w.deadline = w.job, None, float("inf")
+        if job is None:
+            return
+        if result.status != "ok":
+            self._count(result.status, job.problem.id, result.detail)
+        job.future.set_result(result)
+
+    def _replace(self, w: _Worker, detail: str, status: str) -> None:
+        """Kill a hung or dead worker, fail its job with `status`, start a fresh one."""
+        if w.job is None and not w.ready:
+            self._start_failures += 1
+        w.kill()
+        self._finish(w, RewardResult(0.0, status, detail))
+        self._workers.remove(w)
+        if self._start_failures > MAX_START_FAILURES:
+            self._fail_pending(f"reward workers keep dying at start: {detail}")
+            return
+        self._workers.append(_Worker(self._ctx, self.cfg))
+
+    def _fail_pending(self, detail: str) -> None:
+        logger.error("reward pool: %s; failing all queued calls", detail)
+        with self._lock:
+            self._broken = detail
+            jobs, self._pending = list(self._pending), collections.deque()
+        for job in jobs:
+            self._count("error", job.problem.id, detail)
+            job.future.set_result(RewardResult(0.0, "error", detail))
+
+    def _count(self, status: str, problem_id: str, detail: str) -> None:
+        if status == "timeout":
+            self.timeouts += 1
+        else:
+            self.errors += 1
+        logger.warning("reward %s for problem %s: %s", status, problem_id, detail)
+
+    def _drain_wake(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                continue
+        except BlockingIOError:  # drained
+            return

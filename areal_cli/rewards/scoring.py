@@ -1,0 +1,92 @@
+"""score(): one completion against one problem, by the scorer RewardConfig.fn names."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from functools import lru_cache
+
+from areal_cli.config.task import REWARD_FNS, RewardConfig
+from areal_cli.rewards.code_reward import code_score
+from areal_cli.rewards.extract import extract_answer
+from areal_cli.rewards.math_reward import exact_score, math_verify_score, numeric_score
+from areal_cli.tasks.base import Problem
+
+Scorer = Callable[[str, Problem], float]
+
+
+def score(completion: str, problem: Problem, cfg: RewardConfig) -> float:
+    """The reward of one completion, in this process (may be slow; run it in a RewardPool)."""
+    return float(resolve(cfg.fn, problem)(completion, problem, cfg))
+
+
+def resolve(fn: str, problem: Problem) -> Callable[[str, Problem, RewardConfig], float]:
+    """The scorer for a reward.fn value; "auto" picks by what the problem carries."""
+    if fn == "auto":
+        fn = auto_fn(problem)
+    builtin = {
+        "reasoning_gym": lambda c, p, cfg: reasoning_gym_score(c, p),
+        "math_verify": lambda c, p, cfg: math_verify_score(c, p.answer),
+        "exact": lambda c, p, cfg: exact_score(c, p.answer),
+        "numeric": lambda c, p, cfg: numeric_score(c, p.answer, cfg.numeric_tol),
+        "code": code_score,
+    }
+    if fn in builtin:
+        return builtin[fn]
+    custom = import_custom(fn)
+    return lambda c, p, cfg: custom(c, p)
+
+
+def auto_fn(problem: Problem) -> str:
+    """reasoning-gym entries use their dataset's verifier, problems with tests the sandbox,
+    everything else math-verify."""
+    if "rg_dataset" in problem.meta:
+        return "reasoning_gym"
+    if "test" in problem.meta:
+        return "code"
+    return "math_verify"
+
+
+def reasoning_gym_score(completion: str, problem: Problem) -> float:
+    """The dataset's own score_answer applied to the leniently extracted answer."""
+    meta = problem.meta
+    if "rg_dataset" not in meta or "rg_entry" not in meta:
+        raise ValueError(
+            f"reward.fn=reasoning_gym but problem {problem.id!r} is not from reasoning-gym "
+            "(no meta['rg_dataset']); use reward.fn=auto or math_verify"
+        )
+    answer = extract_answer(completion)
+    if answer is None:
+        return 0.0
+    return float(_rg_scorer(meta["rg_dataset"])(answer, meta["rg_entry"]) or 0.0)
+
+
+@lru_cache(maxsize=64)
+def _rg_scorer(dataset: str):
+    from reasoning_gym.factory import get_score_answer_fn
+
+    return get_score_answer_fn(dataset)
+
+
+@lru_cache(maxsize=16)
+def import_custom(path: str) -> Scorer:
+    """`module:function` -> the function; ValueError naming what is missing and the fix."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(
+            f"reward.fn={path!r}: use one of {', '.join(REWARD_FNS)} or 'my_module:my_fn'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(
+            f"reward.fn={path!r}: cannot import module {module_name!r} ({e}); "
+            "put it on PYTHONPATH or install it"
+        ) from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(
+            f"reward.fn={path!r}: module {module_name!r} has no function {attr!r}; "
+            "define fn(completion: str, problem: Problem) -> float there"
+        )
+    return fn

@@ -1,0 +1,68 @@
+"""The Problem record every task source produces, and helpers shared by the sources."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+
+SPLITS = ("train", "eval")
+
+
+@dataclass
+class Problem:
+    """One prompt with its reference answer; what the controller hands to rollout workers."""
+
+    id: str
+    """Stable and unique within the dataset, e.g. "basic_arithmetic/train/17"."""
+    prompt: str
+    """The user message text, answer-format instruction included."""
+    answer: str
+    """Reference answer as text."""
+    meta: dict = field(default_factory=dict)
+    """JSON/msgpack-serializable extras the scorer needs (reasoning-gym metadata, tests, ...)."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Problem:
+        return cls(id=str(d["id"]), prompt=d["prompt"], answer=d["answer"], meta=d.get("meta", {}))
+
+
+def check_split(split: str) -> None:
+    if split not in SPLITS:
+        raise ValueError(f"split={split!r}: use 'train' or 'eval'")
+
+
+def with_instruction(text: str, instruction: str) -> str:
+    """The prompt as the user sees it: the question, then the answer-format instruction."""
+    return f"{text.rstrip()}\n\n{instruction}" if instruction else text
+
+
+def holdout(items: list, split: str, eval_size: int, size: int, seed: int) -> list:
+    """Disjoint train/eval subsets of one list: a seeded shuffle, eval first, train the rest.
+
+    `size` caps the train subset (0 = all the rest); the order within each is the file order.
+    """
+    order = list(range(len(items)))
+    random.Random(seed).shuffle(order)
+    if split == "eval":
+        chosen = order[:eval_size]
+    else:
+        rest = order[eval_size:]
+        chosen = rest[:size] if size > 0 else rest
+    return [items[i] for i in sorted(chosen)]
+
+
+def cap(items: list, size: int) -> list:
+    return items[:size] if size > 0 else items
+
+
+def check_unique_ids(problems: list[Problem], where: str) -> None:
+    seen: set[str] = set()
+    for p in problems:
+        if p.id in seen:
+            raise ValueError(
+                f"{where}: duplicate id {p.id!r}; make task.id_field unique or unset it"
+            )
+        seen.add(p.id)

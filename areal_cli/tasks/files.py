@@ -1,0 +1,105 @@
+"""Problems from JSONL, JSON (a list of objects) and Parquet files with configurable fields."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from areal_cli.config.task import FILE_SUFFIXES, TaskConfig
+from areal_cli.tasks.base import Problem, cap, check_unique_ids, holdout, with_instruction
+
+Record = tuple[str, dict]
+"""(where it came from, e.g. "data.jsonl line 3", the record)."""
+
+
+def load(cfg: TaskConfig, split: str) -> list[Problem]:
+    return split_records(cfg, split, read_records)
+
+
+def split_records(cfg: TaskConfig, split: str, reader) -> list[Problem]:
+    """Train/eval problems: from eval_path if given, else a seeded holdout of path."""
+    if cfg.eval_path:
+        path = cfg.path if split == "train" else cfg.eval_path
+        records = reader(path)
+        chosen = cap(records, cfg.size if split == "train" else cfg.eval_size)
+    else:
+        path = cfg.path
+        records = reader(path)
+        chosen = holdout(records, split, cfg.eval_size, cfg.size, cfg.seed)
+    problems = [to_problem(where, rec, cfg, index) for index, (where, rec) in chosen]
+    if not problems:
+        raise ValueError(
+            f"{path}: the {split} split is empty ({len(records)} records, "
+            f"task.eval_size={cfg.eval_size}); add data or lower task.eval_size"
+        )
+    check_unique_ids(problems, path)
+    return problems
+
+
+def read_records(path: str) -> list[tuple[int, Record]]:
+    """Every record of a file as (index, (where, record)); an empty file is an error."""
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise ValueError(f"task.path={path!r} does not exist: give an existing file")
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+    if p.suffix not in readers:
+        raise ValueError(f"{path}: unsupported file type; use one of {', '.join(FILE_SUFFIXES)}")
+    records = readers[p.suffix](p)
+    if not records:
+        raise ValueError(f"{path}: the dataset is empty; give a file with at least one record")
+    for where, rec in records:
+        if not isinstance(rec, dict):
+            raise ValueError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    return list(enumerate(records))
+
+
+def to_problem(where: str, rec: dict, cfg: TaskConfig, index: int) -> Problem:
+    fields = [cfg.prompt_field, cfg.answer_field] + ([cfg.id_field] if cfg.id_field else [])
+    for name in fields:
+        if name not in rec:
+            raise ValueError(
+                f"{where}: missing field {name!r}; fields present: {sorted(rec)}. "
+                "Set task.prompt_field / task.answer_field / task.id_field to match"
+            )
+    used = set(fields)
+    return Problem(
+        id=str(rec[cfg.id_field]) if cfg.id_field else f"{cfg.name}/{index}",
+        prompt=with_instruction(str(rec[cfg.prompt_field]), cfg.instruction),
+        answer=str(rec[cfg.answer_field]),
+        meta=json.loads(json.dumps({k: v for k, v in rec.items() if k not in used}, default=str)),
+    )
+
+
+def _read_jsonl(p: Path) -> list[Record]:
+    records = []
+    with p.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append((f"{p} line {lineno}", json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{p} line {lineno}: not valid JSON ({e.msg}); each line must be one "
+                    "JSON object: fix or delete that line"
+                ) from e
+    return records
+
+
+def _read_json(p: Path) -> list[Record]:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{p} line {e.lineno}: not valid JSON ({e.msg}); fix the file") from e
+    if not isinstance(data, list):
+        raise ValueError(f"{p}: expected a JSON list of objects at the top level")
+    return [(f"{p} item {i}", rec) for i, rec in enumerate(data)]
+
+
+def _read_parquet(p: Path) -> list[Record]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as e:
+        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow") from e
+    rows = pq.read_table(p).to_pylist()
+    return [(f"{p} row {i}", rec) for i, rec in enumerate(rows)]

