@@ -1,0 +1,87 @@
+"""The ``areal`` command line. Thin: every heavy import happens inside a command."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Fully asynchronous RL for LLM reasoning. Overrides are Hydra `key=value` pairs "
+                       "after the command, e.g. `areal train trainer.steps=10 rollout.max_staleness=0`.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
+app.add_typer(bench_app, name="bench")
+
+OVERRIDES = typer.Argument(None, help="Hydra overrides: key=value (e.g. trainer.steps=10 engine=vllm).")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"areal: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def _compose(overrides: list[str] | None, dry_run: bool = False):
+    from areal_cli.config.load import ConfigError, compose
+
+    try:
+        cfg = compose(list(overrides or []))
+    except ConfigError as err:
+        _fail(f"invalid config:\n{err}")
+    cfg.dry_run = cfg.dry_run or dry_run
+    return cfg
+
+
+@app.command(context_settings={"allow_extra_args": True})
+def train(overrides: list[str] = OVERRIDES,
+          dry_run: bool = typer.Option(False, "--dry-run", help="Print config, device map and commands; start nothing."),
+          quiet: bool = typer.Option(False, "--quiet", help="No progress display.")):
+    """Run asynchronous RL: controller + rollout workers + torchrun FSDP2 trainer."""
+    cfg = _compose(overrides, dry_run)
+    from areal_cli.launcher.run import UserError
+    from areal_cli.launcher.run import train as run_train
+
+    try:
+        run_train(cfg, quiet=quiet)
+    except UserError as err:
+        _fail(f"cannot start:\n{err}")
+
+
+@app.command(name="eval", context_settings={"allow_extra_args": True})
+def evaluate(overrides: list[str] = OVERRIDES):
+    """Evaluate a model on held-out problems (accuracy, pass@k)."""
+    try:
+        from areal_cli.evaluation.cli import run_eval
+    except ImportError:
+        typer.secho("areal eval: not yet available", err=True)
+        raise typer.Exit(2) from None
+    run_eval(list(overrides or []))
+
+
+@bench_app.command("sync-vs-async", context_settings={"allow_extra_args": True})
+def sync_vs_async(overrides: list[str] = OVERRIDES):
+    """Run the same workload synchronously (η=0) and asynchronously (η) and compare."""
+    try:
+        from areal_cli.bench.sync_vs_async import run_bench
+    except ImportError:
+        typer.secho("areal bench sync-vs-async: not yet available", err=True)
+        raise typer.Exit(2) from None
+    run_bench(list(overrides or []))
+
+
+@app.command()
+def status(run_dir: str = typer.Argument(..., help="A run directory.")):
+    """Show a run's processes and its last metrics."""
+    from areal_cli.launcher.status import show
+
+    show(run_dir)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Compose ``conf/`` + overrides into a validated ``RootConfig``; every problem reported at once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from areal_cli.config.schema import RootConfig
+
+
+class ConfigError(ValueError):
+    """A config the user must fix; ``str()`` lists every problem and its fix."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(f"  - {p}" for p in problems))
+
+
+def conf_dir() -> Path:
+    """The ``conf/`` directory: ``AREAL_CONF_DIR``, else the one beside the package."""
+    env = os.environ.get("AREAL_CONF_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+
+
+def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
+    """Hydra composition of conf/ with ``key=value`` overrides, checked against the schema."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None):
+            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([_hydra_message(err)]) from None
+    return from_dictconfig(cfg)
+
+
+def _hydra_message(err: Exception) -> str:
+    text = str(err).strip().splitlines()[0]
+    if "Could not find" in text or "not found in" in text.lower():
+        return f"{text} (see `ls conf/` for the groups and their options)"
+    if "is not in struct" in text or "Could not override" in text or "Key '" in text:
+        return f"{text} (check the spelling; `areal train --dry-run` prints every valid key)"
+    return text
+
+
+def from_dictconfig(cfg) -> RootConfig:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    schema = OmegaConf.structured(RootConfig)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+        root: RootConfig = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as err:
+        raise ConfigError([_schema_message(err)]) from None
+    problems = validate(root)
+    if problems:
+        raise ConfigError(problems)
+    return root
+
+
+def _schema_message(err: Exception) -> str:
+    key = getattr(err, "full_key", None) or ""
+    msg = getattr(err, "msg", None) or str(err).splitlines()[0]
+    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
+        return f"unknown key '{key}': check the spelling (`areal train --dry-run` prints every valid key)"
+    return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
+
+
+def load_yaml(path: str | Path) -> RootConfig:
+    """Read a resolved ``config.yaml`` written by ``save_yaml``."""
+    from omegaconf import OmegaConf
+
+    return from_dictconfig(OmegaConf.load(path))
+
+
+def save_yaml(cfg: RootConfig, path: str | Path) -> None:
+    from omegaconf import OmegaConf
+
+    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+
+
+def to_yaml(cfg: RootConfig) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def validate(cfg: RootConfig) -> list[str]:
+    """Cross-field checks of the whole config (each role's own checks included)."""
+    problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
+    problems += _check_positive(cfg)
+    r, t = cfg.rollout, cfg.trainer
+    if r.max_staleness < 0:
+        problems.append("rollout.max_staleness must be >= 0 (0 = synchronous RL)")
+    if r.max_new_tokens < 1:
+        problems.append("rollout.max_new_tokens must be >= 1: a trajectory needs at least one generated token")
+    if (t.batch_size * r.group_size) % t.ranks:
+        problems.append(
+            f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do not split "
+            f"evenly over trainer.ranks={t.ranks}: choose a batch_size or ranks that divides it"
+        )
+    if r.group_size < 2 and cfg.algorithm.adv_estimator in ("grpo", "rloo", "dr_grpo", "reinforce_pp_baseline"):
+        problems.append(
+            f"rollout.group_size={r.group_size}: algorithm {cfg.algorithm.adv_estimator} compares samples "
+            "within a group; use rollout.group_size>=2"
+        )
+    if cfg.algorithm.overlong_buffer >= r.max_new_tokens and cfg.algorithm.overlong_buffer > 0:
+        problems.append(
+            f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < rollout.max_new_tokens="
+            f"{r.max_new_tokens}: lower the buffer or raise max_new_tokens"
+        )
+    if cfg.engine.name not in ("hf", "vllm"):
+        problems.append(f"engine={cfg.engine.name!r}: use engine=hf or engine=vllm")
+    if cfg.launcher.name not in ("local", "slurm"):
+        problems.append(f"launcher={cfg.launcher.name!r}: use launcher=local or launcher=slurm")
+    if cfg.trainer.dtype not in ("auto", "bfloat16", "float32"):
+        problems.append("trainer.dtype: use auto, bfloat16 or float32")
+    if cfg.engine.dtype not in ("auto", "bfloat16", "float32"):
+        problems.append("engine.dtype: use auto, bfloat16 or float32")
+    if cfg.resume and not (Path(cfg.resume) / "config.yaml").is_file():
+        problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
+    return problems
+
+
+def _check_positive(cfg: RootConfig) -> list[str]:
+    checks = {
+        "trainer.steps": cfg.trainer.steps,
+        "trainer.batch_size": cfg.trainer.batch_size,
+        "trainer.ranks": cfg.trainer.ranks,
+        "trainer.micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+        "rollout.workers": cfg.rollout.workers,
+        "rollout.group_size": cfg.rollout.group_size,
+        "weights.bucket_mb": cfg.weights.bucket_mb,
+    }
+    out = [f"{k}={v}: must be >= 1" for k, v in checks.items() if v < 1]
+    if cfg.trainer.lr <= 0:
+        out.append(f"trainer.lr={cfg.trainer.lr}: must be > 0 (e.g. trainer.lr=2e-5)")
+    if cfg.rollout.temperature <= 0:
+        out.append("rollout.temperature must be > 0")
+    return out

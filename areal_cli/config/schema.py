@@ -1,0 +1,197 @@
+"""The typed config of a run: one dataclass per role, every field documented.
+
+``conf/`` holds values only; Hydra composes it with the user's ``key=value`` overrides and
+``areal_cli.config.load`` merges the result into ``RootConfig``, so unknown keys and wrong
+types are errors. No torch import here: ``areal --help`` stays instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from areal_cli.config.algorithm import AlgorithmConfig
+from areal_cli.config.task import RewardConfig, TaskConfig
+
+
+@dataclass
+class EngineConfig:
+    """The generation engine of every rollout worker."""
+
+    name: str = "hf"
+    """"hf" (transformers continuous batching, CPU or GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
+    dtype: str = "auto"
+    """Weights of the engine: "auto" (bfloat16 on GPU, float32 on CPU) | "bfloat16" | "float32"."""
+    max_batch_tokens: int = 2048
+    """Tokens per engine forward (prefill chunks + decodes)."""
+    kv_cache_tokens: int = 0
+    """KV cache size in tokens; 0 = sized from the run (concurrency × context) on CPU, from free memory on GPU."""
+    page_size: int = 64
+    """KV cache page (block) size in tokens."""
+    threads: int = 0
+    """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: fraction of the GPU the engine may use."""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs per rollout worker."""
+    pause_mode: str = "abort"
+    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep"."""
+
+
+@dataclass
+class WorkflowConfig:
+    """How a prompt becomes a trajectory."""
+
+    name: str = "single_turn"
+    """"single_turn" | "multi_turn" | "tool_use" | "module:function" (a user workflow)."""
+    max_turns: int = 1
+    """multi_turn / tool_use: model turns per trajectory."""
+    turn_discount: float = 0.9
+    """multi_turn: reward multiplier per extra turn."""
+    feedback: str = "Your answer is wrong. Try again, and end with 'Answer: <number>'."
+    """multi_turn: the user message after a wrong answer."""
+
+
+@dataclass
+class RolloutConfig:
+    """Rollout workers and the asynchronous admission rule."""
+
+    workers: int = 1
+    """Rollout worker processes (one engine each)."""
+    group_size: int = 4
+    """Samples per prompt (G): one group = G trajectories of the same prompt."""
+    max_new_tokens: int = 64
+    """Generated tokens per turn."""
+    max_staleness: int = 4
+    """η: a trained sample started at most η policy versions before the trainer's version. 0 = synchronous RL."""
+    max_concurrent: int = 0
+    """Prompt groups generating at once over all workers; 0 = (η+1)·trainer.batch_size."""
+    temperature: float = 1.0
+    """Sampling temperature (the trainer divides logits by it too)."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0 = off; behaviour logprobs are then of the truncated distribution)."""
+    gpus: list = field(default_factory=list)
+    """GPU ids for generation (one worker per GPU); [] = from cluster.gpus."""
+
+
+@dataclass
+class TrainerConfig:
+    """torchrun FSDP2 trainer ranks."""
+
+    ranks: int = 1
+    """Trainer processes (torchrun --nproc-per-node); the batch's samples are split among them."""
+    steps: int = 40
+    """Optimizer steps (= policy versions) of the run."""
+    batch_size: int = 8
+    """B: prompt groups per step."""
+    lr: float = 2e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear learning-rate warm-up steps."""
+    grad_clip: float = 1.0
+    """Max gradient norm."""
+    micro_batch_tokens: int = 4096
+    """Token budget of one forward/backward micro-batch (sequences are packed up to it)."""
+    packing: bool = True
+    """Pack sequences into micro-batches without padding (False = pad each micro-batch)."""
+    dtype: str = "auto"
+    """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float32". Master weights stay float32."""
+    activation_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    threads: int = 0
+    """torch CPU threads per rank; 0 = half the cores (at least 1)."""
+    gpus: list = field(default_factory=list)
+    """GPU ids for training; [] = from cluster.gpus."""
+
+
+@dataclass
+class WeightsConfig:
+    """Trainer rank 0 → rollout workers weight broadcast."""
+
+    bucket_mb: int = 1024
+    """Bucket size in MiB; the next bucket is gathered while the previous one is on the wire."""
+    dtype: str = "auto"
+    """Wire dtype: "auto" = the engine's dtype."""
+    verify: bool = False
+    """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
+
+
+@dataclass
+class LauncherConfig:
+    """Process start, watching and teardown."""
+
+    name: str = "local"
+    """"local" | "slurm"."""
+    host: str = "127.0.0.1"
+    """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
+    heartbeat_s: float = 1.0
+    """Heartbeat period of every process."""
+    peer_timeout_s: float = 120.0
+    """A process with no heartbeat for this long is declared stuck (stack dumped, run stopped)."""
+    startup_timeout_s: float = 600.0
+    """Longest a process may take to load its model and say hello."""
+    stop_timeout_s: float = 8.0
+    """On stop, SIGKILL whatever still runs after this long."""
+    nodes: int = 1
+    """slurm: nodes."""
+    gpus_per_node: int = 0
+    """slurm: GPUs per node."""
+    partition: str = ""
+    """slurm: partition (empty = cluster default)."""
+    time: str = "04:00:00"
+    """slurm: time limit."""
+
+
+@dataclass
+class ClusterConfig:
+    gpus: list = field(default_factory=list)
+    """GPU ids this run may use; [] = all visible (none on a CPU machine)."""
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = 0
+    """Checkpoint every N steps (0 = only at the end)."""
+    keep: int = 2
+    """Keep the last K checkpoints."""
+    on_signal: bool = True
+    """Checkpoint on SIGTERM / Ctrl-C before stopping."""
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0
+    """Evaluate on the held-out split every N steps during training (0 = never)."""
+    at_end: bool = False
+    """Evaluate once after the last step."""
+    size: int = 64
+    """Held-out problems per evaluation."""
+
+
+@dataclass
+class RootConfig:
+    """One areal run."""
+
+    run_dir: str = ""
+    """Output directory; empty = runs/<timestamp>."""
+    model: str = "smollm2-135m-instruct"
+    """Alias, local Hugging Face directory, or .gguf file."""
+    seed: int = 0
+    """Seed of sampling, data order and initialisation."""
+    resume: str = ""
+    """A run_dir to continue from its last checkpoint."""
+    dry_run: bool = False
+    """Print the resolved config, device map and commands; start nothing."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    weights: WeightsConfig = field(default_factory=WeightsConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,0 +1,201 @@
+"""Controller: dataset cursor, staleness admission, rollout buffer, batches, metrics.
+
+``python -m areal_cli.controller.main <run_dir>``. It binds every ZeroMQ socket of the run,
+so it starts first. Its loop: admit groups while the rule allows → collect finished groups
+→ when the trainer is ready and B groups are buffered, send the oldest B → on "step done v"
+broadcast "update to v" to the rollout workers → log the step. It also watches heartbeats:
+a peer silent for ``launcher.peer_timeout_s`` ends the run with its name and what it was doing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from areal_cli.config.load import load_yaml
+from areal_cli.controller.admission import Admission
+from areal_cli.controller.dataset import Cursor
+from areal_cli.controller.records import StepRecorder
+from areal_cli.runtime import load_endpoints, setup_process
+from areal_cli.tasks import Problem, build_messages, load_problems
+from areal_cli.transport.channels import Channel, Router
+from areal_cli.transport.messages import Batch, Control, GroupResult, WorkItem
+
+
+class PeerStalled(RuntimeError):
+    pass
+
+
+class Controller:
+    def __init__(self, run_dir: str):
+        self.run_dir = Path(run_dir)
+        self.log = setup_process("controller", run_dir)
+        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
+        ep = load_endpoints(run_dir)
+        self.status = Router(ep.status)
+        self.work = Channel(zmq.PUSH, ep.work, bind=True, name="work", hwm=4)
+        self.results = Channel(zmq.PULL, ep.results, bind=True, name="results")
+        self.batches = Channel(zmq.PUSH, ep.batches, bind=True, name="batches", hwm=2)
+        self.control = Channel(zmq.PUB, ep.control, bind=True, name="control")
+        from transformers import AutoTokenizer
+
+        from areal_cli.models import resolve_model
+
+        self.tok = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
+        self.cursor = Cursor(load_problems(cfg.task, "train"), cfg.seed)
+        total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
+        self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)
+        self.buffer: list[GroupResult] = []  # finished, kept, not yet trained; oldest first
+        self.problems: dict[int, Problem] = {}  # group_id → problem, until trained or dropped
+        self.next_group = 0
+        self.step = 0  # next step to send
+        self.trainer_ready = False
+        self.peers = self._expected_peers()
+        self.last_seen: dict[str, float] = {}
+        self.doing: dict[str, str] = {}
+        self.rec = StepRecorder(self.run_dir, cfg)
+        self.done = False
+
+    def _expected_peers(self) -> set[str]:
+        return {f"rollout-{i}" for i in range(self.cfg.rollout.workers)} | {"trainer-0"}
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self) -> None:
+        self.log.info("waiting for %s", ", ".join(sorted(self.peers)))
+        start = time.monotonic()
+        while not self.done:
+            self._admit()
+            self._collect()
+            self._maybe_send_batch()
+            self._handle_status()
+            self._check_peers(start)
+        self.control.send(Control("stop"))
+        self.log.info("run finished: %d steps", self.step)
+
+    def _admit(self) -> None:
+        while self.adm.can_admit() and self.next_group < self._groups_needed():
+            pid, problem = self.cursor.next()
+            ids = self.tok.apply_chat_template(build_messages(problem, self.cfg.task),
+                                               add_generation_prompt=True, tokenize=False)
+            prompt = np.asarray(self.tok(ids, add_special_tokens=False)["input_ids"], np.int32)
+            r = self.cfg.rollout
+            item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens, r.temperature,
+                            r.top_p, problem.to_dict(), self.adm.version, self.cfg.seed + self.next_group)
+            if not self.work.try_send(item):
+                self.cursor.requeue(pid, problem)
+                return  # workers are full; try again next turn
+            self.problems[self.next_group] = problem
+            self.adm.admit()
+            self.next_group += 1
+
+    def _groups_needed(self) -> int:
+        """Never admit past what the remaining steps can train (plus the staleness window)."""
+        return 1 << 62
+
+    def _collect(self) -> None:
+        msg = self.results.recv(0.01)
+        while msg is not None:
+            self._on_result(msg)
+            msg = self.results.recv(0)
+
+    def _on_result(self, g: GroupResult) -> None:
+        self.rec.on_group(g)
+        rewards = [s.reward for s in g.samples]
+        keep = not (self.cfg.algorithm.dynamic_sampling and max(rewards) == min(rewards))
+        self.adm.finish(kept=keep)
+        if keep:
+            self.buffer.append(g)
+        else:
+            self.rec.filtered_groups += 1
+            self.problems.pop(g.group_id, None)
+
+    def _maybe_send_batch(self) -> None:
+        if not self.trainer_ready or self.step >= self.cfg.trainer.steps:
+            return
+        self._drop_stale()
+        B = self.cfg.trainer.batch_size
+        if len(self.buffer) < B:
+            return
+        self.buffer.sort(key=lambda g: g.group_id)
+        batch, self.buffer = self.buffer[:B], self.buffer[B:]
+        self.batches.send(Batch(self.step, self.step, batch))
+        self.rec.on_batch(self.step, batch)
+        for g in batch:
+            self.problems.pop(g.group_id, None)
+        self.log.info("batch %d sent (%d groups buffered, %d running)", self.step, len(self.buffer),
+                      self.adm.running)
+        self.trainer_ready = False
+        self.step += 1
+
+    def _drop_stale(self) -> None:
+        eta, kept = self.cfg.rollout.max_staleness, []
+        for g in self.buffer:
+            starts = [int(s.versions[s.loss_mask.astype(bool)][0]) for s in g.samples if s.loss_mask.any()]
+            if starts and self.step - min(starts) > eta:
+                self.adm.drop_accepted()
+                self.rec.stale_dropped += 1
+                self.cursor.requeue(g.prompt_id, self.problems.pop(g.group_id))
+            else:
+                kept.append(g)
+        self.buffer = kept
+
+    def _handle_status(self) -> None:
+        msg = self.status.recv(0)
+        while msg is not None:
+            self.last_seen[msg.sender] = time.monotonic()
+            self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
+            if msg.kind == "error":
+                raise RuntimeError(f"{msg.sender} reported: {msg.text}")
+            if msg.kind == "hello" and msg.sender == "trainer-0":
+                self.trainer_ready = True
+            if msg.kind == "weights_ready":
+                self.adm.version = msg.version
+                self.control.send(Control("update", msg.version))
+            if msg.kind == "step_done":
+                self._on_step_done(msg)
+            if msg.kind == "weights_loaded":
+                self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
+            if msg.kind == "bye" and msg.sender == "trainer-0":
+                self.done = True
+            msg = self.status.recv(0)
+
+    def _on_step_done(self, msg) -> None:
+        self.rec.on_step_done(msg.version - 1, msg.metrics, self.adm, self.step_pool_state())
+        self.trainer_ready = True
+
+    def step_pool_state(self) -> dict:
+        return {"buffered": len(self.buffer), "running": self.adm.running}
+
+    def _check_peers(self, start: float) -> None:
+        now, lc = time.monotonic(), self.cfg.launcher
+        for peer in self.peers:
+            seen = self.last_seen.get(peer)
+            if seen is None and now - start > lc.startup_timeout_s:
+                raise PeerStalled(f"{peer} did not start within launcher.startup_timeout_s="
+                                  f"{lc.startup_timeout_s:.0f}s (see logs/{peer}.log)")
+            if seen is not None and now - seen > lc.peer_timeout_s:
+                raise PeerStalled(f"{peer} sent no heartbeat for {now - seen:.0f}s; it was "
+                                  f"{self.doing.get(peer) or 'busy'} (see logs/{peer}.log for its stack)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run_dir")
+    args = ap.parse_args()
+    ctl = Controller(args.run_dir)
+    try:
+        ctl.run()
+    except PeerStalled as err:
+        ctl.log.error("%s", err)
+        ctl.control.send(Control("stop"))
+        sys.exit(4)
+
+
+if __name__ == "__main__":
+    main()

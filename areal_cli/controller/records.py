@@ -1,0 +1,78 @@
+"""What the controller writes: metrics.jsonl (one line per step), trajectories.jsonl (one line
+per trained sample) and weight_updates.jsonl (one line per worker per update)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+
+from areal_cli.config.schema import RootConfig
+from areal_cli.transport.messages import GroupResult
+
+
+def _append(path: Path, obj: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(obj) + "\n")
+
+
+class StepRecorder:
+    def __init__(self, run_dir: Path, cfg: RootConfig):
+        self.run_dir, self.cfg = run_dir, cfg
+        self.t0 = time.monotonic()
+        self.last_step_t = self.t0
+        self.gen_tokens = 0  # generated since the last step
+        self.filtered_groups = 0
+        self.stale_dropped = 0
+        self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
+
+    def on_group(self, g: GroupResult) -> None:
+        self.gen_tokens += g.gen_tokens
+
+    def on_batch(self, step: int, groups: list[GroupResult]) -> None:
+        rows, staleness = [], []
+        for g in groups:
+            for s in g.samples:
+                model = s.loss_mask.astype(bool)
+                vs = s.versions[model]
+                start, end = (int(vs[0]), int(vs[-1])) if len(vs) else (step, step)
+                staleness.append(step - start)
+                rows.append({
+                    "prompt_id": g.prompt_id, "sample_index": int(s.sample_index), "group_id": g.group_id,
+                    "version_start": start, "version_end": end, "trained_version": step,
+                    "reward": float(s.reward), "num_tokens": int(model.sum()), "finish_reason": s.finish_reason,
+                    "num_turns": int(s.num_turns), "reward_status": s.reward_status, "worker": g.worker,
+                    "completion": s.completion[-300:],
+                })
+        with (self.run_dir / "trajectories.jsonl").open("a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        self.batches[step] = {
+            "reward_mean": float(np.mean([r["reward"] for r in rows])),
+            "staleness_max": int(max(staleness)), "staleness_mean": float(np.mean(staleness)),
+            "response_length_mean": float(np.mean([r["num_tokens"] for r in rows])),
+            "reward_timeouts": sum(r["reward_status"] == "timeout" for r in rows),
+            "reward_errors": sum(r["reward_status"] == "error" for r in rows),
+            "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in rows])),
+        }
+
+    def on_step_done(self, step: int, trainer: dict, adm, pool: dict) -> dict:
+        now = time.monotonic()
+        row = {"step": step, "version": step + 1}
+        row.update(self.batches.pop(step, {}))
+        row.update(trainer)
+        row.update({
+            "gen_tokens_per_s": self.gen_tokens / max(now - self.last_step_t, 1e-9),
+            "wall_time_s": now - self.t0,
+            "step_wall_s": now - self.last_step_t,
+            "filtered_groups": self.filtered_groups,
+            "stale_dropped": self.stale_dropped,
+            **{f"pool_{k}": v for k, v in pool.items()},
+        })
+        self.gen_tokens, self.last_step_t = 0, now
+        _append(self.run_dir / "metrics.jsonl", row)
+        return row
+
+    def on_weights_loaded(self, worker: str, version: int, timings: dict) -> None:
+        _append(self.run_dir / "weight_updates.jsonl", {"worker": worker, "version": version, **timings})

@@ -1,0 +1,107 @@
+"""The run plan: run directory, device map and the exact commands — printed by --dry-run."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal_cli.config.load import save_yaml, to_yaml
+from areal_cli.config.schema import RootConfig
+from areal_cli.transport.channels import Endpoints, free_ports, make_endpoints
+
+
+@dataclass
+class Proc:
+    name: str  # "controller", "rollout-0", "trainer" (torchrun, all ranks)
+    argv: list[str]
+    env: dict = field(default_factory=dict)  # extra environment (CUDA_VISIBLE_DEVICES, ...)
+
+
+@dataclass
+class Plan:
+    cfg: RootConfig
+    run_dir: Path
+    endpoints: Endpoints
+    devices: dict  # role → list of GPU ids ([] = CPU)
+    procs: list[Proc]
+
+    def describe(self) -> str:
+        lines = ["# resolved config", to_yaml(self.cfg), "# device map"]
+        for role, ids in self.devices.items():
+            lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}")
+        lines.append("# commands")
+        for p in self.procs:
+            env = " ".join(f"{k}={v}" for k, v in p.env.items())
+            lines.append(f"[{p.name}] {env + ' ' if env else ''}{' '.join(p.argv)}")
+        return "\n".join(lines)
+
+    def write(self) -> None:
+        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        save_yaml(self.cfg, self.run_dir / "config.yaml")
+        (self.run_dir / "endpoints.json").write_text(json.dumps(self.endpoints.to_dict(), indent=1))
+
+
+def visible_gpus() -> list[int]:
+    try:
+        import torch
+    except ImportError:
+        return []
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
+    """Which GPUs generate and which train; one GPU is shared (colocated); none = CPU."""
+    avail = visible_gpus() if gpus is None else gpus
+    pool = [int(g) for g in cfg.cluster.gpus] or avail
+    missing = [g for g in pool + list(cfg.rollout.gpus) + list(cfg.trainer.gpus) if g not in avail]
+    if missing:
+        raise ValueError(f"GPU id(s) {missing} do not exist here (visible: {avail or 'none'}); "
+                         "fix cluster.gpus / rollout.gpus / trainer.gpus")
+    if not pool:
+        return {"rollout": [], "trainer": []}
+    if cfg.rollout.gpus or cfg.trainer.gpus:
+        return {"rollout": [int(g) for g in cfg.rollout.gpus] or pool[:1],
+                "trainer": [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]}
+    if len(pool) == 1:
+        return {"rollout": pool, "trainer": pool}  # colocated
+    n_gen = cfg.rollout.workers if cfg.rollout.workers < len(pool) else len(pool) // 2
+    return {"rollout": pool[:n_gen], "trainer": pool[n_gen:]}
+
+
+def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
+    run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    cfg.run_dir = str(run_dir)
+    ep = make_endpoints(cfg.launcher.host)
+    devices = device_map(cfg, gpus)
+    py = sys.executable
+    procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
+    for i in range(cfg.rollout.workers):
+        env = {}
+        if devices["rollout"]:
+            gpu = devices["rollout"][i % len(devices["rollout"])]
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
+    master_port = free_ports(cfg.launcher.host, 1)[0]
+    tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else {}
+    procs.append(Proc("trainer", [
+        py, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
+        "--master-addr", cfg.launcher.host, "--master-port", str(master_port),
+        "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
+    if devices["trainer"] and cfg.trainer.ranks > len(devices["trainer"]):
+        raise ValueError(f"trainer.ranks={cfg.trainer.ranks} but only {len(devices['trainer'])} GPU(s) "
+                         "train; lower trainer.ranks or give trainer.gpus more ids")
+    return Plan(cfg, run_dir, ep, devices, procs)
+
+
+def child_env(extra: dict) -> dict:
+    env = dict(os.environ)
+    env.update({k: str(v) for k, v in extra.items()})
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    return env

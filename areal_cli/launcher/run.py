@@ -1,0 +1,107 @@
+"""``areal train``: preflight checks, plan, start, watch, summarize."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+from areal_cli.config.schema import RootConfig
+
+
+class UserError(ValueError):
+    """Bad input that the user fixes; printed without a traceback, exit code 2."""
+
+
+def preflight(cfg: RootConfig) -> None:
+    """Everything checkable before a process starts: the model and the dataset."""
+    from areal_cli.models import ModelError, resolve_model
+    from areal_cli.tasks import load_problems
+
+    problems = []
+    try:
+        resolve_model(cfg.model)
+    except ModelError as err:
+        problems.append(str(err))
+    try:
+        if not load_problems(cfg.task, "train"):
+            problems.append("task: the training split is empty; raise task.size or check task.path")
+    except (ValueError, FileNotFoundError, OSError) as err:
+        problems.append(f"task: {err}")
+    if cfg.engine.name == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError:
+            problems.append("engine=vllm needs vLLM: pip install 'areal-cli[vllm]' (GPU machines only)")
+    if problems:
+        raise UserError("\n".join(f"  - {p}" for p in problems))
+
+
+def train(cfg: RootConfig, quiet: bool = False) -> Path:
+    from areal_cli.launcher.local import LocalLauncher, RunFailed
+    from areal_cli.launcher.plan import make_plan
+    from areal_cli.launcher.progress import Progress
+
+    try:
+        plan = make_plan(cfg)
+    except ValueError as err:
+        raise UserError(f"  - {err}") from None
+    if cfg.dry_run:
+        print(plan.describe())
+        return plan.run_dir
+    preflight(cfg)
+    plan.write()
+    launcher = LocalLauncher(plan)
+    stop = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stop["signal"] = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    launcher.start()
+    print(f"run_dir: {plan.run_dir}  (logs in {plan.run_dir / 'logs'})", flush=True)
+    progress = None if quiet else Progress(plan.run_dir, cfg.trainer.steps)
+    try:
+        while True:
+            if stop["signal"] is not None:
+                print(f"\nstopping ({signal.Signals(stop['signal']).name}) ...", flush=True)
+                launcher.stop()
+                raise SystemExit(130)
+            try:
+                if launcher.poll():
+                    break
+            except RunFailed as err:
+                launcher.dump_stacks()
+                time.sleep(0.5)
+                launcher.stop()
+                if progress:
+                    progress.close()
+                    progress = None
+                print(f"\nareal: {err.name} failed (exit code {err.code}); every process was stopped.\n"
+                      f"last lines of its log:\n{err.tail}\n(full logs: {plan.run_dir / 'logs'})",
+                      file=sys.stderr, flush=True)
+                raise SystemExit(1) from None
+            if progress:
+                progress.update()
+            time.sleep(0.25)
+    finally:
+        if progress:
+            progress.close()
+        for s, h in old.items():
+            signal.signal(s, h)
+    launcher.stop(timeout_s=2)
+    summarize(plan.run_dir)
+    return plan.run_dir
+
+
+def summarize(run_dir: Path) -> None:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    if not rows:
+        return
+    q = max(1, len(rows) // 4)
+    first = sum(r["reward_mean"] for r in rows[:q]) / q
+    last = sum(r["reward_mean"] for r in rows[-q:]) / q
+    print(f"done: {len(rows)} steps in {rows[-1]['wall_time_s']:.0f}s; mean reward first quarter "
+          f"{first:.3f} → last quarter {last:.3f}; checkpoint {run_dir / 'checkpoints' / 'final'}")

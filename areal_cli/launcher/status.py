@@ -1,0 +1,24 @@
+"""``areal status <run_dir>``: which processes live, and the last metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+
+def show(run_dir: str) -> None:
+    d = Path(run_dir)
+    if not (d / "config.yaml").is_file():
+        raise SystemExit(f"areal: {d} is not a run directory (no config.yaml)")
+    pids = json.loads((d / "pids.json").read_text()) if (d / "pids.json").exists() else {}
+    for name, pid in pids.items():
+        alive = os.path.exists(f"/proc/{pid}")
+        print(f"{name:12s} pid {pid:7d}  {'running' if alive else 'exited'}")
+    rows = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
+    if rows:
+        last = json.loads(rows[-1])
+        print(f"{len(rows)} steps; last: " + ", ".join(
+            f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
+    else:
+        print("no steps yet")

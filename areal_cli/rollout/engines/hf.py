@@ -1,0 +1,148 @@
+"""The embedded engine: transformers continuous batching (paged KV cache), CPU or GPU.
+
+Interruptible: on a weight update the generation loop is paused at a step boundary, the
+weights are loaded in place, every unfinished request is cancelled (its KV was computed
+under the old weights) and resubmitted with its prompt plus the tokens it has so far, so it
+continues — re-prefilled — under the new version. Block (prefix) sharing is off so no KV of
+old weights is ever reused.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+
+import torch
+
+from areal_cli.rollout.engines.base import Engine, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def engine_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+class HFEngine(Engine):
+    def __init__(self, model_path, device: torch.device, dtype: torch.dtype, *, temperature: float,
+                 top_p: float, max_batch_tokens: int, kv_cache_tokens: int, page_size: int,
+                 eos_token_id):
+        from transformers import AutoModelForCausalLM, GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        self.device = device
+        self._model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, attn_implementation="sdpa").to(device)
+        self._model.requires_grad_(False)
+        gen = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
+                               eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+                               max_new_tokens=1 << 20)
+        cb = ContinuousBatchingConfig(
+            num_blocks=max(16, math.ceil(kv_cache_tokens / page_size)), page_size=page_size,
+            max_batch_tokens=max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
+        self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
+        self.manager = self._model.init_continuous_batching(generation_config=gen,
+                                                            continuous_batching_config=cb)
+        self.manager.start()
+        self.seqs: dict[str, Sequence] = {}  # rid → sequence
+        self.segment: dict[str, tuple[str, int]] = {}  # engine request id → (rid, output length at start)
+        self.version = 0
+        self._finished_during_pause: list[Sequence] = []
+
+    @property
+    def model(self):
+        return self._model
+
+    def in_flight(self) -> int:
+        return len(self.seqs)
+
+    def submit(self, seq: Sequence) -> None:
+        self.seqs[seq.rid] = seq
+        self._submit_segment(seq)
+
+    def _submit_segment(self, seq: Sequence) -> None:
+        req = f"{seq.rid}#{seq.segments}"
+        self.segment[req] = (seq.rid, len(seq.output_ids))
+        remaining = seq.max_new_tokens - len(seq.output_ids)
+        got = self.manager.add_request(list(seq.prompt_ids) + list(seq.output_ids), request_id=req,
+                                       max_new_tokens=remaining, streaming=True)
+        if got is None:
+            raise RuntimeError("the continuous batching manager refused a request (it is stopping)")
+
+    def poll(self, timeout_s: float) -> list[Sequence]:
+        self._check_alive()
+        done, deadline = self.take_finished_during_pause(), time.monotonic() + timeout_s
+        while True:
+            wait = max(0.0, deadline - time.monotonic()) if not done else 0.0
+            out = self.manager.get_result(timeout=wait) if wait > 0 else self._get_nowait()
+            if out is None:
+                return done
+            seq = self._apply(out)
+            if seq is not None:
+                done.append(seq)
+
+    def _get_nowait(self):
+        q = self.manager.output_router.output_queue
+        return None if q.empty() else q.get_nowait()
+
+    def _apply(self, out) -> Sequence | None:
+        """Fold one streamed output into its sequence; the sequence when it just finished."""
+        if out.request_id not in self.segment:
+            return None  # a cancelled segment still draining
+        rid, start = self.segment[out.request_id]
+        seq = self.seqs[rid]
+        if out.error:
+            raise RuntimeError(f"generation failed for {rid}: {out.error}")
+        new = list(out.generated_tokens)
+        del seq.output_ids[start:], seq.logprobs[start:], seq.versions[start:]
+        seq.output_ids += new
+        seq.logprobs += list(out.logprobs)[: len(new)]
+        seq.versions += [self.version] * len(new)
+        if not out.is_finished():
+            return None
+        del self.segment[out.request_id], self.seqs[rid]
+        last = seq.output_ids[-1] if seq.output_ids else None
+        seq.finish_reason = "stop" if last in self.eos else "length"
+        return seq
+
+    def update_weights(self, version: int, load: Callable[[], dict]) -> dict:
+        self._check_alive()
+        t0 = time.perf_counter()
+        with self.manager.pause():
+            paused = time.perf_counter()
+            while (out := self._get_nowait()) is not None:  # tokens made under the old weights
+                seq = self._apply(out)
+                if seq is not None:
+                    self._finished_during_pause.append(seq)
+            timings = load()
+            scheduler = self.manager.batch_processor.scheduler
+            for req in list(self.segment):
+                scheduler.set_request_cancellation(req)
+            self.version = version
+            for req, (rid, _start) in list(self.segment.items()):
+                del self.segment[req]
+                seq = self.seqs[rid]
+                seq.segments += 1
+                self._submit_segment(seq)
+        timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=paused - t0,
+                       interrupted=len(self.seqs))
+        return timings
+
+    def take_finished_during_pause(self) -> list[Sequence]:
+        out, self._finished_during_pause = self._finished_during_pause, []
+        return out
+
+    def _check_alive(self) -> None:
+        err = self.manager.background_thread_status.fatal_error
+        if err is not None or not self.manager.is_running():
+            raise RuntimeError(f"the generation loop stopped: {err!r}")
+
+    def close(self) -> None:
+        try:
+            self.manager.stop(block=True, timeout=5, hard_stop=True)
+        except RuntimeError as err:
+            log.warning("engine stop: %s", err)

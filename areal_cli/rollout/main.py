@@ -1,0 +1,148 @@
+"""Rollout worker: pulls prompt groups, generates with its engine, scores, pushes trajectories.
+
+``python -m areal_cli.rollout.main <run_dir> <index>``. Weight updates arrive as
+``Control("update", v)`` on the control channel: the worker pauses its engine, joins the
+broadcast of trainer rank 0, loads in place and resumes every unfinished sequence under v.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import zmq
+
+from areal_cli.config.load import load_yaml
+from areal_cli.config.schema import RootConfig
+from areal_cli.models import resolve_model
+from areal_cli.rewards import RewardPool
+from areal_cli.rollout.workflows.episodes import Workflow
+from areal_cli.runtime import Heartbeat, load_endpoints, set_threads, setup_process
+from areal_cli.transport.channels import Channel
+
+
+def build_engine(cfg: RootConfig, index: int, tokenizer):
+    import torch
+
+    model_path = resolve_model(cfg.model)
+    if cfg.engine.name == "vllm":
+        from areal_cli.rollout.engines.vllm import VLLMEngine
+
+        return VLLMEngine(model_path, cfg, index)
+    from areal_cli.rollout.engines.hf import HFEngine, engine_dtype
+
+    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
+                  ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
+    kv = cfg.engine.kv_cache_tokens or concurrency(cfg) * cfg.rollout.group_size * context
+    return HFEngine(model_path, device, engine_dtype(cfg.engine.dtype, device),
+                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                    max_batch_tokens=cfg.engine.max_batch_tokens, kv_cache_tokens=kv,
+                    page_size=cfg.engine.page_size, eos_token_id=tokenizer.eos_token_id)
+
+
+def concurrency(cfg: RootConfig) -> int:
+    """Prompt groups one worker generates at once."""
+    total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
+    return max(1, -(-total // cfg.rollout.workers))
+
+
+class Worker:
+    def __init__(self, run_dir: str, index: int):
+        self.name = f"rollout-{index}"
+        self.log = setup_process(self.name, run_dir)
+        self.cfg = load_yaml(f"{run_dir}/config.yaml")
+        self.index = index
+        ep = load_endpoints(run_dir)
+        self.hb = Heartbeat(ep, self.name, self.cfg.launcher.heartbeat_s)
+        set_threads(self.cfg.engine.threads)
+        import torch
+        from transformers import AutoTokenizer
+
+        torch.manual_seed(self.cfg.seed * 1000 + index)
+        self.hb.doing = "loading the model"
+        self.tok = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
+        self.engine = build_engine(self.cfg, index, self.tok)
+        self.hb.doing = "joining the weight broadcast group"
+        self.receiver = self._weight_receiver(ep)
+        self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
+        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index)
+        self.work = Channel(zmq.PULL, ep.work, bind=False, name="work", hwm=2)
+        self.results = Channel(zmq.PUSH, ep.results, bind=False, name="results")
+        self.control = Channel(zmq.SUB, ep.control, bind=False, name="control")
+        self.held: collections.deque = collections.deque()  # work waiting for a newer version
+        self.capacity = concurrency(self.cfg)
+        self.hb.send("hello")
+        self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
+
+    def _weight_receiver(self, ep):
+        if self.engine.model is None:
+            return None
+        import torch
+
+        from areal_cli.transport.weights import WeightReceiver
+
+        backend = "nccl" if self.engine.model.device.type == "cuda" else "gloo"
+        wire = self.engine.model.dtype if self.cfg.weights.dtype == "auto" else getattr(torch, self.cfg.weights.dtype)
+        return WeightReceiver(self.engine.model, ep.weights_host, ep.weights_port, 1 + self.index,
+                              1 + self.cfg.rollout.workers, backend, wire, self.cfg.weights.bucket_mb << 20,
+                              timeout_s=self.cfg.launcher.peer_timeout_s)
+
+    def run(self) -> None:
+        while True:
+            self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
+            msg = self.control.recv(0)
+            if msg is not None and msg.command == "stop":
+                break
+            if msg is not None and msg.command == "update":
+                self._update(msg.version)
+            self._take_work()
+            for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
+                self.flow.on_generated(seq)
+            for result in self.flow.poll():
+                self.results.send(result)
+        self.log.info("stop received")
+
+    def _take_work(self) -> None:
+        while self.flow.busy() + len(self.held) < self.capacity:
+            item = self.work.recv(0)
+            if item is None:
+                break
+            self.held.append(item)
+        while self.held and self.held[0].min_version <= self.engine.version:
+            self.flow.start(self.held.popleft())
+
+    def _update(self, version: int) -> None:
+        self.hb.doing = f"receiving weights of version {version} from trainer rank 0"
+        t0 = time.perf_counter()
+        timings = self.engine.update_weights(version, self._load)
+        timings["pause_total_s"] = time.perf_counter() - t0
+        if self.cfg.weights.verify and self.receiver is not None:
+            timings["weights_sha"] = self.receiver.digest()
+        self.hb.send("weights_loaded", version=version, metrics=timings)
+        self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
+                      timings["pause_total_s"], timings.get("interrupted", 0))
+
+    def _load(self) -> dict:
+        return self.receiver.receive() if self.receiver is not None else {}
+
+    def close(self) -> None:
+        self.engine.close()
+        self.pool.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run_dir")
+    ap.add_argument("index", type=int)
+    args = ap.parse_args()
+    worker = Worker(args.run_dir, args.index)
+    try:
+        worker.run()
+    finally:
+        worker.close()
+
+
+if __name__ == "__main__":
+    main()

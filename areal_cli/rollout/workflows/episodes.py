@@ -1,0 +1,150 @@
+"""Workflows: how a prompt group becomes trajectories — generate → reward → (more turns).
+
+One state machine covers the three built-in workflows:
+- single_turn: one answer, one reward;
+- multi_turn: a wrong answer gets feedback ("wrong, try again") and another turn, up to
+  ``max_turns``; the reward is discounted by ``turn_discount`` per extra turn;
+- tool_use: an answer holding a ```python block (and no final "Answer:") runs it in the
+  sandbox and the model sees the output as the next user turn.
+Feedback and tool tokens are appended as env tokens (loss_mask 0, version -1, logprob 0);
+only model tokens are trained. Tokens in, tokens out: the trainer sees exactly these ids.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import re
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from areal_cli.config.schema import WorkflowConfig
+from areal_cli.rewards.sandbox import Limits, run_python
+from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.tasks.base import Problem
+from areal_cli.transport.messages import GroupResult, Sample, WorkItem
+
+CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+
+
+@dataclass
+class Episode:
+    index: int
+    prompt_ids: list[int]
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    turns: int = 0
+    text: str = ""  # the last model turn, decoded
+    future: cf.Future | None = None  # reward or tool call in progress
+    waiting: str = ""  # "reward" | "tool"
+    reward: float = 0.0
+    reward_status: str = "ok"
+    finish_reason: str = ""
+    done: bool = False
+
+
+@dataclass
+class Group:
+    item: WorkItem
+    problem: Problem
+    episodes: list[Episode]
+    t0: float
+    gen_tokens: int = 0
+
+
+class Workflow:
+    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int):
+        self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
+        self.groups: dict[int, Group] = {}
+        self.tools = cf.ThreadPoolExecutor(max_workers=2) if cfg.name == "tool_use" else None
+
+    def start(self, item: WorkItem) -> None:
+        prompt = [int(x) for x in item.prompt_ids]
+        eps = [Episode(i, prompt) for i in range(item.group_size)]
+        self.groups[item.group_id] = Group(item, Problem.from_dict(item.problem), eps, time.monotonic())
+        for ep in eps:
+            self._generate(item, ep)
+
+    def _generate(self, item: WorkItem, ep: Episode) -> None:
+        ctx = ep.prompt_ids + ep.out_ids
+        self.engine.submit(Sequence(f"{item.group_id}:{ep.index}:{ep.turns}", ctx, item.max_new_tokens))
+
+    def on_generated(self, seq: Sequence) -> None:
+        gid, idx, _turn = (int(x) for x in seq.rid.split(":"))
+        group = self.groups[gid]
+        ep = group.episodes[idx]
+        group.gen_tokens += len(seq.output_ids)
+        ep.out_ids += seq.output_ids
+        ep.logprobs += seq.logprobs
+        ep.versions += seq.versions
+        ep.loss_mask += [1] * len(seq.output_ids)
+        ep.turns += 1
+        ep.finish_reason = seq.finish_reason
+        ep.text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
+        code = CODE_BLOCK.search(ep.text)
+        if (self.tools and code and "Answer:" not in ep.text and ep.turns < self.cfg.max_turns):
+            ep.waiting, ep.future = "tool", self.tools.submit(run_python, code.group(1), Limits(cpu_s=5, wall_s=8))
+        else:
+            ep.waiting, ep.future = "reward", self.rewards.submit(ep.text, group.problem)
+
+    def poll(self) -> list[GroupResult]:
+        """Advance episodes whose reward/tool call finished; return the groups now complete."""
+        complete = []
+        for gid, group in list(self.groups.items()):
+            for ep in group.episodes:
+                if ep.future is not None and ep.future.done():
+                    self._advance(group, ep)
+            if all(ep.done for ep in group.episodes):
+                complete.append(self._result(group))
+                del self.groups[gid]
+        return complete
+
+    def _advance(self, group: Group, ep: Episode) -> None:
+        result, kind = ep.future.result(), ep.waiting
+        ep.future, ep.waiting = None, ""
+        if kind == "tool":
+            self._append_env(ep, f"Output:\n{result.output[-1000:]}")
+            return self._generate(group.item, ep)
+        if (self.cfg.name == "multi_turn" and result.score < 1.0 and ep.turns < self.cfg.max_turns):
+            self._append_env(ep, self.cfg.feedback)
+            return self._generate(group.item, ep)
+        ep.reward = float(result.score) * (self.cfg.turn_discount ** (ep.turns - 1)
+                                           if self.cfg.name == "multi_turn" else 1.0)
+        ep.reward_status, ep.done = result.status, True
+
+    def _append_env(self, ep: Episode, text: str) -> None:
+        ids = env_turn_ids(self.tok, text, ends_with_eos=ep.finish_reason == "stop")
+        ep.out_ids += ids
+        ep.logprobs += [0.0] * len(ids)
+        ep.versions += [-1] * len(ids)
+        ep.loss_mask += [0] * len(ids)
+
+    def _result(self, group: Group) -> GroupResult:
+        samples = [Sample(
+            sample_index=ep.index, prompt_ids=np.asarray(ep.prompt_ids, np.int32),
+            output_ids=np.asarray(ep.out_ids, np.int32), logprobs=np.asarray(ep.logprobs, np.float32),
+            versions=np.asarray(ep.versions, np.int32), loss_mask=np.asarray(ep.loss_mask, np.uint8),
+            reward=ep.reward, reward_status=ep.reward_status, finish_reason=ep.finish_reason,
+            num_turns=ep.turns, completion=ep.text) for ep in group.episodes]
+        return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
+                           time.monotonic() - group.t0, group.gen_tokens)
+
+    def busy(self) -> int:
+        return len(self.groups)
+
+
+def env_turn_ids(tok, text: str, ends_with_eos: bool) -> list[int]:
+    """Tokens of a user turn inserted after a model turn, ending with the assistant header."""
+    turn = [{"role": "user", "content": text}]
+    base = [{"role": "system", "content": "x"}]
+    full = tok.apply_chat_template(base + turn, add_generation_prompt=True, tokenize=False)
+    head = tok.apply_chat_template(base, tokenize=False)
+    suffix = full[len(head):] if full.startswith(head) else full
+    if not ends_with_eos and tok.eos_token:
+        suffix = tok.eos_token + "\n" + suffix
+    else:
+        suffix = "\n" + suffix.lstrip("\n")
+    return tok(suffix, add_special_tokens=False)["input_ids"]

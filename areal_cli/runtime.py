@@ -1,0 +1,72 @@
+"""What every process of a run does the same way: logging, stack dumps, heartbeats, threads."""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from areal_cli.transport.channels import Endpoints, status_sender
+from areal_cli.transport.messages import Status
+
+
+def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
+    """Log lines to stderr (the launcher sends it to logs/<name>.log); SIGUSR1 dumps every stack."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format=f"%(asctime)s {name} %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    faulthandler.enable(file=sys.stderr, all_threads=True)
+    faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+    for noisy in ("httpx", "urllib3", "transformers", "datasets"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return logging.getLogger(name)
+
+
+def load_endpoints(run_dir: str | Path) -> Endpoints:
+    return Endpoints(**json.loads((Path(run_dir) / "endpoints.json").read_text()))
+
+
+def set_threads(requested: int, share: int = 2) -> int:
+    """torch CPU threads: ``requested`` or the cores divided among ``share`` processes."""
+    import torch
+
+    n = requested or max(1, (os.cpu_count() or 2) // share)
+    torch.set_num_threads(n)
+    return n
+
+
+class Heartbeat:
+    """Sends ``Status(kind="heartbeat", doing=...)`` every ``period_s`` from a daemon thread.
+
+    ``doing`` is what the process is busy with or waiting for: the controller names it when
+    the heartbeats stop. The thread also exits the process if the launcher died (orphaned).
+    """
+
+    def __init__(self, endpoints: Endpoints, name: str, period_s: float):
+        self.name, self.period_s, self.doing = name, period_s, "starting"
+        self.sock = status_sender(endpoints.status, name)
+        self.lock = threading.Lock()
+        self.parent = os.getppid()
+        threading.Thread(target=self._run, daemon=True, name="heartbeat").start()
+
+    def send(self, kind: str, **kw) -> None:
+        with self.lock:
+            self.sock.send(Status(sender=self.name, kind=kind, **kw))
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.period_s)
+            if os.getppid() != self.parent:
+                logging.getLogger(self.name).error("parent process died; exiting")
+                os._exit(3)
+            try:
+                self.send("heartbeat", doing=self.doing)
+            except Exception as err:  # noqa: BLE001 — a dead controller ends this process
+                logging.getLogger(self.name).error("controller unreachable: %s; exiting", err)
+                os._exit(3)

@@ -1,0 +1,99 @@
+"""Turn a ``Batch`` of trajectories into padded tensors and token-budget micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from areal_cli.transport.messages import Batch
+
+
+@dataclass
+class Rollouts:
+    """The samples of a batch, response-aligned: row i = one trajectory."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+    behav_logp: torch.Tensor  # [N, L] float32
+    loss_mask: torch.Tensor  # [N, L] bool (model tokens only)
+    rewards: torch.Tensor  # [N]
+    group_size: int
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+
+def from_batch(batch: Batch) -> Rollouts:
+    samples = [s for g in batch.groups for s in sorted(g.samples, key=lambda s: s.sample_index)]
+    L = max(1, max(len(s.output_ids) for s in samples))
+    behav = torch.zeros(len(samples), L)
+    mask = torch.zeros(len(samples), L, dtype=torch.bool)
+    for i, s in enumerate(samples):
+        r = len(s.output_ids)
+        behav[i, :r] = torch.from_numpy(s.logprobs.astype("float32"))
+        mask[i, :r] = torch.from_numpy(s.loss_mask.astype(bool))
+    return Rollouts(
+        prompts=[s.prompt_ids.tolist() for s in samples],
+        responses=[s.output_ids.tolist() for s in samples],
+        behav_logp=behav, loss_mask=mask,
+        rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
+        group_size=len(batch.groups[0].samples))
+
+
+def shard(n: int, rank: int, world: int) -> range:
+    """This rank's contiguous slice of n rows (validation made n divisible by world)."""
+    per = n // world
+    return range(rank * per, (rank + 1) * per)
+
+
+def micro_batches(lengths: list[int], budget: int, count: int | None = None) -> list[list[int]]:
+    """Group row indices into micro-batches of at most ``budget`` tokens (longest first, so
+    padding waste stays small); ``count`` forces at least that many (ranks must agree)."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    bins: list[list[int]] = []
+    for i in order:
+        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= budget:
+            bins[-1].append(i)
+        else:
+            bins.append([i])
+    while count is not None and len(bins) < count:
+        big = max(range(len(bins)), key=lambda b: len(bins[b]))
+        if len(bins[big]) > 1:
+            bins.append([bins[big].pop()])
+        else:
+            bins.append([])  # an empty micro-batch: the rank runs a zero-weight dummy
+    return bins
+
+
+def pad_rows(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    att = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        att[i, : len(r)] = 1
+    return ids, att
+
+
+def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_lens: list[int], resp_len: int,
+                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob (and entropy) of each response token under ``logits``; [n, resp_len], row by row
+    so only one row's full-vocabulary float32 log-softmax exists at a time."""
+    from areal_cli.trainer.loss import entropy_from_logits
+
+    n = ids.shape[0]
+    out = logits.new_zeros((n, resp_len), dtype=torch.float32)
+    ent = logits.new_zeros((n, resp_len), dtype=torch.float32)
+    for i in range(n):
+        p = prompt_lens[i]
+        r = min(resp_len, ids.shape[1] - p)
+        if r <= 0:
+            continue
+        row = logits[i, p - 1 : p - 1 + r].float() / temperature
+        lp = torch.log_softmax(row, dim=-1)
+        out[i, :r] = lp.gather(-1, ids[i, p : p + r, None])[:, 0]
+        with torch.no_grad():
+            ent[i, :r] = entropy_from_logits(row.detach())
+    return out, ent

@@ -1,0 +1,142 @@
+"""Trainer rank (under torchrun): FSDP2 policy, decoupled PPO step, weight broadcast.
+
+``torchrun --nproc-per-node T -m areal_cli.trainer.main <run_dir>``. Rank 0 receives each
+batch from the controller and shares it with the other ranks; after each optimizer step
+every rank gathers full parameters and rank 0 broadcasts them to the rollout workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from areal_cli.config.load import load_yaml
+from areal_cli.models import resolve_model
+from areal_cli.runtime import Heartbeat, load_endpoints, set_threads, setup_process
+from areal_cli.trainer.model import build_policy, full_parameters, save_hf
+from areal_cli.trainer.step import StepRunner
+from areal_cli.transport.channels import Channel
+from areal_cli.transport.messages import decode
+
+
+class Trainer:
+    def __init__(self, run_dir: str):
+        self.run_dir = Path(run_dir)
+        self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.name = f"trainer-{self.rank}"
+        redirect_output(self.run_dir / "logs" / f"{self.name}.log")
+        self.log = setup_process(self.name, run_dir)
+        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        dist.init_process_group("nccl" if cuda else "gloo")
+        set_threads(cfg.trainer.threads)
+        torch.manual_seed(cfg.seed)
+        ep = load_endpoints(run_dir)
+        self.hb = Heartbeat(ep, self.name, cfg.launcher.heartbeat_s) if self.rank == 0 else None
+        self._doing("loading the model")
+        self.model_path = resolve_model(cfg.model)
+        dtype = torch.float32 if cfg.trainer.dtype == "float32" else torch.bfloat16
+        self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing)
+        self.runner = StepRunner(self.model, cfg, self.device, dtype, self.rank, self.world)
+        self.sender = None
+        if self.rank == 0:
+            self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches")
+            self._doing("waiting for the rollout workers to join the weight broadcast group")
+            self.sender = self._weight_sender(ep)
+            self.hb.send("hello")
+        self.log.info("ready: %d rank(s), device %s", self.world, self.device)
+
+    def _doing(self, what: str) -> None:
+        if self.hb is not None:
+            self.hb.doing = what
+
+    def _weight_sender(self, ep):
+        from areal_cli.transport.weights import WeightSender, param_specs
+
+        cfg = self.cfg
+        wire = cfg.weights.dtype
+        if wire == "auto":
+            wire = cfg.engine.dtype if cfg.engine.dtype != "auto" else (
+                "bfloat16" if self.device.type == "cuda" else "float32")
+        return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
+                            1 + cfg.rollout.workers, "nccl" if self.device.type == "cuda" else "gloo",
+                            self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
+                            timeout_s=cfg.launcher.peer_timeout_s)
+
+    def _receive_batch(self, step: int):
+        payload = [None]
+        if self.rank == 0:
+            self._doing(f"waiting for batch {step} from the controller")
+            frame = None
+            while frame is None:
+                if self.batches.sock.poll(1000):
+                    frame = self.batches.sock.recv()
+            payload = [frame]
+        dist.broadcast_object_list(payload, src=0)
+        return decode(payload[0])
+
+    def run(self) -> None:
+        cfg = self.cfg
+        for step in range(cfg.trainer.steps):
+            batch = self._receive_batch(step)
+            self._doing(f"training step {step}")
+            t0 = time.perf_counter()
+            metrics = self.runner.train(batch)
+            metrics["step_time_s"] = time.perf_counter() - t0
+            self._doing(f"sending weights of version {step + 1}")
+            if self.rank == 0:
+                self.hb.send("weights_ready", version=step + 1)
+            metrics.update(self._sync_weights())
+            if self.rank == 0:
+                self.hb.send("step_done", version=step + 1, metrics=metrics)
+                self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
+                              float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
+                              metrics.get("weight_sync_s", 0.0))
+        self._doing("saving the final checkpoint")
+        save_hf(self.model, self.model_path, self.run_dir / "checkpoints" / "final")
+        if self.rank == 0:
+            self.hb.send("bye")
+            self.log.info("checkpoint written to %s", self.run_dir / "checkpoints" / "final")
+        dist.barrier()
+        dist.destroy_process_group()
+
+    def _sync_weights(self) -> dict:
+        params = full_parameters(self.model)
+        if self.rank == 0:
+            return self.sender.send(params, digest=self.cfg.weights.verify)
+        for _ in params:
+            pass
+        return {}
+
+
+def redirect_output(path: Path) -> None:
+    """Each rank writes its own logs/trainer-<rank>.log (torchrun's output is logs/trainer.log)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def batch_reward(batch) -> float:
+    rewards = [s.reward for g in batch.groups for s in g.samples]
+    return sum(rewards) / max(1, len(rewards))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("run_dir")
+    args = ap.parse_args()
+    Trainer(args.run_dir).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The policy under FSDP2: build, shard, gather for the weight broadcast, save as Hugging Face."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+
+
+def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
+                 activation_checkpointing: bool):
+    """fp32 master weights, each decoder layer and the root sharded with ``fully_shard``."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                 attn_implementation="sdpa").to(device)
+    model.config.use_cache = False
+    if activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
+    # fp32 and compute under autocast instead.
+    mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+          if device.type == "cuda" else MixedPrecisionPolicy())
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    return model
+
+
+def full_parameters(model):
+    """(name, full tensor) for every parameter; a collective: every rank must iterate it."""
+    for name, p in model.named_parameters():
+        yield name, (p.full_tensor() if isinstance(p, DTensor) else p)
+
+
+def save_hf(model, tokenizer_src: Path, out: Path) -> None:
+    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if dist.get_rank() != 0:
+        return
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config = model.config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(sd, strict=False)
+    plain.generation_config = model.generation_config
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    plain.save_pretrained(tmp)
+    AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp)
+    (tmp / "COMPLETE").write_text("ok\n")
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
