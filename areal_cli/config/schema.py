@@ -20,7 +20,7 @@ class EngineConfig:
     name: str = "hf"
     """"hf" (transformers continuous batching, CPU or GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
     dtype: str = "auto"
-    """Weights of the engine: "auto" (bfloat16 on GPU, float32 on CPU) | "bfloat16" | "float32"."""
+    """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float32"."""
     max_batch_tokens: int = 2048
     """Tokens per engine forward (prefill chunks + decodes)."""
     kv_cache_tokens: int = 0

@@ -67,33 +67,36 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None) -> 
     return bins
 
 
-def pad_rows(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids, attention mask and position ids, left-padded so every row ends at the last column
+    (the response tokens of all rows then sit in the last columns: ``logits_to_keep`` works)."""
     T = max(len(r) for r in rows)
     ids = torch.full((len(rows), T), pad, dtype=torch.long)
     att = torch.zeros(len(rows), T, dtype=torch.long)
     for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        att[i, : len(r)] = 1
-    return ids, att
+        ids[i, T - len(r):] = torch.tensor(r)
+        att[i, T - len(r):] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    return ids, att, pos
 
 
-def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, prompt_lens: list[int], resp_len: int,
+def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, resp_lens: list[int], width: int,
                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob (and entropy) of each response token under ``logits``; [n, resp_len], row by row
-    so only one row's full-vocabulary float32 log-softmax exists at a time."""
-    from areal_cli.trainer.loss import entropy_from_logits
+    """Logprob and entropy of each response token, ``[n, width]`` aligned at the response start.
 
-    n = ids.shape[0]
-    out = logits.new_zeros((n, resp_len), dtype=torch.float32)
-    ent = logits.new_zeros((n, resp_len), dtype=torch.float32)
+    ``logits`` are the last K positions of left-padded ``ids`` (K = max response + 1). Row by
+    row, so only one row's full-vocabulary float32 log-softmax exists at a time.
+    """
+    n, K = logits.shape[0], logits.shape[1]
+    T = ids.shape[1]
+    rows_lp, rows_ent = [], []
     for i in range(n):
-        p = prompt_lens[i]
-        r = min(resp_len, ids.shape[1] - p)
-        if r <= 0:
-            continue
-        row = logits[i, p - 1 : p - 1 + r].float() / temperature
-        lp = torch.log_softmax(row, dim=-1)
-        out[i, :r] = lp.gather(-1, ids[i, p : p + r, None])[:, 0]
-        with torch.no_grad():
-            ent[i, :r] = entropy_from_logits(row.detach())
-    return out, ent
+        r = resp_lens[i]
+        row = logits[i, K - r - 1 : K - 1].float() / temperature
+        logp_all = torch.log_softmax(row, dim=-1)
+        lp = logp_all.gather(-1, ids[i, T - r :, None])[:, 0]
+        with torch.no_grad():  # entropy from the same log-softmax: no second pass over the vocabulary
+            ent = -(logp_all.exp() * logp_all).sum(-1)
+        rows_lp.append(torch.nn.functional.pad(lp, (0, width - r)))
+        rows_ent.append(torch.nn.functional.pad(ent, (0, width - r)))
+    return torch.stack(rows_lp), torch.stack(rows_ent)

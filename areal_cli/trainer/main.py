@@ -65,8 +65,7 @@ class Trainer:
         cfg = self.cfg
         wire = cfg.weights.dtype
         if wire == "auto":
-            wire = cfg.engine.dtype if cfg.engine.dtype != "auto" else (
-                "bfloat16" if self.device.type == "cuda" else "float32")
+            wire = cfg.engine.dtype if cfg.engine.dtype != "auto" else "bfloat16"
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
                             1 + cfg.rollout.workers, "nccl" if self.device.type == "cuda" else "gloo",
                             self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.trainer.advantages import compute_advantages
-from areal_cli.trainer.batching import from_batch, micro_batches, pad_rows, response_logprobs, shard
+from areal_cli.trainer.batching import from_batch, left_pad, micro_batches, response_logprobs, shard
 from areal_cli.trainer.loss import STAT_REDUCTIONS, policy_loss, shape_rewards
 
 
@@ -47,20 +47,8 @@ class StepRunner:
                                                              int(count))]
         t0 = time.perf_counter()
         prox = self._proximal(ro, mbs) if self._needs_proximal() else {}
-        stats: dict[str, torch.Tensor] = {}
-        self.opt.zero_grad(set_to_none=True)
-        loss_total = 0.0
-        for mb in mbs:
-            loss, st = self._micro_step(ro, adv, mb, prox, global_tokens, max_len)
-            loss_total += float(loss)
-            for k, v in st.items():
-                stats[k] = stats[k] + v if k in stats and STAT_REDUCTIONS.get(k) != "max" else (
-                    torch.maximum(stats[k], v) if k in stats else v)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.trainer.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
-        self.opt.step()
-        self.sched.step()
+        for _epoch in range(cfg.algorithm.ppo_epochs):
+            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, mbs, prox, global_tokens, max_len)
         elapsed = time.perf_counter() - t0
         out = self._reduce(stats, global_tokens)
         lt = torch.tensor([loss_total])
@@ -74,18 +62,42 @@ class StepRunner:
                    micro_batches=len(mbs))
         return out
 
+    def _optimizer_step(self, ro, adv, mbs, prox, global_tokens, max_len):
+        stats: dict[str, torch.Tensor] = {}
+        self.opt.zero_grad(set_to_none=True)
+        loss_total = 0.0
+        for mb in mbs:
+            loss, st = self._micro_step(ro, adv, mb, prox, global_tokens, max_len)
+            loss_total += float(loss)
+            for k, v in st.items():
+                if k not in stats:
+                    stats[k] = v
+                elif STAT_REDUCTIONS.get(k) == "max":
+                    stats[k] = torch.maximum(stats[k], v)
+                else:
+                    stats[k] = stats[k] + v
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        if hasattr(grad_norm, "full_tensor"):
+            grad_norm = grad_norm.full_tensor()
+        self.opt.step()
+        self.sched.step()
+        return stats, loss_total, grad_norm
+
     def _needs_proximal(self) -> bool:
+        """A separate no-grad pass is only needed when several optimizer steps use one batch;
+        with one step per batch π_prox is exactly the current weights, so the loss takes
+        ``logp.detach()`` from the same forward (same numbers, a third less compute)."""
         alg, r = self.cfg.algorithm, self.cfg.rollout
-        return alg.recompute_proximal or r.max_staleness > 0
+        return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
 
     def _forward(self, ro, mb):
         rows = [ro.prompts[i] + ro.responses[i] for i in mb]
-        ids, att = pad_rows(rows, self.pad)
-        ids, att = ids.to(self.device), att.to(self.device)
+        resp = [len(ro.responses[i]) for i in mb]
+        ids, att, pos = (t.to(self.device) for t in left_pad(rows, self.pad))
         with self._autocast():
-            logits = self.model(input_ids=ids, attention_mask=att).logits
-        return response_logprobs(logits, ids, [len(ro.prompts[i]) for i in mb], ro.loss_mask.shape[1],
-                                 self.cfg.rollout.temperature)
+            logits = self.model(input_ids=ids, attention_mask=att, position_ids=pos,
+                                logits_to_keep=max(resp) + 1).logits
+        return response_logprobs(logits, ids, resp, ro.loss_mask.shape[1], self.cfg.rollout.temperature)
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
@@ -114,7 +126,12 @@ class StepRunner:
         dev = logp.device
         mask = ro.loss_mask[mb].to(dev)
         behav = ro.behav_logp[mb].to(dev)
-        prox_lp = torch.stack([prox[i] for i in mb]).to(dev) if prox else None
+        if prox:
+            prox_lp = torch.stack([prox[i] for i in mb]).to(dev)
+        elif self.cfg.algorithm.recompute_proximal or self.cfg.rollout.max_staleness > 0:
+            prox_lp = logp.detach()
+        else:
+            prox_lp = None  # synchronous and not recomputed: π_prox = μ
         loss, st = policy_loss(logp, prox_lp, behav, adv[mb].to(dev), mask, self.cfg.algorithm,
                                global_tokens=global_tokens, global_seqs=float(ro.n), max_len=max_len,
                                entropy=ent)
