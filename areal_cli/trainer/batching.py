@@ -84,19 +84,24 @@ def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, resp_lens: list[i
                       temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy of each response token, ``[n, width]`` aligned at the response start.
 
-    ``logits`` are the last K positions of left-padded ``ids`` (K = max response + 1). Row by
-    row, so only one row's full-vocabulary float32 log-softmax exists at a time.
+    ``logits`` are the last K positions of left-padded ``ids`` (K = max response + 1). All
+    response positions are picked with one advanced index (one gather, one backward scatter)
+    and go through a single float32 log-softmax of ``[tokens, vocab]``.
     """
     n, K = logits.shape[0], logits.shape[1]
     T = ids.shape[1]
-    rows_lp, rows_ent = [], []
-    for i in range(n):
-        r = resp_lens[i]
-        row = logits[i, K - r - 1 : K - 1].float() / temperature
-        logp_all = torch.log_softmax(row, dim=-1)
-        lp = logp_all.gather(-1, ids[i, T - r :, None])[:, 0]
-        with torch.no_grad():  # entropy from the same log-softmax: no second pass over the vocabulary
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-        rows_lp.append(torch.nn.functional.pad(lp, (0, width - r)))
-        rows_ent.append(torch.nn.functional.pad(ent, (0, width - r)))
-    return torch.stack(rows_lp), torch.stack(rows_ent)
+    dev = logits.device
+    lens = torch.tensor(resp_lens, device=dev)
+    k = torch.arange(width, device=dev)
+    valid = k[None, :] < lens[:, None]  # [n, width]
+    rows = torch.arange(n, device=dev)[:, None].expand(n, width)[valid]
+    cols = (K - lens - 1)[:, None] + k[None, :]  # logit column predicting response token k
+    targets = ids.gather(1, ((T - lens)[:, None] + k[None, :]).clamp(max=T - 1))[valid]
+    sel = logits[rows, cols[valid]].float() / temperature  # [tokens, vocab]
+    logp_all = torch.log_softmax(sel, dim=-1)
+    lp_flat = logp_all.gather(-1, targets[:, None])[:, 0]
+    with torch.no_grad():  # entropy from the same log-softmax: no second pass over the vocabulary
+        ent_flat = -(logp_all.exp() * logp_all).sum(-1)
+    lp = torch.zeros(n, width, device=dev, dtype=torch.float32).masked_scatter(valid, lp_flat)
+    ent = torch.zeros(n, width, device=dev, dtype=torch.float32).masked_scatter(valid, ent_flat)
+    return lp, ent

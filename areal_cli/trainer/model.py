@@ -26,6 +26,8 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
           if device.type == "cuda" else MixedPrecisionPolicy())
+    if os.environ.get("AREAL_NO_FSDP"):
+        return model
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
