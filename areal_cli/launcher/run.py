@@ -44,6 +44,10 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
     from areal_cli.launcher.plan import make_plan
     from areal_cli.launcher.progress import Progress
 
+    if cfg.launcher.name == "slurm":
+        from areal_cli.launcher.slurm import submit
+
+        return submit(cfg)
     try:
         plan = make_plan(cfg)
     except ValueError as err:
