@@ -29,6 +29,7 @@ def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    _register_schema()
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
@@ -37,8 +38,19 @@ def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
     return from_dictconfig(cfg)
 
 
+def _register_schema() -> None:
+    """conf/config.yaml starts from this schema, so every documented key is overridable."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="areal_schema", node=RootConfig)
+
+
 def _hydra_message(err: Exception) -> str:
-    text = str(err).strip().splitlines()[0]
+    lines = [x.strip() for x in str(err).strip().splitlines() if x.strip()]
+    text = lines[0]
+    if text.startswith("Error merging override"):
+        cause = str(err.__cause__ or (lines[1] if len(lines) > 1 else "")).strip().splitlines()
+        text = f"{text}: {cause[0] if cause else 'wrong type'} (give a value of the documented type)"
     if "Could not find" in text or "not found in" in text.lower():
         return f"{text} (see `ls conf/` for the groups and their options)"
     if "is not in struct" in text or "Could not override" in text or "Key '" in text:

@@ -141,6 +141,18 @@ class LauncherConfig:
     """slurm: partition (empty = cluster default)."""
     time: str = "04:00:00"
     """slurm: time limit."""
+    gen_nodes: int = 0
+    """slurm: nodes that run rollout workers (the first ones; the rest train); 0 = half. nodes=1 shares one."""
+    account: str = ""
+    """slurm: account to charge (empty = your default)."""
+    signal_s: int = 120
+    """slurm: seconds before the time limit when the steps get SIGTERM (they checkpoint), then requeue."""
+    requeue: bool = True
+    """slurm: requeue the job at the time limit and on node failure (it resumes from its checkpoint)."""
+    sbatch_args: list = field(default_factory=list)
+    """slurm: extra #SBATCH options, e.g. ["--qos=high", "--constraint=h100"]."""
+    setup: list = field(default_factory=list)
+    """slurm: shell lines the job runs before any step, e.g. ["module load cuda/12.4", "export NCCL_SOCKET_IFNAME=ib0"]."""
 
 
 @dataclass

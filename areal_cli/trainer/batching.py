@@ -1,10 +1,20 @@
-"""Turn a ``Batch`` of trajectories into padded tensors and token-budget micro-batches."""
+"""Turn a ``Batch`` of trajectories into model inputs and token-budget micro-batches.
+
+Two layouts of a micro-batch (``trainer.packing``): packed, every sequence back to back in
+one row with ``position_ids`` restarting at 0 and a block-diagonal causal mask (no padding
+at all); or left-padded, one row per sequence, all responses ending at the last column.
+Either way only the positions that predict response tokens reach the LM head
+(``logits_to_keep``), and every response token lands at ``[row, k]`` of an ``[n, width]``
+tensor aligned at the response start.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from areal_cli.transport.messages import Batch
 
@@ -48,16 +58,26 @@ def shard(n: int, rank: int, world: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
-def micro_batches(lengths: list[int], budget: int, count: int | None = None) -> list[list[int]]:
-    """Group row indices into micro-batches of at most ``budget`` tokens (longest first, so
-    padding waste stays small); ``count`` forces at least that many (ranks must agree)."""
+def micro_batches(lengths: list[int], budget: int, count: int | None = None,
+                  packed: bool = False) -> list[list[int]]:
+    """Group row indices into micro-batches of at most ``budget`` tokens, longest first.
+
+    Packed micro-batches cost the sum of their lengths; padded ones rows × the longest (the
+    first, as rows come longest first). A sequence longer than the budget gets a micro-batch
+    of its own. ``count`` forces at least that many (ranks must agree).
+    """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins: list[list[int]] = []
+    used = 0
     for i in order:
-        if bins and (len(bins[-1]) + 1) * lengths[bins[-1][0]] <= budget:
+        if bins:
+            cost = used + lengths[i] if packed else (len(bins[-1]) + 1) * lengths[bins[-1][0]]
+        if bins and cost <= budget:
             bins[-1].append(i)
+            used = cost
         else:
             bins.append([i])
+            used = lengths[i]
     while count is not None and len(bins) < count:
         big = max(range(len(bins)), key=lambda b: len(bins[b]))
         if len(bins[big]) > 1:
@@ -67,41 +87,137 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None) -> 
     return bins
 
 
-def left_pad(rows: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """ids, attention mask and position ids, left-padded so every row ends at the last column
-    (the response tokens of all rows then sit in the last columns: ``logits_to_keep`` works)."""
-    T = max(len(r) for r in rows)
-    ids = torch.full((len(rows), T), pad, dtype=torch.long)
-    att = torch.zeros(len(rows), T, dtype=torch.long)
+@dataclass
+class Inputs:
+    """Model inputs of one micro-batch and where its response tokens sit in the kept logits."""
+
+    ids: torch.Tensor  # [rows, T]
+    attention_mask: torch.Tensor  # [rows, T] (padded) or [1, 1, T, T] bool block-diagonal (packed)
+    position_ids: torch.Tensor  # [rows, T]
+    keep: int | torch.Tensor  # logits_to_keep: last K columns (padded) or the positions (packed)
+    rows: torch.Tensor  # [tokens] row in the kept logits of each response token
+    cols: torch.Tensor  # [tokens] column in the kept logits (the position predicting it)
+    targets: torch.Tensor  # [tokens] the response token ids
+    valid: torch.Tensor  # [n, width] bool: response token k of sequence j exists
+
+    def to(self, device: torch.device) -> Inputs:
+        move = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in vars(self).items()}
+        return Inputs(**move)
+
+
+def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0) -> Inputs:
+    """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded."""
+    prompts = [ro.prompts[i] for i in mb]
+    resps = [ro.responses[i] for i in mb]
+    build = pack if packed else left_pad
+    return build(prompts, resps, ro.loss_mask.shape[1], pad)
+
+
+def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
+    return torch.arange(width)[None, :] < torch.tensor(resp_lens)[:, None]
+
+
+def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0) -> Inputs:
+    """One row: sequence after sequence, positions restarting at 0, attention only within a
+    sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit)."""
+    ids, pos, seg, keep = [], [], [], []
+    for j, (p, r) in enumerate(zip(prompts, resps, strict=True)):
+        start = len(ids)
+        ids += p + r
+        pos += range(len(p) + len(r))
+        seg += [j] * (len(p) + len(r))
+        keep += range(start + len(p) - 1, start + len(p) + len(r) - 1)
+    seg_t = torch.tensor(seg)
+    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    mask = (causal & (seg_t[:, None] == seg_t[None, :]))[None, None]
+    ids_t, keep_t = torch.tensor([ids]), torch.tensor(keep, dtype=torch.long)
+    return Inputs(ids=ids_t, attention_mask=mask, position_ids=torch.tensor([pos]), keep=keep_t,
+                  rows=torch.zeros(len(keep), dtype=torch.long), cols=torch.arange(len(keep)),
+                  targets=ids_t[0, keep_t + 1], valid=_valid([len(r) for r in resps], width))
+
+
+def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0) -> Inputs:
+    """One row per sequence, left-padded so every row ends at the last column: the responses
+    sit in the last columns and ``logits_to_keep = max response + 1`` covers them."""
+    rows = [p + r for p, r in zip(prompts, resps, strict=True)]
+    n, T = len(rows), max(len(r) for r in rows)
+    ids = torch.full((n, T), pad, dtype=torch.long)
+    att = torch.zeros(n, T, dtype=torch.long)
     for i, r in enumerate(rows):
         ids[i, T - len(r):] = torch.tensor(r)
         att[i, T - len(r):] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    return ids, att, pos
-
-
-def response_logprobs(logits: torch.Tensor, ids: torch.Tensor, resp_lens: list[int], width: int,
-                      temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logprob and entropy of each response token, ``[n, width]`` aligned at the response start.
-
-    ``logits`` are the last K positions of left-padded ``ids`` (K = max response + 1). All
-    response positions are picked with one advanced index (one gather, one backward scatter)
-    and go through a single float32 log-softmax of ``[tokens, vocab]``.
-    """
-    n, K = logits.shape[0], logits.shape[1]
-    T = ids.shape[1]
-    dev = logits.device
-    lens = torch.tensor(resp_lens, device=dev)
-    k = torch.arange(width, device=dev)
-    valid = k[None, :] < lens[:, None]  # [n, width]
-    rows = torch.arange(n, device=dev)[:, None].expand(n, width)[valid]
-    cols = (K - lens - 1)[:, None] + k[None, :]  # logit column predicting response token k
+    lens = torch.tensor([len(r) for r in resps])
+    K = int(lens.max()) + 1
+    valid = _valid(lens.tolist(), width)
+    k = torch.arange(width)
+    row_idx = torch.arange(n)[:, None].expand(n, width)[valid]
+    cols = ((K - lens - 1)[:, None] + k[None, :])[valid]  # logit column predicting token k
     targets = ids.gather(1, ((T - lens)[:, None] + k[None, :]).clamp(max=T - 1))[valid]
-    sel = logits[rows, cols[valid]].float() / temperature  # [tokens, vocab]
-    logp_all = torch.log_softmax(sel, dim=-1)
-    lp_flat = logp_all.gather(-1, targets[:, None])[:, 0]
-    with torch.no_grad():  # entropy from the same log-softmax: no second pass over the vocabulary
-        ent_flat = -(logp_all.exp() * logp_all).sum(-1)
-    lp = torch.zeros(n, width, device=dev, dtype=torch.float32).masked_scatter(valid, lp_flat)
-    ent = torch.zeros(n, width, device=dev, dtype=torch.float32).masked_scatter(valid, ent_flat)
-    return lp, ent
+    return Inputs(ids=ids, attention_mask=att, position_ids=pos, keep=K, rows=row_idx, cols=cols,
+                  targets=targets, valid=valid)
+
+
+def autocast(device: torch.device, dtype: torch.dtype):
+    """bf16 autocast over fp32 master weights; nothing for float32."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=dtype)
+
+
+def forward(model, x: Inputs, dtype: torch.dtype) -> torch.Tensor:
+    """The kept head outputs ``[tokens, out]`` at the positions predicting response tokens
+    (vocabulary logits for a policy, one value for the critic)."""
+    with autocast(x.ids.device, dtype):
+        out = model(input_ids=x.ids, attention_mask=x.attention_mask, position_ids=x.position_ids,
+                    logits_to_keep=x.keep).logits
+    return out[x.rows, x.cols]
+
+
+def dummy_forward(model, device: torch.device, dtype: torch.dtype, backward: bool) -> None:
+    """A two-token forward (and zero-weight backward) for a rank with an empty micro-batch, so
+    every rank joins the same FSDP collectives."""
+    ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    with autocast(device, dtype):
+        out = model(input_ids=ids).logits
+    if backward:
+        (out.float().sum() * 0.0).backward()
+
+
+def to_rows(flat: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``[tokens]`` in (sequence, position) order → ``[n, width]`` float32, 0 where not valid."""
+    out = torch.zeros(valid.shape, device=flat.device, dtype=torch.float32)
+    return out.masked_scatter(valid, flat.float())
+
+
+def token_logprobs(logits: torch.Tensor, x: Inputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy ``[n, width]`` of each response token from the kept ``[tokens, vocab]``
+    logits: one float32 log-softmax, the entropy from the same one (no second vocab pass)."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
+    lp = logp_all.gather(-1, x.targets[:, None])[:, 0]
+    with torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return to_rows(lp, x.valid), to_rows(ent, x.valid)
+
+
+def merge_stats(into: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], how: dict[str, str]) -> None:
+    """Add one micro-batch's stats into ``into`` (max for the "max" stats of ``how``)."""
+    for k, v in stats.items():
+        if k not in into:
+            into[k] = v
+        elif how.get(k) == "max":
+            into[k] = torch.maximum(into[k], v)
+        else:
+            into[k] = into[k] + v
+
+
+def reduce_stats(stats: dict[str, torch.Tensor], how: dict[str, str], global_tokens: float,
+                 device: torch.device) -> dict:
+    """All-reduce the merged stats over ranks; "mean" stats are divided by the batch's tokens."""
+    out = {}
+    for k in sorted(stats):
+        v = stats[k].detach().float().reshape(1).to(device)
+        op = how.get(k, "sum")
+        dist.all_reduce(v, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+        out[k] = float(v) / global_tokens if op == "mean" else float(v)
+    return out

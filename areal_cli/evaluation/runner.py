@@ -1,0 +1,152 @@
+"""Generate and score held-out problems: a greedy pass and/or a sampled pass of k per problem.
+
+Prompts are built as the controller builds them (chat template of ``build_messages``), tokens
+come from the training engine (HFEngine, greedy when temperature is 0) and every completion is
+scored by the training reward pool, so an eval number means what a training reward means.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from pathlib import Path
+
+from areal_cli.config.schema import EngineConfig
+from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.evaluation.engine import EvalEngine
+from areal_cli.evaluation.metrics import summarize
+from areal_cli.models import ModelError, resolve_model
+from areal_cli.rewards import RewardPool
+from areal_cli.rewards.extract import extract_answer
+from areal_cli.rollout.engines.base import Sequence
+from areal_cli.tasks import Problem, build_messages, load_problems
+
+
+def resolve_eval_model(name: str) -> Path:
+    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
+    run = Path(name).expanduser()
+    if (run / "checkpoints").is_dir():
+        final = run / "checkpoints" / "final"
+        if not (final / "config.json").is_file():
+            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
+                             "point model= at a checkpoint directory inside it")
+        return final.resolve()
+    return resolve_model(name)
+
+
+class Evaluator:
+    """One model, loaded once, with its tokenizer and a reward pool; ``run`` measures one task."""
+
+    def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
+                 threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None):
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from areal_cli.rollout.engines.hf import engine_dtype
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.engine_cfg = engine_cfg or EngineConfig()
+        self.max_concurrent = max_concurrent
+        self.model_path = str(model_path)
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=engine_dtype(self.engine_cfg.dtype, device), attn_implementation="sdpa").to(device)
+        self.model.requires_grad_(False)
+        self._own_pool = pool is None
+        self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
+
+    def run(self, task_cfg: TaskConfig, *, n_samples: int = 1, temperature: float = 0.0,
+            max_new_tokens: int = 64, size: int = 0, greedy: bool = True, top_p: float = 1.0,
+            seed: int = 0) -> dict:
+        """Metrics and every sample of one task: {"task", "model", "metrics", "samples", "wall_s"}."""
+        t0 = time.perf_counter()
+        problems = load_problems(task_cfg, "eval")[: size or None]
+        prompts = [self.prompt_ids(p, task_cfg) for p in problems]
+        samples = []
+        if greedy or temperature == 0:
+            samples += self._pass("greedy", problems, prompts, 1, 0.0, top_p, max_new_tokens)
+        if temperature > 0:
+            import torch
+
+            torch.manual_seed(seed)
+            samples += self._pass("sample", problems, prompts, n_samples, temperature, top_p, max_new_tokens)
+        return {"model": self.model_path, "task": task_cfg.name,
+                "metrics": summarize(samples, n_samples), "samples": samples,
+                "wall_s": round(time.perf_counter() - t0, 2)}
+
+    def prompt_ids(self, problem: Problem, task_cfg: TaskConfig) -> list[int]:
+        """The prompt tokens exactly as the controller makes them for training."""
+        text = self.tok.apply_chat_template(build_messages(problem, task_cfg), add_generation_prompt=True,
+                                            tokenize=False)
+        return self.tok(text, add_special_tokens=False)["input_ids"]
+
+    def _pass(self, name: str, problems: list[Problem], prompts: list[list[int]], n: int,
+              temperature: float, top_p: float, max_new_tokens: int) -> list[dict]:
+        requests = [Sequence(f"{i}:{j}", prompts[i], max_new_tokens) for i in range(len(problems))
+                    for j in range(n)]
+        engine = self._engine(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens)
+        scored = []
+        try:
+            for seq in generate(engine, requests, self.max_concurrent):
+                i, j = (int(x) for x in seq.rid.split(":"))
+                text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
+                scored.append((problems[i], j, seq, text, self.pool.submit(text, problems[i])))
+        finally:
+            engine.close()
+        return [_record(name, problem, j, seq, text, future.result())
+                for problem, j, seq, text, future in sorted(scored, key=lambda r: r[2].rid)]
+
+    def _engine(self, temperature: float, top_p: float, context: int) -> EvalEngine:
+        e = self.engine_cfg
+        pages = -(-context // e.page_size) + 1
+        kv = e.kv_cache_tokens or self.max_concurrent * pages * e.page_size
+        return EvalEngine(self.model, temperature=temperature, top_p=top_p,
+                          max_batch_tokens=e.max_batch_tokens, kv_cache_tokens=kv,
+                          page_size=e.page_size, eos_token_id=self.tok.eos_token_id)
+
+    def close(self) -> None:
+        if self._own_pool:
+            self.pool.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate(engine, requests: list[Sequence], max_concurrent: int):
+    """Yield every request once finished, keeping at most ``max_concurrent`` in the engine."""
+    pending, running = collections.deque(requests), 0
+    while pending or running:
+        while pending and running < max_concurrent:
+            engine.submit(pending.popleft())
+            running += 1
+        for seq in engine.poll(0.5):
+            running -= 1
+            yield seq
+
+
+def _record(name: str, problem: Problem, j: int, seq: Sequence, text: str, result) -> dict:
+    return {"prompt_id": problem.id, "pass": name, "sample": j, "completion": text,
+            "answer": extract_answer(text), "reference": problem.answer, "score": float(result.score),
+            "reward_status": result.status, "length": len(seq.output_ids),
+            "finish_reason": seq.finish_reason}
+
+
+def evaluate(model_path: str | Path, task_cfg: TaskConfig, reward_cfg: RewardConfig, n_samples: int = 1,
+             temperature: float = 0.0, max_new_tokens: int = 64, size: int = 0, **options) -> dict:
+    """Evaluate one model on one task's eval split; what ``areal train`` calls for ``eval.every``.
+
+    ``model_path``: an alias, a Hugging Face directory or a run_dir. ``size``: the first that
+    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed`` (of ``run``) and
+    ``engine_cfg``, ``threads``, ``max_concurrent``, ``pool`` (of ``Evaluator``; pass the
+    caller's RewardPool to skip starting one). Returns ``Evaluator.run``'s dict.
+    """
+    run_keys = ("greedy", "top_p", "seed")
+    run_opts = {k: options.pop(k) for k in run_keys if k in options}
+    with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, **options) as ev:
+        return ev.run(task_cfg, n_samples=n_samples, temperature=temperature,
+                      max_new_tokens=max_new_tokens, size=size, **run_opts)

@@ -1,0 +1,41 @@
+"""The frozen reference policy of the KL term: the initial weights, FSDP-sharded like the actor
+(same ``build_policy``), no gradients, no optimizer; it only answers ``ref_logp``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from areal_cli.trainer.batching import (
+    Rollouts,
+    dummy_forward,
+    forward,
+    model_inputs,
+    token_logprobs,
+)
+from areal_cli.trainer.model import build_policy
+
+
+class Reference:
+    def __init__(self, model_path: Path, device: torch.device, compute_dtype: torch.dtype,
+                 packing: bool, temperature: float):
+        self.model = build_policy(model_path, device, compute_dtype, activation_checkpointing=False)
+        self.model.requires_grad_(False)
+        self.model.eval()
+        self.device, self.dtype = device, compute_dtype
+        self.packing, self.temperature = packing, temperature
+
+    @torch.no_grad()
+    def logprobs(self, ro: Rollouts, mbs: list[list[int]]) -> torch.Tensor:
+        """``[N, L]`` reference logprobs of this rank's rows (the rows of ``mbs``), 0 elsewhere.
+        Every rank runs one forward per micro-batch, empty ones included (FSDP collectives)."""
+        out = torch.zeros(ro.loss_mask.shape, device=self.device)
+        for mb in mbs:
+            if not mb:
+                dummy_forward(self.model, self.device, self.dtype, backward=False)
+                continue
+            x = model_inputs(ro, mb, self.packing).to(self.device)
+            lp, _ = token_logprobs(forward(self.model, x, self.dtype), x, self.temperature)
+            out[mb] = lp
+        return out

@@ -1,0 +1,54 @@
+"""Shared fixtures: a tiny random-weight Llama with SmolLM2's real tokenizer (fast), and
+helpers to run ``areal train`` for real (subprocesses, ZeroMQ on loopback, gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+AREAL = [sys.executable, "-m", "areal_cli.cli"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """2 layers, hidden 64: SmolLM2's architecture and tokenizer, random weights."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from areal_cli.models import resolve_model
+
+    base = resolve_model("smollm2-135m-instruct")
+    cfg = AutoConfig.from_pretrained(base)
+    cfg.update(dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    out = tmp_path_factory.mktemp("tiny") / "tiny-smollm2"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+TINY_RUN = ["trainer.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens=12",
+            "trainer.micro_batch_tokens=2048", "task.size=64", "reward.workers=1",
+            "launcher.peer_timeout_s=60", "engine.dtype=float32"]
+
+
+def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool = True):
+    cmd = AREAL + ["train", "--quiet", f"run_dir={run_dir}", *overrides]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if check and proc.returncode != 0:
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(run_dir.glob("logs/*.log")))
+        raise AssertionError(f"areal train failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs}")
+    return proc
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

@@ -1,0 +1,111 @@
+"""``areal train`` for real: controller, rollout worker(s), torchrun trainer ranks, ZeroMQ on
+loopback, gloo weight broadcast, a real (tiny) model; the contract read from the run dir."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from conftest import AREAL, ROOT, TINY_RUN, read_jsonl, run_train
+
+CONTRACT_METRICS = {"step", "version", "reward_mean", "trained_tokens", "step_time_s", "staleness_max",
+                    "staleness_mean", "weight_sync_s", "gen_tokens_per_s", "train_tokens_per_s",
+                    "wall_time_s"}
+CONTRACT_TRAJ = {"prompt_id", "sample_index", "version_start", "version_end", "trained_version",
+                 "reward", "num_tokens", "finish_reason"}
+
+
+def test_async_run_keeps_staleness_bound(tiny_model, tmp_path):
+    eta, steps = 1, 5
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, f"trainer.steps={steps}",
+              f"rollout.max_staleness={eta}", "rollout.max_concurrent=4")
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    assert CONTRACT_METRICS <= set(metrics[0])
+    traj = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(traj) == steps * 2 * 2
+    assert CONTRACT_TRAJ <= set(traj[0])
+    assert all(t["trained_version"] - t["version_start"] <= eta for t in traj)
+    assert max(t["trained_version"] - t["version_start"] for t in traj) >= 1, "never ran ahead"
+    assert len({(t["prompt_id"], t["sample_index"]) for t in traj}) == len(traj)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final")
+
+
+def test_synchronous_mode_is_on_policy(tiny_model, tmp_path):
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "rollout.max_staleness=0")
+    traj = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(traj) == 12
+    assert all(t["version_start"] == t["version_end"] == t["trained_version"] for t in traj)
+
+
+def test_weight_broadcast_bit_exact_two_trainer_ranks(tiny_model, tmp_path):
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "trainer.ranks=2",
+              "rollout.workers=2", "weights.verify=true", "weights.bucket_mb=1")
+    sent = {m["version"]: m["weights_sha"] for m in read_jsonl(tmp_path / "metrics.jsonl")}
+    loaded = read_jsonl(tmp_path / "weight_updates.jsonl")
+    assert {u["worker"] for u in loaded} == {"rollout-0", "rollout-1"}
+    assert len(loaded) == 4
+    for u in loaded:
+        assert u["weights_sha"] == sent[u["version"]], f"{u['worker']} v{u['version']} differs"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_killed_rollout_worker_stops_the_run(tiny_model, tmp_path):
+    cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
+                   "trainer.steps=50"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert (tmp_path / "metrics.jsonl").exists(), "no step finished"
+    pids = json.loads((tmp_path / "pids.json").read_text())
+    os.kill(pids["rollout-0"], signal.SIGKILL)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - t0 < 30
+    assert proc.returncode != 0
+    assert "rollout-0" in err
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the run left behind: {left}"
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("trainer.stepz=3", "trainer.stepz"),
+    ("trainer.steps=abc", "trainer.steps"),
+    ("rollout.max_staleness=-1", "rollout.max_staleness"),
+    ("engine=nope", "engine/nope"),
+    ("model=/no/such/model", "/no/such/model"),
+])
+def test_bad_input_is_a_clear_error(tmp_path, override, needle):
+    proc = subprocess.run(AREAL + ["train", f"run_dir={tmp_path}/r", override], capture_output=True,
+                          text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "r" / "logs").exists(), "processes were started"
+
+
+def test_dry_run_prints_config_devices_commands(tmp_path):
+    proc = subprocess.run(AREAL + ["train", "--dry-run", f"run_dir={tmp_path}/r", "trainer.ranks=2",
+                                   "trainer.batch_size=4"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    for needle in ("# resolved config", "max_staleness: 4", "# device map", "rollout: CPU",
+                   "areal_cli.controller.main", "--nproc-per-node 2", "areal_cli.rollout.main"):
+        assert needle in proc.stdout
+    assert not (tmp_path / "r").exists()

@@ -1,0 +1,60 @@
+"""Shared pieces of the trainer tests: a one-rank gloo group, a batch of trajectories whose
+behaviour logprobs come from the model itself (exactly on-policy), and configs."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from areal_cli.config.load import compose
+from areal_cli.transport.messages import Batch, GroupResult, Sample
+
+
+def init_gloo() -> None:
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+
+def config(*overrides: str):
+    """The composed config of ``overrides``, float32 compute, no CPU threads setting."""
+    return compose(["trainer.dtype=float32", *overrides])
+
+
+@torch.no_grad()
+def behaviour_logprobs(model, prompt: list[int], resp: list[int]) -> np.ndarray:
+    """log π(resp_t | prefix) of an unpadded float32 forward: what an exact engine records."""
+    ids = torch.tensor([prompt + resp])
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(resp)[:, None])[:, 0].numpy()
+
+
+def make_batch(model, groups: int, group_size: int, seed: int = 0, rewards=None) -> Batch:
+    """``groups`` × ``group_size`` random prompts/responses of varied lengths, mixed rewards."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def tokens(lo, hi):
+        n = int(torch.randint(lo, hi, (1,), generator=gen))
+        return torch.randint(5, 1000, (n,), generator=gen).tolist()
+
+    out = []
+    for g in range(groups):
+        prompt = tokens(3, 9)
+        samples = []
+        for i in range(group_size):
+            resp = tokens(2, 8)
+            r = float(rewards[g * group_size + i]) if rewards is not None else float((g + i) % 2)
+            samples.append(Sample(
+                sample_index=i, prompt_ids=np.array(prompt, np.int32), output_ids=np.array(resp, np.int32),
+                logprobs=behaviour_logprobs(model, prompt, resp).astype(np.float32),
+                versions=np.zeros(len(resp), np.int32), loss_mask=np.ones(len(resp), np.uint8), reward=r,
+                reward_status="ok", finish_reason="stop", num_turns=1, completion=""))
+        out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
+                               gen_tokens=0))
+    return Batch(step=0, trained_version=0, groups=out)
+
+
+def plain_model(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
