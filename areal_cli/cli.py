@@ -37,10 +37,13 @@ def train(overrides: list[str] = OVERRIDES,
           quiet: bool = typer.Option(False, "--quiet", help="No progress display.")):
     """Run asynchronous RL: controller + rollout workers + torchrun FSDP2 trainer."""
     cfg = _compose(overrides, dry_run)
-    from areal_cli.launcher.run import UserError
+    from areal_cli.launcher.run import UserError, resume_config
     from areal_cli.launcher.run import train as run_train
 
     try:
+        if cfg.resume:
+            cfg = resume_config(cfg.resume, list(overrides or []))
+            cfg.dry_run = dry_run
         run_train(cfg, quiet=quiet)
     except UserError as err:
         _fail(f"cannot start:\n{err}")

@@ -125,6 +125,8 @@ def validate(cfg: RootConfig) -> list[str]:
             f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < rollout.max_new_tokens="
             f"{r.max_new_tokens}: lower the buffer or raise max_new_tokens"
         )
+    if r.batch_order not in ("finished", "admission"):
+        problems.append(f"rollout.batch_order={r.batch_order!r}: use finished or admission")
     if cfg.engine.name not in ("hf", "vllm"):
         problems.append(f"engine={cfg.engine.name!r}: use engine=hf or engine=vllm")
     if cfg.launcher.name not in ("local", "slurm"):

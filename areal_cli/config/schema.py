@@ -34,7 +34,11 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """vLLM: GPUs per rollout worker."""
     pause_mode: str = "abort"
-    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep"."""
+    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their KV)."""
+    enforce_eager: bool = False
+    """vLLM: no torch.compile / CUDA graphs (starts ~40 s sooner, decodes slower)."""
+    max_model_len: int = 0
+    """vLLM: longest prompt + response in tokens; 0 = the model's own limit."""
 
 
 @dataclass
@@ -71,6 +75,9 @@ class RolloutConfig:
     """Nucleus sampling (1.0 = off; behaviour logprobs are then of the truncated distribution)."""
     gpus: list = field(default_factory=list)
     """GPU ids for generation (one worker per GPU); [] = from cluster.gpus."""
+    batch_order: str = "finished"
+    """"finished": a batch is the B oldest finished groups (training never waits for a slow group) |
+    "admission": the B oldest admitted prompts, waiting for them (reproducible prompt sets, exact resume)."""
 
 
 @dataclass

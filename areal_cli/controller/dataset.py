@@ -1,8 +1,12 @@
-"""The dataset cursor: train problems in a seeded order, epoch after epoch, with a requeue."""
+"""The dataset cursor: train problems in a seeded order, epoch after epoch, with a requeue.
+
+Every prompt drawn gets a sequence number (its place in the stream); a requeued prompt keeps
+it, so "admission order" batches and resumes see the same order as an uninterrupted run.
+"""
 
 from __future__ import annotations
 
-import collections
+import heapq
 import random
 
 from areal_cli.tasks import Problem
@@ -13,36 +17,33 @@ class Cursor:
         if not problems:
             raise ValueError("the training split is empty: raise task.size or check the dataset file")
         self.problems, self.seed = problems, seed
-        self.epoch, self.index = 0, 0
-        self.order = self._order(0)
-        self.requeued: collections.deque[tuple[str, Problem]] = collections.deque()
+        self.drawn = 0  # prompts drawn from the stream so far
+        self.requeued: list[tuple[int, str, Problem]] = []  # heap by sequence number
 
-    def _order(self, epoch: int) -> list[int]:
+    def _at(self, seq: int) -> tuple[str, Problem]:
+        epoch, index = divmod(seq, len(self.problems))
         order = list(range(len(self.problems)))
         random.Random(self.seed * 7919 + epoch).shuffle(order)
-        return order
+        problem = self.problems[order[index]]
+        return (problem.id if epoch == 0 else f"{problem.id}#e{epoch}"), problem
 
-    def next(self) -> tuple[str, Problem]:
-        """(prompt_id, problem); prompt ids are unique over the run (epoch suffix after the first)."""
+    def next(self) -> tuple[int, str, Problem]:
+        """(sequence number, prompt_id, problem); requeued prompts first, oldest first."""
         if self.requeued:
-            return self.requeued.popleft()
-        if self.index == len(self.order):
-            self.epoch, self.index = self.epoch + 1, 0
-            self.order = self._order(self.epoch)
-        problem = self.problems[self.order[self.index]]
-        self.index += 1
-        pid = problem.id if self.epoch == 0 else f"{problem.id}#e{self.epoch}"
-        return pid, problem
+            return heapq.heappop(self.requeued)
+        seq = self.drawn
+        self.drawn += 1
+        pid, problem = self._at(seq)
+        return seq, pid, problem
 
-    def requeue(self, prompt_id: str, problem: Problem) -> None:
-        """Put a prompt back at the front (its group was dropped and must be regenerated)."""
-        self.requeued.append((prompt_id, problem))
+    def requeue(self, seq: int, prompt_id: str, problem: Problem) -> None:
+        """Put a prompt back (its group was dropped, or in flight at a crash): drawn again next."""
+        heapq.heappush(self.requeued, (seq, prompt_id, problem))
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "index": self.index,
-                "requeued": [[pid, p.to_dict()] for pid, p in self.requeued]}
+        return {"drawn": self.drawn, "requeued": [[s, pid, p.to_dict()] for s, pid, p in self.requeued]}
 
     def load_state(self, state: dict) -> None:
-        self.epoch, self.index = state["epoch"], state["index"]
-        self.order = self._order(self.epoch)
-        self.requeued = collections.deque((pid, Problem.from_dict(p)) for pid, p in state["requeued"])
+        self.drawn = state["drawn"]
+        self.requeued = [(s, pid, Problem.from_dict(p)) for s, pid, p in state["requeued"]]
+        heapq.heapify(self.requeued)

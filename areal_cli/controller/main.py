@@ -2,14 +2,16 @@
 
 ``python -m areal_cli.controller.main <run_dir>``. It binds every ZeroMQ socket of the run,
 so it starts first. Its loop: admit groups while the rule allows → collect finished groups
-→ when the trainer is ready and B groups are buffered, send the oldest B → on "step done v"
-broadcast "update to v" to the rollout workers → log the step. It also watches heartbeats:
-a peer silent for ``launcher.peer_timeout_s`` ends the run with its name and what it was doing.
+→ when the trainer is ready and B groups are buffered, send the oldest B → on "weights of v
+ready" tell the rollout workers to update → on "step done" log the step (and finish a
+checkpoint). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s`` ends
+the run with its name and what it was doing.
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +23,7 @@ from areal_cli.config.load import load_yaml
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.records import StepRecorder
+from areal_cli.controller.state import finish_checkpoint, restore
 from areal_cli.runtime import load_endpoints, setup_process
 from areal_cli.tasks import Problem, build_messages, load_problems
 from areal_cli.transport.channels import Channel, Router
@@ -50,19 +53,28 @@ class Controller:
         self.cursor = Cursor(load_problems(cfg.task, "train"), cfg.seed)
         total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
         self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)
-        self.buffer: list[GroupResult] = []  # finished, kept, not yet trained; oldest first
-        self.problems: dict[int, Problem] = {}  # group_id → problem, until trained or dropped
+        self.buffer: list[GroupResult] = []  # finished, kept, not yet trained
+        self.groups: dict[int, tuple[int, str, Problem]] = {}  # group_id → (seq, prompt_id, problem)
         self.next_group = 0
         self.step = 0  # next step to send
         self.trainer_ready = False
-        self.peers = self._expected_peers()
+        self.rollouts_up: set[str] = set()
+        self.pending_update: int | None = None
+        self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}
         self.rec = StepRecorder(self.run_dir, cfg)
+        self.last_batch = None  # (step, groups, entries) of the batch sent last
         self.done = False
+        self.stopping = None  # monotonic time a stop signal arrived
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        if cfg.resume:
+            restore(self, Path(cfg.resume))
 
-    def _expected_peers(self) -> set[str]:
-        return {f"rollout-{i}" for i in range(self.cfg.rollout.workers)} | {"trainer-0"}
+    def _on_signal(self, signum, _frame) -> None:
+        # keep serving until the trainer has checkpointed and said bye (bounded in run())
+        self.stopping = self.stopping or time.monotonic()
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -70,6 +82,9 @@ class Controller:
         self.log.info("waiting for %s", ", ".join(sorted(self.peers)))
         start = time.monotonic()
         while not self.done:
+            if self.stopping and time.monotonic() - self.stopping > 60:
+                self.log.warning("stop signal: the trainer did not finish within 60s")
+                break
             self._admit()
             self._collect()
             self._maybe_send_batch()
@@ -79,24 +94,20 @@ class Controller:
         self.log.info("run finished: %d steps", self.step)
 
     def _admit(self) -> None:
-        while self.adm.can_admit() and self.next_group < self._groups_needed():
-            pid, problem = self.cursor.next()
-            ids = self.tok.apply_chat_template(build_messages(problem, self.cfg.task),
-                                               add_generation_prompt=True, tokenize=False)
-            prompt = np.asarray(self.tok(ids, add_special_tokens=False)["input_ids"], np.int32)
-            r = self.cfg.rollout
+        r = self.cfg.rollout
+        while self.adm.can_admit():
+            seq, pid, problem = self.cursor.next()
+            text = self.tok.apply_chat_template(build_messages(problem, self.cfg.task),
+                                                add_generation_prompt=True, tokenize=False)
+            prompt = np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], np.int32)
             item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens, r.temperature,
-                            r.top_p, problem.to_dict(), self.adm.version, self.cfg.seed + self.next_group)
+                            r.top_p, problem.to_dict(), self.adm.version, self.cfg.seed + seq)
             if not self.work.try_send(item):
-                self.cursor.requeue(pid, problem)
-                return  # workers are full; try again next turn
-            self.problems[self.next_group] = problem
+                self.cursor.requeue(seq, pid, problem)
+                return  # every worker's queue is full; try again next turn
+            self.groups[self.next_group] = (seq, pid, problem)
             self.adm.admit()
             self.next_group += 1
-
-    def _groups_needed(self) -> int:
-        """Never admit past what the remaining steps can train (plus the staleness window)."""
-        return 1 << 62
 
     def _collect(self) -> None:
         msg = self.results.recv(0.01)
@@ -105,6 +116,9 @@ class Controller:
             msg = self.results.recv(0)
 
     def _on_result(self, g: GroupResult) -> None:
+        if g.group_id not in self.groups:
+            self.log.warning("dropping a result for unknown group %d (from before a restart)", g.group_id)
+            return
         self.rec.on_group(g)
         rewards = [s.reward for s in g.samples]
         keep = not (self.cfg.algorithm.dynamic_sampling and max(rewards) == min(rewards))
@@ -113,7 +127,10 @@ class Controller:
             self.buffer.append(g)
         else:
             self.rec.filtered_groups += 1
-            self.problems.pop(g.group_id, None)
+            del self.groups[g.group_id]
+
+    def _seq(self, g: GroupResult) -> int:
+        return self.groups[g.group_id][0]
 
     def _maybe_send_batch(self) -> None:
         if not self.trainer_ready or self.step >= self.cfg.trainer.steps:
@@ -122,16 +139,24 @@ class Controller:
         B = self.cfg.trainer.batch_size
         if len(self.buffer) < B:
             return
-        self.buffer.sort(key=lambda g: g.group_id)
+        self.buffer.sort(key=self._seq)
+        if self.cfg.rollout.batch_order == "admission" and not self._oldest_finished(B):
+            return
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
+        self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, self.step, batch))
         self.rec.on_batch(self.step, batch)
         for g in batch:
-            self.problems.pop(g.group_id, None)
+            del self.groups[g.group_id]
         self.log.info("batch %d sent (%d groups buffered, %d running)", self.step, len(self.buffer),
                       self.adm.running)
         self.trainer_ready = False
         self.step += 1
+
+    def _oldest_finished(self, B: int) -> bool:
+        """admission order: the B oldest outstanding prompts must all be finished."""
+        outstanding = sorted([s for s, _, _ in self.groups.values()] + [s for s, _, _ in self.cursor.requeued])
+        return [self._seq(g) for g in self.buffer[:B]] == outstanding[:B]
 
     def _drop_stale(self) -> None:
         eta, kept = self.cfg.rollout.max_staleness, []
@@ -140,7 +165,7 @@ class Controller:
             if starts and self.step - min(starts) > eta:
                 self.adm.drop_accepted()
                 self.rec.stale_dropped += 1
-                self.cursor.requeue(g.prompt_id, self.problems.pop(g.group_id))
+                self.cursor.requeue(*self.groups.pop(g.group_id))
             else:
                 kept.append(g)
         self.buffer = kept
@@ -152,25 +177,41 @@ class Controller:
             self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
             if msg.kind == "error":
                 raise RuntimeError(f"{msg.sender} reported: {msg.text}")
-            if msg.kind == "hello" and msg.sender == "trainer-0":
-                self.trainer_ready = True
+            if msg.kind == "hello":
+                self._on_hello(msg.sender)
             if msg.kind == "weights_ready":
                 self.adm.version = msg.version
-                self.control.send(Control("update", msg.version))
+                self.pending_update = msg.version
             if msg.kind == "step_done":
                 self._on_step_done(msg)
+            if msg.kind == "checkpoint":  # written on a stop signal, between steps
+                finish_checkpoint(self, Path(msg.metrics["checkpoint"]), msg.version)
             if msg.kind == "weights_loaded":
                 self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
             if msg.kind == "bye" and msg.sender == "trainer-0":
                 self.done = True
             msg = self.status.recv(0)
+        if self.pending_update is not None and len(self.rollouts_up) == self.cfg.rollout.workers:
+            # only once every worker is subscribed: a PUB sent earlier would be lost
+            self.control.send(Control("update", self.pending_update))
+            self.pending_update = None
+
+    def _on_hello(self, sender: str) -> None:
+        self.log.info("%s is up", sender)
+        if sender == "trainer-0":
+            self.trainer_ready = True
+        else:
+            self.rollouts_up.add(sender)
 
     def _on_step_done(self, msg) -> None:
-        self.rec.on_step_done(msg.version - 1, msg.metrics, self.adm, self.step_pool_state())
+        metrics = dict(msg.metrics)
+        ckpt = metrics.pop("checkpoint", "")
+        self.rec.on_step_done(msg.version - 1, metrics, self.adm,
+                              {"buffered": len(self.buffer), "running": self.adm.running})
+        if ckpt:
+            finish_checkpoint(self, Path(ckpt), msg.version)
+            self.log.info("checkpoint of version %d complete: %s", msg.version, ckpt)
         self.trainer_ready = True
-
-    def step_pool_state(self) -> dict:
-        return {"buffered": len(self.buffer), "running": self.adm.running}
 
     def _check_peers(self, start: float) -> None:
         now, lc = time.monotonic(), self.cfg.launcher

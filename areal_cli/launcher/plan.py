@@ -40,6 +40,9 @@ class Plan:
         return "\n".join(lines)
 
     def write(self) -> None:
+        if not self.cfg.resume and (self.run_dir / "metrics.jsonl").exists():
+            raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
+                             f"resume={self.run_dir} or choose another run_dir")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         save_yaml(self.cfg, self.run_dir / "config.yaml")
         (self.run_dir / "endpoints.json").write_text(json.dumps(self.endpoints.to_dict(), indent=1))

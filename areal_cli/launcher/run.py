@@ -15,6 +15,45 @@ class UserError(ValueError):
     """Bad input that the user fixes; printed without a traceback, exit code 2."""
 
 
+RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.")
+
+
+def resume_config(resume: str, overrides: list[str]) -> RootConfig:
+    """The saved config of ``resume``; overrides that would change what is trained are refused."""
+    from pathlib import Path
+
+    from areal_cli.config.load import ConfigError, load_yaml
+
+    path = Path(resume) / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an earlier run")
+    cfg = load_yaml(path)
+    refused = []
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.structured(cfg)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        key = key.lstrip("+~")
+        if key.startswith(RESUMABLE) or key in RESUMABLE:
+            if key not in ("resume", "run_dir"):
+                OmegaConf.update(node, key, OmegaConf.create({"v": value})["v"] if value else value)
+            continue
+        refused.append(key)
+    if refused:
+        raise UserError("  - a resumed run keeps its config; these overrides would change what is trained: "
+                        + ", ".join(refused) + f" (allowed: {', '.join(RESUMABLE)})")
+    try:
+        from areal_cli.config.load import from_dictconfig
+
+        cfg = from_dictconfig(node)
+    except ConfigError as err:
+        raise UserError(str(err)) from None
+    cfg.resume = str(Path(resume).resolve())
+    cfg.run_dir = cfg.resume
+    return cfg
+
+
 def preflight(cfg: RootConfig) -> None:
     """Everything checkable before a process starts: the model and the dataset."""
     from areal_cli.models import ModelError, resolve_model
@@ -56,7 +95,10 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
         print(plan.describe())
         return plan.run_dir
     preflight(cfg)
-    plan.write()
+    try:
+        plan.write()
+    except ValueError as err:
+        raise UserError(f"  - {err}") from None
     launcher = LocalLauncher(plan)
     stop = {"signal": None}
 

@@ -13,6 +13,7 @@ import time
 
 import zmq
 
+from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.schema import RootConfig
 from areal_cli.models import resolve_model
@@ -54,6 +55,7 @@ class Worker:
         self.log = setup_process(self.name, run_dir)
         self.cfg = load_yaml(f"{run_dir}/config.yaml")
         self.index = index
+        self.run_dir = run_dir
         ep = load_endpoints(run_dir)
         self.hb = Heartbeat(ep, self.name, self.cfg.launcher.heartbeat_s)
         set_threads(self.cfg.engine.threads)
@@ -77,6 +79,18 @@ class Worker:
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
     def _weight_receiver(self, ep):
+        if self.cfg.engine.name == "vllm":
+            import torch
+
+            from areal_cli.transport.vllm_weights import VLLMWeightReceiver, group_size, wire_spec
+
+            e = self.cfg.engine
+            wire = getattr(torch, e.dtype if e.dtype != "auto" else "bfloat16")
+            if self.cfg.weights.dtype != "auto":
+                wire = getattr(torch, self.cfg.weights.dtype)
+            return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
+                                      ep.weights_host, ep.weights_port, 1 + self.index * e.tensor_parallel_size,
+                                      group_size(self.cfg.rollout.workers, e.tensor_parallel_size))
         if self.engine.model is None:
             return None
         import torch
@@ -111,10 +125,12 @@ class Worker:
                 break
             self.held.append(item)
         while self.held and self.held[0].min_version <= self.engine.version:
+            faults.point("generate", self.engine.version, self.run_dir)
             self.flow.start(self.held.popleft())
 
     def _update(self, version: int) -> None:
         self.hb.doing = f"receiving weights of version {version} from trainer rank 0"
+        faults.point("weights", version, self.run_dir)
         t0 = time.perf_counter()
         timings = self.engine.update_weights(version, self._load)
         timings["pause_total_s"] = time.perf_counter() - t0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 import torch.distributed as dist
 import zmq
 
+from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.models import resolve_model
 from areal_cli.runtime import Heartbeat, load_endpoints, set_threads, setup_process
@@ -49,6 +51,7 @@ class Trainer:
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
+        self.stop_requested = False
         if self.rank == 0:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches")
             self._doing("waiting for the rollout workers to join the weight broadcast group")
@@ -67,28 +70,75 @@ class Trainer:
         wire = cfg.weights.dtype
         if wire == "auto":
             wire = cfg.engine.dtype if cfg.engine.dtype != "auto" else "bfloat16"
+        if cfg.engine.name == "vllm":  # vLLM's own NCCL weight transfer; engine ranks follow rank 0
+            from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
+
+            return VLLMWeightSender(ep.weights_host, ep.weights_port,
+                                    group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
+                                    getattr(torch, wire))
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
                             1 + cfg.rollout.workers, "nccl" if self.device.type == "cuda" else "gloo",
                             self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
                             timeout_s=cfg.launcher.peer_timeout_s)
 
     def _receive_batch(self, step: int):
+        """The next batch, shared with every rank; None when a stop was requested (SIGTERM)."""
         payload = [None]
         if self.rank == 0:
             self._doing(f"waiting for batch {step} from the controller")
             frame = None
-            while frame is None:
-                if self.batches.sock.poll(1000):
+            while frame is None and not self.stop_requested:
+                if self.batches.sock.poll(200):
                     frame = self.batches.sock.recv()
-            payload = [frame]
+            payload = [frame or b"STOP"]
         dist.broadcast_object_list(payload, src=0)
-        return decode(payload[0])
+        return None if payload[0] == b"STOP" else decode(payload[0])
+
+    def _on_signal(self, signum, _frame) -> None:
+        self.log.info("signal %d: stopping after the current step", signum)
+        self.stop_requested = True
+
+    def _resume(self) -> int:
+        from areal_cli.controller.state import latest_checkpoint
+        from areal_cli.trainer import checkpoint
+
+        ckpt = latest_checkpoint(Path(self.cfg.resume)) if self.cfg.resume else None
+        if ckpt is None:
+            return 0
+        self._doing(f"loading checkpoint {ckpt}")
+        version = checkpoint.load(self.runner, ckpt)
+        self.log.info("resumed from %s (version %d)", ckpt, version)
+        self._doing(f"sending the resumed weights (version {version})")
+        if self.rank == 0:
+            self.hb.send("weights_ready", version=version)
+        self._sync_weights()
+        return version
+
+    def _checkpoint(self, version: int, kind: str, metrics: dict) -> None:
+        from areal_cli.trainer import checkpoint
+
+        self._doing(f"writing checkpoint of version {version}")
+        metrics["checkpoint"] = str(checkpoint.save(self.runner, version, self.run_dir))
+        if self.rank == 0 and kind == "checkpoint":
+            self.hb.send("checkpoint", version=version, metrics=metrics)
+
+    def _due(self, version: int) -> bool:
+        every = self.cfg.checkpoint.every
+        return bool(every) and version % every == 0 and version < self.cfg.trainer.steps
 
     def run(self) -> None:
         cfg = self.cfg
-        for step in range(cfg.trainer.steps):
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        start = self._resume()
+        for step in range(start, cfg.trainer.steps):
             batch = self._receive_batch(step)
+            if batch is None:
+                if cfg.checkpoint.on_signal:
+                    self._checkpoint(step, "checkpoint", {})
+                return self._finish(save_final=False)
             self._doing(f"training step {step}")
+            faults.point("train", step, self.run_dir)
             t0 = time.perf_counter()
             metrics = self.runner.train(batch)
             metrics["step_time_s"] = time.perf_counter() - t0
@@ -96,16 +146,34 @@ class Trainer:
             if self.rank == 0:
                 self.hb.send("weights_ready", version=step + 1)
             metrics.update(self._sync_weights())
+            if self._due(step + 1) or self._stop_agreed():
+                self._checkpoint(step + 1, "step", metrics)
             if self.rank == 0:
                 self.hb.send("step_done", version=step + 1, metrics=metrics)
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
-        self._doing("saving the final checkpoint")
-        save_hf(self.model, self.model_path, self.run_dir / "checkpoints" / "final")
+            if "checkpoint" in metrics and self.stop_requested:
+                return self._finish(save_final=False)
+        self._finish(save_final=True)
+
+    def _stop_agreed(self) -> bool:
+        """Every rank learns whether any rank was asked to stop (a collective: all call it)."""
+        if not self.cfg.checkpoint.on_signal:
+            return False
+        flag = torch.tensor([float(self.stop_requested)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.stop_requested = bool(flag.item())
+        return self.stop_requested
+
+    def _finish(self, save_final: bool) -> None:
+        if save_final:
+            self._doing("saving the final checkpoint")
+            save_hf(self.model, self.model_path, self.run_dir / "checkpoints" / "final")
         if self.rank == 0:
-            self.hb.send("bye")
-            self.log.info("checkpoint written to %s", self.run_dir / "checkpoints" / "final")
+            self.hb.send("bye", text="done" if save_final else "stopped")
+            if save_final:
+                self.log.info("checkpoint written to %s", self.run_dir / "checkpoints" / "final")
         dist.barrier()
         dist.destroy_process_group()
 

@@ -1,0 +1,96 @@
+"""The controller's part of a checkpoint, and resume.
+
+A checkpoint of version v is the directory ``checkpoints/step_<v>``. The trainer writes its
+part into ``step_<v>.partial/`` and reports it with "step done"; the controller — which has
+not sent batch v yet, so its state is exactly "v batches trained" — adds its part and renames
+the directory: a directory without ``.partial`` is complete by construction, and resume only
+ever picks those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import msgpack
+
+from areal_cli.tasks import Problem
+from areal_cli.transport.messages import decode, encode
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete ``checkpoints/step_<v>`` (never a ``.partial`` one)."""
+    found = []
+    for d in (run_dir / "checkpoints").glob("step_*"):
+        if d.name.endswith(".partial") or not (d / "controller.json").is_file():
+            continue
+        found.append((int(d.name.split("_")[1]), d))
+    return max(found)[1] if found else None
+
+
+def finish_checkpoint(ctl, partial: Path, version: int) -> None:
+    groups, buffer = dict(ctl.groups), list(ctl.buffer)
+    if ctl.step > version and ctl.last_batch and ctl.last_batch[0] == version:
+        # batch `version` was sent but not trained: it belongs to the buffer of this checkpoint
+        _, sent, entries = ctl.last_batch
+        buffer = sent + buffer
+        groups.update({g.group_id: e for g, e in zip(sent, entries, strict=True)})
+    state = {
+        "version": version, "step": version, "next_group": ctl.next_group,
+        "cursor": ctl.cursor.state(),
+        "groups": {str(g): [s, pid, p.to_dict()] for g, (s, pid, p) in groups.items()},
+        "filtered_groups": ctl.rec.filtered_groups, "stale_dropped": ctl.rec.stale_dropped,
+    }
+    (partial / "buffer.msgpack").write_bytes(msgpack.packb([encode(g) for g in buffer]))
+    (partial / "controller.json").write_text(json.dumps(state))
+    final = partial.with_name(partial.name.removesuffix(".partial"))
+    os.replace(partial, final)
+    _prune(final.parent, ctl.cfg.checkpoint.keep)
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*") if not d.name.endswith(".partial"))
+    for _, d in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def restore(ctl, run_dir: Path) -> None:
+    """Continue from the newest complete checkpoint: buffered groups are kept (the staleness
+    filter still applies when batches form), groups in flight at the crash are regenerated."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        ctl.log.info("no complete checkpoint in %s: starting from step 0", run_dir)
+        truncate_records(run_dir, 0)
+        return
+    state = json.loads((ckpt / "controller.json").read_text())
+    v = state["version"]
+    ctl.step, ctl.next_group, ctl.adm.version = state["step"], state["next_group"], v
+    ctl.cursor.load_state(state["cursor"])
+    groups = {int(g): (s, pid, Problem.from_dict(p)) for g, (s, pid, p) in state["groups"].items()}
+    ctl.buffer = [decode(f) for f in msgpack.unpackb((ckpt / "buffer.msgpack").read_bytes())]
+    buffered = {g.group_id for g in ctl.buffer}
+    ctl.groups = {g: groups[g] for g in buffered}
+    for g, entry in groups.items():
+        if g not in buffered:
+            ctl.cursor.requeue(*entry)  # was generating at the crash: regenerate from the start
+    ctl.adm.accepted, ctl.adm.running = len(ctl.buffer), 0
+    ctl.rec.filtered_groups, ctl.rec.stale_dropped = state["filtered_groups"], state["stale_dropped"]
+    truncate_records(run_dir, v)
+    ctl.log.info("resumed from %s: version %d, %d buffered groups kept, %d regenerated", ckpt, v,
+                 len(ctl.buffer), len(groups) - len(buffered))
+
+
+def truncate_records(run_dir: Path, version: int) -> None:
+    """Drop what was logged after the checkpoint: it will be trained (and logged) again."""
+    for name, key in (("metrics.jsonl", "step"), ("trajectories.jsonl", "trained_version")):
+        path = run_dir / name
+        if path.exists():
+            rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)[key] < version]
+            path.write_text("".join(r + "\n" for r in rows))
+    for name in ("weight_updates.jsonl",):
+        path = run_dir / name
+        if path.exists():
+            rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["version"] <= version]
+            path.write_text("".join(r + "\n" for r in rows))

@@ -1,0 +1,27 @@
+"""Fault injection for the reliability tests: ``AREAL_FAULT=<point>@<version>``.
+
+When a process reaches ``point`` at policy ``version`` it writes ``<run_dir>/FAULT_REACHED``
+and then either freezes (``hang``, the default: the test kills or stops it from outside at
+exactly that moment) or exits at once (``AREAL_FAULT_MODE=exit``). Points: ``generate`` (a
+rollout worker starting a group), ``train`` (a trainer rank inside a step), ``weights`` (a
+rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
+Unset in normal runs: then every call is a dictionary lookup and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+_SPEC = os.environ.get("AREAL_FAULT", "")
+
+
+def point(name: str, version: int, run_dir: str | Path) -> None:
+    if not _SPEC or _SPEC != f"{name}@{version}":
+        return
+    Path(run_dir, "FAULT_REACHED").write_text(f"{name}@{version} pid {os.getpid()}\n")
+    if os.environ.get("AREAL_FAULT_MODE") == "exit":
+        os._exit(17)
+    while True:
+        time.sleep(3600)
