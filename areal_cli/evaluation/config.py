@@ -8,10 +8,12 @@ import here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from areal_cli.config.load import ConfigError, _hydra_message, _schema_message, conf_dir
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.models import ModelError, resolve_model
 
 
 @dataclass
@@ -82,7 +84,7 @@ def compose_eval(overrides: list[str]) -> list[EvalRunConfig]:
     base = _compose(overrides)
     if not base.tasks:
         return [base]
-    rest = [o for o in overrides if not o.split("=", 1)[0].lstrip("+~") in ("task", "tasks")]
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("task", "tasks")]
     return [replace(_compose(rest + [f"task={name}"]), tasks=list(base.tasks)) for name in base.tasks]
 
 
@@ -115,3 +117,15 @@ def _for_eval(message: str) -> str:
         presets = sorted(p.stem for p in (conf_dir() / "task").glob("*.yaml"))
         return message.split(" (see")[0] + f" (task presets: {', '.join(presets)})"
     return message
+
+
+def resolve_eval_model(name: str) -> Path:
+    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
+    run = Path(name).expanduser()
+    if (run / "checkpoints").is_dir():
+        final = run / "checkpoints" / "final"
+        if not (final / "config.json").is_file():
+            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
+                             "point model= at a checkpoint directory inside it")
+        return final.resolve()
+    return resolve_model(name)

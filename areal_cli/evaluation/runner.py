@@ -13,25 +13,18 @@ from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.evaluation.config import resolve_eval_model
 from areal_cli.evaluation.engine import EvalEngine
 from areal_cli.evaluation.metrics import summarize
-from areal_cli.models import ModelError, resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.tasks import Problem, build_messages, load_problems
 
 
-def resolve_eval_model(name: str) -> Path:
-    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
-    run = Path(name).expanduser()
-    if (run / "checkpoints").is_dir():
-        final = run / "checkpoints" / "final"
-        if not (final / "config.json").is_file():
-            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
-                             "point model= at a checkpoint directory inside it")
-        return final.resolve()
-    return resolve_model(name)
+def eval_problems(task_cfg: TaskConfig, size: int = 0) -> list[Problem]:
+    """The first ``size`` problems of the task's eval split (0 = all task.eval_size)."""
+    return load_problems(task_cfg, "eval")[: size or None]
 
 
 class Evaluator:
@@ -39,6 +32,15 @@ class Evaluator:
 
     def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
                  threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None):
+        self._own_pool = pool is None  # started first: its workers warm up while the model loads
+        self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
+        try:
+            self._load(model_path, engine_cfg or EngineConfig(), threads, max_concurrent)
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, model_path, engine_cfg: EngineConfig, threads: int | None, max_concurrent: int) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -46,7 +48,7 @@ class Evaluator:
 
         if threads:
             torch.set_num_threads(threads)
-        self.engine_cfg = engine_cfg or EngineConfig()
+        self.engine_cfg = engine_cfg
         self.max_concurrent = max_concurrent
         self.model_path = str(model_path)
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -54,15 +56,17 @@ class Evaluator:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=engine_dtype(self.engine_cfg.dtype, device), attn_implementation="sdpa").to(device)
         self.model.requires_grad_(False)
-        self._own_pool = pool is None
-        self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
 
     def run(self, task_cfg: TaskConfig, *, n_samples: int = 1, temperature: float = 0.0,
             max_new_tokens: int = 64, size: int = 0, greedy: bool = True, top_p: float = 1.0,
-            seed: int = 0) -> dict:
-        """Metrics and every sample of one task: {"task", "model", "metrics", "samples", "wall_s"}."""
+            seed: int = 0, problems: list[Problem] | None = None) -> dict:
+        """Metrics and every sample of one task: {"task", "model", "metrics", "samples", "wall_s"}.
+
+        ``problems``: already loaded eval problems (default: the first ``size`` of the eval split).
+        """
         t0 = time.perf_counter()
-        problems = load_problems(task_cfg, "eval")[: size or None]
+        if problems is None:
+            problems = eval_problems(task_cfg, size)
         prompts = [self.prompt_ids(p, task_cfg) for p in problems]
         samples = []
         if greedy or temperature == 0:
@@ -87,16 +91,16 @@ class Evaluator:
         requests = [Sequence(f"{i}:{j}", prompts[i], max_new_tokens) for i in range(len(problems))
                     for j in range(n)]
         engine = self._engine(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens)
-        scored = []
+        scored = {}
         try:
             for seq in generate(engine, requests, self.max_concurrent):
                 i, j = (int(x) for x in seq.rid.split(":"))
                 text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
-                scored.append((problems[i], j, seq, text, self.pool.submit(text, problems[i])))
+                scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
         finally:
             engine.close()
-        return [_record(name, problem, j, seq, text, future.result())
-                for problem, j, seq, text, future in sorted(scored, key=lambda r: r[2].rid)]
+        return [_record(name, problems[i], j, seq, text, future.result())
+                for (i, j), (seq, text, future) in sorted(scored.items())]
 
     def _engine(self, temperature: float, top_p: float, context: int) -> EvalEngine:
         e = self.engine_cfg

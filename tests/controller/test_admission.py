@@ -33,14 +33,16 @@ def test_max_concurrent_caps_running():
     assert not a.can_admit()
 
 
-def test_cursor_requeue_first_and_epoch_ids_unique():
+def test_cursor_requeue_keeps_order_and_epoch_ids_unique():
     probs = [Problem(f"p{i}", "q", "a", {}) for i in range(3)]
     c = Cursor(probs, seed=0)
-    ids = [c.next()[0] for _ in range(6)]
+    drawn = [c.next() for _ in range(6)]
+    ids = [pid for _, pid, _ in drawn]
     assert len(set(ids)) == 6 and sum("#e1" in i for i in ids) == 3
-    c.requeue("back", probs[0])
-    assert c.next()[0] == "back"
-    state = c.state()
+    assert [s for s, _, _ in drawn] == list(range(6))
+    c.requeue(*drawn[4])
+    c.requeue(*drawn[1])
+    assert [c.next()[0] for _ in range(3)] == [1, 4, 6]  # oldest first, then the stream
     d = Cursor(probs, seed=0)
-    d.load_state(state)
-    assert [d.next()[0] for _ in range(3)] == [c.next()[0] for _ in range(3)]
+    d.load_state(c.state())
+    assert [d.next()[1] for _ in range(3)] == [c.next()[1] for _ in range(3)]

@@ -6,8 +6,14 @@ from __future__ import annotations
 import torch
 from helpers import make_batch, plain_model
 
-from areal_cli.trainer.batching import (forward, from_batch, micro_batches, model_inputs, pack,
-                                        token_logprobs)
+from areal_cli.trainer.batching import (
+    forward,
+    from_batch,
+    micro_batches,
+    model_inputs,
+    pack,
+    token_logprobs,
+)
 
 
 def test_packed_equals_padded_logprobs(tiny_model):
@@ -44,6 +50,6 @@ def test_micro_batches_budget():
     packed = micro_batches(lens, budget=15, packed=True)
     assert packed == [[0], [1, 2, 3]]  # longest first, next fit: 10, then 7 + 5 + 3 = 15
     padded = micro_batches(lens, budget=15, packed=False)
-    assert padded == [[0], [1], [2, 3]]  # rows × longest: 10, 7, 2 × 5
+    assert padded == [[0], [1, 2], [3]]  # rows × longest: 10, 2 × 7 = 14, 3
     assert all(sum(lens[i] for i in mb) <= 15 for mb in packed)
     assert len(micro_batches(lens, budget=100, count=3, packed=True)) == 3
