@@ -5,7 +5,7 @@ and then either freezes (``hang``, the default: the test kills or stops it from 
 exactly that moment) or exits at once (``AREAL_FAULT_MODE=exit``). Points: ``generate`` (a
 rollout worker starting a group), ``train`` (a trainer rank inside a step), ``weights`` (a
 rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
-Unset in normal runs: then every call is a dictionary lookup and nothing else.
+``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a dictionary lookup and nothing else.
 """
 
 from __future__ import annotations
@@ -19,6 +19,9 @@ _SPEC = os.environ.get("AREAL_FAULT", "")
 
 def point(name: str, version: int, run_dir: str | Path) -> None:
     if not _SPEC or _SPEC != f"{name}@{version}":
+        return
+    rank = os.environ.get("AREAL_FAULT_RANK")
+    if rank is not None and rank != os.environ.get("RANK", "0"):
         return
     Path(run_dir, "FAULT_REACHED").write_text(f"{name}@{version} pid {os.getpid()}\n")
     if os.environ.get("AREAL_FAULT_MODE") == "exit":

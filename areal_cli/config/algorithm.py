@@ -59,7 +59,7 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     """k1 = x, k2 = x**2 / 2, k3 = exp(-x) + x - 1 with x = log(pi / pi_ref)."""
     kl_in_reward: bool = False
-    """True = subtract kl_coef * KL from the token rewards; False = add it as a loss term."""
+    """True = subtract kl_coef * KL(mu || ref) from the token rewards; False = kl_coef * KL(pi || ref) in the loss."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus subtracted from the loss; 0 = off (entropy is still logged)."""
     overlong_buffer: int = 0

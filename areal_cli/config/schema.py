@@ -132,6 +132,8 @@ class LauncherConfig:
     """"local" | "slurm"."""
     host: str = "127.0.0.1"
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
+    port_base: int = 0
+    """First of the 7 consecutive ports the run uses; 0 = free ports chosen by the OS."""
     heartbeat_s: float = 1.0
     """Heartbeat period of every process."""
     peer_timeout_s: float = 120.0

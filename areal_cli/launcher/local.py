@@ -81,6 +81,7 @@ class LocalLauncher:
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:
+                    os.killpg(proc.pid, signal.SIGCONT)  # a stopped process cannot dump
                     os.killpg(proc.pid, signal.SIGUSR1)
                 except (ProcessLookupError, PermissionError):
                     pass

@@ -78,7 +78,10 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
 def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     cfg.run_dir = str(run_dir)
-    ep = make_endpoints(cfg.launcher.host)
+    try:
+        ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
+    except OSError as err:
+        raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
@@ -88,7 +91,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
             gpu = devices["rollout"][i % len(devices["rollout"])]
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
-    master_port = free_ports(cfg.launcher.host, 1)[0]
+    master_port = cfg.launcher.port_base + 6 if cfg.launcher.port_base else free_ports(cfg.launcher.host, 1)[0]
     tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else {}
     procs.append(Proc("trainer", [
         py, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),

@@ -65,8 +65,11 @@ def preflight(cfg: RootConfig) -> None:
     except ModelError as err:
         problems.append(str(err))
     try:
-        if not load_problems(cfg.task, "train"):
+        train = load_problems(cfg.task, "train")
+        if not train:
             problems.append("task: the training split is empty; raise task.size or check task.path")
+        elif not problems:
+            problems += _check_prompt_lengths(cfg, train)
     except (ValueError, FileNotFoundError, OSError) as err:
         problems.append(f"task: {err}")
     if cfg.engine.name == "vllm":
@@ -76,6 +79,27 @@ def preflight(cfg: RootConfig) -> None:
             problems.append("engine=vllm needs vLLM: pip install 'areal-cli[vllm]' (GPU machines only)")
     if problems:
         raise UserError("\n".join(f"  - {p}" for p in problems))
+
+
+def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
+    """A prompt that cannot fit the model's context with max_new_tokens is a data error."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from areal_cli.models import resolve_model
+    from areal_cli.tasks import build_messages
+
+    path = resolve_model(cfg.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 1 << 30)
+    room = context - cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
+    for p in problems:
+        text = tok.apply_chat_template(build_messages(p, cfg.task), add_generation_prompt=True, tokenize=False)
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if n > room:
+            return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
+                    f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "
+                    "drop or shorten such prompts, or lower rollout.max_new_tokens"]
+    return []
 
 
 def train(cfg: RootConfig, quiet: bool = False) -> Path:

@@ -8,6 +8,7 @@ every rank gathers full parameters and rank 0 broadcasts them to the rollout wor
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import signal
 import time
@@ -39,7 +40,9 @@ class Trainer:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-        dist.init_process_group("nccl" if cuda else "gloo")
+        # a rank stuck in a collective is an error after launcher.peer_timeout_s, not a hang
+        dist.init_process_group("nccl" if cuda else "gloo",
+                                timeout=datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = load_endpoints(run_dir)
@@ -82,17 +85,22 @@ class Trainer:
                             timeout_s=cfg.launcher.peer_timeout_s)
 
     def _receive_batch(self, step: int):
-        """The next batch, shared with every rank; None when a stop was requested (SIGTERM)."""
-        payload = [None]
-        if self.rank == 0:
-            self._doing(f"waiting for batch {step} from the controller")
-            frame = None
-            while frame is None and not self.stop_requested:
-                if self.batches.sock.poll(200):
-                    frame = self.batches.sock.recv()
-            payload = [frame or b"STOP"]
-        dist.broadcast_object_list(payload, src=0)
-        return None if payload[0] == b"STOP" else decode(payload[0])
+        """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
+
+        Rank 0 waits for the controller in slices and tells the other ranks "still waiting"
+        between them, so no rank sits in one collective longer than a slice: a collective
+        that exceeds launcher.peer_timeout_s is then a real stall, reported as an error."""
+        while True:
+            payload = [None]
+            if self.rank == 0:
+                self._doing(f"waiting for batch {step} from the controller")
+                frame = self.batches.sock.recv() if self.batches.sock.poll(5000) else None
+                payload = [b"STOP" if self.stop_requested and frame is None else frame or b"WAIT"]
+            dist.broadcast_object_list(payload, src=0)
+            if payload[0] == b"STOP":
+                return None
+            if payload[0] != b"WAIT":
+                return decode(payload[0])
 
     def _on_signal(self, signum, _frame) -> None:
         self.log.info("signal %d: stopping after the current step", signum)

@@ -49,8 +49,25 @@ def free_ports(host: str, n: int) -> list[int]:
     return ports
 
 
-def make_endpoints(host: str) -> Endpoints:
-    p = free_ports(host, 6)
+def check_ports(host: str, ports: list[int]) -> None:
+    """Raise OSError naming the first port that cannot be bound on ``host``."""
+    for port in ports:
+        s = socket.socket()
+        try:
+            s.bind((host, port))
+        except OSError as err:
+            raise OSError(f"port {port} on {host} is in use ({err.strerror}): set launcher.port_base to "
+                          "a free range, or launcher.port_base=0 to let the OS choose") from None
+        finally:
+            s.close()
+
+
+def make_endpoints(host: str, port_base: int = 0) -> Endpoints:
+    if port_base:
+        p = list(range(port_base, port_base + 6))
+        check_ports(host, p)
+    else:
+        p = free_ports(host, 6)
     tcp = [f"tcp://{host}:{x}" for x in p[:5]]
     return Endpoints(*tcp, weights_host=host, weights_port=p[5])
 
