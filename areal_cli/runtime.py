@@ -20,12 +20,25 @@ def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
     """Log lines to stderr (the launcher sends it to logs/<name>.log); SIGUSR1 dumps every stack."""
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
                         format=f"%(asctime)s {name} %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    die_with_parent()
     faulthandler.enable(file=sys.stderr, all_threads=True)
     faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
     for noisy in ("httpx", "urllib3", "transformers", "datasets"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     return logging.getLogger(name)
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent dies (Linux), so no process of a run outlives it."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+    if os.getppid() == 1:
+        os._exit(3)
 
 
 def load_endpoints(run_dir: str | Path) -> Endpoints:

@@ -34,17 +34,34 @@ class PeerStalled(RuntimeError):
     pass
 
 
+def publish_endpoints(run_dir: Path, ep, bound: dict) -> None:
+    """Write the addresses actually bound, then ``controller.ready`` (the launcher waits for it)."""
+    import json
+    import os
+
+    ep.work, ep.results, ep.batches = bound["work"], bound["results"], bound["batches"]
+    ep.control, ep.status = bound["control"], bound["status"]
+    tmp = run_dir / "endpoints.json.tmp"
+    tmp.write_text(json.dumps(ep.to_dict(), indent=1))
+    os.replace(tmp, run_dir / "endpoints.json")
+    (run_dir / "controller.ready").write_text("ok\n")
+
+
 class Controller:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
         self.log = setup_process("controller", run_dir)
         self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
         ep = load_endpoints(run_dir)
+        if not cfg.launcher.port_base:  # bind where the OS says, then tell everyone
+            ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
         self.status = Router(ep.status)
         self.work = Channel(zmq.PUSH, ep.work, bind=True, name="work", hwm=4)
         self.results = Channel(zmq.PULL, ep.results, bind=True, name="results")
         self.batches = Channel(zmq.PUSH, ep.batches, bind=True, name="batches", hwm=2)
         self.control = Channel(zmq.PUB, ep.control, bind=True, name="control")
+        publish_endpoints(self.run_dir, ep, {c.name: c.addr for c in (
+            self.status, self.work, self.results, self.batches, self.control)})
         from transformers import AutoTokenizer
 
         from areal_cli.models import resolve_model

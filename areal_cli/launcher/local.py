@@ -42,16 +42,30 @@ class LocalLauncher:
         self.logs: dict[str, Path] = {}
 
     def start(self) -> None:
-        logs = self.plan.run_dir / "logs"
-        for p in self.plan.procs:
-            log = logs / f"{p.name}.log"
-            self.logs[p.name] = log
-            with log.open("ab") as out:
-                self.procs[p.name] = subprocess.Popen(
-                    p.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=child_env(p.env), start_new_session=True, preexec_fn=_die_with_parent)
+        """The controller first (it binds every socket and publishes the addresses), then the rest."""
+        ready = self.plan.run_dir / "controller.ready"
+        ready.unlink(missing_ok=True)
+        self._spawn(self.plan.procs[0])
+        deadline = time.monotonic() + self.plan.cfg.launcher.startup_timeout_s
+        while not ready.exists():
+            code = self.procs["controller"].poll()
+            if code is not None:
+                raise RunFailed("controller", code, self._failure_tail("controller"))
+            if time.monotonic() > deadline:
+                raise RunFailed("controller", -1, "did not bind its sockets within launcher.startup_timeout_s")
+            time.sleep(0.05)
+        for p in self.plan.procs[1:]:
+            self._spawn(p)
         (self.plan.run_dir / "pids.json").write_text(
             __import__("json").dumps({k: v.pid for k, v in self.procs.items()}))
+
+    def _spawn(self, p) -> None:
+        log = self.plan.run_dir / "logs" / f"{p.name}.log"
+        self.logs[p.name] = log
+        with log.open("ab") as out:
+            self.procs[p.name] = subprocess.Popen(
+                p.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=child_env(p.env), start_new_session=True, preexec_fn=_die_with_parent)
 
     def poll(self) -> bool:
         """True when the run finished cleanly; raises RunFailed on the first failure."""

@@ -130,7 +130,12 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
         stop["signal"] = signum
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    launcher.start()
+    try:
+        launcher.start()
+    except RunFailed as err:
+        launcher.stop()
+        print(f"areal: {err.name} failed to start (exit code {err.code}):\n{err.tail}", file=sys.stderr)
+        raise SystemExit(1) from None
     print(f"run_dir: {plan.run_dir}  (logs in {plan.run_dir / 'logs'})", flush=True)
     progress = None if quiet else Progress(plan.run_dir, cfg.trainer.steps)
     try:

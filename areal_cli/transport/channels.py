@@ -90,7 +90,10 @@ class Channel:
             self.sock.setsockopt(zmq.IDENTITY, identity.encode())
         if kind == zmq.SUB:
             self.sock.setsockopt(zmq.SUBSCRIBE, b"")
-        if bind:
+        if bind and addr.endswith(":0"):  # let the OS pick: no race with other processes
+            port = self.sock.bind_to_random_port(addr.rsplit(":", 1)[0])
+            self.addr = f"{addr.rsplit(':', 1)[0]}:{port}"
+        elif bind:
             try:
                 self.sock.bind(addr)
             except zmq.ZMQError as err:
