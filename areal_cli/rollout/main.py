@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import signal
 import time
 
 import zmq
@@ -103,15 +104,27 @@ class Worker:
                               1 + self.cfg.rollout.workers, backend, wire, self.cfg.weights.bucket_mb << 20,
                               timeout_s=self.cfg.launcher.peer_timeout_s)
 
+    def _on_signal(self, signum, _frame) -> None:
+        # keep serving weight updates so the trainer can finish its step and checkpoint;
+        # the controller says "stop" when it is done (bounded below)
+        self.stopping = self.stopping or time.monotonic()
+
     def run(self) -> None:
+        self.stopping = None
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
         while True:
+            if self.stopping and time.monotonic() - self.stopping > 60:
+                self.log.warning("stop signal: no stop from the controller within 60s")
+                break
             self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             msg = self.control.recv(0)
             if msg is not None and msg.command == "stop":
                 break
             if msg is not None and msg.command == "update":
                 self._update(msg.version)
-            self._take_work()
+            if not self.stopping:
+                self._take_work()
             for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
             for result in self.flow.poll():
