@@ -5,7 +5,11 @@ One state machine covers the three built-in workflows:
 - multi_turn: a wrong answer gets feedback ("wrong, try again") and another turn, up to
   ``max_turns``; the reward is discounted by ``turn_discount`` per extra turn;
 - tool_use: an answer holding a ```python block (and no final "Answer:") runs it in the
-  sandbox and the model sees the output as the next user turn.
+  sandbox and the model sees the output as the next user turn;
+- ``module:function`` — a user workflow: after every model turn and its reward, areal calls
+  ``function(completion: str, turn: int, problem: Problem, reward: float) -> str | None``;
+  a string is the next user message (up to ``max_turns``), None ends the episode with that
+  reward. Keep it fast and pure; it runs inside the rollout worker (examples/hint_workflow.py).
 Feedback and tool tokens are appended as env tokens (loss_mask 0, version -1, logprob 0);
 only model tokens are trained. Tokens in, tokens out: the trainer sees exactly these ids.
 """
@@ -60,6 +64,7 @@ class Workflow:
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
         self.groups: dict[int, Group] = {}
         self.tools = cf.ThreadPoolExecutor(max_workers=2) if cfg.name == "tool_use" else None
+        self.user_fn = import_workflow(cfg.name) if ":" in cfg.name else None
 
     def start(self, item: WorkItem) -> None:
         prompt = [int(x) for x in item.prompt_ids]
@@ -111,6 +116,11 @@ class Workflow:
         if (self.cfg.name == "multi_turn" and result.score < 1.0 and ep.turns < self.cfg.max_turns):
             self._append_env(ep, self.cfg.feedback)
             return self._generate(group.item, ep)
+        if self.user_fn is not None and ep.turns < self.cfg.max_turns:
+            message = self.user_fn(ep.text, ep.turns, group.problem, float(result.score))
+            if message is not None:
+                self._append_env(ep, str(message))
+                return self._generate(group.item, ep)
         ep.reward = float(result.score) * (self.cfg.turn_discount ** (ep.turns - 1)
                                            if self.cfg.name == "multi_turn" else 1.0)
         ep.reward_status, ep.done = result.status, True
@@ -134,6 +144,21 @@ class Workflow:
 
     def busy(self) -> int:
         return len(self.groups)
+
+
+def import_workflow(spec: str):
+    """``module:function`` → the function; a clear error naming what is missing."""
+    import importlib
+
+    module, _, name = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"workflow={spec}: cannot import it ({err}); put {module}.py on PYTHONPATH "
+                         f"and define {name}(completion, turn, problem, reward) -> str | None") from None
+    if not callable(fn):
+        raise ValueError(f"workflow={spec}: {name} is not a function")
+    return fn
 
 
 def env_turn_ids(tok, text: str, ends_with_eos: bool) -> list[int]:

@@ -1,0 +1,80 @@
+"""Multi-turn and tool-use episodes on the real engine, reward pool and sandbox: the tokens
+the trainer will see, their loss mask, behaviour logprobs and versions stay aligned."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+from transformers import AutoTokenizer
+
+from areal_cli.config.schema import WorkflowConfig
+from areal_cli.config.task import RewardConfig
+from areal_cli.rewards import RewardPool
+from areal_cli.rollout.engines.base import Sequence
+from areal_cli.rollout.engines.hf import HFEngine
+from areal_cli.rollout.workflows.episodes import Episode, Group, Workflow
+from areal_cli.tasks import Problem
+from areal_cli.transport.messages import WorkItem
+
+
+def _run(tiny_model, cfg: WorkflowConfig, inject=None):
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    eng = HFEngine(tiny_model, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
+                   max_batch_tokens=512, kv_cache_tokens=4096, page_size=32, eos_token_id=2)
+    pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
+    flow = Workflow(cfg, eng, pool, tok, worker=0)
+    problem = Problem("t/1", "What is 2 + 3?", "5", {})
+    prompt = tok(tok.apply_chat_template([{"role": "user", "content": problem.prompt}],
+                                         add_generation_prompt=True, tokenize=False),
+                 add_special_tokens=False)["input_ids"]
+    item = WorkItem(0, "t/1", np.asarray(prompt, np.int32), 2, 8, 1.0, 1.0, problem.to_dict(), 0, 0)
+    if inject is None:
+        flow.start(item)
+    else:  # the first turn's text is given (as if generated); later turns are generated
+        flow.groups[0] = Group(item, problem, [Episode(i, list(prompt)) for i in range(2)], time.monotonic())
+        ids = tok(inject, add_special_tokens=False)["input_ids"] + [2]
+        for i in range(2):
+            flow.on_generated(Sequence(f"0:{i}:0", prompt, 64, ids, [-1.0] * len(ids), [0] * len(ids),
+                                       "stop"))
+    results, deadline = [], time.monotonic() + 60
+    while not results and time.monotonic() < deadline:
+        for seq in eng.poll(0.05):
+            flow.on_generated(seq)
+        results = flow.poll()
+    eng.close()
+    pool.close()
+    assert results, "the group never completed"
+    return tok, results[0]
+
+
+def _check_alignment(sample):
+    n = len(sample.output_ids)
+    assert len(sample.logprobs) == len(sample.versions) == len(sample.loss_mask) == n
+    env = sample.loss_mask == 0
+    assert np.all(sample.versions[env] == -1) and np.all(sample.logprobs[env] == 0.0)
+    assert np.all(sample.versions[~env] >= 0) and np.all(sample.logprobs[~env] < 0)
+
+
+def test_multi_turn_masks_feedback_and_keeps_alignment(tiny_model):
+    cfg = WorkflowConfig(name="multi_turn", max_turns=2, feedback="Wrong, try again.")
+    tok, group = _run(tiny_model, cfg)
+    for s in group.samples:
+        _check_alignment(s)
+        if s.num_turns == 2:  # a random model is wrong: it got feedback and a second turn
+            env_text = tok.decode(s.output_ids[s.loss_mask == 0])
+            assert "Wrong, try again." in env_text and "assistant" in env_text
+            assert s.loss_mask[-1] == 1, "the episode ends on a model turn"
+    assert any(s.num_turns == 2 for s in group.samples)
+
+
+def test_tool_use_runs_code_in_the_sandbox_and_shows_the_output(tiny_model):
+    cfg = WorkflowConfig(name="tool_use", max_turns=2)
+    tok, group = _run(tiny_model, cfg, inject="```python\nprint(6 * 7)\n```")
+    for s in group.samples:
+        assert s.num_turns == 2
+        env_text = tok.decode(s.output_ids[s.loss_mask == 0])
+        assert "Output:" in env_text and "42" in env_text
+        model = s.loss_mask == 1
+        assert model.sum() > 0 and s.loss_mask[-1] == 1
