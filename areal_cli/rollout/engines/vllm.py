@@ -1,0 +1,166 @@
+"""The vLLM engine (GPU): one ``vllm.LLM`` per rollout worker, driven step by step.
+
+Token ids in, token ids out. Requests go to the LLM's ``LLMEngine`` with ``add_request`` and
+come back as deltas from ``step()``, so the worker's loop stays single-threaded and a weight
+update can land between two engine steps.
+
+Behaviour logprobs are vLLM's *processed* logprobs (``logprobs_mode="processed_logprobs"``):
+the log-softmax of the logits after temperature (and top-p), i.e. of the distribution the
+token was sampled from — what the trainer recomputes as ``log_softmax(logits / T)``. vLLM's
+default, raw logprobs, are of the temperature-1 distribution and disagree whenever T ≠ 1.
+
+Interruptible: on a weight update every unfinished request is aborted, the new weights
+arrive through vLLM's own NCCL weight transfer (``transport/vllm_weights.py``), the prefix
+cache (KV of the old weights) is reset, and each sequence is resubmitted as prompt + the
+tokens it has so far — re-prefilled under the new version, exactly as the hf engine does.
+``engine.pause_mode=keep`` skips the abort: sequences keep their old-weight KV.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from areal_cli.config.schema import RootConfig
+from areal_cli.rollout.engines.base import Engine, Sequence
+
+log = logging.getLogger(__name__)
+
+
+def import_vllm():
+    """vLLM or a ValueError that names the extra to install."""
+    try:
+        import vllm
+    except ImportError as err:
+        raise ValueError(f"engine=vllm needs vLLM ({err}): pip install 'areal-cli[vllm]' "
+                         "(GPU machines only), or use engine=hf") from None
+    return vllm
+
+
+def llm_kwargs(cfg: RootConfig, index: int) -> dict:
+    """Arguments of ``vllm.LLM`` for rollout worker ``index``."""
+    e = cfg.engine
+    kw = dict(dtype="bfloat16" if e.dtype == "auto" else e.dtype, seed=cfg.seed * 1000 + index,
+              gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
+              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
+              weight_transfer_config=dict(backend="nccl"))
+    if e.max_model_len:
+        kw["max_model_len"] = e.max_model_len
+    return kw
+
+
+class VLLMEngine(Engine):
+    def __init__(self, model_path, cfg: RootConfig, index: int):
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
+        self.cfg = cfg
+        self.llm = vllm.LLM(model=str(model_path), **llm_kwargs(cfg, index))
+        self.core = self.llm.llm_engine
+        self._params = lambda n: vllm.SamplingParams(
+            n=1, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=0, max_tokens=n,
+            logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        tok = self.llm.get_tokenizer()
+        eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
+        self.eos = {tok.eos_token_id} | set([eos] if isinstance(eos, int) else (eos or []))
+        self.seqs: dict[str, Sequence] = {}  # rid → sequence
+        self.segment: dict[str, str] = {}  # engine request id → rid
+        self.version = 0
+        self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
+        self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
+
+    @property
+    def model(self):
+        return None  # vLLM receives its weights itself (VLLMWeightReceiver)
+
+    def in_flight(self) -> int:
+        return len(self.seqs)
+
+    def submit(self, seq: Sequence) -> None:
+        self.seqs[seq.rid] = seq
+        self._submit_segment(seq)
+
+    def _submit_segment(self, seq: Sequence) -> None:
+        remaining = seq.max_new_tokens - len(seq.output_ids)
+        if seq.output_ids and seq.output_ids[-1] in self.eos or remaining <= 0:
+            self._finish(seq, "stop" if seq.output_ids and seq.output_ids[-1] in self.eos else "length")
+            self._done.append(seq)
+            return
+        req = f"{seq.rid}#{seq.segments}"
+        self.segment[req] = seq.rid
+        ids = list(seq.prompt_ids) + list(seq.output_ids)
+        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining))
+        if self._busy_since is None:
+            self._busy_since = time.perf_counter()
+
+    def poll(self, timeout_s: float) -> list[Sequence]:
+        done, self._done = self._done, []
+        deadline = time.perf_counter() + timeout_s
+        while not done and self.segment and time.perf_counter() < deadline:
+            for out in self.core.step():
+                seq = self._apply(out)
+                if seq is not None:
+                    done.append(seq)
+        if not self.segment:
+            self._mark_idle()
+            if not done:
+                time.sleep(max(0.0, deadline - time.perf_counter()))
+        return done
+
+    def _apply(self, out) -> Sequence | None:
+        """Fold one delta output into its sequence; the sequence when it just finished."""
+        rid = self.segment.get(out.request_id)
+        if rid is None:
+            return None  # an aborted segment
+        seq, c = self.seqs[rid], out.outputs[0]
+        new, lps = list(c.token_ids), c.logprobs or []
+        if len(lps) != len(new):
+            raise RuntimeError(f"vLLM returned {len(new)} tokens but {len(lps)} logprobs for {rid}")
+        seq.output_ids += new
+        seq.logprobs += [float(lp[t].logprob) for t, lp in zip(new, lps, strict=True)]
+        seq.versions += [self.version] * len(new)
+        if not out.finished:
+            return None
+        del self.segment[out.request_id]
+        self._finish(seq, "stop" if c.finish_reason == "stop" else "length")
+        return seq
+
+    def _finish(self, seq: Sequence, reason: str) -> None:
+        seq.finish_reason = reason
+        self.seqs.pop(seq.rid, None)
+
+    def _mark_idle(self) -> None:
+        if self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+    def update_weights(self, version: int, load: Callable[[], dict]) -> dict:
+        t0 = time.perf_counter()
+        abort = self.cfg.engine.pause_mode == "abort"
+        if abort and self.segment:
+            self.core.abort_request(list(self.segment))
+            self.segment.clear()
+        self._mark_idle()
+        paused = time.perf_counter()
+        timings = load()
+        loaded = time.perf_counter()
+        if abort and not self.llm.reset_prefix_cache():
+            log.warning("vLLM refused to reset its prefix cache: KV of old weights may be reused")
+        self.version = version
+        if abort:
+            for seq in list(self.seqs.values()):
+                seq.segments += 1
+                self._submit_segment(seq)
+        timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=paused - t0,
+                       resume_s=time.perf_counter() - loaded, interrupted=len(self.seqs),
+                       gen_busy_s=self._busy_s)
+        self._busy_s = 0.0
+        return timings
+
+    def close(self) -> None:
+        if self.segment:
+            self.core.abort_request(list(self.segment))
+        shutdown = getattr(self.core, "engine_core", None)
+        if shutdown is not None and hasattr(shutdown, "shutdown"):
+            shutdown.shutdown()

@@ -1,0 +1,38 @@
+"""``areal bench sync-vs-async`` end to end on the CPU: both modes run, bench.json has both."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import TINY_RUN
+
+from areal_cli.bench.summary import covered
+from areal_cli.bench.sync_vs_async import split_overrides
+
+
+def test_covered_merges_overlaps():
+    # [0,2] ∪ [1,3] ∪ [5,6] inside [0.5, 5.5] covers 0.5..3 (2.5 s) and 5..5.5 (0.5 s)
+    assert covered([(1, 3), (0, 2), (5, 6)], 0.5, 5.5) == 3.0
+
+
+def test_bench_options_are_stripped():
+    run, opts = split_overrides(["trainer.steps=3", "bench.eta=2", "bench.heldout=false"])
+    assert run == ["trainer.steps=3"]
+    assert opts == {"eta": 2, "warmup": 2, "heldout": False}
+
+
+def test_bench_writes_both_modes(tiny_model, tmp_path):
+    from areal_cli.bench.sync_vs_async import run_bench
+
+    out = run_bench([f"model={tiny_model}", *TINY_RUN, f"run_dir={tmp_path}", "trainer.steps=3",
+                     "bench.warmup=1", "bench.eta=1", "eval.size=4"])
+    bench = json.loads((out / "bench.json").read_text())
+    assert set(bench["modes"]) == {"sync", "async"}
+    assert bench["modes"]["sync"]["max_staleness"] == 0 and bench["modes"]["async"]["max_staleness"] == 1
+    for m in bench["modes"].values():
+        assert m["effective_trained_tokens_per_s"] > 0
+        assert 0 < m["trainer_busy_fraction"] <= 1
+        assert len(m["reward_curve"]) == 3
+        assert m["heldout"]["problems"] == 4
+    assert bench["speedup"] > 0
+    assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0

@@ -1,0 +1,132 @@
+"""The vLLM engine's bookkeeping (deltas, interruption, versions) against a fake LLMEngine on
+the CPU; a real vLLM run where vLLM and a GPU are present."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from areal_cli.config.schema import RootConfig
+from areal_cli.rollout.engines.base import Sequence
+from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
+
+
+class FakeCore:
+    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version."""
+
+    def __init__(self):
+        self.requests, self.aborted, self.version = {}, [], 0
+
+    def add_request(self, req, prompt, params):
+        self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
+
+    def step(self):
+        outs = []
+        for req, r in list(self.requests.items()):
+            ids, budget, made = r
+            tok = 100 + len(ids)
+            r[0], r[2] = ids + [tok], made + 1
+            done = r[2] >= budget
+            lp = {tok: types.SimpleNamespace(logprob=-0.1 * self.version)}
+            comp = types.SimpleNamespace(token_ids=[tok], logprobs=[lp], finish_reason="length" if done else None)
+            outs.append(types.SimpleNamespace(request_id=req, outputs=[comp], finished=done))
+            if done:
+                del self.requests[req]
+        return outs
+
+    def abort_request(self, ids):
+        self.aborted += ids
+        for i in ids:
+            self.requests.pop(i, None)
+
+
+def fake_engine() -> VLLMEngine:
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng.cfg, eng.core = RootConfig(), FakeCore()
+    eng.llm = types.SimpleNamespace(reset_prefix_cache=lambda: True)
+    eng._params = lambda n: types.SimpleNamespace(max_tokens=n)
+    eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
+    eng._busy_s, eng._busy_since = 0.0, None
+    return eng
+
+
+def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
+    eng = fake_engine()
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5))
+    for _ in range(2):  # two engine steps, then the weights change
+        for out in eng.core.step():
+            assert eng._apply(out) is None
+    made = len(eng.seqs["a"].output_ids)
+    assert made == 2
+    timings = eng.update_weights(1, lambda: (setattr(eng.core, "version", 1), {"weight_recv_s": 0.0})[1])
+    assert eng.core.aborted == ["a#1"] and timings["interrupted"] == 1
+    # resubmitted as prompt + tokens so far, with the remaining budget
+    ids, budget, _ = eng.core.requests["a#2"]
+    assert ids == [1, 2] + eng.seqs["a"].output_ids and budget == 5 - made
+    done = []
+    while not done:
+        done = eng.poll(0.01)
+    seq = done[0]
+    assert seq.output_ids == [102, 103, 104, 105, 106]  # one continuous sequence
+    assert seq.versions == [0] * made + [1] * (5 - made)
+    assert seq.logprobs == [0.0] * made + [-0.1] * (5 - made)
+    assert seq.segments == 2 and seq.finish_reason == "length" and eng.in_flight() == 0
+
+
+def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
+    eng = fake_engine()
+    seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0])
+    eng.seqs["b"], eng.segment["b#1"] = seq, "b"
+    eng.update_weights(1, dict)
+    assert "b#2" not in eng.core.requests
+    assert eng.poll(0.0) == [seq] and seq.finish_reason == "stop"
+
+
+def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
+    kw = llm_kwargs(RootConfig(), 1)
+    assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
+    assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
+
+
+def test_missing_vllm_names_the_extra(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_vllm(name, *a, **k):
+        if name == "vllm":
+            raise ImportError("No module named 'vllm'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    from areal_cli.rollout.engines.vllm import import_vllm
+
+    with pytest.raises(ValueError, match=r"areal-cli\[vllm\]"):
+        import_vllm()
+
+
+def _gpu_vllm() -> str:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vLLM is not installed (pip install 'areal-cli[vllm]')"
+    import torch
+
+    return "" if torch.cuda.is_available() else "vLLM needs a GPU"
+
+
+@pytest.mark.skipif(bool(_gpu_vllm()), reason=_gpu_vllm() or "runs")
+def test_real_vllm_generates_with_logprobs(tiny_model):
+    cfg = RootConfig()
+    cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
+    eng = VLLMEngine(tiny_model, cfg, 0)
+    try:
+        eng.submit(Sequence("x", [1, 2, 3], max_new_tokens=8))
+        done = []
+        while not done:
+            done = eng.poll(1.0)
+        assert len(done[0].output_ids) == len(done[0].logprobs) == len(done[0].versions) > 0
+        assert all(lp <= 0 for lp in done[0].logprobs)
+    finally:
+        eng.close()
