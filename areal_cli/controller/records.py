@@ -27,9 +27,11 @@ class StepRecorder:
         self.filtered_groups = 0
         self.stale_dropped = 0
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
+        self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
+        self.arrived[g.group_id] = time.monotonic() - self.t0
 
     def on_batch(self, step: int, groups: list[GroupResult]) -> None:
         rows, staleness = [], []
@@ -44,8 +46,11 @@ class StepRecorder:
                     "version_start": start, "version_end": end, "trained_version": step,
                     "reward": float(s.reward), "num_tokens": int(model.sum()), "finish_reason": s.finish_reason,
                     "num_turns": int(s.num_turns), "reward_status": s.reward_status, "worker": g.worker,
-                    "completion": s.completion[-300:],
+                    "completion": s.completion[-300:], "gen_time_s": g.gen_time_s,
+                    "done_wall_s": self.arrived.get(g.group_id),
                 })
+        for g in groups:
+            self.arrived.pop(g.group_id, None)
         with (self.run_dir / "trajectories.jsonl").open("a") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
         self.batches[step] = {

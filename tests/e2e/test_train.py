@@ -109,3 +109,12 @@ def test_dry_run_prints_config_devices_commands(tmp_path):
                    "areal_cli.controller.main", "--nproc-per-node 2", "areal_cli.rollout.main"):
         assert needle in proc.stdout
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("workflow", ["multi_turn", "tool_use"])
+def test_multi_turn_workflows_train(tiny_model, tmp_path, workflow):
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", f"workflow={workflow}")
+    traj = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(traj) == 8 and all(1 <= t["num_turns"] <= 2 for t in traj)
+    if workflow == "multi_turn":
+        assert any(t["num_turns"] == 2 for t in traj)
