@@ -26,7 +26,6 @@ from areal_cli.trainer.batching import (
 )
 from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, shape_rewards
 
-
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
 
