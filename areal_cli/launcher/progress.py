@@ -30,7 +30,8 @@ def fmt_line(row: dict, steps: int, eta: float | None) -> str:
             f"staleness max {row.get('staleness_max', 0)} mean {row.get('staleness_mean', 0):.2f}  "
             f"gen {row.get('gen_tokens_per_s', 0):.0f} tok/s  train {row.get('train_tokens_per_s', 0):.0f} tok/s  "
             f"sync {row.get('weight_sync_s', 0) * 1000:.0f} ms  "
-            f"wall {row.get('wall_time_s', 0):.0f}s" + (f"  ETA {eta:.0f}s" if eta is not None else ""))
+            f"wall {row.get('wall_time_s', 0):.0f}s" + (f"  ETA {eta:.0f}s" if eta is not None else "")
+            + "".join(f"  {k} {v:.3f}" for k, v in row.items() if k.endswith("/accuracy")))
 
 
 class Progress:

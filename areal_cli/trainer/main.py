@@ -130,6 +130,28 @@ class Trainer:
         if self.rank == 0 and kind == "checkpoint":
             self.hb.send("checkpoint", version=version, metrics=metrics)
 
+    def _eval_due(self, version: int) -> bool:
+        e = self.cfg.eval
+        return bool(e.every and version % e.every == 0) or (e.at_end and version == self.cfg.trainer.steps)
+
+    def _evaluate(self, version: int) -> dict:
+        """Greedy accuracy on the held-out split with the weights of ``version`` (rank 0 runs it;
+        every rank takes part in gathering the checkpoint it reads)."""
+        self._doing(f"evaluating version {version}")
+        path = self.run_dir / "checkpoints" / "eval"
+        save_hf(self.model, self.model_path, path)
+        out = {}
+        if self.rank == 0:
+            from areal_cli.evaluation import evaluate
+
+            res = evaluate(path, self.cfg.task, self.cfg.reward, n_samples=1, temperature=0.0,
+                           max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)
+            name = self.cfg.task.name
+            out = {f"eval/{name}/{k}": v for k, v in res["metrics"].items() if isinstance(v, (int, float))}
+            self.log.info("eval at version %d: %s", version, out)
+        dist.barrier()
+        return out
+
     def _due(self, version: int) -> bool:
         every = self.cfg.checkpoint.every
         return bool(every) and version % every == 0 and version < self.cfg.trainer.steps
@@ -154,6 +176,8 @@ class Trainer:
             if self.rank == 0:
                 self.hb.send("weights_ready", version=step + 1)
             metrics.update(self._sync_weights())
+            if self._eval_due(step + 1):
+                metrics.update(self._evaluate(step + 1))
             if self._due(step + 1) or self._stop_agreed():
                 self._checkpoint(step + 1, "step", metrics)
             if self.rank == 0:

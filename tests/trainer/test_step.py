@@ -1,0 +1,127 @@
+"""The trainer step on a real tiny model (FSDP2 on a one-rank gloo group, float32): the
+decoupled objective's gradient at staleness 0, proximal recomputation, the reference, the
+critic, and one step of every preset."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from helpers import config, init_gloo, make_batch, plain_model
+
+from areal_cli.trainer.batching import from_batch
+from areal_cli.trainer.critic import Critic
+from areal_cli.trainer.model import build_policy
+from areal_cli.trainer.step import StepRunner
+
+F32 = torch.float32
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gloo():
+    init_gloo()
+
+
+def _runner(path, *overrides: str) -> StepRunner:
+    cfg = config(*overrides)
+    torch.manual_seed(0)
+    model = build_policy(path, torch.device("cpu"), F32, activation_checkpointing=False)
+    return StepRunner.build(model, path, cfg, torch.device("cpu"), F32, rank=0, world=1)
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters()}
+
+
+def _standard_ppo_grads(model, batch, eps=0.2) -> dict[str, torch.Tensor]:
+    """Plain PPO written out: r = π_θ/μ per token, A = (R - group mean) / (group std + 1e-6),
+    loss = -Σ_tokens min(r A, clip(r, 1-ε, 1+ε) A) / tokens; one sequence per forward."""
+    model.zero_grad()
+    terms, tokens = [], 0
+    for g in batch.groups:
+        rew = torch.tensor([s.reward for s in g.samples], dtype=torch.float64)
+        adv = (rew - rew.mean()) / (rew.std(unbiased=False) + 1e-6)
+        for s, a in zip(g.samples, adv.float(), strict=True):
+            p, r = s.prompt_ids.tolist(), s.output_ids.tolist()
+            logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1:-1]
+            lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(r)[:, None])[:, 0]
+            ratio = torch.exp(lp - torch.from_numpy(s.logprobs))
+            terms.append(torch.minimum(ratio * a, ratio.clamp(1 - eps, 1 + eps) * a).sum())
+            tokens += len(r)
+    (-torch.stack(terms).sum() / tokens).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("packing", [True, False])
+def test_decoupled_gradient_equals_standard_ppo_at_staleness_0(tiny_model, packing):
+    # the gradients stay in .grad after AdamW's step; a huge grad_clip leaves them unscaled
+    runner = _runner(tiny_model, "algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=0",
+                     "trainer.grad_clip=1e9", f"trainer.packing={packing}")
+    ref_model = plain_model(tiny_model)
+    batch = make_batch(ref_model, groups=2, group_size=3, seed=2)
+    runner.train(batch)
+    got, want = _grads(runner.model), _standard_ppo_grads(ref_model, batch)
+    assert got.keys() == want.keys()
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
+    assert sum(float(g.abs().sum()) for g in want.values()) > 0
+
+
+def test_proximal_recomputed_equals_same_forward(tiny_model):
+    runner = _runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1")
+    assert runner._needs_proximal()
+    ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=3))
+    mbs = runner._micro_batches(ro)
+    prox = runner._proximal(ro, mbs)
+    for mb in mbs:
+        lp, _ = runner._forward(ro, mb)
+        for j, i in enumerate(mb):
+            assert torch.allclose(prox[i], lp[j].detach(), atol=1e-6)
+    one = _runner(tiny_model, "algorithm.ppo_epochs=1", "rollout.max_staleness=1")
+    assert not one._needs_proximal()
+
+
+def test_reference_is_frozen_initial_policy(tiny_model):
+    runner = _runner(tiny_model, "algorithm=grpo", "algorithm.kl_coef=0.1", "trainer.lr=1e-3")
+    assert runner.reference is not None and runner.critic is None
+    assert not any(p.requires_grad for p in runner.reference.model.parameters())
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4)
+    first = runner.train(batch)
+    assert first["kl_ref"] == pytest.approx(0.0, abs=1e-6)  # policy = reference before any step
+    second = runner.train(batch)
+    assert second["kl_ref"] > 0  # the policy moved, the reference did not
+
+
+def test_critic_value_loss_falls_on_a_fixed_batch(tiny_model):
+    cfg = config("algorithm=ppo", "algorithm.critic_lr=1e-3")
+    critic = Critic.load(tiny_model, cfg, torch.device("cpu"), F32, world=1)
+    ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=5,
+                               rewards=[1.0, 0.5, 1.0, 0.5]))
+    mbs = [list(range(ro.n))]
+    returns = ro.rewards[:, None] * ro.loss_mask  # any fixed target
+    losses = []
+    for _ in range(6):
+        old = critic.values(ro, mbs)
+        stats, _ = critic.train(ro, mbs, old, returns, float(ro.loss_mask.sum()), max_len=64)
+        losses.append(float(stats["value_loss"]))
+    assert losses[1] < losses[0] and losses[-1] < 0.3 * losses[0], losses
+
+
+EXPECTED = {"loss", "pg_loss", "clip_fraction", "approx_kl", "entropy", "behav_weight_mean",
+            "behav_weight_max", "masked_fraction", "grad_norm", "adv_mean", "adv_std", "train_tokens_per_s"}
+
+
+@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+                                    "ppo", "dapo"])
+def test_every_preset_trains_in_process(tiny_model, preset):
+    runner = _runner(tiny_model, f"algorithm={preset}", "algorithm.ppo_epochs=2")
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)
+    metrics = runner.train(batch)
+    assert EXPECTED <= set(metrics)
+    if preset == "ppo":
+        assert {"value_loss", "value_clip_fraction", "critic_grad_norm"} <= set(metrics)
+    if preset in ("rloo", "reinforce_pp", "reinforce_pp_baseline"):
+        assert "kl_ref" in metrics
+    assert all(math.isfinite(v) for v in metrics.values()), metrics
