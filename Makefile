@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test lint bench clean
+.PHONY: install train test test-slow lint clean
 
 install: $(VENV)/.installed
 
@@ -21,7 +21,11 @@ train: install
 	$(VENV)/bin/areal train $(ARGS)
 
 test: install
-	$(PY) -m pytest -q tests $(ARGS)
+	$(PY) -m pytest -q -m "not slow" tests $(ARGS)
+
+# The long end-to-end runs (kill-and-resume, hangs, presets, Slurm, bench): CI runs them too.
+test-slow: install
+	$(PY) -m pytest -q -m slow tests $(ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check areal_cli tests benchmarks

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import TINY_RUN
 
 from areal_cli.bench.summary import covered
 from areal_cli.bench.sync_vs_async import split_overrides
+
+pytestmark = pytest.mark.slow
 
 
 def test_covered_merges_overlaps():

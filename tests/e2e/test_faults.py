@@ -27,6 +27,7 @@ def _wait_metrics(run_dir, proc, timeout=180):
         time.sleep(0.3)
 
 
+@pytest.mark.slow
 def test_stopped_rollout_worker_is_named_with_its_stack(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50", "launcher.peer_timeout_s=6"]
@@ -44,6 +45,7 @@ def test_stopped_rollout_worker_is_named_with_its_stack(tiny_model, tmp_path):
     assert "File " in (tmp_path / "logs" / "rollout-0.log").read_text(), "no stack dump"
 
 
+@pytest.mark.slow
 def test_trainer_rank_stalled_in_a_collective_is_an_error(tiny_model, tmp_path):
     env = {**os.environ, "AREAL_FAULT": "train@1", "AREAL_FAULT_RANK": "1"}
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
@@ -58,6 +60,7 @@ def test_trainer_rank_stalled_in_a_collective_is_an_error(tiny_model, tmp_path):
     assert not _left(tmp_path)
 
 
+@pytest.mark.slow
 def test_reward_calls_that_never_return_are_scored_timeouts(tiny_model, tmp_path):
     mod = tmp_path / "hang_reward.py"
     mod.write_text(textwrap.dedent("""

@@ -18,6 +18,8 @@ from conftest import TINY_RUN, read_jsonl, run_train
 REWARDS = '''
 import zlib
 
+pytestmark = pytest.mark.slow
+
 
 def parity(completion, problem):
     return float(zlib.crc32(completion.encode()) % 2)

@@ -15,6 +15,8 @@ STEPS = 5
 RESUMABLE = [*TINY_RUN, f"trainer.steps={STEPS}", "rollout.max_staleness=1", "checkpoint.every=1",
              "rollout.batch_order=admission", "rollout.max_concurrent=4"]
 
+pytestmark = pytest.mark.slow
+
 
 def _kill_everything(run_dir, launcher: subprocess.Popen) -> None:
     pids = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()

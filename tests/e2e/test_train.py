@@ -114,6 +114,7 @@ def test_dry_run_prints_config_devices_commands(tmp_path):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("workflow", ["multi_turn", "tool_use"])
 def test_multi_turn_workflows_train(tiny_model, tmp_path, workflow):
     run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", f"workflow={workflow}")

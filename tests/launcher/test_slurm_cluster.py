@@ -27,7 +27,8 @@ def _cluster_up() -> str:
     return ""
 
 
-pytestmark = pytest.mark.skipif(bool(_cluster_up()), reason=_cluster_up() or "cluster up")
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(bool(_cluster_up()), reason=_cluster_up() or "cluster up")]
 
 
 def _submit(run_dir: Path, *extra: str) -> str:
