@@ -1,17 +1,30 @@
 """Trainer throughput with and without sequence packing on one synthetic batch.
 
     .venv/bin/python benchmarks/packing.py [--model smollm2-135m-instruct] [--seqs 32]
+    python3 benchmarks/packing.py --model random-135m --seqs 256 --group 8 \
+        --micro-batch-tokens 16384 --packed-rows 16384 4096 2048 --phases --profile-dir DIR   # GPU
 
 One trainer rank (FSDP2 on a one-rank gloo/nccl group), the real ``StepRunner`` step (GRPO
 loss, AdamW), the same batch for both layouts: prompts and responses of uneven lengths, as
 a real batch has. Prints the machine, then tokens/s (prompt + response tokens, and the
 trained response tokens) of each layout, median over the timed steps after one warm-up.
+
+``--model random-135m`` uses SmolLM2-135M's shape with random weights (no files needed).
+On GPU, ``--packed-rows`` lists the packed micro-batch budgets to try (``PACKED_ROW_TOKENS_CUDA``),
+``--host-mask`` adds the packed layout with its mask built on the host (the code before the
+fix), ``--phases`` times one more step with a sync around each phase (inputs, forward,
+log-softmax, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler table of one
+step per layout. ``--json`` writes every figure.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import platform
+import tempfile
 import statistics
 import time
 
@@ -54,21 +67,118 @@ def synthetic_batch(seqs: int, group: int, prompt: tuple[int, int], resp: tuple[
     return Batch(step=0, trained_version=0, groups=groups)
 
 
-def measure(args, packing: bool, device: torch.device, batch: Batch) -> float:
+def model_path(name: str):
+    if name != "random-135m":
+        return resolve_model(name)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    d = os.path.join(tempfile.gettempdir(), "areal_random_135m")
+    if not os.path.exists(os.path.join(d, "config.json")):
+        cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
+                          num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                          max_position_embeddings=8192, rope_theta=100000.0)
+        torch.manual_seed(0)
+        LlamaForCausalLM(cfg).save_pretrained(d)
+    return d
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@contextlib.contextmanager
+def phase_timers(device, into: dict):
+    """Sync-and-time the phases of ``StepRunner.train`` by wrapping what step.py calls."""
+    import areal_cli.trainer.step as step
+
+    def timed(key, fn):
+        def wrapper(*a, **k):
+            _sync(device)
+            t0 = time.perf_counter()
+            out = fn(*a, **k)
+            _sync(device)
+            into[key] = into.get(key, 0.0) + time.perf_counter() - t0
+            return out
+        return wrapper
+
+    saved = {n: getattr(step, n) for n in ("model_inputs", "forward", "token_logprobs", "policy_loss")}
+    clip = torch.nn.utils.clip_grad_norm_
+    for n, f in saved.items():
+        setattr(step, n, timed({"model_inputs": "inputs_s", "forward": "forward_s",
+                                "token_logprobs": "logprob_s", "policy_loss": "loss_s"}[n], f))
+    torch.nn.utils.clip_grad_norm_ = timed("clip_s", clip)
+    try:
+        yield
+    finally:
+        for n, f in saved.items():
+            setattr(step, n, f)
+        torch.nn.utils.clip_grad_norm_ = clip
+
+
+def measure(args, packing: bool, device: torch.device, batch: Batch, label: str, packed_row: int | None = None,
+            host_mask: bool = False) -> dict:
+    import areal_cli.trainer.step as step
+
     cfg = compose([f"trainer.packing={packing}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
                    f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.response[1]}"])
     dtype = torch.bfloat16
     torch.manual_seed(0)
-    model = build_policy(resolve_model(args.model), device, dtype, activation_checkpointing=False)
-    runner = StepRunner(model, cfg, device, dtype, rank=0, world=1)
-    times = []
-    for _ in range(args.steps + 1):
-        t0 = time.perf_counter()
-        runner.train(batch)
+    saved_row, saved_inputs = step.PACKED_ROW_TOKENS_CUDA, step.model_inputs
+    if packed_row:
+        step.PACKED_ROW_TOKENS_CUDA = packed_row
+    if host_mask:  # the mask built on the host and copied over, as before
+        step.model_inputs = lambda ro, mb, packed, pad=0, device=None: saved_inputs(ro, mb, packed, pad).to(device)
+    try:
+        model = build_policy(model_path(args.model), device, dtype, activation_checkpointing=False)
+        runner = StepRunner(model, cfg, device, dtype, rank=0, world=1)
+        times, out = [], {}
+        for _ in range(args.steps + 1):
+            t0 = time.perf_counter()
+            res = runner.train(batch)
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        out = {"label": label, "packing": packing, "step_s": statistics.median(times[1:]),
+               "step_s_all": times, "micro_batches": res["micro_batches"]}
         if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:])
+            out["max_mem_GiB"] = torch.cuda.max_memory_allocated(device) / 2**30
+        if args.phases:
+            ph: dict = {}
+            _sync(device)
+            t0 = time.perf_counter()
+            with phase_timers(device, ph):
+                orig = runner.opt.step
+
+                def opt_step(*a, **k):
+                    _sync(device)
+                    s0 = time.perf_counter()
+                    r = orig(*a, **k)
+                    _sync(device)
+                    ph["adamw_s"] = ph.get("adamw_s", 0.0) + time.perf_counter() - s0
+                    return r
+                runner.opt.step = opt_step
+                runner.train(batch)
+                runner.opt.step = orig
+            _sync(device)
+            ph["step_s"] = time.perf_counter() - t0
+            ph["backward_and_rest_s"] = ph["step_s"] - sum(v for k, v in ph.items() if k != "step_s")
+            out["phases"] = ph
+        if args.profile_dir and device.type == "cuda":
+            from torch.profiler import ProfilerActivity, profile
+
+            with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+                runner.train(batch)
+                _sync(device)
+            os.makedirs(args.profile_dir, exist_ok=True)
+            with open(os.path.join(args.profile_dir, f"profile_{label}.txt"), "w") as f:
+                f.write(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
+        del runner, model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        return out
+    finally:
+        step.PACKED_ROW_TOKENS_CUDA, step.model_inputs = saved_row, saved_inputs
 
 
 def main() -> None:
@@ -80,6 +190,12 @@ def main() -> None:
     ap.add_argument("--response", type=int, nargs=2, default=(8, 128), metavar=("MIN", "MAX"))
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--packed-rows", type=int, nargs="*", default=[],
+                    help="GPU: packed micro-batch budgets to try (PACKED_ROW_TOKENS_CUDA); none = the default")
+    ap.add_argument("--host-mask", action="store_true", help="also: packed, mask built on the host (before the fix)")
+    ap.add_argument("--phases", action="store_true")
+    ap.add_argument("--profile-dir")
+    ap.add_argument("--json")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -91,10 +207,33 @@ def main() -> None:
     print(f"machine: {machine(device)}")
     print(f"batch: {len(samples)} sequences, {total} tokens ({trained} response), model {args.model}, "
           f"micro_batch_tokens {args.micro_batch_tokens}, bf16 autocast")
-    for packing in (True, False):
-        s = measure(args, packing, device, batch)
-        print(f"packing={str(packing).lower():5}  {s:7.2f} s/step  {total / s:8.0f} tokens/s  "
-              f"{trained / s:8.0f} response tokens/s")
+    runs = [("padded", False, None, False)]
+    rows = args.packed_rows if device.type == "cuda" and args.packed_rows else [None]
+    runs += [(f"packed_{r or 'default'}", True, r, False) for r in rows]
+    if args.host_mask and device.type == "cuda":
+        runs.append((f"packed_{rows[0] or 'default'}_hostmask", True, rows[0], True))
+    results = []
+    for label, packing, row, host in runs:
+        try:
+            r = measure(args, packing, device, batch, label, row, host)
+        except Exception as e:  # e.g. out of memory for a long packed row: report and go on
+            print(f"{label:24} failed: {type(e).__name__}: {str(e)[:300]}")
+            results.append({"label": label, "error": f"{type(e).__name__}: {e}"})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        s = r["step_s"]
+        r.update(tokens_per_s=total / s, response_tokens_per_s=trained / s)
+        results.append(r)
+        print(f"{label:24} packing={str(packing).lower():5} {s:7.3f} s/step  {total / s:8.0f} tokens/s  "
+              f"{trained / s:8.0f} response tokens/s  micro-batches {r['micro_batches']}"
+              + (f"  peak {r['max_mem_GiB']:.1f} GiB" if "max_mem_GiB" in r else ""))
+        if "phases" in r:
+            print("    phases (synced): " + "  ".join(f"{k} {v:.3f}" for k, v in r["phases"].items()))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine(device), "date": time.strftime("%Y-%m-%d"), "sequences": len(samples),
+                       "tokens": total, "response_tokens": trained, "args": vars(args), "results": results}, f, indent=1)
     dist.destroy_process_group()
 
 

@@ -105,21 +105,29 @@ class Inputs:
         return Inputs(**move)
 
 
-def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0) -> Inputs:
-    """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded."""
+def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
+                 device: torch.device | None = None) -> Inputs:
+    """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
+    ``device`` (the packed ``[T, T]`` mask is built there, never on the host)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
-    build = pack if packed else left_pad
-    return build(prompts, resps, ro.loss_mask.shape[1], pad)
+    if packed:
+        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device)
+    x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad)
+    return x if device is None else x.to(device)
 
 
 def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
     return torch.arange(width)[None, :] < torch.tensor(resp_lens)[:, None]
 
 
-def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0) -> Inputs:
+def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
+         device: torch.device | None = None) -> Inputs:
     """One row: sequence after sequence, positions restarting at 0, attention only within a
-    sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit)."""
+    sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit).
+
+    The ``[T, T]`` mask is built on ``device`` from the ``[T]`` segment ids (a 16k-token row's
+    mask is 256 MiB: building it on the host and copying it over cost more than the step)."""
     ids, pos, seg, keep = [], [], [], []
     for j, (p, r) in enumerate(zip(prompts, resps, strict=True)):
         start = len(ids)
@@ -127,13 +135,18 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
         pos += range(len(p) + len(r))
         seg += [j] * (len(p) + len(r))
         keep += range(start + len(p) - 1, start + len(p) + len(r) - 1)
-    seg_t = torch.tensor(seg)
-    causal = torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
-    mask = (causal & (seg_t[:, None] == seg_t[None, :]))[None, None]
-    ids_t, keep_t = torch.tensor([ids]), torch.tensor(keep, dtype=torch.long)
-    return Inputs(ids=ids_t, attention_mask=mask, position_ids=torch.tensor([pos]), keep=keep_t,
-                  rows=torch.zeros(len(keep), dtype=torch.long), cols=torch.arange(len(keep)),
-                  targets=ids_t[0, keep_t + 1], valid=_valid([len(r) for r in resps], width))
+    x = Inputs(ids=torch.tensor([ids]), attention_mask=torch.tensor(seg), position_ids=torch.tensor([pos]),
+               keep=torch.tensor(keep, dtype=torch.long), rows=torch.zeros(len(keep), dtype=torch.long),
+               cols=torch.arange(len(keep)), targets=torch.tensor(ids)[torch.tensor(keep, dtype=torch.long) + 1],
+               valid=_valid([len(r) for r in resps], width))
+    if device is not None:
+        x = x.to(device)
+    seg_t = x.attention_mask
+    T = seg_t.numel()
+    mask = torch.ones(T, T, dtype=torch.bool, device=seg_t.device).tril_()
+    mask &= seg_t[:, None] == seg_t[None, :]
+    x.attention_mask = mask[None, None]
+    return x
 
 
 def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0) -> Inputs:

@@ -28,6 +28,9 @@ from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, sha
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
+PACKED_ROW_TOKENS_CUDA = 4096
+"""Token budget of a packed micro-batch on GPU: the block-diagonal mask makes SDPA attend over
+the whole ``[T, T]`` square, so attention costs grow with the row (see benchmarks/packing.py)."""
 
 
 class StepRunner:
@@ -76,7 +79,7 @@ class StepRunner:
         if self.critic:
             out.update(reduce_stats(vstats, STAT_REDUCTIONS, global_tokens, self.device),
                        critic_grad_norm=float(vnorm), value_mean=_masked_mean(values, ro.loss_mask))
-        lt = torch.tensor([loss_total], device=self.device)
+        lt = torch.as_tensor(loss_total, dtype=torch.float32, device=self.device).reshape(1).clone()
         dist.all_reduce(lt)
         m = ro.loss_mask
         out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(global_tokens),
@@ -88,10 +91,10 @@ class StepRunner:
     def _micro_batches(self, ro: Rollouts) -> list[list[int]]:
         """This rank's rows in micro-batches; every rank runs as many (FSDP collectives)."""
         budget = self.cfg.trainer.micro_batch_tokens
-        if self.packing and self.device.type != "cuda":
-            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path:
-            # 115 s/step for one 2433-token row of SmolLM2-135M; short rows keep it linear
-            budget = min(budget, PACKED_ROW_TOKENS_CPU)
+        if self.packing:
+            # a packed row's block-diagonal mask sends SDPA to its dense O(T²) path (CPU: 115 s/step
+            # for one 2433-token row of SmolLM2-135M); short rows keep it near linear
+            budget = min(budget, PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else PACKED_ROW_TOKENS_CPU)
         rows = list(shard(ro.n, self.rank, self.world))
         lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
         count = torch.tensor(len(micro_batches(lens, budget, packed=self.packing)), device=self.device)
@@ -120,13 +123,13 @@ class StepRunner:
     def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len):
         stats: dict[str, torch.Tensor] = {}
         self.opt.zero_grad(set_to_none=True)
-        loss_total = 0.0
+        loss_total = torch.zeros((), device=self.device)  # no host sync per micro-batch
         for mb in mbs:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=True)
                 continue
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len)
-            loss_total += float(loss)
+            loss_total += loss
             merge_stats(stats, st, STAT_REDUCTIONS)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
@@ -143,7 +146,7 @@ class StepRunner:
         return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
 
     def _forward(self, ro: Rollouts, mb: list[int]):
-        x = model_inputs(ro, mb, self.packing).to(self.device)
+        x = model_inputs(ro, mb, self.packing, device=self.device)
         return token_logprobs(forward(self.model, x, self.dtype), x, self.cfg.rollout.temperature)
 
     @torch.no_grad()

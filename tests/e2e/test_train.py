@@ -122,3 +122,20 @@ def test_multi_turn_workflows_train(tiny_model, tmp_path, workflow):
     assert len(traj) == 8 and all(1 <= t["num_turns"] <= 2 for t in traj)
     if workflow == "multi_turn":
         assert any(t["num_turns"] == 2 for t in traj)
+
+
+def test_ctrl_c_stops_everything_within_10_seconds(tiny_model, tmp_path):
+    cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
+                   "trainer.steps=50"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert proc.returncode != 0
+    time.sleep(0.3)
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of the run left behind: {left}"
