@@ -10,7 +10,7 @@ a real batch has. Prints the machine, then tokens/s (prompt + response tokens, a
 trained response tokens) of each layout, median over the timed steps after one warm-up.
 
 ``--model random-135m`` uses SmolLM2-135M's shape with random weights (no files needed).
-On GPU, ``--packed-rows`` lists the packed micro-batch budgets to try (``PACKED_ROW_TOKENS_CUDA``),
+On GPU, ``--packed-rows`` lists the longest packed rows to try (``PACKED_ROW_TOKENS_CUDA``),
 ``--host-mask`` adds the packed layout with its mask built on the host (the code before the
 fix), ``--phases`` times one more step with a sync around each phase (inputs, forward,
 log-softmax, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler table of one
@@ -24,8 +24,8 @@ import contextlib
 import json
 import os
 import platform
-import tempfile
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -128,7 +128,8 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
     if packed_row:
         step.PACKED_ROW_TOKENS_CUDA = packed_row
     if host_mask:  # the mask built on the host and copied over, as before
-        step.model_inputs = lambda ro, mb, packed, pad=0, device=None: saved_inputs(ro, mb, packed, pad).to(device)
+        step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None:
+                             saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens).to(device))
     try:
         model = build_policy(model_path(args.model), device, dtype, activation_checkpointing=False)
         runner = StepRunner(model, cfg, device, dtype, rank=0, world=1)
@@ -191,7 +192,7 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--packed-rows", type=int, nargs="*", default=[],
-                    help="GPU: packed micro-batch budgets to try (PACKED_ROW_TOKENS_CUDA); none = the default")
+                    help="GPU: longest packed rows to try (PACKED_ROW_TOKENS_CUDA); none = the default")
     ap.add_argument("--host-mask", action="store_true", help="also: packed, mask built on the host (before the fix)")
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--profile-dir")

@@ -106,13 +106,14 @@ class Inputs:
 
 
 def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
-                 device: torch.device | None = None) -> Inputs:
+                 device: torch.device | None = None, row_tokens: int | None = None) -> Inputs:
     """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
-    ``device`` (the packed ``[T, T]`` mask is built there, never on the host)."""
+    ``device`` (the packed mask is built there, never on the host). Packed sequences go into
+    rows of at most ``row_tokens`` tokens (None = one row)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     if packed:
-        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device)
+        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device, row_tokens=row_tokens)
     x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad)
     return x if device is None else x.to(device)
 
@@ -122,30 +123,53 @@ def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
 
 
 def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
-         device: torch.device | None = None) -> Inputs:
-    """One row: sequence after sequence, positions restarting at 0, attention only within a
+         device: torch.device | None = None, row_tokens: int | None = None) -> Inputs:
+    """Sequence after sequence in a row, positions restarting at 0, attention only within a
     sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit).
 
-    The ``[T, T]`` mask is built on ``device`` from the ``[T]`` segment ids (a 16k-token row's
-    mask is 256 MiB: building it on the host and copying it over cost more than the step)."""
-    ids, pos, seg, keep = [], [], [], []
-    for j, (p, r) in enumerate(zip(prompts, resps, strict=True)):
-        start = len(ids)
-        ids += p + r
-        pos += range(len(p) + len(r))
-        seg += [j] * (len(p) + len(r))
-        keep += range(start + len(p) - 1, start + len(p) + len(r) - 1)
-    x = Inputs(ids=torch.tensor([ids]), attention_mask=torch.tensor(seg), position_ids=torch.tensor([pos]),
-               keep=torch.tensor(keep, dtype=torch.long), rows=torch.zeros(len(keep), dtype=torch.long),
-               cols=torch.arange(len(keep)), targets=torch.tensor(ids)[torch.tensor(keep, dtype=torch.long) + 1],
-               valid=_valid([len(r) for r in resps], width))
+    ``row_tokens``: sequences go first-fit into rows of at most that many tokens (one longer
+    sequence gets a row of its own), rows padded to the longest; the attention over a row
+    costs its length squared whatever the mask, so k rows of T/k tokens cost 1/k of one row
+    of T. None = one row. The ``[rows, 1, T, T]`` mask is built on ``device`` from the segment
+    ids (a 16k-token row's mask is 256 MiB: built on the host and copied, it cost more than
+    the step). Response tokens come out in (sequence, position) order, as ``valid`` expects."""
+    lens = [len(p) + len(r) for p, r in zip(prompts, resps, strict=True)]
+    cap = row_tokens or sum(lens)
+    fill: list[int] = []  # tokens in each row
+    where = []  # (row, start) of each sequence
+    for n in lens:
+        r = next((k for k, used in enumerate(fill) if used + n <= cap), None)
+        if r is None:
+            fill.append(0)
+            r = len(fill) - 1
+        where.append((r, fill[r]))
+        fill[r] += n
+    R, T = len(fill), max(fill)
+    ids = torch.full((R, T), pad, dtype=torch.long)
+    pos = torch.zeros(R, T, dtype=torch.long)
+    seg = torch.full((R, T), -1, dtype=torch.long)
+    rows, keep_pos = [], []
+    for j, ((r, start), p, resp) in enumerate(zip(where, prompts, resps, strict=True)):
+        n = len(p) + len(resp)
+        ids[r, start:start + n] = torch.tensor(p + resp)
+        pos[r, start:start + n] = torch.arange(n)
+        seg[r, start:start + n] = j
+        rows += [r] * len(resp)
+        keep_pos += range(start + len(p) - 1, start + n - 1)
+    rows_t, keep_pos_t = torch.tensor(rows, dtype=torch.long), torch.tensor(keep_pos, dtype=torch.long)
+    if R == 1:
+        keep, cols = keep_pos_t, torch.arange(len(keep_pos))
+    else:  # every row keeps the union of the positions any row needs
+        keep = torch.unique(keep_pos_t)
+        cols = torch.searchsorted(keep, keep_pos_t)
+    x = Inputs(ids=ids, attention_mask=seg, position_ids=pos, keep=keep, rows=rows_t, cols=cols,
+               targets=ids[rows_t, keep_pos_t + 1], valid=_valid([len(r) for r in resps], width))
     if device is not None:
         x = x.to(device)
     seg_t = x.attention_mask
-    T = seg_t.numel()
-    mask = torch.ones(T, T, dtype=torch.bool, device=seg_t.device).tril_()
-    mask &= seg_t[:, None] == seg_t[None, :]
-    x.attention_mask = mask[None, None]
+    mask = torch.ones(T, T, dtype=torch.bool, device=seg_t.device).tril_()[None]
+    mask = mask & (seg_t[:, :, None] == seg_t[:, None, :])
+    x.attention_mask = mask[:, None]
     return x
 
 

@@ -28,9 +28,11 @@ from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, sha
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
-PACKED_ROW_TOKENS_CUDA = 4096
-"""Token budget of a packed micro-batch on GPU: the block-diagonal mask makes SDPA attend over
-the whole ``[T, T]`` square, so attention costs grow with the row (see benchmarks/packing.py)."""
+PACKED_ROW_TOKENS_CUDA = 2048
+"""Longest packed row on GPU: a micro-batch (``micro_batch_tokens``) is several packed rows of at
+most this many tokens. The block-diagonal mask makes SDPA attend over each whole ``[T, T]``
+square, so one 16k-token row spent 74% of the step in attention, while more, smaller
+micro-batches are bound by the host launching kernels (benchmarks/packing.py, BENCHMARKS.md)."""
 
 
 class StepRunner:
@@ -91,10 +93,11 @@ class StepRunner:
     def _micro_batches(self, ro: Rollouts) -> list[list[int]]:
         """This rank's rows in micro-batches; every rank runs as many (FSDP collectives)."""
         budget = self.cfg.trainer.micro_batch_tokens
-        if self.packing:
-            # a packed row's block-diagonal mask sends SDPA to its dense O(T²) path (CPU: 115 s/step
-            # for one 2433-token row of SmolLM2-135M); short rows keep it near linear
-            budget = min(budget, PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else PACKED_ROW_TOKENS_CPU)
+        if self.packing and self.device.type != "cuda":
+            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path:
+            # 115 s/step for one 2433-token row of SmolLM2-135M; short rows keep it linear
+            # (on GPU the micro-batch is split into rows instead: see _forward)
+            budget = min(budget, PACKED_ROW_TOKENS_CPU)
         rows = list(shard(ro.n, self.rank, self.world))
         lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
         count = torch.tensor(len(micro_batches(lens, budget, packed=self.packing)), device=self.device)
@@ -146,7 +149,8 @@ class StepRunner:
         return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
 
     def _forward(self, ro: Rollouts, mb: list[int]):
-        x = model_inputs(ro, mb, self.packing, device=self.device)
+        x = model_inputs(ro, mb, self.packing, device=self.device,
+                         row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None)
         return token_logprobs(forward(self.model, x, self.dtype), x, self.cfg.rollout.temperature)
 
     @torch.no_grad()
