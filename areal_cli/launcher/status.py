@@ -12,6 +12,9 @@ def show(run_dir: str) -> None:
     if not (d / "config.yaml").is_file():
         raise SystemExit(f"areal: {d} is not a run directory (no config.yaml)")
     pids = json.loads((d / "pids.json").read_text()) if (d / "pids.json").exists() else {}
+    job = d / "slurm_job_id"
+    if job.exists():
+        _slurm(job.read_text().strip())
     for name, pid in pids.items():
         alive = os.path.exists(f"/proc/{pid}")
         print(f"{name:12s} pid {pid:7d}  {'running' if alive else 'exited'}")
@@ -22,3 +25,18 @@ def show(run_dir: str) -> None:
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
     else:
         print("no steps yet")
+
+
+def _slurm(job_id: str) -> None:
+    """The job's state and its steps (controller, rollout workers, trainer) from Slurm itself."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("sacct"):
+        print(f"slurm job {job_id} (sacct not on PATH here)")
+        return
+    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,JobName,State,Elapsed,NodeList"],
+                         capture_output=True, text=True, timeout=30)
+    print(f"slurm job {job_id}")
+    for line in out.stdout.splitlines():
+        print("  " + "  ".join(line.split("|")))
