@@ -58,23 +58,19 @@ def test_weight_broadcast_bit_exact_two_trainer_ranks(tiny_model, tmp_path):
         assert u["weights_sha"] == sent[u["version"]], f"{u['worker']} v{u['version']} differs"
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
+def _start_until_first_step(cmd, run_dir):
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 180
+    while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert (run_dir / "metrics.jsonl").exists(), "no step finished"
+    return proc
 
 
 def test_killed_rollout_worker_stops_the_run(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert (tmp_path / "metrics.jsonl").exists(), "no step finished"
+    proc = _start_until_first_step(cmd, tmp_path)
     pids = json.loads((tmp_path / "pids.json").read_text())
     os.kill(pids["rollout-0"], signal.SIGKILL)
     t0 = time.monotonic()
@@ -127,10 +123,7 @@ def test_multi_turn_workflows_train(tiny_model, tmp_path, workflow):
 def test_ctrl_c_stops_everything_within_10_seconds(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 180
-    while not (tmp_path / "metrics.jsonl").exists() and time.monotonic() < deadline:
-        time.sleep(0.3)
+    proc = _start_until_first_step(cmd, tmp_path)
     proc.send_signal(signal.SIGINT)
     t0 = time.monotonic()
     proc.communicate(timeout=30)

@@ -30,10 +30,16 @@ class Engine(ABC):
     """What a rollout worker needs from a generation engine."""
 
     version: int = 0  # policy version of the weights now loaded
+    seqs: dict  # rid → Sequence, for every sequence not finished yet
 
-    @abstractmethod
     def submit(self, seq: Sequence) -> None:
         """Start generating ``seq`` (non-blocking)."""
+        self.seqs[seq.rid] = seq
+        self._submit_segment(seq)
+
+    @abstractmethod
+    def _submit_segment(self, seq: Sequence) -> None:
+        """Hand the engine ``seq``'s prompt plus the tokens it has so far (a new request)."""
 
     @abstractmethod
     def poll(self, timeout_s: float) -> list[Sequence]:
@@ -55,4 +61,4 @@ class Engine(ABC):
         """Stop generating and free the engine."""
 
     def in_flight(self) -> int:
-        return 0
+        return len(self.seqs)

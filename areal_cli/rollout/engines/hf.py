@@ -57,13 +57,6 @@ class HFEngine(Engine):
     def model(self):
         return self._model
 
-    def in_flight(self) -> int:
-        return len(self.seqs)
-
-    def submit(self, seq: Sequence) -> None:
-        self.seqs[seq.rid] = seq
-        self._submit_segment(seq)
-
     def _submit_segment(self, seq: Sequence) -> None:
         req = f"{seq.rid}#{seq.segments}"
         self.segment[req] = (seq.rid, len(seq.output_ids))

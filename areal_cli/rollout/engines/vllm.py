@@ -74,13 +74,6 @@ class VLLMEngine(Engine):
     def model(self):
         return None  # vLLM receives its weights itself (VLLMWeightReceiver)
 
-    def in_flight(self) -> int:
-        return len(self.seqs)
-
-    def submit(self, seq: Sequence) -> None:
-        self.seqs[seq.rid] = seq
-        self._submit_segment(seq)
-
     def _submit_segment(self, seq: Sequence) -> None:
         remaining = seq.max_new_tokens - len(seq.output_ids)
         if seq.output_ids and seq.output_ids[-1] in self.eos or remaining <= 0:
