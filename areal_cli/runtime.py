@@ -29,6 +29,26 @@ def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
     return logging.getLogger(name)
 
 
+def run_main(main) -> None:
+    """Run a process's main; any exception is printed and ends the process at once with code 1
+    (a library thread that is still alive, e.g. an engine loop, must not keep a failed process
+    hanging where the launcher cannot see it fail)."""
+    import traceback
+
+    try:
+        main()
+    except SystemExit as err:
+        sys.stderr.flush()
+        os._exit(err.code if isinstance(err.code, int) else 1)
+    except BaseException:  # noqa: BLE001 — report and exit, whatever it was
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def die_with_parent() -> None:
     """SIGKILL this process when its parent dies (Linux), so no process of a run outlives it."""
     import ctypes

@@ -24,7 +24,7 @@ from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.records import StepRecorder
 from areal_cli.controller.state import finish_checkpoint, restore
-from areal_cli.runtime import load_endpoints, setup_process
+from areal_cli.runtime import load_endpoints, run_main, setup_process
 from areal_cli.tasks import Problem, build_messages, load_problems
 from areal_cli.transport.channels import Channel, Router
 from areal_cli.transport.messages import Batch, Control, GroupResult, WorkItem
@@ -256,4 +256,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -72,6 +72,7 @@ def preflight(cfg: RootConfig) -> None:
             problems += _check_prompt_lengths(cfg, train)
     except (ValueError, FileNotFoundError, OSError) as err:
         problems.append(f"task: {err}")
+    problems += _check_imports(cfg)
     if cfg.engine.name == "vllm":
         try:
             import vllm  # noqa: F401
@@ -79,6 +80,26 @@ def preflight(cfg: RootConfig) -> None:
             problems.append("engine=vllm needs vLLM: pip install 'areal-cli[vllm]' (GPU machines only)")
     if problems:
         raise UserError("\n".join(f"  - {p}" for p in problems))
+
+
+def _check_imports(cfg: RootConfig) -> list[str]:
+    """A custom reward or workflow given by import path must import here, before any process starts."""
+    out = []
+    if ":" in cfg.reward.fn:
+        from areal_cli.rewards.scoring import import_custom
+
+        try:
+            import_custom(cfg.reward.fn)
+        except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
+            out.append(f"reward.fn={cfg.reward.fn}: {err}")
+    if ":" in cfg.workflow.name:
+        from areal_cli.rollout.workflows.episodes import import_workflow
+
+        try:
+            import_workflow(cfg.workflow.name)
+        except Exception as err:  # noqa: BLE001
+            out.append(str(err))
+    return out
 
 
 def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:

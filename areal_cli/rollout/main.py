@@ -20,7 +20,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.workflows.episodes import Workflow
-from areal_cli.runtime import Heartbeat, load_endpoints, set_threads, setup_process
+from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.transport.channels import Channel
 
 
@@ -174,4 +174,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -21,7 +21,7 @@ import zmq
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.models import resolve_model
-from areal_cli.runtime import Heartbeat, load_endpoints, set_threads, setup_process
+from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.channels import Channel
@@ -239,4 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

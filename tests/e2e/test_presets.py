@@ -15,10 +15,10 @@ from collections import defaultdict
 import pytest
 from conftest import TINY_RUN, read_jsonl, run_train
 
+pytestmark = pytest.mark.slow
+
 REWARDS = '''
 import zlib
-
-pytestmark = pytest.mark.slow
 
 
 def parity(completion, problem):
