@@ -53,7 +53,9 @@ class Controller:
         self.log = setup_process("controller", run_dir)
         self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
         ep = load_endpoints(run_dir)
-        if not cfg.launcher.port_base:  # bind where the OS says, then tell everyone
+        if not cfg.launcher.port_base and cfg.launcher.name == "local":
+            # bind where the OS says, then tell everyone (the local launcher starts the others
+            # only once controller.ready exists; under Slurm the job's prepare step chose the ports)
             ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
         self.status = Router(ep.status)
         self.work = Channel(zmq.PUSH, ep.work, bind=True, name="work", hwm=4)
