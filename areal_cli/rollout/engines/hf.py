@@ -28,25 +28,33 @@ def engine_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class HFEngine(Engine):
-    def __init__(self, model_path, device: torch.device, dtype: torch.dtype, *, temperature: float,
-                 top_p: float, max_batch_tokens: int, kv_cache_tokens: int, page_size: int,
-                 eos_token_id):
-        from transformers import AutoModelForCausalLM, GenerationConfig
+    def __init__(self, model_path, device: torch.device, dtype: torch.dtype, **engine):
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
+                                                     attn_implementation="sdpa").to(device)
+        model.requires_grad_(False)
+        self._start(model, **engine)
+
+    def _start(self, model, *, temperature: float, top_p: float, max_batch_tokens: int,
+               kv_cache_tokens: int, page_size: int, eos_token_id, greedy: bool = False) -> None:
+        """Start the continuous-batching loop on ``model``: sampling at ``temperature`` (rollouts),
+        or argmax when ``greedy`` (evaluation; a tiny temperature is not greedy)."""
+        from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-        self.device = device
-        self._model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=dtype, attn_implementation="sdpa").to(device)
-        self._model.requires_grad_(False)
-        gen = GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
-                               eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+        self.device, self._model = model.device, model
+        if greedy:
+            sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        gen = GenerationConfig(**sampling, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
                                max_new_tokens=1 << 20)
         cb = ContinuousBatchingConfig(
             num_blocks=max(16, math.ceil(kv_cache_tokens / page_size)), page_size=page_size,
             max_batch_tokens=max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
         self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
-        self.manager = self._model.init_continuous_batching(generation_config=gen,
-                                                            continuous_batching_config=cb)
+        self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self.manager.start()
         self.seqs: dict[str, Sequence] = {}  # rid → sequence
         self.segment: dict[str, tuple[str, int]] = {}  # engine request id → (rid, output length at start)
