@@ -49,12 +49,12 @@ def run_main(main) -> None:
     os._exit(0)
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies (Linux), so no process of a run outlives it."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Get ``sig`` when the parent dies (Linux prctl), so no process of a run outlives it."""
     import ctypes
 
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)
     except OSError:
         pass
     if os.getppid() == 1:

@@ -225,7 +225,7 @@ class Controller:
     def _on_step_done(self, msg) -> None:
         metrics = dict(msg.metrics)
         ckpt = metrics.pop("checkpoint", "")
-        self.rec.on_step_done(msg.version - 1, metrics, self.adm,
+        self.rec.on_step_done(msg.version - 1, metrics,
                               {"buffered": len(self.buffer), "running": self.adm.running})
         if ckpt:
             finish_checkpoint(self, Path(ckpt), msg.version)

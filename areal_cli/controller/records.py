@@ -62,7 +62,7 @@ class StepRecorder:
             "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in rows])),
         }
 
-    def on_step_done(self, step: int, trainer: dict, adm, pool: dict) -> dict:
+    def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:
         now = time.monotonic()
         row = {"step": step, "version": step + 1}
         row.update(self.batches.pop(step, {}))

@@ -3,7 +3,7 @@ failure (naming it, with its last log lines), or on Ctrl-C within ``launcher.sto
 
 from __future__ import annotations
 
-import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -11,20 +11,18 @@ import time
 from pathlib import Path
 
 from areal_cli.launcher.plan import Plan, child_env
+from areal_cli.runtime import die_with_parent
+
+
+def _term_with_launcher() -> None:
+    """Children get SIGTERM when the launcher dies (torchrun then stops its ranks in order)."""
+    die_with_parent(signal.SIGTERM)
 
 
 class RunFailed(RuntimeError):
     def __init__(self, name: str, code: int, tail: str):
         self.name, self.code, self.tail = name, code, tail
         super().__init__(f"{name} exited with code {code}")
-
-
-def _die_with_parent() -> None:
-    """Children get SIGTERM when the launcher dies (Linux prctl PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def tail(path: Path, n: int = 25) -> str:
@@ -57,7 +55,7 @@ class LocalLauncher:
         for p in self.plan.procs[1:]:
             self._spawn(p)
         (self.plan.run_dir / "pids.json").write_text(
-            __import__("json").dumps({k: v.pid for k, v in self.procs.items()}))
+            json.dumps({k: v.pid for k, v in self.procs.items()}))
 
     def _spawn(self, p) -> None:
         log = self.plan.run_dir / "logs" / f"{p.name}.log"
@@ -65,7 +63,7 @@ class LocalLauncher:
         with log.open("ab") as out:
             self.procs[p.name] = subprocess.Popen(
                 p.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=child_env(p.env), start_new_session=True, preexec_fn=_die_with_parent)
+                env=child_env(p.env), start_new_session=True, preexec_fn=_term_with_launcher)
 
     def poll(self) -> bool:
         """True when the run finished cleanly; raises RunFailed on the first failure."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -148,7 +148,3 @@ class WeightReceiver:
                 t = self.params[spec.name].detach().to(self.wire_dtype).reshape(-1).cpu()
                 sha.update(t.view(torch.uint8).numpy().tobytes())
         return sha.hexdigest()
-
-
-def iter_named(items: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    return iter(items)
