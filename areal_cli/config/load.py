@@ -138,6 +138,17 @@ def validate(cfg: RootConfig) -> list[str]:
         problems.append("trainer.dtype: use auto, bfloat16 or float32")
     if cfg.engine.dtype not in ("auto", "bfloat16", "float32"):
         problems.append("engine.dtype: use auto, bfloat16 or float32")
+    e = cfg.engine
+    if e.pause_mode not in ("abort", "keep"):
+        problems.append(f"engine.pause_mode={e.pause_mode!r}: use abort or keep")
+    if e.weight_update not in ("reload", "inplace"):
+        problems.append(f"engine.weight_update={e.weight_update!r}: use reload or inplace")
+    if e.weight_update == "inplace" and e.tensor_parallel_size != 1:
+        problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
+    if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):
+        problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
+    if cfg.weights.backend not in ("auto", "nccl", "gloo"):
+        problems.append(f"weights.backend={cfg.weights.backend!r}: use auto, nccl or gloo")
     if cfg.resume and not (Path(cfg.resume) / "config.yaml").is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems

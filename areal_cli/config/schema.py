@@ -39,6 +39,18 @@ class EngineConfig:
     """vLLM: no torch.compile / CUDA graphs (starts ~40 s sooner, decodes slower)."""
     max_model_len: int = 0
     """vLLM: longest prompt + response in tokens; 0 = the model's own limit."""
+    max_num_seqs: int = 0
+    """vLLM: most sequences decoded at once; 0 = vLLM's default (raise it for asynchronous runs, where
+    up to (max_staleness + 1) × batch_size groups are in flight)."""
+    weight_update: str = "reload"
+    """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
+    layer-wise reload (any model); "inplace" = vLLM's sparse NCCL transfer, written straight into the
+    engine's fused parameters (Llama/Qwen/Mistral-style qkv and gate/up, tensor_parallel_size 1):
+    no reload, a shorter pause."""
+    lm_head_fp32: str = "auto"
+    """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
+    behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
+    on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
 
 
 @dataclass
@@ -122,6 +134,13 @@ class WeightsConfig:
     """Wire dtype: "auto" = the engine's dtype."""
     verify: bool = False
     """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
+    staged: bool = True
+    """Cast the whole update into wire buffers before the workers pause (shorter pause; trainer rank 0
+    keeps one extra copy of the weights in the wire dtype). False = two bucket buffers, gathered while
+    the previous bucket is on the wire."""
+    backend: str = "auto"
+    """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
+    rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
 
 
 @dataclass
@@ -216,3 +235,16 @@ class RootConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+
+def lm_head_fp32(cfg: RootConfig) -> bool:
+    """engine.lm_head_fp32 resolved: "auto" = on with engine=vllm."""
+    v = str(cfg.engine.lm_head_fp32).lower()
+    return cfg.engine.name == "vllm" if v == "auto" else v == "true"
+
+
+def weights_backend(cfg: RootConfig, on_gpu: bool) -> str:
+    """weights.backend resolved for a process on a GPU or not (the launcher resolves colocation)."""
+    if cfg.weights.backend != "auto":
+        return cfg.weights.backend
+    return "nccl" if on_gpu else "gloo"

@@ -75,6 +75,24 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
     return {"rollout": pool[:n_gen], "trainer": pool[n_gen:]}
 
 
+def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
+    """A rollout worker on trainer rank 0's GPU cannot join an NCCL group with it: the update then
+    goes through host memory (gloo), which only the embedded engine can receive."""
+    if not devices["trainer"] or not devices["rollout"]:
+        return
+    worker_gpus = {devices["rollout"][i % len(devices["rollout"])] for i in range(cfg.rollout.workers)}
+    if devices["trainer"][0] not in worker_gpus:
+        return
+    if cfg.engine.name == "vllm":
+        raise ValueError(f"engine=vllm cannot share GPU {devices['trainer'][0]} with trainer rank 0: vLLM "
+                         "receives weights over NCCL only. Use engine=hf on one GPU, or give the trainer a GPU "
+                         "of its own (e.g. cluster.gpus=[0,1])")
+    if cfg.weights.backend == "nccl":
+        raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and NCCL refuses "
+                         "two ranks on one GPU; use weights.backend=auto (or gloo)")
+    cfg.weights.backend = "gloo"
+
+
 def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     cfg.run_dir = str(run_dir)
@@ -83,6 +101,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     except OSError as err:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
+    resolve_colocation(cfg, devices)
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
     for i in range(cfg.rollout.workers):

@@ -16,7 +16,7 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import RootConfig, weights_backend
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.workflows.episodes import Workflow
@@ -91,14 +91,15 @@ class Worker:
                 wire = getattr(torch, self.cfg.weights.dtype)
             return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
                                       ep.weights_host, ep.weights_port, 1 + self.index * e.tensor_parallel_size,
-                                      group_size(self.cfg.rollout.workers, e.tensor_parallel_size))
+                                      group_size(self.cfg.rollout.workers, e.tensor_parallel_size),
+                                      mode=e.weight_update)
         if self.engine.model is None:
             return None
         import torch
 
         from areal_cli.transport.weights import WeightReceiver
 
-        backend = "nccl" if self.engine.model.device.type == "cuda" else "gloo"
+        backend = weights_backend(self.cfg, self.engine.model.device.type == "cuda")
         wire = self.engine.model.dtype if self.cfg.weights.dtype == "auto" else getattr(torch, self.cfg.weights.dtype)
         return WeightReceiver(self.engine.model, ep.weights_host, ep.weights_port, 1 + self.index,
                               1 + self.cfg.rollout.workers, backend, wire, self.cfg.weights.bucket_mb << 20,

@@ -20,6 +20,7 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
+from areal_cli.config.schema import lm_head_fp32, weights_backend
 from areal_cli.models import resolve_model
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
@@ -50,7 +51,8 @@ class Trainer:
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
         dtype = torch.float32 if cfg.trainer.dtype == "float32" else torch.bfloat16
-        self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing)
+        self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
+                                  fp32_head=lm_head_fp32(cfg))
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
@@ -78,11 +80,11 @@ class Trainer:
 
             return VLLMWeightSender(ep.weights_host, ep.weights_port,
                                     group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                                    getattr(torch, wire))
+                                    getattr(torch, wire), mode=cfg.engine.weight_update)
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
-                            1 + cfg.rollout.workers, "nccl" if self.device.type == "cuda" else "gloo",
+                            1 + cfg.rollout.workers, weights_backend(cfg, self.device.type == "cuda"),
                             self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
-                            timeout_s=cfg.launcher.peer_timeout_s)
+                            timeout_s=cfg.launcher.peer_timeout_s, staged=cfg.weights.staged)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
@@ -117,9 +119,7 @@ class Trainer:
         version = checkpoint.load(self.runner, ckpt)
         self.log.info("resumed from %s (version %d)", ckpt, version)
         self._doing(f"sending the resumed weights (version {version})")
-        if self.rank == 0:
-            self.hb.send("weights_ready", version=version)
-        self._sync_weights()
+        self._sync_weights(version)
         return version
 
     def _checkpoint(self, version: int, kind: str, metrics: dict) -> None:
@@ -173,9 +173,7 @@ class Trainer:
             metrics = self.runner.train(batch)
             metrics["step_time_s"] = time.perf_counter() - t0
             self._doing(f"sending weights of version {step + 1}")
-            if self.rank == 0:
-                self.hb.send("weights_ready", version=step + 1)
-            metrics.update(self._sync_weights())
+            metrics.update(self._sync_weights(step + 1))
             if self._eval_due(step + 1):
                 metrics.update(self._evaluate(step + 1))
             if self._due(step + 1) or self._stop_agreed():
@@ -209,13 +207,19 @@ class Trainer:
         dist.barrier()
         dist.destroy_process_group()
 
-    def _sync_weights(self) -> dict:
+    def _sync_weights(self, version: int) -> dict:
+        """Gather the new weights into the wire buffers, then tell the controller they are
+        ready (the rollout workers pause only now), then broadcast them."""
         params = full_parameters(self.model)
-        if self.rank == 0:
-            return self.sender.send(params, digest=self.cfg.weights.verify)
-        for _ in params:
-            pass
-        return {}
+        if self.rank != 0:
+            for _ in params:
+                pass
+            return {}
+        out = self.sender.prepare(params)
+        self.hb.send("weights_ready", version=version)
+        out.update(self.sender.broadcast(digest=self.cfg.weights.verify))
+        out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
+        return out
 
 
 def redirect_output(path: Path) -> None:

@@ -4,8 +4,16 @@ Trainer rank 0 is rank 0 of a group of its own (vLLM's ``StatelessProcessGroup``
 ``PyNcclCommunicator``, rendezvous on ``weights_host:weights_port``, which rank 0 hosts);
 rollout worker i's engine ranks follow at ``1 + i · tensor_parallel_size``. Both ends derive
 the same list of names, dtypes and shapes from the model's config (tied weights once), so
-only packed tensor bytes cross the wire. The engine loads them with vLLM's layer-wise
-reload (``start_weight_update`` → ``update_weights`` → ``finish_weight_update``).
+only tensor bytes cross the wire. Two ways to load (``engine.weight_update``):
+
+* ``reload``: vLLM's ``nccl`` backend, checkpoint-format tensors, packed; the engine loads
+  them with its layer-wise reload (``start_weight_update`` → ``update_weights`` →
+  ``finish_weight_update``). Works for any model vLLM loads.
+* ``inplace``: vLLM's ``sparse_nccl`` backend with dense patches (every index) in the
+  engine's own layout — q/k/v fused into ``qkv_proj``, gate/up into ``gate_up_proj`` — copied
+  straight into the live parameters: no reload, so the pause is mostly the wire.
+
+The trainer casts the update into wire buffers (``prepare``) before the workers pause.
 """
 
 from __future__ import annotations
@@ -28,6 +36,43 @@ class WireSpec:
     def update_info(self) -> dict:
         return dict(names=self.names, dtype_names=self.dtype_names, shapes=self.shapes, packed=True)
 
+    def inplace(self) -> WireSpec:
+        """The same parameters in the engine's fused layout (see ``fused_plan``)."""
+        plan = fused_plan(self.names, self.shapes)
+        return WireSpec([n for n, _, _ in plan], [self.dtype_names[0]] * len(plan), [s for _, _, s in plan])
+
+    def inplace_update_info(self) -> dict:
+        fused = self.inplace()
+        numels = [int(torch.Size(s).numel()) for s in fused.shapes]
+        return dict(names=fused.names, dtype_names=fused.dtype_names, shapes=fused.shapes, num_updates_list=numels)
+
+
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+         "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def fused_plan(names: list[str], shapes: list[list[int]]) -> list[tuple[str, list[str], list[int]]]:
+    """(engine parameter, its checkpoint parameters in order, fused shape) for every engine
+    parameter, in the order of first appearance: ``x.q_proj.weight`` + ``x.k_proj.weight`` +
+    ``x.v_proj.weight`` → ``x.qkv_proj.weight`` (rows concatenated), gate/up likewise."""
+    groups: dict[str, list[tuple[int, str, list[int]]]] = {}
+    for name, shape in zip(names, shapes, strict=True):
+        *prefix, module, leaf = name.split(".")
+        target, slot = FUSED.get(module, (module, 0))
+        groups.setdefault(".".join([*prefix, target, leaf]), []).append((slot, name, list(shape)))
+    plan = []
+    for target, members in groups.items():
+        members.sort()
+        if any(slot != i for i, (slot, _, _) in enumerate(members)):
+            raise ValueError(f"engine.weight_update=inplace: {target} misses a fused part "
+                             f"(has {[n for _, n, _ in members]}); use engine.weight_update=reload")
+        shape = list(members[0][2])
+        shape[0] = sum(m[2][0] for m in members)
+        plan.append((target, [n for _, n, _ in members], shape))
+    return plan
+
+
+
 
 def wire_spec(model_path, dtype: torch.dtype) -> WireSpec:
     """Names and shapes of the parameters that travel, from the config alone (meta device)."""
@@ -48,39 +93,85 @@ def group_size(workers: int, tensor_parallel_size: int) -> int:
 
 
 class VLLMWeightSender:
-    """Trainer rank 0's end; ``send`` takes (name, full tensor) pairs of every parameter."""
+    """Trainer rank 0's end: ``prepare`` takes (name, full tensor) pairs of every parameter and
+    casts them into wire buffers kept between updates; ``broadcast`` sends them."""
 
-    def __init__(self, host: str, port: int, world_size: int, wire_dtype: torch.dtype):
+    def __init__(self, host: str, port: int, world_size: int, wire_dtype: torch.dtype, mode: str = "reload"):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        self.engine, self.wire_dtype = NCCLWeightTransferEngine, wire_dtype
-        self.group = NCCLWeightTransferEngine.trainer_init(
-            dict(master_address=host, master_port=port, world_size=world_size))
+        self.wire_dtype, self.mode = wire_dtype, mode
+        if mode == "inplace":
+            from vllm.distributed.weight_transfer.sparse_nccl_engine import (
+                SparseNCCLWeightTransferEngine,
+            )
+
+            self.engine = SparseNCCLWeightTransferEngine
+        else:
+            self.engine = NCCLWeightTransferEngine
+        self.group = self.engine.trainer_init(dict(master_address=host, master_port=port, world_size=world_size))
+        self._buffers: dict[str, torch.Tensor] = {}  # name → wire tensor (checkpoint or fused layout)
+        self._indices: dict[int, torch.Tensor] = {}  # numel → arange (inplace patches cover every index)
+        self._plan = None
+
+    def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:
+        t0 = time.perf_counter()
+        tensors = {clean_name(n): t.detach() for n, t in named}  # may be a collective: drain it first
+        if self.mode == "inplace" and self._plan is None:
+            self._plan = fused_plan(list(tensors), [list(t.shape) for t in tensors.values()])
+        plan = self._plan or [(n, [n], list(t.shape)) for n, t in tensors.items()]
+        for target, parts, shape in plan:
+            buf = self._buffers.get(target)
+            if buf is None:
+                dev = tensors[parts[0]].device
+                buf = self._buffers[target] = torch.empty(shape, dtype=self.wire_dtype, device=dev)
+            row = 0
+            for p in parts:  # fused parts are row blocks of the engine's parameter
+                src = tensors[p]
+                buf[row:row + src.shape[0]].copy_(src)
+                row += src.shape[0]
+        torch.cuda.synchronize()
+        return {"weight_gather_s": time.perf_counter() - t0}
+
+    def broadcast(self, digest: bool = False) -> dict:
+        t0 = time.perf_counter()
+        if self.mode == "inplace":
+            from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+
+            patches = []
+            for name, buf in self._buffers.items():
+                flat = buf.view(-1)
+                idx = self._indices.get(flat.numel())
+                if idx is None:
+                    idx = self._indices[flat.numel()] = torch.arange(flat.numel(), dtype=torch.int32,
+                                                                     device=flat.device)
+                patches.append(SparseWeightPatch(name, idx, flat))
+            self.engine.trainer_send_weights(iter(patches), dict(group=self.group, packed=False))
+        else:
+            self.engine.trainer_send_weights(iter(self._buffers.items()), dict(group=self.group, packed=True))
+        torch.cuda.synchronize()
+        return {"weight_transfer_s": time.perf_counter() - t0}
 
     def send(self, named: Iterator[tuple[str, torch.Tensor]], digest: bool = False) -> dict:
-        """Gather every full tensor first (the iterator may be a collective over the trainer's
-        ranks), then broadcast them packed; returns timings."""
-        t0 = time.perf_counter()
-        tensors = [(clean_name(n), t.detach().to(self.wire_dtype).contiguous()) for n, t in named]
-        gathered = time.perf_counter()
-        self.engine.trainer_send_weights(iter(tensors), dict(group=self.group, packed=True))
-        torch.cuda.synchronize()
-        end = time.perf_counter()
-        return {"weight_gather_s": gathered - t0, "weight_transfer_s": end - gathered, "weight_sync_s": end - t0}
+        out = self.prepare(named)
+        out.update(self.broadcast(digest))
+        out["weight_sync_s"] = out["weight_gather_s"] + out["weight_transfer_s"]
+        return out
 
 
 class VLLMWeightReceiver:
     """A rollout worker's end: joins the group through the engine, loads each update."""
 
-    def __init__(self, llm, spec: WireSpec, host: str, port: int, rank_offset: int, world_size: int):
-        self.llm, self.spec = llm, spec
+    def __init__(self, llm, spec: WireSpec, host: str, port: int, rank_offset: int, world_size: int,
+                 mode: str = "reload"):
+        self.llm, self.spec, self.mode = llm, spec, mode
+        self.update_info = spec.inplace_update_info() if mode == "inplace" else spec.update_info()
         llm.init_weight_transfer_engine(dict(init_info=dict(
             master_address=host, master_port=port, rank_offset=rank_offset, world_size=world_size)))
 
     def receive(self) -> dict:
         t0 = time.perf_counter()
         self.llm.start_weight_update()
-        self.llm.update_weights(dict(update_info=self.spec.update_info()))
+        self.llm.update_weights(dict(update_info=self.update_info))
         received = time.perf_counter()
         self.llm.finish_weight_update()
         end = time.perf_counter()

@@ -4,8 +4,8 @@ A process group of its own (gloo on CPU, NCCL on GPU), built from a TCPStore hos
 trainer rank 0 — independent of torchrun's group, so rollout workers never join the
 trainer's collectives. Rank 0 is the trainer, rank 1+i is rollout worker i. Both sides
 derive the same bucket plan from the model's parameter names and shapes, so only raw
-tensor bytes cross the wire. The sender gathers bucket k+1 while bucket k is on the wire;
-the receiver loads each bucket as it arrives.
+tensor bytes cross the wire. The sender casts the whole update into wire buffers before the
+workers pause; the receiver loads each bucket as it arrives, while the next is on the wire.
 """
 
 from __future__ import annotations
@@ -77,68 +77,147 @@ def _broadcast(pg, tensor: torch.Tensor):
     return pg.broadcast([tensor], opts)
 
 
+def _views(flat: torch.Tensor, bucket: list[ParamSpec]) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for spec in bucket:
+        out.append(flat[offset:offset + spec.numel].view(spec.shape))
+        offset += spec.numel
+    return out
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    """dst[i] ← src[i] (with a cast): fused multi-tensor copies on one GPU (on the CPU the
+    fused op is several times slower than a loop)."""
+    if dst and dst[0].is_cuda and all(d.device == s.device for d, s in zip(dst, src, strict=True)):
+        torch._foreach_copy_(dst, src)
+    else:
+        for d, s in zip(dst, src, strict=True):
+            d.copy_(s)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 class WeightSender:
-    """Trainer rank 0's end. ``send`` takes (name, full tensor) pairs in plan order."""
+    """Trainer rank 0's end.
+
+    ``prepare(named)`` casts every (name, full tensor) pair, in plan order, into wire buffers
+    that live as long as the sender; ``broadcast()`` then puts every bucket on the wire back to
+    back. The trainer prepares *before* it tells the rollout workers to pause, so the pause
+    they see is the wire plus their own load, not the trainer's gather. With ``staged=False``
+    only two bucket buffers exist and ``broadcast`` gathers bucket k+1 while bucket k is on the
+    wire (less memory, longer pause). On a GPU with the gloo backend (the trainer and a rollout
+    worker share the GPU, where NCCL refuses two ranks) the buffers are in host memory.
+    """
 
     def __init__(self, specs, host, port, world_size, backend, device, wire_dtype, bucket_bytes,
-                 timeout_s=600.0):
-        self.device, self.wire_dtype = device, wire_dtype
+                 timeout_s=600.0, staged=True):
+        self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
+        self.buffer_device = device if backend == "nccl" else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
         self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s)
+        self._flats: list[torch.Tensor] = []
+        self._named: Iterator | None = None
 
-    def send(self, named: Iterator[tuple[str, torch.Tensor]], digest: bool = False) -> dict:
-        """Broadcast every bucket; returns timings (gather / transfer) and an optional sha256."""
-        t0, gather, sha = time.perf_counter(), 0.0, hashlib.sha256() if digest else None
-        pending = None
-        for bucket in self.buckets:
-            g0 = time.perf_counter()
-            parts = []
-            for spec in bucket:
-                name, tensor = next(named)
-                assert clean_name(name) == spec.name, f"weight order differs: {name} vs {spec.name}"
-                parts.append(tensor.detach().to(self.device, self.wire_dtype).reshape(-1))
-            flat = torch.cat(parts)
-            gather += time.perf_counter() - g0
+    def _buffer(self, k: int) -> torch.Tensor:
+        slot = k if self.staged else k % 2
+        while len(self._flats) <= slot:
+            n = sum(s.numel for s in self.buckets[len(self._flats)]) if self.staged else \
+                max(sum(s.numel for s in b) for b in self.buckets)
+            self._flats.append(torch.empty(n, dtype=self.wire_dtype, device=self.buffer_device))
+        return self._flats[slot]
+
+    def _gather(self, k: int, named: Iterator) -> torch.Tensor:
+        bucket = self.buckets[k]
+        srcs = []
+        for spec in bucket:
+            name, tensor = next(named)
+            if clean_name(name) != spec.name:
+                raise RuntimeError(f"weight order differs from the plan: {name} vs {spec.name}")
+            srcs.append(tensor.detach().reshape(spec.shape))
+        flat = self._buffer(k)[:sum(s.numel for s in bucket)]
+        _copy(_views(flat, bucket), srcs)  # cast into the wire buffer
+        return flat
+
+    def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:
+        """Gather the whole update into the wire buffers (staged), or keep ``named`` for
+        ``broadcast`` to gather bucket by bucket; returns the gather time."""
+        t0 = time.perf_counter()
+        if not self.staged:
+            self._named = named
+            return {}
+        for k in range(len(self.buckets)):
+            self._gather(k, named)
+        _sync(self.device)
+        return {"weight_gather_s": time.perf_counter() - t0}
+
+    def broadcast(self, digest: bool = False) -> dict:
+        """Put the prepared update on the wire; returns timings and an optional sha256."""
+        t0, gather, works = time.perf_counter(), 0.0, []
+        sha = hashlib.sha256() if digest else None
+        for k, bucket in enumerate(self.buckets):
+            if self.staged:
+                flat = self._buffer(k)[:sum(s.numel for s in bucket)]
+            else:
+                if len(works) >= 2:  # the buffer about to be refilled must be off the wire
+                    works[-2].wait()
+                g0 = time.perf_counter()
+                flat = self._gather(k, self._named)
+                gather += time.perf_counter() - g0
             if sha is not None:
                 sha.update(flat.cpu().view(torch.uint8).numpy().tobytes())
-            if pending is not None:
-                pending.wait()
-            pending = _broadcast(self.pg, flat)
-        if pending is not None:
-            pending.wait()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+            works.append(_broadcast(self.pg, flat))
+        for w in works:
+            w.wait()
+        _sync(self.device)
+        self._named = None
         total = time.perf_counter() - t0
-        out = {"weight_gather_s": gather, "weight_transfer_s": total - gather, "weight_sync_s": total}
+        out = {"weight_transfer_s": total - gather}
+        if not self.staged:
+            out["weight_gather_s"] = gather
         if sha is not None:
             out["weights_sha"] = sha.hexdigest()
         return out
 
+    def send(self, named: Iterator[tuple[str, torch.Tensor]], digest: bool = False) -> dict:
+        """``prepare`` then ``broadcast``; ``weight_sync_s`` is the sum."""
+        out = self.prepare(named)
+        out.update(self.broadcast(digest))
+        out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
+        return out
+
 
 class WeightReceiver:
-    """A rollout worker's end: receives each bucket and copies it into the model in place."""
+    """A rollout worker's end: receives every bucket into a buffer of its own and copies each
+    into the model in place as soon as it has arrived, while the next one is on the wire."""
 
     def __init__(self, model: torch.nn.Module, host, port, rank, world_size, backend, wire_dtype,
                  bucket_bytes, timeout_s=600.0):
         self.model, self.wire_dtype = model, wire_dtype
         self.params = {clean_name(n): p for n, p in model.named_parameters()}
         self.device = next(model.parameters()).device
+        buffer_device = self.device if backend == "nccl" else torch.device("cpu")
         specs = param_specs(model)
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
+        self.flats = [torch.empty(sum(s.numel for s in b), dtype=wire_dtype, device=buffer_device)
+                      for b in self.buckets]
+        self.views = [_views(f, b) for f, b in zip(self.flats, self.buckets, strict=True)]
+        self.targets = [[self.params[s.name] for s in b] for b in self.buckets]
         self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s)
 
     @torch.no_grad()
     def receive(self) -> dict:
         t0, load = time.perf_counter(), 0.0
-        for bucket in self.buckets:
-            flat = torch.empty(sum(s.numel for s in bucket), dtype=self.wire_dtype, device=self.device)
-            _broadcast(self.pg, flat).wait()
+        _sync(self.device)  # nothing queued may still read the old weights
+        works = [_broadcast(self.pg, flat) for flat in self.flats]
+        for work, views, targets in zip(works, self.views, self.targets, strict=True):
+            work.wait()
             l0 = time.perf_counter()
-            offset = 0
-            for spec in bucket:
-                self.params[spec.name].copy_(flat[offset:offset + spec.numel].view(spec.shape))
-                offset += spec.numel
+            _copy(targets, views)
             load += time.perf_counter() - l0
+        _sync(self.device)  # the engine may compute on another stream: the copies must be done
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
 
     def digest(self) -> str:

@@ -1,20 +1,21 @@
 """On 2 GPUs: the project's vLLM engine + weight transfer, checked and timed (prints JSON).
 
-    python3 benchmarks/device/vllm_check.py MODEL_DIR OUT.json
+    python3 benchmarks/device/vllm_check.py MODEL_DIR OUT.json [--weight-update reload|inplace]
+        [--pause-mode abort|keep] [--lm-head-fp32 auto|true|false]
 
 1. ``VLLMEngine`` on GPU 0, a "trainer" (transformers, fp32) on GPU 1 in a thread; the weights
    are perturbed on the trainer and sent with ``VLLMWeightSender`` → ``VLLMWeightReceiver``
    *while 64 sequences are generating* (abort, update, re-prefill, resume).
-2. Logprob agreement: the engine's behaviour logprobs of the tokens made under the new
-   weights vs a trainer recomputation (log_softmax(logits / T) of a bf16 and an fp32 forward
-   of the same weights), at T = 1 and at T = 0.7 (where raw logprobs would be wrong).
-3. Decode throughput through the Engine interface: vLLM vs the embedded hf engine (GPU 1).
+2. Logprob agreement: the engine's behaviour logprobs of fresh sequences made under the new
+   weights vs a trainer recomputation (log_softmax(logits / T)) of the same weights: a bf16
+   model with a bf16 head, the same with the float32 head (``trainer.model.float32_head``, what
+   the trainer computes with ``engine.lm_head_fp32``), and an fp32 model; T = 1 and T = 0.7.
+3. Pause timings of six more updates with 64 sequences in flight.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 
@@ -58,26 +59,24 @@ def run_all(engine, seqs, update_at_step=None, update=None) -> tuple[list, float
 
 
 @torch.no_grad()
-def recompute(model, seq: Sequence, temperature: float, dtype) -> torch.Tensor:
+def recompute(model, seq: Sequence, temperature: float) -> torch.Tensor:
     ids = torch.tensor([list(seq.prompt_ids) + seq.output_ids], device=model.device)
-    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
-        logits = model(ids).logits[0, len(seq.prompt_ids) - 1:-1].float()
+    logits = model(ids).logits[0, len(seq.prompt_ids) - 1:-1].float()
     lp = torch.log_softmax(logits / temperature, -1)
     return lp.gather(-1, ids[0, len(seq.prompt_ids):, None])[:, 0].cpu()
 
 
-def agreement(model, done: list, temperature: float, version: int) -> dict:
-    diffs = {"bf16": [], "fp32": [], "T1_if_raw": []}
+def agreement(models: dict, done: list, temperature: float, version: int) -> dict:
+    """Mean / max |behaviour logprob − recomputed logprob| over the tokens made under ``version``."""
+    diffs = {k: [] for k in models}
     for s in done:
         mask = torch.tensor([v == version for v in s.versions])
         if not mask.any():
             continue
         got = torch.tensor(s.logprobs)[mask]
-        diffs["bf16"].append((recompute(model, s, temperature, torch.bfloat16)[mask] - got).abs())
-        diffs["fp32"].append((recompute(model, s, temperature, torch.float32)[mask] - got).abs())
-        if temperature != 1.0:
-            diffs["T1_if_raw"].append((recompute(model, s, 1.0, torch.float32)[mask] - got).abs())
-    out = {"tokens": int(sum(len(d) for d in diffs["bf16"]))}
+        for k, m in models.items():
+            diffs[k].append((recompute(m, s, temperature)[mask] - got).abs())
+    out = {"tokens": int(sum(len(d) for d in next(iter(diffs.values()))))}
     for k, v in diffs.items():
         if v:
             cat = torch.cat(v)
@@ -86,13 +85,27 @@ def agreement(model, done: list, temperature: float, version: int) -> dict:
 
 
 def main() -> None:
-    model_dir, out_path = sys.argv[1], sys.argv[2]
+    import argparse
+    import copy
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model_dir")
+    ap.add_argument("out")
+    ap.add_argument("--weight-update", default="reload", choices=["reload", "inplace"])
+    ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"])
+    ap.add_argument("--lm-head-fp32", default="auto")
+    args = ap.parse_args()
+    model_dir = args.model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_cli.trainer.model import float32_head
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
-    result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count()}
+    cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
+    cfg.engine.lm_head_fp32 = args.lm_head_fp32
+    result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
     t = time.perf_counter()
     engine = VLLMEngine(model_dir, cfg, 0)
     result["vllm_engine_start_s"] = time.perf_counter() - t
@@ -100,62 +113,68 @@ def main() -> None:
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda:1").eval()
     box = {}
     port = 29611
-    th = on_gpu1(lambda: box.update(sender=VLLMWeightSender("127.0.0.1", port, 2, torch.bfloat16)))
+    th = on_gpu1(lambda: box.update(sender=VLLMWeightSender("127.0.0.1", port, 2, torch.bfloat16,
+                                                            mode=args.weight_update)))
     th.start()
-    receiver = VLLMWeightReceiver(engine.llm, wire_spec(model_dir, torch.bfloat16), "127.0.0.1", port, 1, 2)
+    receiver = VLLMWeightReceiver(engine.llm, wire_spec(model_dir, torch.bfloat16), "127.0.0.1", port, 1, 2,
+                                  mode=args.weight_update)
     th.join()
     sender = box["sender"]
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in trainer.parameters():
-            p.add_(torch.randn_like(p) * p.std() * 0.05)
+
+    def perturb(seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(torch.randn_like(p) * p.std() * 0.05)
 
     def update(version):
         def go():
-            th = on_gpu1(lambda: box.update(sent=sender.send(trainer.named_parameters())))
+            # as a run does it: the trainer casts into its wire buffers, then generation pauses
+            th = on_gpu1(lambda: box.update(prep=sender.prepare(trainer.named_parameters())))
+            th.start()
+            th.join()
+            th = on_gpu1(lambda: box.update(sent=sender.broadcast()))
             th.start()
             timings = engine.update_weights(version, receiver.receive)
             th.join()
-            return {**timings, **box["sent"]}
+            return {**timings, **box["prep"], **box["sent"]}
         return go
 
     ps = prompts(tok, 64)
+    perturb(0)
     seqs = [Sequence(f"a{i}", p, 128) for i, p in enumerate(ps)]
     done, _, timings = run_all(engine, seqs, update_at_step=10, update=update(1))
     result["update_during_generation"] = timings
     result["interrupted_sequences_finished"] = sum(s.segments > 1 for s in done)
-    result["logprobs_T1"] = agreement(trainer, done, 1.0, 1)
+    # the trainer's recomputations of the same weights: a bf16 model (as FSDP's bf16 compute),
+    # with its standard bf16 head and with the float32 head the trainer uses with lm_head_fp32;
+    # and a float32 model
+    bf16 = copy.deepcopy(trainer).to(torch.bfloat16)
+    bf16_head32 = copy.deepcopy(bf16)
+    float32_head(bf16_head32)
+    models = {"bf16": bf16, "bf16_fp32head": bf16_head32, "fp32": trainer}
+    fresh = [Sequence(f"f{i}", p, 128) for i, p in enumerate(ps)]  # every token under version 1
+    done, _, _ = run_all(engine, fresh)
+    result["logprobs_T1"] = agreement(models, done, 1.0, 1)
+    del bf16, bf16_head32, models
     pauses = []
-    for v in range(2, 7):  # pause timings with sequences in flight
+    for v in range(2, 8):  # pause timings with sequences in flight
+        perturb(v)
         seqs = [Sequence(f"p{v}-{i}", p, 64) for i, p in enumerate(ps)]
         _, _, tm = run_all(engine, seqs, update_at_step=5, update=update(v))
         pauses.append(tm)
     result["update_pauses"] = pauses
+    result["pause_s_median"] = sorted(p["pause_s"] for p in pauses)[len(pauses) // 2]
     cfg.rollout.temperature = 0.7
+    bf16_head32 = copy.deepcopy(trainer).to(torch.bfloat16)
+    float32_head(bf16_head32)
     seqs = [Sequence(f"t{i}", p, 128) for i, p in enumerate(ps)]
     done, _, _ = run_all(engine, seqs)
-    result["logprobs_T0.7"] = agreement(trainer, done, 0.7, 6)
-    cfg.rollout.temperature = 1.0
-    big = prompts(tok, 256)
-    done, secs, _ = run_all(engine, [Sequence(f"d{i}", p, 256) for i, p in enumerate(big)])
-    n = sum(len(s.output_ids) for s in done)
-    result["decode_vllm"] = {"sequences": len(done), "tokens": n, "seconds": secs, "tokens_per_s": n / secs}
-    with open(out_path, "w") as f:
+    result["logprobs_T0.7"] = agreement({"bf16_fp32head": bf16_head32, "fp32": trainer}, done, 0.7, 7)
+    with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1), flush=True)
     engine.close()
-    trainer.to("cpu")
-    from areal_cli.rollout.engines.hf import HFEngine
-
-    hf = HFEngine(model_dir, torch.device("cuda:1"), torch.bfloat16, temperature=1.0, top_p=1.0,
-                  max_batch_tokens=8192, kv_cache_tokens=256 * 320, page_size=64, eos_token_id=tok.eos_token_id)
-    done, secs, _ = run_all(hf, [Sequence(f"h{i}", p, 256) for i, p in enumerate(big)])
-    n = sum(len(s.output_ids) for s in done)
-    result["decode_hf"] = {"sequences": len(done), "tokens": n, "seconds": secs, "tokens_per_s": n / secs}
-    hf.close()
-    with open(out_path, "w") as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result, indent=1), flush=True)
 
 
 if __name__ == "__main__":

@@ -84,9 +84,19 @@ def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
 
 
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
-    kw = llm_kwargs(RootConfig(), 1)
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    kw = llm_kwargs(cfg, 1)
     assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
+    assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
+
+
+def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
+    cfg = RootConfig()
+    cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
+    kw = llm_kwargs(cfg, 0)
+    assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):

@@ -1,0 +1,121 @@
+"""The weight broadcast (gloo on the CPU, two ranks in two threads) and its layouts."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+import torch
+
+from areal_cli.config.schema import RootConfig, lm_head_fp32
+from areal_cli.launcher.plan import device_map, resolve_colocation
+from areal_cli.transport.vllm_weights import WireSpec, fused_plan
+from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def small_model(dtype) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(dtype)
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_updates_arrive_bit_exact_in_several_buckets(staged):
+    trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
+    with torch.no_grad():
+        for p in engine.parameters():
+            p.zero_()
+    port, bucket = free_port(), 300  # bytes: one bucket per parameter
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("rx", WeightReceiver(
+        engine, "127.0.0.1", port, 1, 2, "gloo", torch.bfloat16, bucket, timeout_s=30)))
+    t.start()
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+                      bucket, timeout_s=30, staged=staged)
+    t.join()
+    rx = box["rx"]
+    assert len(tx.buckets) == len(rx.buckets) == 4
+    for update in range(2):
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.add_(0.5 + update)
+        got: dict = {}
+        t = threading.Thread(target=lambda got=got: got.update(rx.receive()))
+        t.start()
+        sent = tx.send(iter(trainer.named_parameters()))
+        t.join()
+        assert sent["weight_transfer_s"] > 0 and got["weight_recv_s"] > 0
+        for (name, a), b in zip(trainer.named_parameters(), engine.parameters(), strict=True):
+            assert torch.equal(a.to(torch.bfloat16), b), f"{name} differs after update {update}"
+
+
+def test_weight_order_mismatch_is_an_error():
+    trainer = small_model(torch.float32)
+    port = free_port()
+    t = threading.Thread(target=lambda: WeightReceiver(small_model(torch.bfloat16), "127.0.0.1", port, 1, 2,
+                                                       "gloo", torch.bfloat16, 1 << 20, timeout_s=30))
+    t.start()
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+                      1 << 20, timeout_s=30)
+    t.join()
+    with pytest.raises(RuntimeError, match="weight order"):
+        tx.prepare(reversed(list(trainer.named_parameters())))
+
+
+def test_fused_plan_matches_the_engines_qkv_and_gate_up_layout():
+    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
+             "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
+             "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
+             "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
+    shapes = [[100, 8], [8, 8], [4, 8], [4, 8], [8, 8], [16, 8], [16, 8], [8, 16], [8]]
+    plan = fused_plan(names, shapes)
+    assert [(t, s) for t, _, s in plan] == [
+        ("model.embed_tokens.weight", [100, 8]), ("model.layers.0.self_attn.qkv_proj.weight", [16, 8]),
+        ("model.layers.0.self_attn.o_proj.weight", [8, 8]), ("model.layers.0.mlp.gate_up_proj.weight", [32, 8]),
+        ("model.layers.0.mlp.down_proj.weight", [8, 16]), ("model.norm.weight", [8])]
+    assert plan[1][1] == names[1:4]  # q, k, v rows in that order
+    info = WireSpec(names, ["bfloat16"] * len(names), shapes).inplace_update_info()
+    assert info["num_updates_list"][1] == 16 * 8 and len(info["names"]) == 6
+    with pytest.raises(ValueError, match="misses a fused part"):
+        fused_plan(names[:2] + names[3:], shapes[:2] + shapes[3:])
+
+
+def test_one_gpu_run_sends_weights_through_host_memory_and_refuses_vllm():
+    cfg = RootConfig()
+    devices = device_map(cfg, gpus=[0])
+    assert devices == {"rollout": [0], "trainer": [0]}
+    resolve_colocation(cfg, devices)
+    assert cfg.weights.backend == "gloo"
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    with pytest.raises(ValueError, match="cannot share GPU 0"):
+        resolve_colocation(cfg, device_map(cfg, gpus=[0]))
+    cfg = RootConfig()
+    resolve_colocation(cfg, device_map(cfg, gpus=[0, 1]))
+    assert cfg.weights.backend == "auto"  # NCCL between the two GPUs
+
+
+def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
+    from transformers import AutoModelForCausalLM
+
+    from areal_cli.trainer.model import float32_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.bfloat16)
+    ids = torch.tensor([[1, 2, 3, 4]])
+    float32_head(model)
+    with torch.no_grad():
+        out = model(ids, output_hidden_states=True)
+    h = out.hidden_states[-1]
+    want = h.float() @ model.get_output_embeddings().weight.float().T
+    assert out.logits.dtype == torch.float32
+    torch.testing.assert_close(out.logits, want)
+    cfg = RootConfig()
+    assert not lm_head_fp32(cfg)
+    cfg.engine.name = "vllm"
+    assert lm_head_fp32(cfg)
