@@ -2,12 +2,27 @@
 
 Everything after the first ``warmup`` steps: effective trained tokens per second of wall
 time, per-step wall time, trainer and generation busy fractions from timestamps, weight-sync
-and weight-update pause times, the reward curve and staleness.
+and weight-update pause times, the reward curve (per step and per second of wall time),
+staleness and the response length distribution.
+
+``standalone_rates`` reads a *synchronous* run (η = 0), where generation and training take
+turns and never overlap, and measures each side alone in trained tokens per second:
+
+* training: trained tokens / trainer-busy seconds, where a step's trainer-busy time is
+  ``step_time_s + weight_sync_s`` (metrics.jsonl), summed over the steps after warm-up;
+* generation: trained tokens / generation-phase seconds. The generation phase of step k
+  runs from the end of step k-1 (``wall_time_s`` of k-1: the new weights are out; no
+  prompt of step k starts before they are loaded) to the moment the batch of step k is
+  complete: the arrival at the controller of its last group (largest ``done_wall_s`` of the
+  trajectories with ``trained_version == k``). Where trajectories carry no timestamps, it is
+  the step's wall time minus its trainer-busy time (which then also counts the batch
+  transfer to the trainer). Step 0 is never counted (its start includes process start-up).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -22,13 +37,23 @@ def _median(xs: list[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def _busy(r: dict) -> float:
+    return r.get("step_time_s", 0.0) + r.get("weight_sync_s", 0.0)
+
+
 def trainer_intervals(rows: list[dict]) -> list[tuple[float, float]]:
     """[start, end] of each step's training + weight sync, ending when the controller saw it."""
-    out = []
-    for r in rows:
-        busy = r.get("step_time_s", 0.0) + r.get("weight_sync_s", 0.0)
-        out.append((r["wall_time_s"] - busy, r["wall_time_s"]))
-    return out
+    return [(r["wall_time_s"] - _busy(r), r["wall_time_s"]) for r in rows]
+
+
+def train_step_intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    """[start, end] of each step's training alone (the trainer interval less its weight sync)."""
+    return [(r["wall_time_s"] - _busy(r), r["wall_time_s"] - r.get("weight_sync_s", 0.0)) for r in rows]
+
+
+def weight_sync_intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    """[start, end] of each step's weight sync (gather + broadcast), the end of the step."""
+    return [(r["wall_time_s"] - r.get("weight_sync_s", 0.0), r["wall_time_s"]) for r in rows]
 
 
 def generation_intervals(run_dir: Path) -> list[tuple[float, float]]:
@@ -36,11 +61,22 @@ def generation_intervals(run_dir: Path) -> list[tuple[float, float]]:
     (``done_wall_s`` and ``gen_time_s``); [] where they do not."""
     seen, out = set(), []
     for t in read_jsonl(run_dir / "trajectories.jsonl"):
-        if "done_wall_s" not in t or "gen_time_s" not in t or t.get("group_id") in seen:
+        if t.get("done_wall_s") is None or t.get("gen_time_s") is None or t.get("group_id") in seen:
             continue
         seen.add(t.get("group_id"))
         out.append((t["done_wall_s"] - t["gen_time_s"], t["done_wall_s"]))
     return out
+
+
+def merge(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of ``intervals`` as disjoint sorted intervals."""
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
 
 
 def covered(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -68,6 +104,61 @@ def generation_busy(run_dir: Path, rows: list[dict], warmup: int, lo: float, hi:
     return None, "not recorded (the engine and the trajectories carry no generation timestamps)"
 
 
+def nearest_rank(sorted_xs: list, q: float):
+    """The q-quantile (0 < q <= 1) of an ascending list by the nearest-rank method."""
+    return sorted_xs[max(0, math.ceil(q * len(sorted_xs)) - 1)]
+
+
+def response_lengths(run_dir: Path, warmup: int) -> dict:
+    """Generated tokens per trained sample (``num_tokens``: the model's tokens, every turn)
+    of the steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, and the fraction
+    the engine stopped at the token limit (``finish_reason == "length"``)."""
+    rows = [t for t in read_jsonl(run_dir / "trajectories.jsonl")
+            if t.get("trained_version", warmup) >= warmup and "num_tokens" in t]
+    if not rows:
+        return {"samples": 0, "p10": None, "p50": None, "p90": None, "max": None, "mean": None,
+                "truncated_fraction": None}
+    lengths = sorted(int(t["num_tokens"]) for t in rows)
+    return {"samples": len(rows), "p10": nearest_rank(lengths, 0.1), "p50": nearest_rank(lengths, 0.5),
+            "p90": nearest_rank(lengths, 0.9), "max": lengths[-1], "mean": statistics.fmean(lengths),
+            "truncated_fraction": sum(t.get("finish_reason") == "length" for t in rows) / len(rows)}
+
+
+def standalone_rates(run_dir: Path, warmup: int) -> dict:
+    """Generation alone and training alone, in trained tokens/s, from a synchronous run
+    (definitions in the module docstring)."""
+    run_dir = Path(run_dir)
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    post = rows[warmup:]
+    busy_s = sum(_busy(r) for r in post)
+    train_tokens = sum(r.get("trained_tokens", 0) for r in post)
+    batch_done: dict[int, float] = {}  # step → arrival of its batch's last group
+    for t in read_jsonl(run_dir / "trajectories.jsonl"):
+        if t.get("done_wall_s") is not None and "trained_version" in t:
+            k = t["trained_version"]
+            batch_done[k] = max(batch_done.get(k, t["done_wall_s"]), t["done_wall_s"])
+    phases, how, gen_tokens = [], set(), 0
+    for i in range(max(warmup, 1), len(rows)):
+        start, r = rows[i - 1]["wall_time_s"], rows[i]
+        end = batch_done.get(r.get("step", i))
+        if end is not None and start < end <= r["wall_time_s"]:
+            phases.append(end - start)
+            how.add("trajectory timestamps: last group's arrival - previous step's end")
+        else:
+            phases.append(max(0.0, r["wall_time_s"] - start - _busy(r)))
+            how.add("step wall time - trainer busy time")
+        gen_tokens += r.get("trained_tokens", 0)
+    gen_s = sum(phases)
+    return {
+        "training_trained_tokens_per_s": train_tokens / busy_s if busy_s > 0 else None,
+        "generation_trained_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else None,
+        "trainer_busy_s": busy_s, "training_steps": len(post), "training_trained_tokens": train_tokens,
+        "generation_phase_s": gen_s, "generation_steps": len(phases), "generation_trained_tokens": gen_tokens,
+        "generation_phase_s_per_step": phases,
+        "generation_phase_measured_by": " and ".join(sorted(how)) or "no step after warm-up and step 0",
+    }
+
+
 def summarize_run(run_dir: Path, warmup: int) -> dict:
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl")
@@ -82,18 +173,24 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
     updates = read_jsonl(run_dir / "weight_updates.jsonl")
     return {
         "run_dir": str(run_dir), "steps": len(rows), "warmup_steps": warmup, "window_s": window,
-        "wall_time_s": hi,
+        "window_start_s": lo, "wall_time_s": hi,
         "effective_trained_tokens_per_s": sum(r.get("trained_tokens", 0) for r in post) / window,
         "trained_tokens": sum(r.get("trained_tokens", 0) for r in post),
         "step_wall_s": [r.get("step_wall_s") for r in rows],
         "step_wall_s_median": _median([r["step_wall_s"] for r in post if "step_wall_s" in r]),
         "trainer_busy_fraction": covered(trainer_intervals(post), lo, hi) / window,
+        "training_trained_tokens_per_s": (sum(r.get("trained_tokens", 0) for r in post)
+                                          / max(sum(_busy(r) for r in post), 1e-9)),
         "generation_busy_fraction": gen_busy, "generation_busy_measured_by": gen_how,
         "weight_sync_s_median": _median([r["weight_sync_s"] for r in post if "weight_sync_s" in r]),
         "update_pause_s_median": _median([u["pause_total_s"] for u in updates if "pause_total_s" in u]),
         "reward_curve": [r.get("reward_mean") for r in rows],
+        "reward_wall_s": [r["wall_time_s"] for r in rows],
         "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in post),
         "staleness_max": max(r.get("staleness_max", 0) for r in post),
+        "response_length": response_lengths(run_dir, warmup),
         "trainer_intervals": trainer_intervals(rows),
+        "train_step_intervals": train_step_intervals(rows),
+        "weight_sync_intervals": weight_sync_intervals(rows),
         "generation_intervals": generation_intervals(run_dir),
     }

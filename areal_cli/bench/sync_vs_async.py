@@ -2,7 +2,24 @@
 
 Both runs use one config (conf/ + the overrides) and differ only in ``rollout.max_staleness``.
 Written to ``<out>/``: ``sync/`` and ``async/`` (ordinary run directories), ``bench.json``,
-``timeline.png`` (trainer and generation busy spans over wall time) and ``reward.png``.
+``timeline.png`` (per run: generation, training and weight-sync spans over wall time; white is
+idle) and ``reward.png`` (mean reward of each batch against wall time).
+
+The ideal asynchronous throughput is min(generation alone, training alone), both in trained
+tokens per second and both measured on the synchronous run, where the two never overlap
+(``summary.standalone_rates``):
+
+* training alone = trained tokens / trainer-busy seconds (``step_time_s + weight_sync_s``),
+  steps after warm-up;
+* generation alone = trained tokens / generation-phase seconds, steps after warm-up (never
+  step 0); a step's generation phase runs from the end of the previous step (new weights
+  out) to the arrival of the last group of its batch (trajectory ``done_wall_s``), or, where
+  trajectories carry no timestamps, is the step's wall time minus its trainer-busy time.
+
+``async_vs_ideal`` = the async run's effective trained tokens/s of wall time / that ideal.
+Each mode also gets its response length distribution (generated tokens per trained sample
+after warm-up: p10 / p50 / p90 / max, and the fraction truncated at max_new_tokens).
+``bench.json`` repeats these definitions under ``"definitions"``.
 
 Bench options are overrides too, stripped before composing the run config:
 ``bench.eta=4`` (default: rollout.max_staleness, or 4 where that is 0), ``bench.warmup=2``
@@ -73,37 +90,118 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
     return summary
 
 
+DEFINITIONS = {
+    "effective_trained_tokens_per_s": "per mode: trained tokens of the steps after warm-up / wall "
+        "seconds from the end of the last warm-up step to the end of the last step",
+    "training_trained_tokens_per_s": "per mode: trained tokens / trainer-busy seconds (step_time_s + "
+        "weight_sync_s), steps after warm-up; the sync run's value is standalone training",
+    "speedup": "async effective_trained_tokens_per_s / sync effective_trained_tokens_per_s",
+    "standalone.training_trained_tokens_per_s": "training alone, from the sync run: trained tokens / "
+        "trainer-busy seconds (step_time_s + weight_sync_s of metrics.jsonl), steps after warm-up",
+    "standalone.generation_trained_tokens_per_s": "generation alone, from the sync run: trained tokens "
+        "/ generation-phase seconds, steps after warm-up (never step 0). A step's generation phase runs "
+        "from the previous step's end (wall_time_s; the new weights are out) to the arrival at the "
+        "controller of the last group of its batch (largest trajectory done_wall_s); where trajectories "
+        "carry no timestamps it is the step's wall time minus its trainer-busy time "
+        "(standalone.generation_phase_measured_by says which)",
+    "ideal_trained_tokens_per_s": "ideal asynchronous throughput: min(standalone generation, standalone "
+        "training), trained tokens per second",
+    "ideal_bottleneck": "the side that sets the ideal: generation or training",
+    "async_vs_ideal": "async effective_trained_tokens_per_s / ideal_trained_tokens_per_s",
+    "response_length": "per mode: generated tokens per trained sample (trajectories num_tokens; every "
+        "model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, samples",
+    "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the token "
+        "limit (finish_reason == 'length', i.e. max_new_tokens)",
+    "reward_wall_s": "per mode: wall_time_s of each step's end; reward.png plots reward_curve (mean "
+        "reward of the step's batch) against it",
+}
+
+
 def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
+    from areal_cli.bench.summary import standalone_rates
+
     sync, asyn = modes["sync"], modes["async"]
     speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
+    alone = standalone_rates(Path(sync["run_dir"]), warmup)
+    sides = {"generation": alone["generation_trained_tokens_per_s"],
+             "training": alone["training_trained_tokens_per_s"]}
+    ideal = bottleneck = ratio = None
+    if all(v is not None and v > 0 for v in sides.values()):
+        bottleneck = min(sides, key=sides.get)
+        ideal = sides[bottleneck]
+        ratio = asyn["effective_trained_tokens_per_s"] / ideal
     return {
-        "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": cfg.model,
+        "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,
         "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
         "speedup": speedup,
+        "standalone": alone, "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck,
+        "async_vs_ideal": ratio,
+        "definitions": DEFINITIONS,
         "modes": modes,
     }
+
+
+def _fmt(value, fmt: str) -> str:
+    return fmt.format(value) if value is not None else "—"
+
+
+def _lengths(m: dict) -> str:
+    rl = m.get("response_length") or {}
+    if not rl.get("samples"):
+        return "—"
+    return "/".join(str(rl[k]) for k in ("p10", "p50", "p90", "max"))
 
 
 def report(result: dict) -> str:
     rows = [("effective trained tokens/s", "effective_trained_tokens_per_s", "{:.1f}"),
             ("step wall time, median (s)", "step_wall_s_median", "{:.2f}"),
             ("trainer busy fraction", "trainer_busy_fraction", "{:.2f}"),
+            ("trained tokens/s while the trainer is busy", "training_trained_tokens_per_s", "{:.1f}"),
             ("generation busy fraction", "generation_busy_fraction", "{:.2f}"),
             ("weight sync, median (s)", "weight_sync_s_median", "{:.3f}"),
             ("update pause, median (s)", "update_pause_s_median", "{:.3f}"),
             ("staleness mean", "staleness_mean", "{:.2f}"),
             ("wall time (s)", "wall_time_s", "{:.1f}")]
-    lines = [f"{'':32}{'sync (η=0)':>14}{'async (η=' + str(result['eta']) + ')':>14}"]
+    w, cw = 44, 16
+    modes = list(result["modes"].values())
+    lines = [f"{'':{w}}{'sync (η=0)':>{cw}}{'async (η=' + str(result['eta']) + ')':>{cw}}"]
     for label, key, fmt in rows:
-        cells = [fmt.format(m[key]) if m.get(key) is not None else "—" for m in result["modes"].values()]
-        lines.append(f"{label:32}{cells[0]:>14}{cells[1]:>14}")
-    for mode in result["modes"].values():
+        cells = [_fmt(m.get(key), fmt) for m in modes]
+        lines.append(f"{label:{w}}{cells[0]:>{cw}}{cells[1]:>{cw}}")
+    cells = [_lengths(m) for m in modes]
+    lines.append(f"{'response tokens p10/p50/p90/max':{w}}{cells[0]:>{cw}}{cells[1]:>{cw}}")
+    cells = [_fmt((m.get("response_length") or {}).get("truncated_fraction"), "{:.2f}") for m in modes]
+    lines.append(f"{'truncated at max_new_tokens (' + str(result['max_new_tokens']) + ')':{w}}"
+                 f"{cells[0]:>{cw}}{cells[1]:>{cw}}")
+    alone = result.get("standalone") or {}
+    lines.append(f"{'generation alone, trained tokens/s':{w}}"
+                 f"{_fmt(alone.get('generation_trained_tokens_per_s'), '{:.1f}'):>{cw}}")
+    lines.append(f"{'training alone, trained tokens/s':{w}}"
+                 f"{_fmt(alone.get('training_trained_tokens_per_s'), '{:.1f}'):>{cw}}")
+    bound = f"  ({result['ideal_bottleneck']}-bound)" if result.get("ideal_bottleneck") else ""
+    lines.append(f"{'ideal async = min of the two, tokens/s':{w}}"
+                 f"{'':>{cw}}{_fmt(result.get('ideal_trained_tokens_per_s'), '{:.1f}'):>{cw}}{bound}")
+    lines.append(f"{'async / ideal':{w}}{'':>{cw}}{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
+    if (result.get("async_vs_ideal") or 0) > 1:
+        lines.append("(async / ideal > 1: the rates measured on the sync run do not hold for the async "
+                     "run (other response lengths, warm-up, noise); compare the two trainer rates above)")
+    for mode in modes:
         if "heldout" in mode:
             lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): {mode['heldout']['accuracy']:.3f} "
                          f"on {mode['heldout']['problems']} problems")
     lines.append(f"speedup (effective trained tokens/s, async / sync): {result['speedup']:.2f}x")
+    if alone:
+        lines.append(f"(generation and training alone: measured on the sync run, "
+                     f"{alone.get('generation_phase_measured_by')}; definitions in bench.json)")
     return "\n".join(lines)
+
+
+COLOURS = {"generation": "tab:blue", "training": "tab:orange", "weight sync": "tab:red"}
+
+
+def _model_name(model: str) -> str:
+    return Path(str(model)).name or str(model)
 
 
 def plot(result: dict, out: Path) -> None:
@@ -111,29 +209,58 @@ def plot(result: dict, out: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(2, 1, figsize=(11, 4.5), sharex=True)
+    from areal_cli.bench.summary import merge
+
+    fig, axes = plt.subplots(2, 1, figsize=(12, 5), sharex=True)
     for ax, (mode, m) in zip(axes, result["modes"].items(), strict=True):
-        ax.broken_barh([(a, b - a) for a, b in m["trainer_intervals"]], (10, 8), color="tab:orange",
-                       label="trainer (step + weight sync)")
-        gen = m["generation_intervals"]
-        for i, (a, b) in enumerate(sorted(gen)):
-            ax.broken_barh([(a, b - a)], (0 + (i % 4) * 2, 1.8), color="tab:blue",
-                           label="generation (a group)" if i == 0 else None)
+        gen = merge([tuple(x) for x in m["generation_intervals"]])
+        steps = m.get("train_step_intervals") or m["trainer_intervals"]
+        syncs = m.get("weight_sync_intervals") or []
+        # generation: the union of the groups' spans (any group in flight); white is idle
+        ax.broken_barh([(a, b - a) for a, b in gen], (0, 8), facecolor=COLOURS["generation"], linewidth=0)
+        ax.broken_barh([(a, b - a) for a, b in steps], (10, 8), facecolor=COLOURS["training"], linewidth=0)
+        # a hairline edge keeps sub-pixel weight syncs visible over 100 steps
+        ax.broken_barh([(a, b - a) for a, b in syncs], (10, 8), facecolor=COLOURS["weight sync"],
+                       edgecolor=COLOURS["weight sync"], linewidth=0.5)
+        if not gen:
+            ax.text(0.01, 4, "generation spans not recorded (trajectories carry no timestamps)",
+                    transform=ax.get_yaxis_transform(), va="center", fontsize=7, color="0.4")
+        if m.get("warmup_steps"):
+            ax.axvline(m.get("window_start_s", m["trainer_intervals"][m["warmup_steps"] - 1][1]),
+                       color="0.3", linestyle="--", linewidth=0.8)
+        ax.set_ylim(-1, 19)
         ax.set_yticks([4, 14], ["generation", "trainer"])
-        ax.set_title(f"{mode} (η={m['max_staleness']}): {m['effective_trained_tokens_per_s']:.0f} trained tokens/s",
-                     fontsize=9)
-        ax.legend(loc="upper right", fontsize=7)
+        ax.set_title(f"{mode} (η={m['max_staleness']}): {m['effective_trained_tokens_per_s']:.0f} "
+                     f"trained tokens/s after warm-up", fontsize=9, loc="left")
+        ax.grid(axis="x", color="0.9", linewidth=0.5)
+        ax.set_axisbelow(True)
     axes[-1].set_xlabel("wall time (s)")
-    fig.tight_layout()
+    handles = [Patch(facecolor=COLOURS["generation"], label="generation (any group in flight)"),
+               Patch(facecolor=COLOURS["training"], label="training step"),
+               Patch(facecolor=COLOURS["weight sync"], label="weight sync"),
+               Patch(facecolor="white", edgecolor="0.5", label="idle"),
+               Line2D([], [], color="0.3", linestyle="--", linewidth=0.8, label="end of warm-up")]
+    fig.legend(handles=handles, loc="upper right", ncol=5, fontsize=8, frameon=False)
+    fig.suptitle(f"{result['task']} · {_model_name(result['model'])} · {result['engine']}",
+                 x=0.01, ha="left", fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.96))
     fig.savefig(out / "timeline.png", dpi=110)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
     for mode, m in result["modes"].items():
-        ax.plot(range(len(m["reward_curve"])), m["reward_curve"], label=f"{mode} (η={m['max_staleness']})")
-    ax.set_xlabel("step")
-    ax.set_ylabel("mean reward")
+        pts = [(t, r) for t, r in zip(m.get("reward_wall_s") or [a[1] for a in m["trainer_intervals"]],
+                                      m["reward_curve"], strict=True) if r is not None]
+        ax.plot([t for t, _ in pts], [r for _, r in pts], marker="o", markersize=3,
+                label=f"{mode} (η={m['max_staleness']})")
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("mean reward of the batch")
+    ax.set_title(f"mean reward vs wall time: {result['task']}, {_model_name(result['model'])}", fontsize=10)
     ax.legend()
+    ax.grid(color="0.9", linewidth=0.5)
     fig.tight_layout()
     fig.savefig(out / "reward.png", dpi=110)
     plt.close(fig)

@@ -1,4 +1,6 @@
-"""``areal bench sync-vs-async`` end to end on the CPU: both modes run, bench.json has both."""
+"""``areal bench sync-vs-async`` end to end on the CPU (slow): both modes run, bench.json has both,
+with the ideal asynchronous throughput and the response lengths. Fast checks of the same
+figures on synthetic run directories: test_bench_summary.py."""
 
 from __future__ import annotations
 
@@ -9,8 +11,6 @@ from conftest import TINY_RUN
 
 from areal_cli.bench.summary import covered
 from areal_cli.bench.sync_vs_async import split_overrides
-
-pytestmark = pytest.mark.slow
 
 
 def test_covered_merges_overlaps():
@@ -24,6 +24,7 @@ def test_bench_options_are_stripped():
     assert opts == {"eta": 2, "warmup": 2, "heldout": False}
 
 
+@pytest.mark.slow
 def test_bench_writes_both_modes(tiny_model, tmp_path):
     from areal_cli.bench.sync_vs_async import run_bench
 
@@ -38,4 +39,18 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
         assert len(m["reward_curve"]) == 3
         assert m["heldout"]["problems"] == 4
     assert bench["speedup"] > 0
+    max_new = bench["max_new_tokens"]
+    for m in bench["modes"].values():
+        rl = m["response_length"]
+        assert rl["samples"] == 2 * 2 * 2  # 2 steps after warm-up × B = 2 × G = 2
+        assert 0 < rl["p10"] <= rl["p50"] <= rl["p90"] <= rl["max"] <= max_new
+        assert 0 <= rl["truncated_fraction"] <= 1
+        assert len(m["reward_wall_s"]) == 3
+    alone = bench["standalone"]
+    assert alone["generation_trained_tokens_per_s"] > 0 and alone["training_trained_tokens_per_s"] > 0
+    assert alone["generation_phase_measured_by"].startswith("trajectory timestamps")
+    assert bench["ideal_trained_tokens_per_s"] == min(alone["generation_trained_tokens_per_s"],
+                                                      alone["training_trained_tokens_per_s"])
+    assert bench["async_vs_ideal"] > 0
+    assert {"ideal_trained_tokens_per_s", "async_vs_ideal", "response_length"} <= set(bench["definitions"])
     assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0

@@ -1,0 +1,167 @@
+"""``areal bench sync-vs-async`` figures on synthetic run directories (fast, no processes):
+standalone rates, the ideal asynchronous throughput, response lengths, the table and plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from areal_cli.bench.summary import (
+    merge,
+    nearest_rank,
+    response_lengths,
+    standalone_rates,
+    summarize_run,
+)
+from areal_cli.bench.sync_vs_async import compare, plot, report
+
+TOKENS = 100  # trained tokens per step
+LENGTHS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # num_tokens of the 10 samples of a step
+MAX_NEW = 100
+CFG = SimpleNamespace(engine=SimpleNamespace(name="hf"), model="/models/tiny-smollm2",
+                      task=SimpleNamespace(name="basic_arithmetic"),
+                      trainer=SimpleNamespace(steps=5, batch_size=2),
+                      rollout=SimpleNamespace(group_size=5, max_new_tokens=MAX_NEW))
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _run(run_dir: Path, steps: int, gen_s: float, transfer_s: float, train_s: float, sync_s: float,
+         overlap: bool, timestamps: bool = True) -> Path:
+    """A run of ``steps`` steps. Sync (overlap=False): generation (gen_s), batch transfer,
+    training, weight sync, one after the other; async: a step every train_s + sync_s."""
+    run_dir.mkdir(parents=True)
+    metrics, trajs, t = [], [], 5.0  # step 0 starts after 5 s of start-up
+    for k in range(steps):
+        start = t
+        batch_done = start + (0.0 if overlap else gen_s)
+        t = batch_done + transfer_s + train_s + sync_s
+        metrics.append({"step": k, "version": k + 1, "reward_mean": 0.1 * k, "trained_tokens": TOKENS,
+                        "step_time_s": train_s, "weight_sync_s": sync_s, "wall_time_s": t,
+                        "step_wall_s": t - start, "staleness_mean": 0.0 if not overlap else 1.0,
+                        "staleness_max": 0 if not overlap else 1})
+        for i, n in enumerate(LENGTHS):
+            g = 2 * k + (i // 5)
+            done = batch_done - (0.5 if i < 5 else 0.0)  # the second group of the batch finishes last
+            row = {"group_id": g, "trained_version": k, "num_tokens": n,
+                   "finish_reason": "length" if n == MAX_NEW else "stop", "reward": 0.1 * k}
+            if timestamps:
+                row.update(done_wall_s=done, gen_time_s=gen_s - (0.5 if i < 5 else 0.0))
+            trajs.append(row)
+    _write(run_dir / "metrics.jsonl", metrics)
+    _write(run_dir / "trajectories.jsonl", trajs)
+    _write(run_dir / "weight_updates.jsonl",
+           [{"worker": "rollout-0", "version": k + 1, "pause_total_s": 0.05} for k in range(steps)])
+    return run_dir
+
+
+def _modes(tmp_path: Path, timestamps: bool = True, warmup: int = 1) -> dict:
+    sync = _run(tmp_path / "sync", 5, gen_s=2.0, transfer_s=0.1, train_s=1.0, sync_s=0.2, overlap=False,
+                timestamps=timestamps)
+    asyn = _run(tmp_path / "async", 5, gen_s=2.0, transfer_s=0.0, train_s=1.0, sync_s=0.2, overlap=True,
+                timestamps=timestamps)
+    modes = {"sync": summarize_run(sync, warmup), "async": summarize_run(asyn, warmup)}
+    modes["sync"]["max_staleness"], modes["async"]["max_staleness"] = 0, 1
+    return modes
+
+
+def test_nearest_rank_and_merge():
+    xs = list(range(1, 11))
+    assert [nearest_rank(xs, q) for q in (0.1, 0.5, 0.9, 1.0)] == [1, 5, 9, 10]
+    assert nearest_rank([7], 0.1) == 7
+    assert merge([(3, 4), (0, 1), (0.5, 2)]) == [(0, 2), (3, 4)]
+
+
+def test_standalone_rates_from_trajectory_timestamps(tmp_path):
+    run = _run(tmp_path / "sync", 5, gen_s=2.0, transfer_s=0.1, train_s=1.0, sync_s=0.2, overlap=False)
+    st = standalone_rates(run, warmup=1)
+    # training alone: 100 tokens per 1.2 s of step + weight sync; steps 1..4
+    assert st["training_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
+    assert st["training_steps"] == 4
+    # generation alone: previous step's end → last group's arrival = 2.0 s per step
+    assert st["generation_phase_s_per_step"] == pytest.approx([2.0] * 4)
+    assert st["generation_trained_tokens_per_s"] == pytest.approx(TOKENS / 2.0)
+    assert st["generation_phase_measured_by"].startswith("trajectory timestamps")
+
+
+def test_standalone_rates_without_timestamps_and_step0(tmp_path):
+    run = _run(tmp_path / "sync", 5, gen_s=2.0, transfer_s=0.1, train_s=1.0, sync_s=0.2, overlap=False,
+               timestamps=False)
+    st = standalone_rates(run, warmup=0)
+    # step 0 (start-up) never counts for generation; the phase then includes the batch transfer
+    assert st["generation_steps"] == 4 and st["training_steps"] == 5
+    assert st["generation_phase_s_per_step"] == pytest.approx([2.1] * 4)
+    assert st["generation_phase_measured_by"] == "step wall time - trainer busy time"
+
+
+def test_response_lengths(tmp_path):
+    run = _run(tmp_path / "sync", 3, gen_s=2.0, transfer_s=0.1, train_s=1.0, sync_s=0.2, overlap=False)
+    rl = response_lengths(run, warmup=1)
+    assert rl == {"samples": 20, "p10": 10, "p50": 50, "p90": 90, "max": 100, "mean": 55.0,
+                  "truncated_fraction": 0.1}
+    assert response_lengths(tmp_path / "missing", 0)["samples"] == 0
+
+
+def test_compare_ideal_and_bench_json(tmp_path):
+    modes = _modes(tmp_path)
+    result = compare(modes, eta=1, warmup=1, cfg=CFG)
+    json.dumps(result)  # bench.json is plain JSON
+    assert result["standalone"]["generation_trained_tokens_per_s"] == pytest.approx(50.0)
+    assert result["standalone"]["training_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
+    assert result["ideal_trained_tokens_per_s"] == pytest.approx(50.0)
+    assert result["ideal_bottleneck"] == "generation"
+    # async: a step every 1.2 s → 83.3 tokens/s, above the generation-bound ideal of this synthetic run
+    assert modes["async"]["effective_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
+    assert result["async_vs_ideal"] == pytest.approx((TOKENS / 1.2) / 50.0)
+    for key in ("ideal_trained_tokens_per_s", "async_vs_ideal", "response_length",
+                "standalone.generation_trained_tokens_per_s", "standalone.training_trained_tokens_per_s"):
+        assert key in result["definitions"]
+    for m in modes.values():
+        rl = m["response_length"]
+        assert 0 < rl["p10"] <= rl["p50"] <= rl["p90"] <= rl["max"] <= MAX_NEW
+        assert rl["truncated_fraction"] == pytest.approx(0.1)
+        assert m["reward_wall_s"] == [r[1] for r in m["trainer_intervals"]]
+        assert all(b - a == pytest.approx(0.2) for a, b in m["weight_sync_intervals"])
+    table = report(result)
+    for text in ("generation alone", "training alone", "ideal async", "async / ideal",
+                 "response tokens p10/p50/p90/max", "10/50/90/100", "truncated at max_new_tokens"):
+        assert text in table
+
+
+def test_plots_written(tmp_path):
+    for timestamps in (True, False):
+        out = tmp_path / f"out-{timestamps}"
+        result = compare(_modes(out, timestamps=timestamps), eta=1, warmup=1, cfg=CFG)
+        plot(result, out)
+        assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
+
+
+def test_reward_plot_is_against_wall_time(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    result = compare(_modes(tmp_path), eta=1, warmup=1, cfg=CFG)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figures open to inspect them
+    plot(result, tmp_path)
+    monkeypatch.undo()
+    timeline, reward = figures
+    ax = reward.axes[0]
+    assert ax.get_xlabel() == "wall time (s)" and ax.get_ylabel() == "mean reward of the batch"
+    assert "basic_arithmetic" in ax.get_title() and "tiny-smollm2" in ax.get_title()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["sync (η=0)", "async (η=1)"]
+    xs = ax.get_lines()[0].get_xdata()
+    assert list(xs) == result["modes"]["sync"]["reward_wall_s"]
+    labels = [t.get_text() for t in timeline.legends[0].get_texts()]
+    assert {"training step", "weight sync", "idle"} <= set(labels)
+    assert any(lbl.startswith("generation") for lbl in labels)
+    assert timeline.axes[-1].get_xlabel() == "wall time (s)"
+    for fig in figures:
+        plt.close(fig)
