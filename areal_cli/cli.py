@@ -51,7 +51,12 @@ def train(overrides: list[str] = OVERRIDES,
 
 @app.command(name="eval", context_settings={"allow_extra_args": True})
 def evaluate(overrides: list[str] = OVERRIDES):
-    """Evaluate a model on held-out problems (accuracy, pass@k)."""
+    """Evaluate a model on held-out problems (accuracy, pass@k).
+
+    `areal eval model=runs/x task=chain_sum size=64`. GPUs: `areal eval engine=vllm gpus=[0,1]`
+    = vLLM, data-parallel (one worker process per GPU, the problems split, one merged eval.json);
+    `workers=N` without gpus = N CPU processes. Every key: conf/eval.yaml.
+    """
     try:
         from areal_cli.evaluation.cli import run_eval
     except ImportError:

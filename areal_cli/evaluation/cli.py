@@ -1,7 +1,9 @@
 """`areal eval`: every model × every task, one table; eval.json and eval.md in out_dir.
 
-Everything a user can get wrong (config, model path, task) is checked before any model
-loads, and reported on stderr with exit code 2, without a traceback.
+Everything a user can get wrong (config, model path, task, vLLM missing, a GPU id not visible)
+is checked before any model loads, and reported on stderr with exit code 2, without a
+traceback. With ``gpus=[...]`` or ``workers>1`` the problems are evaluated data-parallel in
+worker processes (evaluation/parallel.py); a worker that fails is exit code 1, naming its shard.
 """
 
 from __future__ import annotations
@@ -22,24 +24,36 @@ class EvalError(Exception):
 
 
 def run_eval(overrides: list[str]) -> None:
-    """The `areal eval` command (exit 2 on a user error)."""
+    """The `areal eval` command (exit 2 on a user error, 1 when a data-parallel worker fails)."""
+    from areal_cli.evaluation.parallel import WorkerFailed
+
     try:
         _run(overrides)
     except EvalError as err:
         print(f"areal eval: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except WorkerFailed as err:
+        print(f"areal eval: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def _run(overrides: list[str]) -> None:
     t0 = time.perf_counter()
     cfgs = _configs(overrides)
     head = cfgs[0]
+    _check_engine(head)
+    _check_gpus(head)
     models = _models(head)
     problems = [_problems(cfg) for cfg in cfgs]
     out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S"))
-    results = []
-    for name, path in models:
-        results += _evaluate_model(name, path, cfgs, problems)
+    if head.data_parallel():
+        from areal_cli.evaluation.parallel import run_data_parallel
+
+        results = run_data_parallel(overrides, cfgs, models, problems, out_dir, say=_say)
+    else:
+        results = []
+        for name, path in models:
+            results += _evaluate_model(name, path, cfgs, problems, head.threads or os.cpu_count())
     from areal_cli.evaluation import report
 
     run = _run_info(head, cfgs, models, time.perf_counter() - t0)
@@ -53,6 +67,31 @@ def _configs(overrides: list[str]) -> list[EvalRunConfig]:
         return compose_eval(overrides)
     except ConfigError as err:
         raise EvalError(f"invalid config:\n{err}") from None
+
+
+def _check_engine(cfg: EvalRunConfig) -> None:
+    """engine=vllm needs vLLM here, before any model loads (the message names the extra)."""
+    if cfg.engine.name == "vllm":
+        from areal_cli.rollout.engines.vllm import import_vllm
+
+        try:
+            import_vllm()
+        except ValueError as err:
+            raise EvalError(str(err)) from None
+
+
+def _check_gpus(cfg: EvalRunConfig) -> None:
+    """Every id of ``gpus`` must be a visible GPU (else the worker would silently run on the CPU)."""
+    if not cfg.gpus:
+        return
+    import torch
+
+    visible = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    missing = [int(g) for g in cfg.gpus if int(g) not in visible]
+    if missing:
+        seen = f"visible: {visible}" if visible else "no GPU is visible"
+        raise EvalError(f"gpus={list(cfg.gpus)}: GPU {missing} not visible ({seen}); "
+                        "on the CPU use workers=N for N processes")
 
 
 def _models(cfg: EvalRunConfig) -> list[tuple[str, Path]]:
@@ -80,20 +119,30 @@ def _problems(cfg: EvalRunConfig):
     return problems
 
 
-def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list) -> list[dict]:
+def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list, threads: int) -> list[dict]:
+    """One result per task (in ``cfgs`` order) of model ``name``; a task with no problems (a
+    data-parallel shard past the end of a small task) gets an empty result without generating."""
     from transformers.utils import logging as hf_logging
 
     from areal_cli.evaluation.runner import Evaluator
 
     hf_logging.disable_progress_bar()
-    head, results = cfgs[0], []
+    head = cfgs[0]
+    empty = [{"model": name, "task": cfg.task.name, "metrics": {}, "samples": [], "wall_s": 0.0,
+              "model_path": str(path)} for cfg in cfgs]
+    if not any(problems):
+        return empty
+    results = []
     _say(f"loading {name} ({path})")
     try:
-        evaluator = Evaluator(path, head.reward, head.engine, head.threads or os.cpu_count(), head.max_concurrent)
+        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed)
     except (OSError, ValueError) as err:
         raise EvalError(f"model={name}: cannot load {path}: {err}") from None
     with evaluator:
-        for cfg, task_problems in zip(cfgs, problems, strict=True):
+        for cfg, task_problems, nothing in zip(cfgs, problems, empty, strict=True):
+            if not task_problems:
+                results.append(nothing)
+                continue
             _say(f"{name} on {cfg.task.name}: {len(task_problems)} problems, {_passes(cfg)}")
             result = evaluator.run(cfg.task, n_samples=cfg.n_samples, temperature=cfg.temperature,
                                    max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, top_p=cfg.top_p,
@@ -113,6 +162,8 @@ def _passes(cfg: EvalRunConfig) -> str:
 def _run_info(head: EvalRunConfig, cfgs: list[EvalRunConfig], models, wall_s: float) -> dict:
     keys = ("n_samples", "temperature", "top_p", "greedy", "max_new_tokens", "size", "seed")
     info = {k: getattr(head, k) for k in keys}
+    info.update(engine=head.engine.name, workers=head.worker_count() if head.data_parallel() else 1,
+                gpus=[int(g) for g in head.gpus])
     info.update(models={name: str(path) for name, path in models}, wall_s=round(wall_s, 2),
                 tasks={cfg.task.name: asdict(cfg.task) for cfg in cfgs}, reward=asdict(head.reward))
     return info

@@ -43,9 +43,19 @@ class EvalRunConfig:
     seed: int = 0
     """Seed of the sampled pass."""
     threads: int = 0
-    """torch CPU threads; 0 = every core."""
+    """torch CPU threads (of each worker); 0 = every core (data-parallel: the cores divided among workers)."""
     max_concurrent: int = 64
-    """Sequences generating at once in the engine (the KV cache is sized for them)."""
+    """Sequences generating at once in the engine (the KV cache is sized for them); with engine=vllm
+    raise it (e.g. 256): vLLM schedules and sizes its KV cache itself."""
+    gpus: list = field(default_factory=list)
+    """GPU ids for data-parallel evaluation: the problems of every task are split into one contiguous
+    shard per worker process, each process sees only its GPU(s) (CUDA_VISIBLE_DEVICES; with engine=vllm
+    engine.tensor_parallel_size GPUs each), and the samples are merged into one eval.json.
+    [] = one process on the default device."""
+    workers: int = 0
+    """Evaluation processes, one shard each; 0 = one per GPU of `gpus` (1 without gpus). More workers
+    than GPUs share them round-robin; workers > 1 without gpus = processes on the default device
+    (on a CPU machine: CPU processes with cores / workers torch threads each unless `threads` is set)."""
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -74,9 +84,46 @@ class EvalRunConfig:
         if self.size > self.task.eval_size:
             problems.append(f"size={self.size} > task.eval_size={self.task.eval_size}: raise "
                             f"task.eval_size={self.size} or lower size")
-        if self.engine.name != "hf":
-            problems.append(f"engine={self.engine.name}: areal eval runs the embedded engine; use engine=hf")
+        if self.engine.name not in ("hf", "vllm"):
+            problems.append(f"engine={self.engine.name!r}: use engine=hf or engine=vllm")
+        if self.workers < 0:
+            problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else 1)")
+        problems += self._gpu_problems()
         return problems
+
+    def _gpu_problems(self) -> list[str]:
+        try:
+            gpus = [int(g) for g in self.gpus]
+        except (TypeError, ValueError):
+            return [f"gpus={list(self.gpus)}: must be GPU ids, e.g. gpus=[0,1]"]
+        out = []
+        if any(g < 0 for g in gpus) or len(set(gpus)) != len(gpus):
+            out.append(f"gpus={gpus}: must be distinct GPU ids >= 0")
+        tp = self.gpus_per_worker()
+        if gpus and len(gpus) % tp:
+            out.append(f"gpus={gpus} with engine.tensor_parallel_size={tp}: give a multiple of {tp} GPUs "
+                       "(each worker takes tensor_parallel_size of them)")
+        return out
+
+    def gpus_per_worker(self) -> int:
+        """GPUs of one worker process: vLLM's tensor-parallel size, else 1."""
+        return max(1, self.engine.tensor_parallel_size) if self.engine.name == "vllm" else 1
+
+    def worker_count(self) -> int:
+        """Data-parallel worker processes: ``workers``, else one per GPU slot, else 1."""
+        return self.workers or max(1, len(self.gpus) // self.gpus_per_worker())
+
+    def worker_gpus(self, k: int) -> list[int]:
+        """The GPU ids of worker ``k`` ([] = no GPU pinned: the default device)."""
+        if not self.gpus:
+            return []
+        tp = self.gpus_per_worker()
+        slot = k % max(1, len(self.gpus) // tp)
+        return [int(g) for g in self.gpus[slot * tp:(slot + 1) * tp]]
+
+    def data_parallel(self) -> bool:
+        """Whether the evaluation runs in worker processes (gpus given or workers > 1)."""
+        return bool(self.gpus) or self.worker_count() > 1
 
 
 def compose_eval(overrides: list[str]) -> list[EvalRunConfig]:

@@ -1,20 +1,22 @@
 """Generate and score held-out problems: a greedy pass and/or a sampled pass of k per problem.
 
 Prompts are built as the controller builds them (chat template of ``build_messages``), tokens
-come from the training engine (HFEngine, greedy when temperature is 0) and every completion is
-scored by the training reward pool, so an eval number means what a training reward means.
+come from the training engine (HFEngine, or VLLMEngine with engine=vllm; greedy when temperature
+is 0) and every completion is scored by the training reward pool, so an eval number means what a
+training reward means.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.evaluation.config import resolve_eval_model
-from areal_cli.evaluation.engine import EvalEngine
+from areal_cli.evaluation.engine import EvalEngine, VLLMEvalEngine
 from areal_cli.evaluation.metrics import summarize
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
@@ -28,19 +30,27 @@ def eval_problems(task_cfg: TaskConfig, size: int = 0) -> list[Problem]:
 
 
 class Evaluator:
-    """One model, loaded once, with its tokenizer and a reward pool; ``run`` measures one task."""
+    """One model, loaded once, with its tokenizer and a reward pool; ``run`` measures one task.
+
+    ``engine_cfg.name``: "hf" (the model is loaded here, one engine per pass) or "vllm" (one
+    vLLM engine for every pass; ``seed`` seeds its sampling).
+    """
 
     def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
-                 threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None):
+                 threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None,
+                 seed: int = 0):
         self._own_pool = pool is None  # started first: its workers warm up while the model loads
         self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
+        self.vllm: VLLMEvalEngine | None = None
+        self._passes = 0
         try:
-            self._load(model_path, engine_cfg or EngineConfig(), threads, max_concurrent)
+            self._load(model_path, engine_cfg or EngineConfig(), threads, max_concurrent, seed)
         except BaseException:
             self.close()
             raise
 
-    def _load(self, model_path, engine_cfg: EngineConfig, threads: int | None, max_concurrent: int) -> None:
+    def _load(self, model_path, engine_cfg: EngineConfig, threads: int | None, max_concurrent: int,
+              seed: int) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -51,8 +61,12 @@ class Evaluator:
         self.engine_cfg = engine_cfg
         self.max_concurrent = max_concurrent
         self.model_path = str(model_path)
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.tok = AutoTokenizer.from_pretrained(model_path)
+        if engine_cfg.name == "vllm":
+            self.model = None
+            self.vllm = VLLMEvalEngine(model_path, engine_cfg, seed)
+            return
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model = AutoModelForCausalLM.from_pretrained(
             model_path, dtype=engine_dtype(self.engine_cfg.dtype, device), attn_implementation="sdpa").to(device)
         self.model.requires_grad_(False)
@@ -88,19 +102,31 @@ class Evaluator:
 
     def _pass(self, name: str, problems: list[Problem], prompts: list[list[int]], n: int,
               temperature: float, top_p: float, max_new_tokens: int) -> list[dict]:
-        requests = [Sequence(f"{i}:{j}", prompts[i], max_new_tokens) for i in range(len(problems))
+        self._passes += 1  # request ids unique over the passes of a vLLM engine that every pass reuses
+        requests = [Sequence(f"{self._passes}/{i}:{j}", prompts[i], max_new_tokens) for i in range(len(problems))
                     for j in range(n)]
-        engine = self._engine(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens)
         scored = {}
-        try:
+        with self._engine_for(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens) as engine:
             for seq in generate(engine, requests, self.max_concurrent):
-                i, j = (int(x) for x in seq.rid.split(":"))
+                i, j = (int(x) for x in seq.rid.split("/")[1].split(":"))
                 text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
                 scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
-        finally:
-            engine.close()
         return [_record(name, problems[i], j, seq, text, future.result())
                 for (i, j), (seq, text, future) in sorted(scored.items())]
+
+    @contextlib.contextmanager
+    def _engine_for(self, temperature: float, top_p: float, context: int):
+        """The engine of one pass: the model's vLLM engine set to this sampling, or a new hf
+        engine on the loaded model, closed after the pass."""
+        if self.vllm is not None:
+            self.vllm.sampling(temperature, top_p)
+            yield self.vllm
+            return
+        engine = self._engine(temperature, top_p, context)
+        try:
+            yield engine
+        finally:
+            engine.close()
 
     def _engine(self, temperature: float, top_p: float, context: int) -> EvalEngine:
         e = self.engine_cfg
@@ -111,8 +137,13 @@ class Evaluator:
                           page_size=e.page_size, eos_token_id=self.tok.eos_token_id)
 
     def close(self) -> None:
-        if self._own_pool:
-            self.pool.close()
+        try:
+            if self.vllm is not None:
+                self.vllm.close()
+                self.vllm = None
+        finally:
+            if self._own_pool:
+                self.pool.close()
 
     def __enter__(self) -> Evaluator:
         return self
@@ -145,12 +176,13 @@ def evaluate(model_path: str | Path, task_cfg: TaskConfig, reward_cfg: RewardCon
     """Evaluate one model on one task's eval split; what ``areal train`` calls for ``eval.every``.
 
     ``model_path``: an alias, a Hugging Face directory or a run_dir. ``size``: the first that
-    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed`` (of ``run``) and
+    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed`` (of ``run``; ``seed``
+    also seeds a vLLM engine) and
     ``engine_cfg``, ``threads``, ``max_concurrent``, ``pool`` (of ``Evaluator``; pass the
     caller's RewardPool to skip starting one). Returns ``Evaluator.run``'s dict.
     """
     run_keys = ("greedy", "top_p", "seed")
     run_opts = {k: options.pop(k) for k in run_keys if k in options}
-    with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, **options) as ev:
+    with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, seed=run_opts.get("seed", 0), **options) as ev:
         return ev.run(task_cfg, n_samples=n_samples, temperature=temperature,
                       max_new_tokens=max_new_tokens, size=size, **run_opts)

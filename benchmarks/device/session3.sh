@@ -74,8 +74,9 @@ if [ "$phase" = main ]; then
   ( step train100 330 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $SHORT cluster.gpus=[0,1] \
         run_dir=/tmp/runs/vllm100 trainer.steps=100
     summ vllm100
-    step eval 200 python3 -m areal_cli.cli eval model=[$MODEL,/tmp/runs/vllm100/checkpoints/final] task=basic_arithmetic \
-        eval.size=200 max_new_tokens=128 engine=vllm eval.devices=[0,1] out=/tmp/runs/eval100 \
+    step eval 200 python3 -m areal_cli.cli eval models=[$MODEL,/tmp/runs/vllm100/checkpoints/final] task=basic_arithmetic \
+        task.eval_size=200 size=200 max_new_tokens=128 engine=vllm engine.enforce_eager=true gpus=[0,1] \
+        max_concurrent=256 out_dir=/tmp/runs/eval100 \
       || step heldout_after 60 python3 benchmarks/device/heldout.py /tmp/runs/vllm100/checkpoints/final task.eval_size=200 eval.size=200 rollout.max_new_tokens=128
     cp /tmp/runs/eval100/eval.md /tmp/runs/eval100/eval.json $OUT/ 2>/dev/null ) &
   TA=$!

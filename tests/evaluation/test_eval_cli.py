@@ -92,7 +92,7 @@ def check_samples(result: dict, size: int, n_samples: int) -> None:
 
 @pytest.mark.parametrize("args, message", [
     (["model=/no/such/model"], "no such path"),
-    (["task=no_such_task"], "task presets: basic_arithmetic"),
+    (["task=no_such_task"], "task presets: arithmetic_long, basic_arithmetic, chain_sum"),
     (["tasks=[chain_sum,no_such_task]"], "Could not find 'task/no_such_task'"),
     (["n_samples=4"], "set temperature>0"),
 ])
