@@ -5,6 +5,14 @@ weights are loaded in place, every unfinished request is cancelled (its KV was c
 under the old weights) and resubmitted with its prompt plus the tokens it has so far, so it
 continues — re-prefilled — under the new version. Block (prefix) sharing is off so no KV of
 old weights is ever reused.
+
+Around the load: on an accelerator the loop computes on a stream of its own while ``load()``
+fills the weights on the caller's, so the device is synchronized before the loop resumes; the
+new weights are checked to be finite (a NaN weight otherwise surfaces as a device-side assert
+in sampling, which kills the process without naming the cause). Every unfinished request is
+cancelled, so the scheduler's "block new requests" flag (set when it offloads a request under
+cache pressure, cleared only when some request finishes) is cleared: with no active request
+left nothing would ever clear it and the resubmitted requests would wait forever.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ class HFEngine(Engine):
         self.segment: dict[str, tuple[str, int]] = {}  # engine request id → (rid, output length at start)
         self.version = 0
         self._finished_during_pause: list[Sequence] = []
+        self._failed: str | None = None  # why generation was stopped (non-finite weights)
 
     @property
     def model(self):
@@ -105,7 +114,11 @@ class HFEngine(Engine):
         seq.versions += [self.version] * len(new)
         if not out.is_finished():
             return None
-        del self.segment[out.request_id], self.seqs[rid]
+        del self.segment[out.request_id]
+        return self._finish(seq)
+
+    def _finish(self, seq: Sequence) -> Sequence:
+        del self.seqs[seq.rid]
         last = seq.output_ids[-1] if seq.output_ids else None
         seq.finish_reason = "stop" if last in self.eos else "length"
         return seq
@@ -120,24 +133,53 @@ class HFEngine(Engine):
                 if seq is not None:
                     self._finished_during_pause.append(seq)
             timings = load()
+            self._synchronize()  # the loop's compute stream must see the whole load
             scheduler = self.manager.batch_processor.scheduler
             for req in list(self.segment):
                 scheduler.set_request_cancellation(req)
+            scheduler.block_new_requests = False  # no request is left active to clear it
+            bad = self._nonfinite_weights()
+            if bad:  # nothing is resubmitted: the loop stays idle instead of sampling from NaN
+                self.segment.clear()
+                self._failed = (f"the weights of version {version} are not finite ({len(bad)} tensors: "
+                                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); generation stopped")
+                raise RuntimeError(self._failed)
             self.version = version
             for req, (rid, _start) in list(self.segment.items()):
                 del self.segment[req]
                 seq = self.seqs[rid]
+                if len(seq.output_ids) >= seq.max_new_tokens:  # nothing left to generate
+                    self._finished_during_pause.append(self._finish(seq))
+                    continue
                 seq.segments += 1
                 self._submit_segment(seq)
         timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=paused - t0,
                        interrupted=len(self.seqs))
         return timings
 
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elif self.device.type != "cpu":
+            torch.accelerator.synchronize(self.device)
+
+    @torch.no_grad()
+    def _nonfinite_weights(self) -> list[str]:
+        """Names of the parameters holding a NaN or an infinity: a NaN or an infinity makes a
+        tensor's norm non-finite. One fused multi-tensor norm and one sync (on 2 CPU cores ~25 ms
+        for 108M bf16 weights, where ``isfinite`` takes 5 s)."""
+        named = [(n, p) for n, p in self._model.named_parameters() if p.numel()]
+        norms = torch._foreach_norm([p for _, p in named])
+        ok = torch.stack([x.float() for x in norms]).isfinite().tolist()
+        return [n for (n, _), good in zip(named, ok, strict=True) if not good]
+
     def take_finished_during_pause(self) -> list[Sequence]:
         out, self._finished_during_pause = self._finished_during_pause, []
         return out
 
     def _check_alive(self) -> None:
+        if self._failed is not None:
+            raise RuntimeError(self._failed)
         err = self.manager.background_thread_status.fatal_error
         if err is not None or not self.manager.is_running():
             raise RuntimeError(f"the generation loop stopped: {err!r}")
