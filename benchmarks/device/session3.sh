@@ -8,7 +8,8 @@
 #   stage3  carry .models/a           model part 1
 #   main    carry .models/b           two tracks at once: GPUs 0,1 and GPUs 2,3 (BUDGET s, default 570)
 #   bench2  (no carry)                bench on GPUs 0,1 (reload + abort) and on GPUs 2,3 (inplace + keep)
-#   bench4  (no carry)                bench on all 4 GPUs
+#   bench4  (no carry)                bench on all 4 GPUs (GEN/TRAIN/RGPUS/TGPUS/PAUSE/STEPS choose the layout)
+#   extra   carry .models/b           vLLM in float32 (logprob agreement) and a 2-GPU run with in-place updates
 # Results: $OUT/summary.txt, JSON files, PNGs and one tarball of logs and run records per phase.
 set -u
 phase=${1:?phase}
@@ -103,12 +104,22 @@ if [ "$phase" = bench2 ]; then
   W=$(test -f /tmp/inplace_ok && echo inplace || echo reload)
   bench bench2_${W}_keep [2,3] engine.weight_update=$W engine.pause_mode=keep
   wait
-  tar czf $OUT/bench2.tgz --exclude=checkpoints -C /tmp runs/bench2_* s3logs/bench2 2>/dev/null
+  (cd /tmp && tar czf $OUT/bench2.tgz --exclude=checkpoints runs/bench2_* s3logs/bench2) 2>/dev/null
 fi
 if [ "$phase" = bench4 ]; then
   W=$(test -f /tmp/inplace_ok && echo inplace || echo reload)
   bench bench4 [0,1,2,3] engine.weight_update=$W engine.pause_mode=${PAUSE:-keep} rollout.workers=${GEN:-2} \
         trainer.ranks=${TRAIN:-2} rollout.gpus=${RGPUS:-[0,1]} trainer.gpus=${TGPUS:-[2,3]}
   tar czf $OUT/bench4.tgz --exclude=checkpoints -C /tmp runs/bench4 s3logs/bench4 2>/dev/null
+fi
+if [ "$phase" = extra ]; then  # vLLM in float32 (logprob agreement), and a 2-GPU run with in-place updates
+  MODEL=$(model)
+  ( step vllm_check_fp32 240 env CUDA_VISIBLE_DEVICES=0,1 python3 benchmarks/device/vllm_check.py $MODEL \
+        $OUT/vllm_check_fp32.json --weight-update reload --dtype float32 ) &
+  step train_inplace 240 python3 -m areal_cli.cli train --quiet engine=vllm engine.weight_update=inplace model=$MODEL $SHORT \
+       cluster.gpus=[2,3] run_dir=/tmp/runs/inplace30 trainer.steps=30
+  summ inplace30
+  wait
+  tar czf $OUT/extra.tgz --exclude=checkpoints -C /tmp runs/inplace30 s3logs/extra 2>/dev/null
 fi
 echo "done in $(( $(date +%s) - T0 )) s" | tee -a $S

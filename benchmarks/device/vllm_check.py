@@ -1,7 +1,7 @@
 """On 2 GPUs: the project's vLLM engine + weight transfer, checked and timed (prints JSON).
 
     python3 benchmarks/device/vllm_check.py MODEL_DIR OUT.json [--weight-update reload|inplace]
-        [--pause-mode abort|keep] [--lm-head-fp32 auto|true|false]
+        [--pause-mode abort|keep] [--lm-head-fp32 auto|true|false] [--dtype bfloat16|float32]
 
 1. ``VLLMEngine`` on GPU 0, a "trainer" (transformers, fp32) on GPU 1 in a thread; the weights
    are perturbed on the trainer and sent with ``VLLMWeightSender`` → ``VLLMWeightReceiver``
@@ -94,6 +94,7 @@ def main() -> None:
     ap.add_argument("--weight-update", default="reload", choices=["reload", "inplace"])
     ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"])
     ap.add_argument("--lm-head-fp32", default="auto")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="vLLM's dtype (and the wire's)")
     args = ap.parse_args()
     model_dir = args.model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -104,7 +105,8 @@ def main() -> None:
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
     cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
-    cfg.engine.lm_head_fp32 = args.lm_head_fp32
+    cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
+    wire = getattr(torch, args.dtype)
     result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
     t = time.perf_counter()
     engine = VLLMEngine(model_dir, cfg, 0)
@@ -113,10 +115,10 @@ def main() -> None:
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda:1").eval()
     box = {}
     port = 29611
-    th = on_gpu1(lambda: box.update(sender=VLLMWeightSender("127.0.0.1", port, 2, torch.bfloat16,
+    th = on_gpu1(lambda: box.update(sender=VLLMWeightSender("127.0.0.1", port, 2, wire,
                                                             mode=args.weight_update)))
     th.start()
-    receiver = VLLMWeightReceiver(engine.llm, wire_spec(model_dir, torch.bfloat16), "127.0.0.1", port, 1, 2,
+    receiver = VLLMWeightReceiver(engine.llm, wire_spec(model_dir, wire), "127.0.0.1", port, 1, 2,
                                   mode=args.weight_update)
     th.join()
     sender = box["sender"]
