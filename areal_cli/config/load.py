@@ -141,8 +141,8 @@ def validate(cfg: RootConfig) -> list[str]:
     e = cfg.engine
     if e.pause_mode not in ("abort", "keep"):
         problems.append(f"engine.pause_mode={e.pause_mode!r}: use abort or keep")
-    if e.weight_update not in ("reload", "inplace"):
-        problems.append(f"engine.weight_update={e.weight_update!r}: use reload or inplace")
+    if e.weight_update not in ("auto", "reload", "inplace"):
+        problems.append(f"engine.weight_update={e.weight_update!r}: use auto, reload or inplace")
     if e.weight_update == "inplace" and e.tensor_parallel_size != 1:
         problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
     if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):

@@ -102,6 +102,12 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
     resolve_colocation(cfg, devices)
+    if cfg.engine.name == "vllm" and cfg.engine.weight_update == "auto":
+        from areal_cli.models import resolve_model
+        from areal_cli.transport.vllm_weights import resolve_weight_update
+
+        cfg.engine.weight_update = resolve_weight_update("auto", resolve_model(cfg.model),
+                                                         cfg.engine.tensor_parallel_size)
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
     for i in range(cfg.rollout.workers):

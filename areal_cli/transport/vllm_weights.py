@@ -47,6 +47,23 @@ class WireSpec:
         return dict(names=fused.names, dtype_names=fused.dtype_names, shapes=fused.shapes, num_updates_list=numels)
 
 
+# architectures whose vLLM implementation fuses exactly q/k/v into qkv_proj and gate/up into
+# gate_up_proj and keeps every other checkpoint name (what ``fused_plan`` assumes)
+INPLACE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def resolve_weight_update(mode: str, model_path, tensor_parallel_size: int) -> str:
+    """engine.weight_update resolved: "auto" = inplace for the architectures above at TP 1, else reload."""
+    if mode != "auto":
+        return mode
+    if tensor_parallel_size != 1:
+        return "reload"
+    from transformers import AutoConfig
+
+    archs = set(AutoConfig.from_pretrained(model_path).architectures or [])
+    return "inplace" if archs & INPLACE_ARCHITECTURES else "reload"
+
+
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
