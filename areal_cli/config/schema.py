@@ -24,13 +24,14 @@ class EngineConfig:
     max_batch_tokens: int = 2048
     """Tokens per engine forward (prefill chunks + decodes)."""
     kv_cache_tokens: int = 0
-    """KV cache size in tokens; 0 = sized from the run (concurrency × context) on CPU, from free memory on GPU."""
+    """KV cache size in tokens; 0 = what the run needs (concurrency × context), on a GPU at most what fits in
+    engine.gpu_memory_utilization of its free memory."""
     page_size: int = 64
     """KV cache page (block) size in tokens."""
     threads: int = 0
     """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
     gpu_memory_utilization: float = 0.5
-    """vLLM: fraction of the GPU the engine may use."""
+    """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for the KV cache)."""
     tensor_parallel_size: int = 1
     """vLLM: GPUs per rollout worker."""
     pause_mode: str = "abort"

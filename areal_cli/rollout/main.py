@@ -38,10 +38,29 @@ def build_engine(cfg: RootConfig, index: int, tokenizer):
     context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
                   ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
     kv = cfg.engine.kv_cache_tokens or concurrency(cfg) * cfg.rollout.group_size * context
+    if not cfg.engine.kv_cache_tokens and device.type == "cuda":
+        kv = min(kv, kv_tokens_that_fit(model_path, device, engine_dtype(cfg.engine.dtype, device),
+                                        cfg.engine.gpu_memory_utilization))
     return HFEngine(model_path, device, engine_dtype(cfg.engine.dtype, device),
                     temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
                     max_batch_tokens=cfg.engine.max_batch_tokens, kv_cache_tokens=kv,
                     page_size=cfg.engine.page_size, eos_token_id=tokenizer.eos_token_id)
+
+
+def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
+    """KV cache tokens that fit in ``fraction`` of the GPU's free memory, less the weights (estimated
+    from the config: the model is not loaded yet); on a shared GPU the trainer keeps the rest."""
+    import torch
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    elem = torch.tensor([], dtype=dtype).element_size()
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * elem
+    free, _total = torch.cuda.mem_get_info(device)
+    weights = 12 * c.num_hidden_layers * c.hidden_size ** 2 * elem + c.vocab_size * c.hidden_size * elem
+    return max(4096, int((free * fraction - weights) // per_token))
 
 
 def concurrency(cfg: RootConfig) -> int:
