@@ -10,6 +10,7 @@
 #   bench2  (no carry)                bench on GPUs 0,1 (reload + abort) and on GPUs 2,3 (inplace + keep)
 #   bench4  (no carry)                bench on all 4 GPUs (GEN/TRAIN/RGPUS/TGPUS/PAUSE/STEPS choose the layout)
 #   extra   carry .models/b           vLLM in float32 (logprob agreement) and a 2-GPU run with in-place updates
+#   coloc   carry .models/b           one GPU (kind nvidia-h200): the colocated run alone (stage2 + stage3 first)
 # Results: $OUT/summary.txt, JSON files, PNGs and one tarball of logs and run records per phase.
 set -u
 phase=${1:?phase}
@@ -121,5 +122,11 @@ if [ "$phase" = extra ]; then  # vLLM in float32 (logprob agreement), and a 2-GP
   summ inplace30
   wait
   tar czf $OUT/extra.tgz --exclude=checkpoints -C /tmp runs/inplace30 s3logs/extra 2>/dev/null
+fi
+if [ "$phase" = coloc ]; then  # one GPU: the colocated run alone (after stage2 with .whl .tf, stage3)
+  MODEL=$(model)
+  step coloc 200 $TF python3 -m areal_cli.cli train --quiet engine=hf model=$MODEL $SHORT cluster.gpus=[0] \
+       run_dir=/tmp/runs/coloc_b trainer.steps=20
+  summ coloc_b
 fi
 echo "done in $(( $(date +%s) - T0 )) s" | tee -a $S
