@@ -96,6 +96,8 @@ DEFINITIONS = {
     "training_trained_tokens_per_s": "per mode: trained tokens / trainer-busy seconds (step_time_s + "
         "weight_sync_s), steps after warm-up; the sync run's value is standalone training",
     "speedup": "async effective_trained_tokens_per_s / sync effective_trained_tokens_per_s",
+    "step_speedup": "sync step_wall_s_median / async step_wall_s_median: the speedup in steps (policy "
+        "versions) per second, which does not grow when the async run trains longer responses",
     "standalone.training_trained_tokens_per_s": "training alone, from the sync run: trained tokens / "
         "trainer-busy seconds (step_time_s + weight_sync_s of metrics.jsonl), steps after warm-up",
     "standalone.generation_trained_tokens_per_s": "generation alone, from the sync run: trained tokens "
@@ -117,6 +119,11 @@ DEFINITIONS = {
 }
 
 
+def step_speedup(sync: dict, asyn: dict) -> float | None:
+    a, b = sync.get("step_wall_s_median"), asyn.get("step_wall_s_median")
+    return a / b if a and b else None
+
+
 def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
     from areal_cli.bench.summary import standalone_rates
 
@@ -134,7 +141,7 @@ def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,
         "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
-        "speedup": speedup,
+        "speedup": speedup, "step_speedup": step_speedup(sync, asyn),
         "standalone": alone, "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck,
         "async_vs_ideal": ratio,
         "definitions": DEFINITIONS,
@@ -191,6 +198,9 @@ def report(result: dict) -> str:
             lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): {mode['heldout']['accuracy']:.3f} "
                          f"on {mode['heldout']['problems']} problems")
     lines.append(f"speedup (effective trained tokens/s, async / sync): {result['speedup']:.2f}x")
+    if result.get("step_speedup"):
+        lines.append(f"speedup in steps per second (median step time, sync / async): {result['step_speedup']:.2f}x"
+                     " (lower than the token speedup when async trains longer responses)")
     if alone:
         lines.append(f"(generation and training alone: measured on the sync run, "
                      f"{alone.get('generation_phase_measured_by')}; definitions in bench.json)")

@@ -127,8 +127,10 @@ def test_compare_ideal_and_bench_json(tmp_path):
         assert rl["truncated_fraction"] == pytest.approx(0.1)
         assert m["reward_wall_s"] == [r[1] for r in m["trainer_intervals"]]
         assert all(b - a == pytest.approx(0.2) for a, b in m["weight_sync_intervals"])
+    sync_step, async_step = modes["sync"]["step_wall_s_median"], modes["async"]["step_wall_s_median"]
+    assert result["step_speedup"] == pytest.approx(sync_step / async_step) and "step_speedup" in result["definitions"]
     table = report(result)
-    for text in ("generation alone", "training alone", "ideal async", "async / ideal",
+    for text in ("generation alone", "training alone", "ideal async", "async / ideal", "steps per second",
                  "response tokens p10/p50/p90/max", "10/50/90/100", "truncated at max_new_tokens"):
         assert text in table
 
