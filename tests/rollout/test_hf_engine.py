@@ -76,3 +76,20 @@ def test_logprobs_match_forward_without_interruption(tiny_model):
     assert s.finish_reason in ("stop", "length") and len(s.output_ids) == len(s.logprobs)
     assert torch.allclose(torch.tensor(s.logprobs), _teacher_forced(ref, s.prompt_ids, s.output_ids),
                           atol=1e-3)
+
+
+def test_kv_cache_on_a_gpu_fits_the_given_share_of_free_memory(tiny_model, monkeypatch):
+    from transformers import AutoConfig
+
+    from areal_cli.rollout.main import kv_tokens_that_fit
+
+    free = 8 << 30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))
+    c = AutoConfig.from_pretrained(tiny_model)
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2  # K and V, bf16
+    weights = (12 * c.num_hidden_layers * c.hidden_size ** 2 + c.vocab_size * c.hidden_size) * 2
+    half = kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.5)
+    assert half == int((free * 0.5 - weights) // per_token)  # the share, less the weights, in tokens
+    assert kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.25) < half
+    free = 1 << 20  # nothing left: still a usable minimum, the engine then fails loudly if it can't allocate
+    assert kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.5) == 4096
