@@ -168,12 +168,6 @@ class VLLMWeightSender:
         torch.cuda.synchronize()
         return {"weight_transfer_s": time.perf_counter() - t0}
 
-    def send(self, named: Iterator[tuple[str, torch.Tensor]], digest: bool = False) -> dict:
-        out = self.prepare(named)
-        out.update(self.broadcast(digest))
-        out["weight_sync_s"] = out["weight_gather_s"] + out["weight_transfer_s"]
-        return out
-
 
 class VLLMWeightReceiver:
     """A rollout worker's end: joins the group through the engine, loads each update."""
