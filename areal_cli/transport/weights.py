@@ -117,17 +117,18 @@ class WeightSender:
         self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
         self.buffer_device = device if backend == "nccl" else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
+        self.sizes = [sum(s.numel for s in b) for b in self.buckets]
         self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s)
-        self._flats: list[torch.Tensor] = []
+        self._flats: dict[int, torch.Tensor] = {}  # buffer slot → wire buffer, allocated on first use
         self._named: Iterator | None = None
 
-    def _buffer(self, k: int) -> torch.Tensor:
+    def _flat(self, k: int) -> torch.Tensor:
+        """Bucket k's wire buffer: its own when staged, else one of two shared slots."""
         slot = k if self.staged else k % 2
-        while len(self._flats) <= slot:
-            n = sum(s.numel for s in self.buckets[len(self._flats)]) if self.staged else \
-                max(sum(s.numel for s in b) for b in self.buckets)
-            self._flats.append(torch.empty(n, dtype=self.wire_dtype, device=self.buffer_device))
-        return self._flats[slot]
+        if slot not in self._flats:
+            n = self.sizes[k] if self.staged else max(self.sizes)
+            self._flats[slot] = torch.empty(n, dtype=self.wire_dtype, device=self.buffer_device)
+        return self._flats[slot][:self.sizes[k]]
 
     def _gather(self, k: int, named: Iterator) -> torch.Tensor:
         bucket = self.buckets[k]
@@ -137,7 +138,7 @@ class WeightSender:
             if clean_name(name) != spec.name:
                 raise RuntimeError(f"weight order differs from the plan: {name} vs {spec.name}")
             srcs.append(tensor.detach().reshape(spec.shape))
-        flat = self._buffer(k)[:sum(s.numel for s in bucket)]
+        flat = self._flat(k)
         _copy(_views(flat, bucket), srcs)  # cast into the wire buffer
         return flat
 
@@ -157,9 +158,9 @@ class WeightSender:
         """Put the prepared update on the wire; returns timings and an optional sha256."""
         t0, gather, works = time.perf_counter(), 0.0, []
         sha = hashlib.sha256() if digest else None
-        for k, bucket in enumerate(self.buckets):
+        for k in range(len(self.buckets)):
             if self.staged:
-                flat = self._buffer(k)[:sum(s.numel for s in bucket)]
+                flat = self._flat(k)
             else:
                 if len(works) >= 2:  # the buffer about to be refilled must be off the wire
                     works[-2].wait()
