@@ -8,29 +8,8 @@
 # Results: $OUT/summary.txt, the JSON files and one tarball of logs, profiles and run records.
 set -u
 phase=${1:?phase}
-OUT=${OUT:-/tmp/areal_out}; mkdir -p "$OUT"
-T0=$(date +%s); BUDGET=${BUDGET:-570}
-case $phase in
-  stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u; exit 0 ;;
-  stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh
-          python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -3; exit 0 ;;
-  stage3) source benchmarks/device/on_device.sh; exit 0 ;;
-esac
-source benchmarks/device/on_device.sh
-export AREAL_CACHE=/tmp/areal_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH NCCL_NVLS_ENABLE=0
-TF="env PYTHONPATH=/tmp/tf524:$PYTHONPATH"
-S=$OUT/summary.txt; L=/tmp/s2logs; mkdir -p $L /tmp/runs
-{ nvidia-smi -L; date -u +%FT%TZ; } | tee $S
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-step() { local name=$1 t=$2; shift 2; local l; l=$(left); [ "$t" -gt "$l" ] && t=$l
-  [ "$t" -lt 20 ] && { echo "== $name skipped (no time left)" | tee -a $S; return; }
-  echo "== $name (limit ${t}s, $(date -u +%T))" | tee -a $S
-  # own process group, so that a run stopped at its limit leaves no worker holding a GPU
-  setsid "$@" > $L/$name.log 2>&1 & local pid=$! n=0
-  while kill -0 $pid 2>/dev/null && [ $n -lt "$t" ]; do sleep 1; n=$((n+1)); done
-  if kill -0 $pid 2>/dev/null; then echo "== $name: limit reached, stopping" | tee -a $S
-    kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null; fi
-  wait $pid; local rc=$?; echo "== $name rc=$rc ($(date -u +%T))" | tee -a $S; tail -n 25 $L/$name.log; }
+LOGS=/tmp/s2logs TAIL=25
+source benchmarks/device/common.sh
 # the model (GGUF -> HF directory, once) on the CPU while the GPU benchmarks run
 ( python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log ) &
 CONV=$!

@@ -1,0 +1,32 @@
+# Shared by the session scripts on a lent GPU machine; source it with `phase` set, and LOGS
+# (where each step's log goes) and TAIL (log lines echoed after a step) optionally:
+#   stage1  carry .vllm/a             vLLM overlay part 1 (+ prints the machine)
+#   stage2  carry .vllm/b .whl .tf    vLLM part 2, wheels, transformers 5.24 (-> /tmp/tf524, for engine=hf)
+#   stage3  carry .models/a           model part 1
+# The stage phases exit here. Any other phase gets the staged environment, $OUT, $S (summary),
+# $L (logs), $TF (a prefix that runs a command with transformers 5.24) and `step NAME LIMIT CMD…`,
+# which runs CMD in its own process group within LIMIT and the time left of BUDGET (default 570 s).
+OUT=${OUT:-/tmp/areal_out}; mkdir -p "$OUT"
+T0=$(date +%s); BUDGET=${BUDGET:-570}
+case $phase in
+  stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u; exit 0 ;;
+  stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh
+          python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; exit 0 ;;
+  stage3) source benchmarks/device/on_device.sh; exit 0 ;;
+esac
+source benchmarks/device/on_device.sh
+export AREAL_CACHE=/tmp/areal_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH NCCL_NVLS_ENABLE=0
+TF="env PYTHONPATH=/tmp/tf524:$PYTHONPATH"
+S=$OUT/summary.txt; L=${LOGS:-/tmp/logs/$phase}; mkdir -p $L /tmp/runs
+{ nvidia-smi -L; date -u +%FT%TZ; echo "phase $phase"; } | tee $S
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+step() { local name=$1 t=$2; shift 2; local l; l=$(left); [ "$t" -gt "$l" ] && t=$l
+  [ "$t" -lt 20 ] && { echo "== $name skipped (no time left)" | tee -a $S; return 1; }
+  echo "== $name (limit ${t}s, $(date -u +%T))" | tee -a $S
+  # own process group, so that a run stopped at its limit leaves no worker holding a GPU
+  setsid "$@" > $L/$name.log 2>&1 & local pid=$! n=0
+  while kill -0 $pid 2>/dev/null && [ $n -lt "$t" ]; do sleep 1; n=$((n+1)); done
+  if kill -0 $pid 2>/dev/null; then echo "== $name: limit reached, stopping" | tee -a $S
+    kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null; fi
+  wait $pid; local rc=$?; echo "== $name rc=$rc ($(date -u +%T))" | tee -a $S
+  tail -n ${TAIL:-12} $L/$name.log | tee -a $S; return $rc; }
