@@ -218,7 +218,7 @@ class WeightReceiver:
             l0 = time.perf_counter()
             _copy(targets, views)
             load += time.perf_counter() - l0
-        _sync(self.device)  # the engine may compute on another stream: the copies must be done
+        _sync(self.device)  # NCCL waits only order the stream: the times cover the finished copies
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
 
     def digest(self) -> str:
