@@ -38,9 +38,6 @@ except Exception as e:
     print("  pauses:", e)
 PY
 }
-model() {  # GGUF -> HF directory, once (cached under AREAL_CACHE)
-  [ -s /tmp/model_path ] || python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log
-  cat /tmp/model_path; }
 SHORT="task=basic_arithmetic trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=128 rollout.max_concurrent=0
        trainer.micro_batch_tokens=16384 trainer.packing=true launcher.peer_timeout_s=300 task.eval_size=200"
 LONG="task=arithmetic_long trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=512 rollout.max_concurrent=0
