@@ -29,6 +29,7 @@ class Rollouts:
     loss_mask: torch.Tensor  # [N, L] bool (model tokens only)
     rewards: torch.Tensor  # [N]
     group_size: int
+    versions: torch.Tensor | None = None  # [N, L] int32: policy version of each token (-1 = none)
 
     @property
     def n(self) -> int:
@@ -40,16 +41,18 @@ def from_batch(batch: Batch) -> Rollouts:
     L = max(1, max(len(s.output_ids) for s in samples))
     behav = torch.zeros(len(samples), L)
     mask = torch.zeros(len(samples), L, dtype=torch.bool)
+    versions = torch.full((len(samples), L), -1, dtype=torch.int32)
     for i, s in enumerate(samples):
         r = len(s.output_ids)
         behav[i, :r] = torch.from_numpy(s.logprobs.astype("float32"))
         mask[i, :r] = torch.from_numpy(s.loss_mask.astype(bool))
+        versions[i, :r] = torch.from_numpy(s.versions.astype("int32"))
     return Rollouts(
         prompts=[s.prompt_ids.tolist() for s in samples],
         responses=[s.output_ids.tolist() for s in samples],
         behav_logp=behav, loss_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
-        group_size=len(batch.groups[0].samples))
+        group_size=len(batch.groups[0].samples), versions=versions)
 
 
 def shard(n: int, rank: int, world: int) -> range:

@@ -170,7 +170,7 @@ class Trainer:
             self._doing(f"training step {step}")
             faults.point("train", step, self.run_dir)
             t0 = time.perf_counter()
-            metrics = self.runner.train(batch)
+            metrics = self.runner.train(batch, version=step)
             metrics["step_time_s"] = time.perf_counter() - t0
             self._doing(f"sending weights of version {step + 1}")
             metrics.update(self._sync_weights(step + 1))

@@ -61,7 +61,10 @@ class StepRunner:
                      if alg.needs_reference else None)
         return cls(model, cfg, device, compute_dtype, rank, world, critic=critic, reference=reference)
 
-    def train(self, batch) -> dict:
+    def train(self, batch, version: int | None = None) -> dict:
+        """One batch: advantages, then ``ppo_epochs`` optimizer steps. ``version``: the policy
+        version of the current weights; tokens sampled with it are compared with the first
+        forward (``logp_gap_fresh``: mean |log π_θ − log μ| where both are the same weights)."""
         cfg = self.cfg
         ro = from_batch(batch)
         mbs = self._micro_batches(ro)
@@ -72,12 +75,18 @@ class StepRunner:
         values = self._all_rows(self.critic.values(ro, mbs)) if self.critic else None
         adv, returns, kl_stats = self._advantages(ro, ref, values)
         prox = self._proximal(ro, mbs) if self._needs_proximal() else {}
-        for _epoch in range(cfg.algorithm.ppo_epochs):
-            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, mbs, prox, ref, global_tokens, max_len)
+        gap = {}
+        for epoch in range(cfg.algorithm.ppo_epochs):
+            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, mbs, prox, ref, global_tokens, max_len,
+                                                                version if epoch == 0 else None)
+            gap = gap or {k: stats.pop(k) for k in ("logp_gap_sum", "fresh_tokens") if k in stats}
             if self.critic:
                 vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
         elapsed = time.perf_counter() - t0
-        out = reduce_stats({**stats, **kl_stats}, STAT_REDUCTIONS, global_tokens, self.device)
+        out = reduce_stats({**stats, **kl_stats, **gap}, STAT_REDUCTIONS, global_tokens, self.device)
+        fresh, gap_sum = out.pop("fresh_tokens", 0.0), out.pop("logp_gap_sum", 0.0)
+        if fresh:
+            out.update(logp_gap_fresh=gap_sum / fresh, fresh_tokens=int(fresh))
         if self.critic:
             out.update(reduce_stats(vstats, STAT_REDUCTIONS, global_tokens, self.device),
                        critic_grad_norm=float(vnorm), value_mean=_masked_mean(values, ro.loss_mask))
@@ -123,7 +132,7 @@ class StepRunner:
                                           values=values, kl=kl)
         return adv, returns, stats
 
-    def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len):
+    def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len, version=None):
         stats: dict[str, torch.Tensor] = {}
         self.opt.zero_grad(set_to_none=True)
         loss_total = torch.zeros((), device=self.device)  # no host sync per micro-batch
@@ -131,7 +140,7 @@ class StepRunner:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=True)
                 continue
-            loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len)
+            loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
             loss_total += loss
             merge_stats(stats, st, STAT_REDUCTIONS)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
@@ -165,19 +174,24 @@ class StepRunner:
                 out[i] = lp[j].cpu()
         return out
 
-    def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len):
+    def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
         logp, ent = self._forward(ro, mb)
         dev = logp.device
+        behav = ro.behav_logp[mb].to(dev)
         if prox:
             prox_lp = torch.stack([prox[i] for i in mb]).to(dev)
         elif self.cfg.algorithm.recompute_proximal or self.cfg.rollout.max_staleness > 0:
             prox_lp = logp.detach()
         else:
             prox_lp = None  # synchronous and not recomputed: π_prox = μ
-        loss, st = policy_loss(logp, prox_lp, ro.behav_logp[mb].to(dev), adv[mb].to(dev),
+        loss, st = policy_loss(logp, prox_lp, behav, adv[mb].to(dev),
                                ro.loss_mask[mb].to(dev), self.cfg.algorithm, global_tokens=global_tokens,
                                global_seqs=float(ro.n), max_len=max_len, entropy=ent,
                                ref_logp=None if ref is None else ref[mb].to(dev))
+        if version is not None and ro.versions is not None:
+            fresh = ro.loss_mask[mb].to(dev) & (ro.versions[mb].to(dev) == version)
+            st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
+            st["fresh_tokens"] = fresh.sum().float()
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
         (loss * self.world).backward()
         return loss.detach(), st

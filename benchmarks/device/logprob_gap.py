@@ -40,6 +40,8 @@ VLLM_VARIANTS = {
                     "attention_config": {"flash_attn_version": 2}}, {}),
     # vLLM's batch-invariant mode
     "batch_invariant": ({}, {"VLLM_BATCH_INVARIANT": "1"}),
+    # float16: 3 more mantissa bits than bfloat16 (the trainer side: the fp16_* recomputations)
+    "fp16": ({"dtype": "float16"}, {}),
 }
 STORIES = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot", "autumn", "bread",
            "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon", "a bridge", "jazz"]
@@ -180,7 +182,7 @@ def _per_sequence(model, rows):
 
 
 @torch.no_grad()
-def _trainer_path(model, rows):
+def _trainer_path(model, rows, dtype=torch.bfloat16):
     """The trainer's own route: packed micro-batches (rows of PACKED_ROW_TOKENS_CUDA tokens,
     block-diagonal mask), ``forward`` under bf16 autocast, ``token_logprobs``."""
     from areal_cli.trainer.batching import Rollouts, forward, model_inputs, token_logprobs
@@ -194,7 +196,7 @@ def _trainer_path(model, rows):
     for s in range(0, len(rows), 16):
         mb = list(range(s, min(s + 16, len(rows))))
         x = model_inputs(ro, mb, True, device=model.device, row_tokens=PACKED_ROW_TOKENS_CUDA)
-        lp, _ = token_logprobs(forward(model, x, torch.bfloat16), x, 1.0)
+        lp, _ = token_logprobs(forward(model, x, dtype), x, 1.0)
         out += [lp[j, :len(rows[i]["out"])].cpu() for j, i in enumerate(mb)]
     return out
 
@@ -203,7 +205,7 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
     data = [torch.load(g) for g in gens]
     rows = [r for d in data for r in d["rows"]]
     _attention_fns()
-    bf16 = torch.bfloat16
+    bf16, fp16 = torch.bfloat16, torch.float16
     variants = {
         "fp32": lambda: _per_sequence(_load(model_dir, torch.float32), rows),
         "sdpa": lambda: _per_sequence(_load(model_dir, bf16), rows),
@@ -215,6 +217,8 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
         "compiled": lambda: _per_sequence(torch.compile(_load(model_dir, bf16), dynamic=True), rows),
         "compiled_vllm_fa": lambda: _per_sequence(torch.compile(_load(model_dir, bf16, "vllm_fa"), dynamic=True),
                                                   rows),
+        "fp16_sdpa": lambda: _per_sequence(_load(model_dir, fp16), rows),
+        "fp16_trainer": lambda: _trainer_path(_load(model_dir, fp16), rows, fp16),
     }
     if torch.cuda.is_available():  # last: it changes the process's matmul settings for good
         def bi():
@@ -251,7 +255,7 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
                               round(float(diff.max()), 3)]
             if "fp32" in recomputed:  # the trainer-side bf16 paths against the truth
                 ref = torch.cat([recomputed["fp32"][i] for i in sel])
-                for name in ("sdpa", "trainer", "compiled", "vllm_fa", "compiled_vllm_fa"):
+                for name in ("sdpa", "trainer", "compiled", "vllm_fa", "compiled_vllm_fa", "fp16_sdpa"):
                     if name in recomputed and d is data[0]:
                         line[f"{name}_vs_fp32"] = round(float((torch.cat([recomputed[name][i] for i in sel])
                                                                - ref).abs().mean()), 4)

@@ -125,3 +125,23 @@ def test_every_preset_trains_in_process(tiny_model, preset):
     if preset in ("rloo", "reinforce_pp", "reinforce_pp_baseline"):
         assert "kl_ref" in metrics
     assert all(math.isfinite(v) for v in metrics.values()), metrics
+
+
+def test_logp_gap_fresh_compares_tokens_of_the_current_version(tiny_model):
+    # behaviour logprobs of the same float32 weights: the gap is zero; shifted by 0.1 on the
+    # tokens of version 0, the gap is 0.1 and only those tokens count
+    runner = _runner(tiny_model, "trainer.lr=1e-12")
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)
+    same = runner.train(batch, version=0)
+    total = sum(len(s.output_ids) for g in batch.groups for s in g.samples)
+    assert same["fresh_tokens"] == total and same["logp_gap_fresh"] == pytest.approx(0.0, abs=1e-5)
+    fresh = 0
+    for g in batch.groups:
+        for s in g.samples:
+            s.versions[len(s.versions) // 2:] = 1
+            s.logprobs[s.versions == 1] += 0.1
+            fresh += int((s.versions == 1).sum())
+    shifted = runner.train(batch, version=1)
+    assert 0 < shifted["fresh_tokens"] == fresh < total
+    assert shifted["logp_gap_fresh"] == pytest.approx(0.1, abs=1e-4)
+    assert "logp_gap_fresh" not in runner.train(batch, version=7)
