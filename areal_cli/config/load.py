@@ -134,10 +134,10 @@ def validate(cfg: RootConfig) -> list[str]:
         problems.append(f"engine={cfg.engine.name!r}: use engine=hf or engine=vllm")
     if cfg.launcher.name not in ("local", "slurm"):
         problems.append(f"launcher={cfg.launcher.name!r}: use launcher=local or launcher=slurm")
-    if cfg.trainer.dtype not in ("auto", "bfloat16", "float32"):
-        problems.append("trainer.dtype: use auto, bfloat16 or float32")
-    if cfg.engine.dtype not in ("auto", "bfloat16", "float32"):
-        problems.append("engine.dtype: use auto, bfloat16 or float32")
+    if cfg.trainer.dtype not in ("auto", "bfloat16", "float16", "float32"):
+        problems.append("trainer.dtype: use auto, bfloat16, float16 or float32")
+    if cfg.engine.dtype not in ("auto", "bfloat16", "float16", "float32"):
+        problems.append("engine.dtype: use auto, bfloat16, float16 or float32")
     e = cfg.engine
     if e.pause_mode not in ("abort", "keep"):
         problems.append(f"engine.pause_mode={e.pause_mode!r}: use abort or keep")

@@ -20,7 +20,8 @@ class EngineConfig:
     name: str = "hf"
     """"hf" (transformers continuous batching, CPU or GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
     dtype: str = "auto"
-    """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float32"."""
+    """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
+    trainer.dtype=float16 brings the behaviour and trainer logprobs 8x closer than bfloat16 (docs/gpu.md)."""
     max_batch_tokens: int = 2048
     """Tokens per engine forward (prefill chunks + decodes)."""
     kv_cache_tokens: int = 0
@@ -116,7 +117,8 @@ class TrainerConfig:
     packing: bool = True
     """Pack sequences into micro-batches without padding (False = pad each micro-batch)."""
     dtype: str = "auto"
-    """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float32". Master weights stay float32."""
+    """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
+    "float32". Master weights stay float32."""
     activation_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     threads: int = 0

@@ -23,6 +23,7 @@ from areal_cli.trainer.batching import (
     to_rows,
 )
 from areal_cli.trainer.loss import STAT_REDUCTIONS, value_loss
+from areal_cli.trainer.loss_scale import LossScale
 
 
 def build_value_model(model_path: Path, device: torch.device, compute_dtype: torch.dtype, seed: int):
@@ -56,6 +57,7 @@ class Critic:
     def __init__(self, model, cfg: RootConfig, device: torch.device, compute_dtype: torch.dtype,
                  world: int):
         self.model, self.cfg, self.device, self.dtype, self.world = model, cfg, device, compute_dtype, world
+        self.scale = LossScale(compute_dtype == torch.float16)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.critic_lr,
                                      weight_decay=cfg.trainer.weight_decay)
 
@@ -93,10 +95,12 @@ class Critic:
             loss, st = value_loss(self._values(ro, mb), old_values[mb], returns[mb], mask, alg.value_clip,
                                   mode=alg.loss_agg, global_tokens=global_tokens,
                                   global_seqs=float(ro.n), max_len=max_len)
-            (alg.value_coef * loss * self.world).backward()  # FSDP averages over ranks
+            (alg.value_coef * loss * (self.world * self.scale.value)).backward()  # FSDP averages over ranks
             merge_stats(stats, st, STAT_REDUCTIONS)
+        self.scale.unscale_(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        self.opt.step()
+        if self.scale.update(grad_norm):
+            self.opt.step()
         return stats, grad_norm

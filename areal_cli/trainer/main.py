@@ -50,7 +50,7 @@ class Trainer:
         self.hb = Heartbeat(ep, self.name, cfg.launcher.heartbeat_s) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
-        dtype = torch.float32 if cfg.trainer.dtype == "float32" else torch.bfloat16
+        dtype = {"float32": torch.float32, "float16": torch.float16}.get(cfg.trainer.dtype, torch.bfloat16)
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
                                   fp32_head=lm_head_fp32(cfg))
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,

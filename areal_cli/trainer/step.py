@@ -25,6 +25,7 @@ from areal_cli.trainer.batching import (
     token_logprobs,
 )
 from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, shape_rewards
+from areal_cli.trainer.loss_scale import LossScale
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
@@ -47,6 +48,7 @@ class StepRunner:
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.packing = t.packing
+        self.scale = LossScale(compute_dtype == torch.float16)
 
     @classmethod
     def build(cls, model, model_path: Path, cfg: RootConfig, device, compute_dtype, rank: int,
@@ -96,7 +98,7 @@ class StepRunner:
         out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(global_tokens),
                    train_tokens_per_s=global_tokens / elapsed, lr=self.sched.get_last_lr()[0],
                    adv_mean=_masked_mean(adv, m), adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
-                   micro_batches=len(mbs))
+                   micro_batches=len(mbs), **self.scale.stats())
         return out
 
     def _micro_batches(self, ro: Rollouts) -> list[list[int]]:
@@ -143,10 +145,12 @@ class StepRunner:
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
             loss_total += loss
             merge_stats(stats, st, STAT_REDUCTIONS)
+        self.scale.unscale_(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        self.opt.step()
+        if self.scale.update(grad_norm):  # float16 gradients that overflowed: no step
+            self.opt.step()
         self.sched.step()
         return stats, loss_total, grad_norm
 
@@ -193,7 +197,7 @@ class StepRunner:
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
-        (loss * self.world).backward()
+        (loss * (self.world * self.scale.value)).backward()
         return loss.detach(), st
 
 

@@ -7,9 +7,9 @@
 #   stage3  carry .models/a           model part 1
 #   gap     carry .models/b           sampling with each vLLM variant (VARIANTS), one per GPU at a
 #                                     time, then every trainer-side recomputation of each
-#   run     carry .models/b           GPUs 0,1: a 60-step `areal train engine=vllm` (its logp_gap_fresh
-#                                     per step), then the ablation on its final checkpoint;
-#                                     GPUs 2,3: the float16 ablation on the base model
+#   run     carry .models/b           60-step `areal train engine=vllm` runs, bfloat16 on GPUs 0,1 and
+#                                     float16 on GPUs 2,3 (logp_gap_fresh per step), then the
+#                                     ablation on each final checkpoint
 # Results: $OUT/summary.txt, $OUT/gap/*.json, logs in $OUT/<phase>_logs.tgz.
 set -u
 phase=${1:?phase}
@@ -67,28 +67,36 @@ gap_on() {  # name model gpu variant score-variants...
   step score_$name 200 env CUDA_VISIBLE_DEVICES=$g python3 benchmarks/device/logprob_gap.py score $m \
       $OUT/gap/$name.json /tmp/gap/$name.pt --score-only "$@" && table $OUT/gap/$name.json; }
 
+SHORT="task=basic_arithmetic trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=128 rollout.max_concurrent=0
+       trainer.micro_batch_tokens=16384 trainer.packing=true launcher.peer_timeout_s=300 task.eval_size=200"
+gap_run() {  # name gpus extra-overrides...: 60 steps with engine=vllm, its logp_gap_fresh per step
+  local name=$1 gpus=$2; shift 2
+  step $name 300 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $SHORT cluster.gpus=[$gpus] \
+      run_dir=/tmp/runs/$name trainer.steps=${STEPS:-60} "$@"
+  python3 - $name /tmp/runs/$name/metrics.jsonl <<'PY' | tee -a $S
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[2])]
+g = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if "logp_gap_fresh" in r]
+w = sum(x * n for x, n in g) / max(1, sum(n for _, n in g))
+print(f"{sys.argv[1]}: logp_gap_fresh over {len(g)} steps: token-weighted {w:.4f}, median"
+      f" {statistics.median(x for x, _ in g):.4f}, first 10 {statistics.mean(x for x, _ in g[:10]):.4f},"
+      f" last 10 {statistics.mean(x for x, _ in g[-10:]):.4f}; fresh tokens {sum(n for _, n in g)}")
+print("  per step", [round(x, 4) for x, _ in g])
+r = [x["reward_mean"] for x in rows if x.get("reward_mean") is not None]
+print("  reward first/last 10:", round(statistics.mean(r[:10]), 3), round(statistics.mean(r[-10:]), 3),
+      " wall", round(rows[-1]["wall_time_s"], 1), "s; skipped steps", rows[-1].get("skipped_steps"),
+      "loss scale", rows[-1].get("loss_scale"))
+PY
+}
+
 if [ "$phase" = run ]; then
   MODEL=$(model); echo "model: $MODEL" | tee -a $S
   mkdir -p /tmp/gap $OUT/gap
-  ( gap_on base_fp16 $MODEL 2 fp16 sdpa trainer fp16_sdpa fp16_trainer compiled ) &
-  ( step train60 300 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $SHORT cluster.gpus=[0,1] \
-        run_dir=/tmp/runs/gap60 trainer.steps=60
-    python3 - /tmp/runs/gap60/metrics.jsonl <<'PY' | tee -a $S
-import json, statistics, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-g = [(r["step"], r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if "logp_gap_fresh" in r]
-w = sum(x[1] * x[2] for x in g) / max(1, sum(x[2] for x in g))
-print(f"logp_gap_fresh over {len(g)} steps: token-weighted {w:.4f}, median {statistics.median(x[1] for x in g):.4f},"
-      f" first 10 {statistics.mean(x[1] for x in g[:10]):.4f}, last 10 {statistics.mean(x[1] for x in g[-10:]):.4f};"
-      f" fresh tokens {sum(x[2] for x in g)}")
-print("per step", [round(x[1], 4) for x in g])
-r = [x.get("reward_mean") for x in rows if x.get("reward_mean") is not None]
-print("reward first/last 10:", round(statistics.mean(r[:10]), 3), round(statistics.mean(r[-10:]), 3))
-PY
-    F=/tmp/runs/gap60/checkpoints/final
-    ( gap_on trained $F 0 compiled sdpa trainer compiled fp32 ) &
-    ( gap_on trained_fp16 $F 1 fp16 sdpa fp16_sdpa fp16_trainer ) &
-    wait ) &
+  ( gap_run bf16_60 0,1
+    gap_on trained_bf16 /tmp/runs/bf16_60/checkpoints/final 0 compiled sdpa trainer fp32 ) &
+  ( gap_run fp16_60 2,3 engine.dtype=float16 trainer.dtype=float16
+    gap_on trained_fp16 /tmp/runs/fp16_60/checkpoints/final 2 fp16 fp16_sdpa fp16_trainer trainer fp32 ) &
   wait
-  tar czf $OUT/run_logs.tgz -C /tmp s4logs runs/gap60/metrics.jsonl runs/gap60/logs 2>/dev/null
+  tar czf $OUT/run_logs.tgz -C /tmp s4logs runs/bf16_60/metrics.jsonl runs/fp16_60/metrics.jsonl runs/bf16_60/logs \
+      runs/fp16_60/logs 2>/dev/null
 fi

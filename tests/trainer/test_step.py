@@ -145,3 +145,22 @@ def test_logp_gap_fresh_compares_tokens_of_the_current_version(tiny_model):
     assert 0 < shifted["fresh_tokens"] == fresh < total
     assert shifted["logp_gap_fresh"] == pytest.approx(0.1, abs=1e-4)
     assert "logp_gap_fresh" not in runner.train(batch, version=7)
+
+
+def test_float16_compute_scales_the_loss_and_skips_an_overflowing_step(tiny_model):
+    # float16 autocast: the scaled loss's gradients are divided back (a step is taken and the
+    # weights move); a scale so large the float16 gradients overflow skips the step and halves
+    cfg = config("trainer.dtype=float16", "trainer.lr=1e-3")
+    torch.manual_seed(0)
+    model = build_policy(tiny_model, torch.device("cpu"), torch.float16, activation_checkpointing=False)
+    runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float16, rank=0, world=1)
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=7, rewards=[1.0, 0.0, 1.0, 0.0])
+    before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+    out = runner.train(batch, version=0)
+    assert out["loss_scale"] == 2.0**16 and out["skipped_steps"] == 0 and math.isfinite(out["grad_norm"])
+    assert any(not torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
+    runner.scale.value = 1e30
+    kept = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+    out = runner.train(batch, version=0)
+    assert out["skipped_steps"] == 1 and out["loss_scale"] == 5e29
+    assert all(torch.equal(kept[n], p.detach()) for n, p in runner.model.named_parameters())
