@@ -10,6 +10,8 @@
 #   run     carry .models/b           60-step `areal train engine=vllm` runs, bfloat16 on GPUs 0,1 and
 #                                     float16 on GPUs 2,3 (logp_gap_fresh per step), then the
 #                                     ablation on each final checkpoint
+#   sync    carry .models/b           the same two runs synchronous (max_staleness=0: every token is
+#                                     sampled with the weights being trained, so every step has a gap)
 # Results: $OUT/summary.txt, $OUT/gap/*.json, logs in $OUT/<phase>_logs.tgz.
 set -u
 phase=${1:?phase}
@@ -99,4 +101,13 @@ if [ "$phase" = run ]; then
   wait
   tar czf $OUT/run_logs.tgz -C /tmp s4logs runs/bf16_60/metrics.jsonl runs/fp16_60/metrics.jsonl runs/bf16_60/logs \
       runs/fp16_60/logs 2>/dev/null
+fi
+
+if [ "$phase" = sync ]; then
+  MODEL=$(model); echo "model: $MODEL" | tee -a $S
+  export STEPS=${STEPS:-40}
+  gap_run bf16_sync 0,1 rollout.max_staleness=0 &
+  gap_run fp16_sync 2,3 rollout.max_staleness=0 engine.dtype=float16 trainer.dtype=float16 &
+  wait
+  tar czf $OUT/sync_logs.tgz -C /tmp s4logs runs/bf16_sync/metrics.jsonl runs/fp16_sync/metrics.jsonl 2>/dev/null
 fi
