@@ -164,3 +164,13 @@ def test_float16_compute_scales_the_loss_and_skips_an_overflowing_step(tiny_mode
     out = runner.train(batch, version=0)
     assert out["skipped_steps"] == 1 and out["loss_scale"] == 5e29
     assert all(torch.equal(kept[n], p.detach()) for n, p in runner.model.named_parameters())
+
+
+def test_precision_fp16_sets_engine_and_trainer_and_validates():
+    from areal_cli.config.load import ConfigError, compose, validate
+
+    cfg = compose(["engine=vllm", "precision=fp16"])
+    assert (cfg.engine.dtype, cfg.trainer.dtype) == ("float16", "float16") and validate(cfg) == []
+    assert compose(["engine=vllm"]).engine.dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="trainer.dtype: use auto, bfloat16, float16 or float32"):
+        compose(["trainer.dtype=float8"])
