@@ -4,6 +4,8 @@ A float16 backward flushes gradients below ~6e-8 to zero, and the per-token grad
 loss averaged over thousands of tokens sit there. The loss is multiplied by ``value`` before
 backward and the gradients divided by it after; a step whose gradient norm is not finite is
 skipped and the scale halved, and after ``growth_interval`` good steps in a row it doubles.
+The scale is not checkpointed: a resumed run starts again from ``init`` and finds its level
+within a few steps.
 """
 
 from __future__ import annotations
