@@ -12,6 +12,8 @@
 #                                     ablation on each final checkpoint
 #   sync    carry .models/b           the same two runs synchronous (max_staleness=0: every token is
 #                                     sampled with the weights being trained, so every step has a gap)
+#   hf16    carry .models/b           one GPU (after stage2 and stage3 only): engine=hf, trainer and
+#                                     engine colocated, precision=fp16, synchronous, 20 steps
 # Results: $OUT/summary.txt, $OUT/gap/*.json, logs in $OUT/<phase>_logs.tgz.
 set -u
 phase=${1:?phase}
@@ -73,8 +75,8 @@ SHORT="task=basic_arithmetic trainer.batch_size=32 rollout.group_size=8 rollout.
        trainer.micro_batch_tokens=16384 trainer.packing=true launcher.peer_timeout_s=300 task.eval_size=200"
 gap_run() {  # name gpus extra-overrides...: 60 steps with engine=vllm, its logp_gap_fresh per step
   local name=$1 gpus=$2; shift 2
-  step $name 300 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $SHORT cluster.gpus=[$gpus] \
-      run_dir=/tmp/runs/$name trainer.steps=${STEPS:-60} "$@"
+  step $name 300 ${gap_run_cmd:-} python3 -m areal_cli.cli train --quiet engine=${ENGINE:-vllm} model=$MODEL $SHORT \
+      cluster.gpus=[$gpus] run_dir=/tmp/runs/$name trainer.steps=${STEPS:-60} "$@"
   python3 - $name /tmp/runs/$name/metrics.jsonl <<'PY' | tee -a $S
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[2])]
@@ -110,4 +112,9 @@ if [ "$phase" = sync ]; then
   gap_run fp16_sync 2,3 rollout.max_staleness=0 engine.dtype=float16 trainer.dtype=float16 &
   wait
   tar czf $OUT/sync_logs.tgz -C /tmp s4logs runs/bf16_sync/metrics.jsonl runs/fp16_sync/metrics.jsonl 2>/dev/null
+fi
+
+if [ "$phase" = hf16 ]; then
+  MODEL=$(model); echo "model: $MODEL" | tee -a $S
+  STEPS=20 ENGINE=hf gap_run_cmd="$TF" gap_run hf16 0 rollout.max_staleness=0 precision=fp16
 fi
