@@ -201,3 +201,10 @@ def summarize(run_dir: Path) -> None:
     last = sum(r["reward_mean"] for r in rows[-q:]) / q
     print(f"done: {len(rows)} steps in {rows[-1]['wall_time_s']:.0f}s; mean reward first quarter "
           f"{first:.3f} → last quarter {last:.3f}; checkpoint {run_dir / 'checkpoints' / 'final'}")
+    gap = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if r.get("fresh_tokens")]
+    if gap:
+        tokens = sum(n for _, n in gap)
+        mean = sum(g * n for g, n in gap) / tokens
+        print(f"behaviour vs trainer logprobs, same weights: mean |difference| {mean:.4f} over {tokens} tokens"
+              + ("  (far apart: the engine and the trainer compute differently; see docs/gpu.md, Logprobs)"
+                 if mean > 0.1 else ""))
