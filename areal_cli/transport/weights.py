@@ -182,13 +182,6 @@ class WeightSender:
             out["weights_sha"] = sha.hexdigest()
         return out
 
-    def send(self, named: Iterator[tuple[str, torch.Tensor]], digest: bool = False) -> dict:
-        """``prepare`` then ``broadcast``; ``weight_sync_s`` is the sum."""
-        out = self.prepare(named)
-        out.update(self.broadcast(digest))
-        out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
-        return out
-
 
 class WeightReceiver:
     """A rollout worker's end: receives every bucket into a buffer of its own and copies each

@@ -48,7 +48,7 @@ def test_updates_arrive_bit_exact_in_several_buckets(staged):
         got: dict = {}
         t = threading.Thread(target=lambda got=got: got.update(rx.receive()))
         t.start()
-        sent = tx.send(iter(trainer.named_parameters()))
+        sent = {**tx.prepare(iter(trainer.named_parameters())), **tx.broadcast()}
         t.join()
         assert sent["weight_transfer_s"] > 0 and got["weight_recv_s"] > 0
         for (name, a), b in zip(trainer.named_parameters(), engine.parameters(), strict=True):
