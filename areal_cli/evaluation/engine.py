@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.hf import HFEngine
-from areal_cli.rollout.engines.vllm import VLLMEngine, import_vllm
+from areal_cli.rollout.engines.vllm import VLLMEngine
 
 
 class EvalEngine(HFEngine):
@@ -36,11 +36,4 @@ class VLLMEvalEngine(VLLMEngine):
     def sampling(self, temperature: float, top_p: float) -> None:
         """Sampling params of the next requests: greedy at ``temperature <= 0``, else as a rollout
         worker samples (the same SamplingParams as ``VLLMEngine``, other temperature and top_p)."""
-        vllm = import_vllm()
-        from vllm.sampling_params import RequestOutputKind
-
-        greedy = temperature <= 0
-        t, p = (0.0, 1.0) if greedy else (temperature, top_p)
-        self._params = lambda n: vllm.SamplingParams(
-            n=1, temperature=t, top_p=p, top_k=0, max_tokens=n, logprobs=0, detokenize=False,
-            output_kind=RequestOutputKind.DELTA)
+        self._sampling(*((0.0, 1.0) if temperature <= 0 else (temperature, top_p)))

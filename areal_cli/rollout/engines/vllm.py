@@ -57,14 +57,11 @@ def llm_kwargs(cfg: RootConfig, index: int) -> dict:
 class VLLMEngine(Engine):
     def __init__(self, model_path, cfg: RootConfig, index: int):
         vllm = import_vllm()
-        from vllm.sampling_params import RequestOutputKind
 
         self.cfg = cfg
         self.llm = vllm.LLM(model=str(model_path), **llm_kwargs(cfg, index))
         self.core = self.llm.llm_engine
-        self._params = lambda n: vllm.SamplingParams(
-            n=1, temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p, top_k=0, max_tokens=n,
-            logprobs=0, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        self._sampling(cfg.rollout.temperature, cfg.rollout.top_p)
         tok = self.llm.get_tokenizer()
         eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
         self.eos = {tok.eos_token_id} | set([eos] if isinstance(eos, int) else (eos or []))
@@ -73,6 +70,16 @@ class VLLMEngine(Engine):
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
         self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
+
+    def _sampling(self, temperature: float, top_p: float) -> None:
+        """The SamplingParams of the next requests (``max_tokens`` per request): one sample,
+        its processed logprob, token ids only, output as deltas."""
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
+        self._params = lambda n: vllm.SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=0,
+            detokenize=False, output_kind=RequestOutputKind.DELTA)
 
     @property
     def model(self):
