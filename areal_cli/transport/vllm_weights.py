@@ -89,8 +89,6 @@ def fused_plan(names: list[str], shapes: list[list[int]]) -> list[tuple[str, lis
     return plan
 
 
-
-
 def wire_spec(model_path, dtype: torch.dtype) -> WireSpec:
     """Names and shapes of the parameters that travel, from the config alone (meta device)."""
     from transformers import AutoConfig, AutoModelForCausalLM
