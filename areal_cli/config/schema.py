@@ -240,6 +240,17 @@ class RootConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
 
+def dtype_name(name: str) -> str:
+    """A dtype key (engine.dtype, trainer.dtype, weights.dtype) resolved: "auto" = bfloat16 (bf16 decodes
+    ~1.7x faster than fp32 even on AVX512-BF16/AMX CPUs)."""
+    return "bfloat16" if name == "auto" else name
+
+
+def wire_dtype_name(cfg: RootConfig) -> str:
+    """weights.dtype resolved: "auto" = the engine's dtype."""
+    return dtype_name(cfg.engine.dtype if cfg.weights.dtype == "auto" else cfg.weights.dtype)
+
+
 def lm_head_fp32(cfg: RootConfig) -> bool:
     """engine.lm_head_fp32 resolved: "auto" = on with engine=vllm."""
     v = str(cfg.engine.lm_head_fp32).lower()

@@ -16,7 +16,7 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import RootConfig, weights_backend
+from areal_cli.config.schema import RootConfig, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.workflows.episodes import Workflow
@@ -105,9 +105,7 @@ class Worker:
             from areal_cli.transport.vllm_weights import VLLMWeightReceiver, group_size, wire_spec
 
             e = self.cfg.engine
-            wire = getattr(torch, e.dtype if e.dtype != "auto" else "bfloat16")
-            if self.cfg.weights.dtype != "auto":
-                wire = getattr(torch, self.cfg.weights.dtype)
+            wire = getattr(torch, wire_dtype_name(self.cfg))
             return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
                                       ep.weights_host, ep.weights_port, 1 + self.index * e.tensor_parallel_size,
                                       group_size(self.cfg.rollout.workers, e.tensor_parallel_size),

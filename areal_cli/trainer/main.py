@@ -20,7 +20,7 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import lm_head_fp32, weights_backend
+from areal_cli.config.schema import dtype_name, lm_head_fp32, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
@@ -50,7 +50,7 @@ class Trainer:
         self.hb = Heartbeat(ep, self.name, cfg.launcher.heartbeat_s) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
-        dtype = {"float32": torch.float32, "float16": torch.float16}.get(cfg.trainer.dtype, torch.bfloat16)
+        dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
                                   fp32_head=lm_head_fp32(cfg))
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
@@ -72,9 +72,7 @@ class Trainer:
         from areal_cli.transport.weights import WeightSender, param_specs
 
         cfg = self.cfg
-        wire = cfg.weights.dtype
-        if wire == "auto":
-            wire = cfg.engine.dtype if cfg.engine.dtype != "auto" else "bfloat16"
+        wire = wire_dtype_name(cfg)
         if cfg.engine.name == "vllm":  # vLLM's own NCCL weight transfer; engine ranks follow rank 0
             from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 

@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from areal_cli.config.schema import RootConfig, lm_head_fp32
+from areal_cli.config.schema import RootConfig, dtype_name, lm_head_fp32
 from areal_cli.rollout.engines.base import Engine, Sequence
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def import_vllm():
 def llm_kwargs(cfg: RootConfig, index: int) -> dict:
     """Arguments of ``vllm.LLM`` for rollout worker ``index``."""
     e = cfg.engine
-    kw = dict(dtype="bfloat16" if e.dtype == "auto" else e.dtype, seed=cfg.seed * 1000 + index,
+    kw = dict(dtype=dtype_name(e.dtype), seed=cfg.seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
               enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
               weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == "inplace" else "nccl"))
