@@ -20,6 +20,17 @@ phase=${1:?phase}
 LOGS=/tmp/s4logs/$phase
 source benchmarks/device/common.sh
 NG=$(nvidia-smi -L | wc -l)
+table() {  # FILE [FAMILY]: the means of each row of a score table (only FAMILY's rows if given)
+  python3 - "$@" <<'PY' | tee -a $S
+import json, sys
+r = json.load(open(sys.argv[1]))
+for line in r["table"]:
+    if len(sys.argv) < 3 or line["family"] == sys.argv[2]:
+        print(json.dumps({k: (v[0] if isinstance(v, list) else v) for k, v in line.items()}))
+if r["errors"]:
+    print("errors", r["errors"])
+PY
+}
 
 if [ "$phase" = gap ]; then
   MODEL=$(model); echo "model: $MODEL" | tee -a $S
@@ -42,28 +53,10 @@ if [ "$phase" = gap ]; then
     i=$((i + 1)); [ $((i % NG)) -eq 0 ] && wait
   done
   wait
-  for f in $OUT/gap/*.json; do python3 - "$f" <<'PY' | tee -a $S
-import json, sys
-r = json.load(open(sys.argv[1]))
-for line in r["table"]:
-    if line["family"] == "all" or "--families" in sys.argv:
-        print(json.dumps({k: (v[0] if isinstance(v, list) else v) for k, v in line.items()}))
-if r["errors"]:
-    print("errors", r["errors"])
-PY
-  done
+  for f in $OUT/gap/*.json; do table $f all; done
   tar czf $OUT/gap_logs.tgz -C /tmp s4logs 2>/dev/null
 fi
 
-table() { python3 - "$1" <<'PY' | tee -a $S
-import json, sys
-r = json.load(open(sys.argv[1]))
-for line in r["table"]:
-    print(json.dumps({k: (v[0] if isinstance(v, list) else v) for k, v in line.items()}))
-if r["errors"]:
-    print("errors", r["errors"])
-PY
-}
 gap_on() {  # name model gpu variant score-variants...
   local name=$1 m=$2 g=$3 v=$4; shift 4
   step gen_$name 200 env CUDA_VISIBLE_DEVICES=$g python3 benchmarks/device/logprob_gap.py gen $m /tmp/gap/$name.pt \
