@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 TASK_SOURCES = ("reasoning_gym", "file", "hf_disk", "humaneval")
@@ -15,23 +16,48 @@ DEFAULT_INSTRUCTION = (
 )
 
 
+def plain(value):
+    """OmegaConf containers (or any mapping/sequence) as plain dicts/lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return [plain(v) for v in value]
+    return value
+
+
+def rg_options(dataset: str) -> list[str]:
+    """The params a reasoning-gym dataset takes: its config's fields but size and seed."""
+    from reasoning_gym.factory import DATASETS
+
+    return [f.name for f in fields(DATASETS[dataset][1]) if f.name not in ("size", "seed")]
+
+
 @dataclass
 class TaskConfig:
     """Where problems come from and how they are phrased."""
 
     name: str = "basic_arithmetic"
-    """Preset name; also the prefix of every problem id ("<name>/<split>/<index>")."""
+    """Preset name; also the prefix of every problem id ("<name>/<split>/<index>"); "" = the
+    reasoning-gym dataset's name (the source's name for other sources)."""
     source: str = "reasoning_gym"
     """One of "reasoning_gym" | "file" (JSONL/JSON/Parquet) | "hf_disk" | "humaneval"."""
     dataset: str = "basic_arithmetic"
     """reasoning-gym dataset name (source "reasoning_gym" only)."""
     params: dict = field(default_factory=dict)
-    """reasoning_gym.create_dataset options; {} = the dataset's defaults. Empty here because
-    YAML merges dicts key by key: conf/task/basic_arithmetic.yaml sets 2 terms, 1 digit, +/-."""
+    """reasoning_gym.create_dataset options; {} = the dataset's defaults. `task.params.<key>=<v>`
+    adds or sets one; a task.dataset other than the preset's starts from {} (`areal tasks <name>`
+    lists a dataset's options)."""
     size: int = 2000
     """Training problems; for file/hf_disk/humaneval at most this many (0 = all that remain)."""
     eval_size: int = 64
-    """Held-out problems; files without eval_path hold this many out by a seeded shuffle."""
+    """Held-out problems (distinct by content); 0 = eval_fraction of the task's problems. With
+    eval_path: the first eval_size of that file's distinct problems (0 = all of them)."""
+    eval_fraction: float = 0.1
+    """Used only when eval_size is 0: hold out this fraction (at least one) of a file's distinct
+    problems (of HumanEval's 164; of task.size for a generated task)."""
+    eval_share: float = 0.2
+    """Generated tasks (reasoning-gym): the fraction of the problem space (by a stable hash of each
+    problem's content) reserved for eval; training never draws from it. Raise it for small spaces."""
     path: str = ""
     """File (.jsonl/.json/.parquet) or `datasets.save_to_disk` directory (file, hf_disk)."""
     eval_path: str = ""
@@ -49,8 +75,20 @@ class TaskConfig:
     seed: int = 0
     """Train generator/shuffle seed; eval uses a seed derived from it, so problems differ."""
 
+    def __post_init__(self) -> None:
+        if not self.name:
+            self.name = self.dataset if self.source == "reasoning_gym" else self.source
+
+    def held_out_count(self, total: int) -> int:
+        """Problems to hold out of ``total``: eval_size, or eval_fraction of it (at least 1) when 0."""
+        return self.eval_size if self.eval_size > 0 else max(1, round(self.eval_fraction * total))
+
     def validate(self) -> list[str]:
         errors = []
+        if not 0 < self.eval_fraction < 1:
+            errors.append(f"task.eval_fraction={self.eval_fraction}: must be in (0, 1), e.g. 0.1")
+        if not 0 < self.eval_share < 1:
+            errors.append(f"task.eval_share={self.eval_share}: must be in (0, 1), e.g. 0.2")
         if self.source not in TASK_SOURCES:
             errors.append(f"task.source={self.source!r}: use one of {', '.join(TASK_SOURCES)}")
         if self.size < 0 or self.eval_size < 0:
@@ -72,8 +110,28 @@ class TaskConfig:
         from reasoning_gym.factory import DATASETS
 
         if self.dataset not in DATASETS:
-            close = sorted(n for n in DATASETS if self.dataset[:4] in n)[:8]
-            return [f"task.dataset={self.dataset!r} is not a reasoning-gym dataset (near: {close})"]
+            import difflib
+
+            close = difflib.get_close_matches(self.dataset, list(DATASETS), n=4, cutoff=0.5)
+            hint = f"did you mean {', '.join(close)}? " if close else ""
+            return [f"task.dataset={self.dataset!r} is not a reasoning-gym dataset: {hint}"
+                    f"the {len(DATASETS)} datasets are: {', '.join(sorted(DATASETS))} (`areal tasks`)"]
+        return self._validate_params(DATASETS[self.dataset][1])
+
+    def _validate_params(self, config_cls) -> list[str]:
+        """Every key an option of the dataset's config, and the values its own checks accept."""
+        params, valid = plain(self.params), rg_options(self.dataset)
+        unknown = [k for k in params if k not in valid]
+        if unknown:
+            return [f"task.params.{k} is not an option of reasoning-gym {self.dataset!r}; its options: "
+                    f"{', '.join(valid)} (task.size / task.seed set size and seed)" for k in unknown]
+        try:
+            config = config_cls(**params)
+            if hasattr(config, "validate"):
+                config.validate()
+        except (AssertionError, ValueError, TypeError) as e:
+            return [f"task.params={params} rejected by reasoning-gym {self.dataset!r}: {e or type(e).__name__}. "
+                    f"Its options: {', '.join(valid)} (`areal tasks {self.dataset}` shows their defaults)"]
         return []
 
     def _validate_path(self, key: str, value: str, required: bool) -> list[str]:
@@ -95,6 +153,9 @@ class RewardConfig:
 
     fn: str = "auto"
     """"auto" (by problem) | reasoning_gym | math_verify | exact | numeric | code | "module:function"."""
+    partial_credit: bool = False
+    """reasoning_gym: pay the dataset's graded score_answer (e.g. len(reference)/len(answer) when the
+    reference occurs inside the answer); false = only a correct answer earns reward (1), else 0."""
     timeout_s: float = 10.0
     """Per-call limit in the reward pool; a call past it scores 0 with status "timeout"."""
     workers: int = 2

@@ -9,7 +9,7 @@ from functools import lru_cache
 from areal_cli.config.task import REWARD_FNS, RewardConfig
 from areal_cli.rewards.code_reward import code_score
 from areal_cli.rewards.extract import extract_answer
-from areal_cli.rewards.math_reward import exact_score, math_verify_score, numeric_score
+from areal_cli.rewards.math_reward import exact_score, math_verify_score, numeric_score, same_answer
 from areal_cli.tasks.base import Problem
 
 Scorer = Callable[[str, Problem], float]
@@ -25,7 +25,7 @@ def resolve(fn: str, problem: Problem) -> Callable[[str, Problem, RewardConfig],
     if fn == "auto":
         fn = auto_fn(problem)
     builtin = {
-        "reasoning_gym": lambda c, p, cfg: reasoning_gym_score(c, p),
+        "reasoning_gym": lambda c, p, cfg: reasoning_gym_score(c, p, cfg.partial_credit),
         "math_verify": lambda c, p, cfg: math_verify_score(c, p.answer),
         "exact": lambda c, p, cfg: exact_score(c, p.answer),
         "numeric": lambda c, p, cfg: numeric_score(c, p.answer, cfg.numeric_tol),
@@ -47,18 +47,28 @@ def auto_fn(problem: Problem) -> str:
     return "math_verify"
 
 
-def reasoning_gym_score(completion: str, problem: Problem) -> float:
-    """The dataset's own score_answer applied to the leniently extracted answer."""
+def reasoning_gym_score(completion: str, problem: Problem, partial_credit: bool = False) -> float:
+    """1.0 only for a correct answer: equal to the reference after normalisation, the same
+    number, or given full credit by the dataset's own score_answer; else 0.0.
+
+    The extracted answer is the line after the last "Answer:" (every line after it when the
+    reference has several), else the last number. ``partial_credit``: the dataset's graded
+    score instead of 0 (its default pays len(reference)/len(answer) when the reference occurs
+    inside the answer: "10" for "0" earns 0.5, a gameable reward).
+    """
     meta = problem.meta
     if "rg_dataset" not in meta or "rg_entry" not in meta:
         raise ValueError(
             f"reward.fn=reasoning_gym but problem {problem.id!r} is not from reasoning-gym "
             "(no meta['rg_dataset']); use reward.fn=auto or math_verify"
         )
-    answer = extract_answer(completion)
+    answer = extract_answer(completion, multiline="\n" in problem.answer.strip())
     if answer is None:
         return 0.0
-    return float(_rg_scorer(meta["rg_dataset"])(answer, meta["rg_entry"]) or 0.0)
+    if same_answer(answer, problem.answer):
+        return 1.0
+    graded = min(1.0, float(_rg_scorer(meta["rg_dataset"])(answer, meta["rg_entry"]) or 0.0))
+    return graded if partial_credit or graded >= 1.0 else 0.0
 
 
 @lru_cache(maxsize=64)

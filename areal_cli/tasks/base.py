@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from dataclasses import asdict, dataclass, field
 
 SPLITS = ("train", "eval")
@@ -20,13 +19,17 @@ class Problem:
     """Reference answer as text."""
     meta: dict = field(default_factory=dict)
     """JSON/msgpack-serializable extras the scorer needs (reasoning-gym metadata, tests, ...)."""
+    key: str = ""
+    """Content key (tasks/splits.py): the normalised question, or the task's own notion of the
+    same problem; the train and eval splits never share one."""
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> Problem:
-        return cls(id=str(d["id"]), prompt=d["prompt"], answer=d["answer"], meta=d.get("meta", {}))
+        return cls(id=str(d["id"]), prompt=d["prompt"], answer=d["answer"], meta=d.get("meta", {}),
+                   key=d.get("key", ""))
 
 
 def check_split(split: str) -> None:
@@ -37,21 +40,6 @@ def check_split(split: str) -> None:
 def with_instruction(text: str, instruction: str) -> str:
     """The prompt as the user sees it: the question, then the answer-format instruction."""
     return f"{text.rstrip()}\n\n{instruction}" if instruction else text
-
-
-def holdout(items: list, split: str, eval_size: int, size: int, seed: int) -> list:
-    """Disjoint train/eval subsets of one list: a seeded shuffle, eval first, train the rest.
-
-    `size` caps the train subset (0 = all the rest); the order within each is the file order.
-    """
-    order = list(range(len(items)))
-    random.Random(seed).shuffle(order)
-    if split == "eval":
-        chosen = order[:eval_size]
-    else:
-        rest = order[eval_size:]
-        chosen = rest[:size] if size > 0 else rest
-    return [items[i] for i in sorted(chosen)]
 
 
 def cap(items: list, size: int) -> list:

@@ -6,34 +6,55 @@ import json
 from pathlib import Path
 
 from areal_cli.config.task import FILE_SUFFIXES, TaskConfig
-from areal_cli.tasks.base import Problem, cap, check_unique_ids, holdout, with_instruction
+from areal_cli.tasks.base import Problem, cap, check_unique_ids, with_instruction
+from areal_cli.tasks.splits import SplitReport, hold_out, normalize, pick
 
 Record = tuple[str, dict]
 """(where it came from, e.g. "data.jsonl line 3", the record)."""
 
 
-def load(cfg: TaskConfig, split: str) -> list[Problem]:
-    return split_records(cfg, split, read_records)
+def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
+    read_eval = (lambda: read_records(cfg.eval_path)) if cfg.eval_path else None
+    return split_records(cfg, split, lambda: read_records(cfg.path), read_eval)
 
 
-def split_records(cfg: TaskConfig, split: str, reader) -> list[Problem]:
-    """Train/eval problems: from eval_path if given, else a seeded holdout of path."""
-    if cfg.eval_path:
-        path = cfg.path if split == "train" else cfg.eval_path
-        records = reader(path)
-        chosen = cap(records, cfg.size if split == "train" else cfg.eval_size)
+def split_records(cfg: TaskConfig, split: str, read_train, read_eval=None) -> tuple[list[Problem], SplitReport]:
+    """Train/eval problems disjoint by content (normalised prompt field).
+
+    With an eval source (``read_eval``): eval is its distinct problems (the first eval_size; 0 =
+    all), train the records of ``read_train`` whose content is not among them. Without: the
+    distinct problems of ``read_train`` are shuffled by seed and the first are held out
+    (eval_size, or eval_fraction of them), the rest train. Train is capped at task.size."""
+    where = cfg.eval_path if split == "eval" and read_eval else cfg.path
+    train = _problems(read_train(), cfg)
+    if read_eval:
+        held = _problems(read_eval(), cfg)
+        held_keys = {p.key for p in held}
+        source = held if split == "eval" else train
+        chosen, report = pick([p.key for p in source], split, held_keys)
+        problems = [source[i] for i in chosen]
+        if split == "eval" and cfg.eval_size:
+            problems = problems[: cfg.eval_size]
     else:
-        path = cfg.path
-        records = reader(path)
-        chosen = holdout(records, split, cfg.eval_size, cfg.size, cfg.seed)
-    problems = [to_problem(where, rec, cfg, index) for index, (where, rec) in chosen]
+        keys = [p.key for p in train]
+        eval_n = cfg.held_out_count(len(set(keys)))
+        chosen, report = hold_out(keys, split, eval_n, cfg.seed)
+        problems = [train[i] for i in chosen]
+    if split == "train":
+        problems = cap(problems, cfg.size)
+    report.problems, report.distinct = len(problems), len({p.key for p in problems})
     if not problems:
         raise ValueError(
-            f"{path}: the {split} split is empty ({len(records)} records, "
-            f"task.eval_size={cfg.eval_size}); add data or lower task.eval_size"
+            f"{where}: the {split} split is empty ({report.draws} records, {len(report.seen)} distinct, "
+            f"task.eval_size={cfg.eval_size}, task.eval_fraction={cfg.eval_fraction}); add data, "
+            "or lower task.eval_size (0 = task.eval_fraction of the distinct problems)"
         )
-    check_unique_ids(problems, path)
-    return problems
+    check_unique_ids(problems, where)
+    return problems, report
+
+
+def _problems(records: list[tuple[int, Record]], cfg: TaskConfig) -> list[Problem]:
+    return [to_problem(where, rec, cfg, index) for index, (where, rec) in records]
 
 
 def read_records(path: str) -> list[tuple[int, Record]]:
@@ -67,6 +88,7 @@ def to_problem(where: str, rec: dict, cfg: TaskConfig, index: int) -> Problem:
         prompt=with_instruction(str(rec[cfg.prompt_field]), cfg.instruction),
         answer=str(rec[cfg.answer_field]),
         meta=json.loads(json.dumps({k: v for k, v in rec.items() if k not in used}, default=str)),
+        key=normalize(str(rec[cfg.prompt_field])),
     )
 
 

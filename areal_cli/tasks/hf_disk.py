@@ -7,35 +7,27 @@ from pathlib import Path
 from areal_cli.config.task import TaskConfig
 from areal_cli.tasks.base import Problem
 from areal_cli.tasks.files import Record, split_records
+from areal_cli.tasks.splits import SplitReport
 
 EVAL_SPLITS = ("test", "validation", "eval")
 """Names of a DatasetDict split used for eval when there is no eval_path (first found)."""
 
 
-def load(cfg: TaskConfig, split: str) -> list[Problem]:
+def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
     dataset = _load_from_disk(cfg.path)
     if hasattr(dataset, "keys"):  # a DatasetDict: use its own train / test splits if present
-        eval_name = next((n for n in EVAL_SPLITS if n in dataset), None)
-        if "train" in dataset and eval_name and not cfg.eval_path:
-            part = dataset["train"] if split == "train" else dataset[eval_name]
-            name = "train" if split == "train" else eval_name
-            return split_records(_whole(cfg), split, lambda p: _rows(part, f"{p}[{name}]"))
         if "train" not in dataset:
             raise ValueError(f"{cfg.path}: DatasetDict has no 'train' split ({list(dataset)})")
+        eval_name = next((n for n in EVAL_SPLITS if n in dataset), None)
+        if eval_name and not cfg.eval_path:
+            return split_records(cfg, split, lambda: _rows(dataset["train"], f"{cfg.path}[train]"),
+                                 lambda: _rows(dataset[eval_name], f"{cfg.path}[{eval_name}]"))
         dataset = dataset["train"]
-    return split_records(cfg, split, lambda p: _rows(_load_table(p, cfg.path, dataset), p))
+    read_eval = (lambda: _rows(_load_table(cfg.eval_path), cfg.eval_path)) if cfg.eval_path else None
+    return split_records(cfg, split, lambda: _rows(dataset, cfg.path), read_eval)
 
 
-def _whole(cfg: TaskConfig) -> TaskConfig:
-    """cfg with eval_path set, so split_records takes each named split whole (then capped)."""
-    from dataclasses import replace
-
-    return replace(cfg, eval_path=cfg.path)
-
-
-def _load_table(path: str, main_path: str, main_dataset):
-    if path == main_path:
-        return main_dataset
+def _load_table(path: str):
     loaded = _load_from_disk(path)
     return loaded["train"] if hasattr(loaded, "keys") else loaded
 

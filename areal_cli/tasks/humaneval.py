@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from areal_cli.config.task import TaskConfig
-from areal_cli.tasks.base import Problem, holdout, with_instruction
+from areal_cli.tasks.base import Problem, cap, with_instruction
+from areal_cli.tasks.splits import SplitReport, hold_out, normalize
 
 PROMPT = "Complete the following Python function.\n\n```python\n{prompt}```"
 
@@ -29,14 +30,21 @@ def to_problem(record: dict, instruction: str) -> Problem:
             "test": record["test"],
             "entry_point": record["entry_point"],
         },
+        key=normalize(record["prompt"]),
     )
 
 
-def load(cfg: TaskConfig, split: str) -> list[Problem]:
-    records = holdout(read_all(), split, cfg.eval_size, cfg.size, cfg.seed)
-    if not records:
+def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
+    """eval_size problems (0 = eval_fraction of 164) held out by a seeded shuffle of distinct
+    prompts; train the rest, at most task.size."""
+    problems = [to_problem(r, cfg.instruction) for r in read_all()]
+    keys = [p.key for p in problems]
+    chosen, report = hold_out(keys, split, cfg.held_out_count(len(set(keys))), cfg.seed)
+    chosen = cap(chosen, cfg.size) if split == "train" else chosen
+    report.problems = report.distinct = len(chosen)
+    if not chosen:
         raise ValueError(
             f"humaneval {split} split is empty (164 problems, task.eval_size={cfg.eval_size}); "
             "lower task.eval_size"
         )
-    return [to_problem(r, cfg.instruction) for r in records]
+    return [problems[i] for i in chosen], report

@@ -85,11 +85,13 @@ def test_default_task_uses_its_own_verifier():
         assert score("I don't know", p, reward) == 0.0
 
 
-def test_reasoning_gym_partial_credit_is_the_datasets_own():
+def test_reasoning_gym_partial_credit_is_the_datasets_own_and_opt_in():
     p = Problem("t/0", "Calculate 1 + 1.", "2", {"rg_dataset": "basic_arithmetic",
                 "rg_entry": {"question": "Calculate 1 + 1.", "answer": "2", "metadata": {}}})  # fmt: skip
     # reasoning-gym's base score_answer: the oracle inside a longer answer earns len(2)/len(12)
-    assert score("Answer: 12", p, RewardConfig(fn="reasoning_gym")) == 0.5
+    assert score("Answer: 12", p, RewardConfig(fn="reasoning_gym", partial_credit=True)) == 0.5
+    assert score("Answer: 12", p, RewardConfig(fn="reasoning_gym")) == 0.0
+    assert score("Answer: 2.0", p, RewardConfig(fn="reasoning_gym")) == 1.0  # the same number
     with pytest.raises(ValueError, match="is not from reasoning-gym"):
         score("1", Problem("x", "q", "1", {}), RewardConfig(fn="reasoning_gym"))
 
