@@ -76,6 +76,18 @@ def sync_vs_async(overrides: list[str] = OVERRIDES):
     run_bench(list(overrides or []))
 
 
+@app.command(name="tasks")
+def list_tasks(dataset: str = typer.Argument(None, help="A reasoning-gym dataset: list its params and defaults.")):
+    """List the task presets (conf/task/) and reasoning-gym's datasets, or one dataset's params."""
+    from areal_cli.config.load import conf_dir
+    from areal_cli.tasks import catalog
+
+    try:
+        typer.echo(catalog.describe(dataset) if dataset else catalog.listing(conf_dir()))
+    except ValueError as err:
+        _fail(str(err))
+
+
 @app.command()
 def status(run_dir: str = typer.Argument(..., help="A run directory.")):
     """Show a run's processes and its last metrics."""

@@ -30,12 +30,60 @@ def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     _register_schema()
+    rest, params = split_task_params(overrides)
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
+            cfg = hydra_compose(config_name=config_name, overrides=rest)
+        apply_task_params(cfg, rest, params, config_name)
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_hydra_message(err)]) from None
     return from_dictconfig(cfg)
+
+
+def split_task_params(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(overrides for Hydra, overrides of task.params): params are set after composition, so a
+    key the preset lacks is no error and `task.params={...}` replaces the preset's params."""
+    def is_param(o: str) -> bool:
+        key = o.split("=", 1)[0].lstrip("+~")
+        return key == "task.params" or key.startswith("task.params.")
+
+    return [o for o in overrides if not is_param(o)], [o for o in overrides if is_param(o)]
+
+
+def apply_task_params(cfg, rest: list[str], params: list[str], config_name: str) -> None:
+    """Set the task.params overrides on a composed config. A task.dataset other than the task
+    preset's starts from no params (the preset's belong to its dataset) and names the task
+    after the dataset unless task.name is given."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf, open_dict
+
+    keys = {o.split("=", 1)[0].lstrip("+~") for o in rest}
+    switched = cfg.task.get("dataset") != _preset(rest, config_name).get("dataset", cfg.task.get("dataset"))
+    parsed = OverridesParser.create().parse_overrides(params)
+    with open_dict(cfg):
+        if switched and "task.name" not in keys:
+            cfg.task.name = cfg.task.dataset
+        if switched or any(o.key_or_group == "task.params" for o in parsed):
+            cfg.task.params = {}
+        for o in parsed:
+            if o.key_or_group == "task.params":
+                cfg.task.params = OmegaConf.create(o.value() or {})
+            elif o.is_delete():
+                cfg.task.params.pop(o.key_or_group.removeprefix("task.params."), None)
+            else:
+                OmegaConf.update(cfg, o.key_or_group, o.value(), force_add=True)
+
+
+def _preset(overrides: list[str], config_name: str) -> dict:
+    """The task preset file chosen (`task=` or the config's default), as a dict; {} if none."""
+    from omegaconf import OmegaConf
+
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "task" and "=" in o]
+    if not chosen:
+        defaults = OmegaConf.to_container(OmegaConf.load(conf_dir() / f"{config_name}.yaml")).get("defaults", [])
+        chosen = [d["task"] for d in defaults if isinstance(d, dict) and "task" in d]
+    path = conf_dir() / "task" / f"{chosen[-1]}.yaml" if chosen else None
+    return OmegaConf.to_container(OmegaConf.load(path)) if path and path.is_file() else {}
 
 
 def _register_schema() -> None:
@@ -125,7 +173,7 @@ def validate(cfg: RootConfig) -> list[str]:
             f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < rollout.max_new_tokens="
             f"{r.max_new_tokens}: lower the buffer or raise max_new_tokens"
         )
-    if (cfg.eval.every or cfg.eval.at_end) and not 0 < cfg.eval.size <= cfg.task.eval_size:
+    if (cfg.eval.every or cfg.eval.at_end) and not 0 < cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
         problems.append(f"eval.size={cfg.eval.size} must be in 1..task.eval_size={cfg.task.eval_size}: "
                         "lower eval.size or raise task.eval_size")
     if r.batch_order not in ("finished", "admission"):

@@ -109,6 +109,8 @@ class TaskConfig:
             return ["task.source=reasoning_gym needs the package: pip install reasoning-gym"]
         from reasoning_gym.factory import DATASETS
 
+        if not self.dataset:
+            return ["task.dataset is empty: set task.dataset=<name> (`areal tasks` lists reasoning-gym's datasets)"]
         if self.dataset not in DATASETS:
             import difflib
 

@@ -25,7 +25,7 @@ from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.records import StepRecorder
 from areal_cli.controller.state import finish_checkpoint, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
-from areal_cli.tasks import Problem, build_messages, load_problems
+from areal_cli.tasks import Problem, build_messages, load_split, split_report
 from areal_cli.transport.channels import Channel, Router
 from areal_cli.transport.messages import Batch, Control, GroupResult, WorkItem
 
@@ -69,7 +69,7 @@ class Controller:
         from areal_cli.models import resolve_model
 
         self.tok = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
-        self.cursor = Cursor(load_problems(cfg.task, "train"), cfg.seed)
+        self.cursor = Cursor(self._training_split(), cfg.seed)
         total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
         self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)
         self.buffer: list[GroupResult] = []  # finished, kept, not yet trained
@@ -90,6 +90,21 @@ class Controller:
         signal.signal(signal.SIGINT, self._on_signal)
         if cfg.resume:
             restore(self, Path(cfg.resume))
+
+    def _training_split(self) -> list[Problem]:
+        """The train split; splits.json records both splits, what was removed to keep them
+        disjoint by content, and their overlap (0, or the run stops here)."""
+        import json
+
+        train, held = load_split(self.cfg.task, "train"), load_split(self.cfg.task, "eval")
+        report = split_report(self.cfg.task, train, held)
+        (self.run_dir / "splits.json").write_text(json.dumps(report, indent=1))
+        self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; %s; overlap %d",
+                      len(train.problems), train.report.removed_other_side, len(held.problems),
+                      report["space"]["text"], report["overlap"])
+        if report["overlap"]:
+            raise RuntimeError(f"{report['overlap']} eval problems are in the training split (see splits.json)")
+        return train.problems
 
     def _on_signal(self, signum, _frame) -> None:
         # keep serving until the trainer has checkpointed and said bye (bounded in run())

@@ -44,7 +44,8 @@ def _run(overrides: list[str]) -> None:
     _check_engine(head)
     _check_gpus(head)
     models = _models(head)
-    problems = [_problems(cfg) for cfg in cfgs]
+    chosen = [_problems(cfg, models) for cfg in cfgs]
+    problems = [p for p, _ in chosen]
     out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S"))
     if head.data_parallel():
         from areal_cli.evaluation.parallel import run_data_parallel
@@ -57,6 +58,7 @@ def _run(overrides: list[str]) -> None:
     from areal_cli.evaluation import report
 
     run = _run_info(head, cfgs, models, time.perf_counter() - t0)
+    run["splits"] = {cfg.task.name: info for cfg, (_, info) in zip(cfgs, chosen, strict=True)}
     report.write(results, out_dir, run)
     report.print_table(results)
     _say(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval.md'} ({run['wall_s']:.0f} s)")
@@ -107,16 +109,46 @@ def _models(cfg: EvalRunConfig) -> list[tuple[str, Path]]:
     return out
 
 
-def _problems(cfg: EvalRunConfig):
-    from areal_cli.evaluation.runner import eval_problems
+def _problems(cfg: EvalRunConfig, models: list[tuple[str, Path]]) -> tuple[list, dict]:
+    """The task's eval problems, less any found in the training split of a run_dir being
+    evaluated, then the first ``size``; with what eval.json reports about how they were chosen."""
+    from areal_cli.tasks import load_split
 
     try:
-        problems = eval_problems(cfg.task, cfg.size)
+        split = load_split(cfg.task, "eval")
     except ValueError as err:
         raise EvalError(f"task {cfg.task.name}: {err}") from None
+    problems, dropped = split.problems, {}
+    for name, _ in models:
+        trained = _trained_keys(name)
+        if trained is not None:
+            dropped[name] = sum(p.key in trained for p in split.problems)
+            problems = [p for p in problems if p.key not in trained]
+    problems = problems[: cfg.size or None]
     if not problems:
-        raise EvalError(f"task {cfg.task.name}: its eval split is empty; set task.eval_size > 0")
-    return problems
+        raise EvalError(f"task {cfg.task.name}: no eval problem is left (eval split {len(split.problems)}, "
+                        f"in a run's training split: {dropped}); use another task or raise task.eval_size")
+    info = {"problems": len(problems), "split": split.report.to_dict(), "dropped_in_training": dropped}
+    overlap = "".join(f"; {n} in the training split of {run}, dropped" for run, n in dropped.items())
+    _say(f"{cfg.task.name}: {len(problems)} held-out problems, distinct by content from the task's training "
+         f"split ({split.report.removed_other_side} training-side and {split.report.removed_duplicates} duplicate "
+         f"draws removed; {info['split']['space']['text']}){overlap}")
+    return problems, info
+
+
+def _trained_keys(model: str) -> set[str] | None:
+    """Content keys of the training split of a run_dir (its config.yaml); None for a plain model."""
+    config = Path(model).expanduser() / "config.yaml"
+    if not config.is_file():
+        return None
+    from areal_cli.config.load import load_yaml
+    from areal_cli.tasks import load_problems
+
+    try:
+        task = load_yaml(config).task
+        return {p.key for p in load_problems(task, "train")}
+    except (ConfigError, ValueError) as err:
+        raise EvalError(f"model={model}: cannot rebuild that run's training split to check overlap: {err}") from None
 
 
 def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list, threads: int) -> list[dict]:

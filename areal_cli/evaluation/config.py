@@ -10,7 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from areal_cli.config.load import ConfigError, _hydra_message, _schema_message, conf_dir
+from areal_cli.config.load import (
+    ConfigError,
+    _hydra_message,
+    _schema_message,
+    apply_task_params,
+    conf_dir,
+    split_task_params,
+)
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.models import ModelError, resolve_model
@@ -37,7 +44,8 @@ class EvalRunConfig:
     max_new_tokens: int = 64
     """Generated tokens per completion; a completion that reaches it counts as truncated."""
     size: int = 0
-    """Problems per task: the first `size` of the eval split (0 = all task.eval_size)."""
+    """Problems per task: the first `size` of the eval split (0 = all of it). With a run_dir as
+    model, problems found in that run's training split are dropped first (and reported)."""
     out_dir: str = ""
     """Where eval.json and eval.md go; "" = runs/eval-<timestamp>."""
     seed: int = 0
@@ -81,7 +89,7 @@ class EvalRunConfig:
                 problems.append(f"{key}={getattr(self, key)}: must be >= 1")
         if self.size < 0:
             problems.append(f"size={self.size}: must be >= 0 (0 = task.eval_size)")
-        if self.size > self.task.eval_size:
+        if self.task.eval_size and self.size > self.task.eval_size:
             problems.append(f"size={self.size} > task.eval_size={self.task.eval_size}: raise "
                             f"task.eval_size={self.size} or lower size")
         if self.engine.name not in ("hf", "vllm"):
@@ -142,9 +150,11 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    rest, params = split_task_params(list(overrides))
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):
-            raw = hydra_compose(config_name="eval", overrides=list(overrides))
+            raw = hydra_compose(config_name="eval", overrides=rest)
+        apply_task_params(raw, rest, params, "eval")
     except (HydraException, OmegaConfBaseException) as err:
         raise ConfigError([_for_eval(_hydra_message(err))]) from None
     try:

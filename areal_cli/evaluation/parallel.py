@@ -224,11 +224,13 @@ def worker_main(spec_path: str) -> None:
     out, k, n = Path(spec["out"]), spec["shard"], spec["shards"]
     faults.point("eval", k, out.parent)
     cfgs = compose_eval(spec["overrides"])
-    mine = [shard(eval_problems(cfg.task, cfg.size), k, n) for cfg in cfgs]
-    for cfg, task_problems, ids in zip(cfgs, mine, spec["ids"], strict=True):
-        if [p.id for p in task_problems] != ids:
+    mine = []
+    for cfg, ids in zip(cfgs, spec["ids"], strict=True):  # the parent's choice (overlap with a run dropped)
+        split = {p.id: p for p in eval_problems(cfg.task)}
+        if any(i not in split for i in ids):
             raise EvalError(f"task {cfg.task.name}: shard {k} loaded other problems than the parent "
                             "(is the task's data changing?)")
+        mine.append([split[i] for i in ids])
     print(f"shard {k} of {n}: " + ", ".join(f"{cfg.task.name} {len(p)} problems" for cfg, p in
                                               zip(cfgs, mine, strict=True)), file=sys.stderr, flush=True)
     t0, results = time.perf_counter(), []
