@@ -1,7 +1,9 @@
 """The dataset cursor: train problems in a seeded order, epoch after epoch, with a requeue.
 
 Every prompt drawn gets a sequence number (its place in the stream); a requeued prompt keeps
-it, so "admission order" batches and resumes see the same order as an uninterrupted run.
+it, so "admission order" batches and resumes see the same order as an uninterrupted run. It
+draws only from the problems it is given: the train split, which never holds a held-out problem
+(tasks/splits.py).
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ class Cursor:
         self.problems, self.seed = problems, seed
         self.drawn = 0  # prompts drawn from the stream so far
         self.requeued: list[tuple[int, str, Problem]] = []  # heap by sequence number
+        self._order: tuple[int, list[int]] = (-1, [])  # (epoch, its shuffled order)
 
     def _at(self, seq: int) -> tuple[str, Problem]:
         epoch, index = divmod(seq, len(self.problems))
-        order = list(range(len(self.problems)))
-        random.Random(self.seed * 7919 + epoch).shuffle(order)
-        problem = self.problems[order[index]]
+        if self._order[0] != epoch:
+            order = list(range(len(self.problems)))
+            random.Random(self.seed * 7919 + epoch).shuffle(order)
+            self._order = (epoch, order)
+        problem = self.problems[self._order[1][index]]
         return (problem.id if epoch == 0 else f"{problem.id}#e{epoch}"), problem
 
     def next(self) -> tuple[int, str, Problem]:

@@ -49,12 +49,14 @@ def split_records(cfg: TaskConfig, split: str, read_train, read_eval=None) -> tu
             f"task.eval_size={cfg.eval_size}, task.eval_fraction={cfg.eval_fraction}); add data, "
             "or lower task.eval_size (0 = task.eval_fraction of the distinct problems)"
         )
-    check_unique_ids(problems, where)
     return problems, report
 
 
 def _problems(records: list[tuple[int, Record]], cfg: TaskConfig) -> list[Problem]:
-    return [to_problem(where, rec, cfg, index) for index, (where, rec) in records]
+    """Every record as a Problem; ids unique within the file (whichever split a record lands in)."""
+    problems = [to_problem(where, rec, cfg, index) for index, (where, rec) in records]
+    check_unique_ids(problems, records[0][1][0].rsplit(" ", 2)[0] if records else "")
+    return problems
 
 
 def read_records(path: str) -> list[tuple[int, Record]]:

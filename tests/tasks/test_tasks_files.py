@@ -76,11 +76,13 @@ def test_empty_and_duplicate_ids(tmp_path):
     empty.write_text("\n")
     with pytest.raises(ValueError, match=r"empty\.jsonl: the dataset is empty"):
         load_problems(cfg_for(empty), "train")
-    dup = write_jsonl(tmp_path / "dup.jsonl", [RECORDS[0], RECORDS[0]])
+    same_uid = [RECORDS[0], {**RECORDS[1], "uid": "p0"}, *RECORDS[2:]]
+    dup = write_jsonl(tmp_path / "dup.jsonl", same_uid)
     with pytest.raises(ValueError, match="duplicate id 'p0'"):
-        load_problems(cfg_for(dup, id_field="uid", eval_size=0), "train")
-    with pytest.raises(ValueError, match="the eval split is empty"):
-        load_problems(cfg_for(dup, eval_size=0), "eval")
+        load_problems(cfg_for(dup, id_field="uid", eval_size=1, seed=3), "train")
+    one = write_jsonl(tmp_path / "one.jsonl", [RECORDS[0], RECORDS[0]])  # one distinct problem
+    with pytest.raises(ValueError, match=r"the train split is empty \(2 records, 1 distinct"):
+        load_problems(cfg_for(one, eval_size=0), "train")
 
 
 def test_hf_disk_dataset_and_dataset_dict(tmp_path):
