@@ -66,6 +66,7 @@ def preflight(cfg: RootConfig) -> None:
         problems.append(str(err))
     try:
         train = load_problems(cfg.task, "train")
+        load_problems(cfg.task, "eval")  # a held-out part too small for task.eval_size stops here
         if not train:
             problems.append("task: the training split is empty; raise task.size or check task.path")
         elif not problems:
