@@ -37,7 +37,7 @@ def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
         raise ValueError(f"task.{'size' if split == 'train' else 'eval_size'}=0: set it > 0")
     share = cfg.eval_share if split == "eval" else 1 - cfg.eval_share
     stream = _Stream(cfg, split_seed(cfg, split), chunk=int(want / max(share, 0.05) * 1.2) + 64)
-    drawn, report = draw(stream, split, want, cfg.eval_share, where=f"task {cfg.name} ({cfg.dataset})")
+    drawn, report = draw(stream, split, want, cfg.eval_share, where=f"reasoning-gym {cfg.dataset}")
     problems = [
         Problem(
             id=f"{cfg.name}/{split}/{i}",
