@@ -96,7 +96,8 @@ def test_reward_calls_that_never_return_are_scored_timeouts(tiny_model, tmp_path
 def test_hostile_input_gets_a_clear_message(tmp_path, overrides, needle):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 3,\n')
-    (tmp_path / "long.jsonl").write_text(json.dumps({"prompt": "word " * 9000, "answer": "1"}) + "\n")
+    long = [{"prompt": "word " * 9000 + end, "answer": "1"} for end in "ab"]  # one held out, one trains
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
     import socket
 
     busy = socket.socket()
