@@ -41,6 +41,8 @@ TINY_RUN = ["trainer.batch_size=2", "rollout.group_size=2", "rollout.max_new_tok
 
 
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool = True):
+    if not any(o.startswith("eval.at_end=") for o in overrides):
+        overrides = ("eval.at_end=false", *overrides)  # the closing evaluation only where a test asks
     cmd = AREAL + ["train", "--quiet", f"run_dir={run_dir}", *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})

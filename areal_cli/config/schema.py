@@ -207,7 +207,8 @@ class EvalConfig:
     every: int = 0
     """Evaluate on the held-out split every N steps during training (0 = never)."""
     at_end: bool = False
-    """Evaluate once after the last step."""
+    """After the last step, `areal train` evaluates the base model and the final checkpoint on
+    ``size`` held-out problems (greedy) and prints both; the base figure is cached."""
     size: int = 64
     """Held-out problems per evaluation."""
 

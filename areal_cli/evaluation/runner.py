@@ -176,12 +176,12 @@ def evaluate(model_path: str | Path, task_cfg: TaskConfig, reward_cfg: RewardCon
     """Evaluate one model on one task's eval split; what ``areal train`` calls for ``eval.every``.
 
     ``model_path``: an alias, a Hugging Face directory or a run_dir. ``size``: the first that
-    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed`` (of ``run``; ``seed``
+    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed``, ``problems`` (of ``run``; ``seed``
     also seeds a vLLM engine) and
     ``engine_cfg``, ``threads``, ``max_concurrent``, ``pool`` (of ``Evaluator``; pass the
     caller's RewardPool to skip starting one). Returns ``Evaluator.run``'s dict.
     """
-    run_keys = ("greedy", "top_p", "seed")
+    run_keys = ("greedy", "top_p", "seed", "problems")
     run_opts = {k: options.pop(k) for k in run_keys if k in options}
     with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, seed=run_opts.get("seed", 0), **options) as ev:
         return ev.run(task_cfg, n_samples=n_samples, temperature=temperature,

@@ -190,6 +190,9 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
             signal.signal(s, h)
     launcher.stop(timeout_s=2)
     summarize(plan.run_dir)
+    from areal_cli.launcher.final_eval import evaluate_run
+
+    evaluate_run(cfg, plan.run_dir)
     return plan.run_dir
 
 

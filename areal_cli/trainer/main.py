@@ -130,7 +130,7 @@ class Trainer:
 
     def _eval_due(self, version: int) -> bool:
         e = self.cfg.eval
-        return bool(e.every and version % e.every == 0) or (e.at_end and version == self.cfg.trainer.steps)
+        return bool(e.every and version % e.every == 0)
 
     def _evaluate(self, version: int) -> dict:
         """Greedy accuracy on the held-out split with the weights of ``version`` (rank 0 runs it;

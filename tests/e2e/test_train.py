@@ -38,10 +38,13 @@ def test_async_run_keeps_staleness_bound(tiny_model, tmp_path):
 
 
 def test_synchronous_mode_is_on_policy(tiny_model, tmp_path):
-    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "rollout.max_staleness=0",
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "rollout.max_staleness=0",
               "eval.every=2", "eval.at_end=true", "eval.size=4")
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [("eval/basic_arithmetic/accuracy" in m) for m in metrics] == [False, True, True]
+    assert [("eval/basic_arithmetic/accuracy" in m) for m in metrics] == [False, True, False]
+    final = json.loads((tmp_path / "eval_final.json").read_text())
+    assert final["problems"] == 4 and 0 <= final["trained"]["accuracy"] <= 1
+    assert "held-out greedy accuracy" in proc.stdout
     traj = read_jsonl(tmp_path / "trajectories.jsonl")
     assert len(traj) == 12
     assert all(t["version_start"] == t["version_end"] == t["trained_version"] for t in traj)
