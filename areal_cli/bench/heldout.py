@@ -15,7 +15,7 @@ def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batc
     from areal_cli.rewards.scoring import score
     from areal_cli.tasks import build_messages, load_problems
 
-    problems = load_problems(cfg.task, "eval")[: size or cfg.eval.size]
+    problems = load_problems(cfg.task, "eval")[: size or cfg.eval.size or None]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = AutoTokenizer.from_pretrained(model_path)
     tok.padding_side = "left"

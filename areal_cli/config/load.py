@@ -173,9 +173,9 @@ def validate(cfg: RootConfig) -> list[str]:
             f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < rollout.max_new_tokens="
             f"{r.max_new_tokens}: lower the buffer or raise max_new_tokens"
         )
-    if (cfg.eval.every or cfg.eval.at_end) and not 0 < cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
-        problems.append(f"eval.size={cfg.eval.size} must be in 1..task.eval_size={cfg.task.eval_size}: "
-                        "lower eval.size or raise task.eval_size")
+    if (cfg.eval.every or cfg.eval.at_end) and not 0 <= cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
+        problems.append(f"eval.size={cfg.eval.size} must be in 0..task.eval_size={cfg.task.eval_size} "
+                        "(0 = the whole eval split): lower eval.size or raise task.eval_size")
     if r.batch_order not in ("finished", "admission"):
         problems.append(f"rollout.batch_order={r.batch_order!r}: use finished or admission")
     if cfg.engine.name not in ("hf", "vllm"):

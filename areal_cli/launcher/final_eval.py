@@ -28,7 +28,7 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
     from areal_cli.models import resolve_model
     from areal_cli.tasks import load_problems
 
-    problems = load_problems(cfg.task, "eval")[: cfg.eval.size]
+    problems = load_problems(cfg.task, "eval")[: cfg.eval.size or None]
     say(f"evaluating base and trained model on {len(problems)} held-out problems "
         f"({cfg.task.name} eval split, greedy, ≤ {cfg.rollout.max_new_tokens} new tokens) ...")
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
