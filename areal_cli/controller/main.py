@@ -98,7 +98,7 @@ class Controller:
 
         train, held = load_split(self.cfg.task, "train"), load_split(self.cfg.task, "eval")
         report = split_report(self.cfg.task, train, held)
-        (self.run_dir / "splits.json").write_text(json.dumps(report, indent=1))
+        (self.run_dir / "splits.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
         self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; %s; overlap %d",
                       len(train.problems), train.report.removed_other_side, len(held.problems),
                       report["space"]["text"], report["overlap"])
