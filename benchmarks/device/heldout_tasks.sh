@@ -4,7 +4,7 @@
 # the base model and the trained checkpoint on 200 held-out problems (greedy). Staging as in common.sh:
 #   stage1  carry .vllm/a        stage2  carry .vllm/b .whl        stage3  carry .models/a
 #   main    carry .models/b      the first two tasks at once (BUDGET s, default 570)
-#   third   (no carry)           the third task on GPUS (default [0,1])
+#   third   (no carry)           the third task (and a fourth, if given) the same way
 # TASKS (default below) lists name:dataset:params, params as key=value joined by commas.
 # Results: $OUT/summary.txt, $OUT/<name>/eval.json|eval.md|splits, a tarball of run records.
 set -u
@@ -41,8 +41,10 @@ if [ "$phase" = main ]; then  # the first two tasks at once
   one "$2" [2,3]
   wait $A
 fi
-if [ "$phase" = third ]; then  # carry .whl: the third task on GPUs ${GPUS:-[0,1]}
-  one "$3" ${GPUS:-[0,1]}
+if [ "$phase" = third ]; then  # the third task on GPUs 0,1; a fourth, if TASKS has one, on 2,3
+  if [ $# -ge 4 ]; then ( one "$4" [2,3] ) & fi
+  one "$3" [0,1]
+  wait
 fi
 tar czf $OUT/heldout_$phase.tgz --exclude=checkpoints -C /tmp runs heldout_logs 2>/dev/null
 echo "done in $(( $(date +%s) - T0 )) s" | tee -a $S
