@@ -220,8 +220,9 @@ class Controller:
             return f"{msg.sender} never sends {msg.kind}"
         if msg.kind in ("weights_ready", "step_done") and msg.version != self.step:
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
-        if msg.kind == "step_done" and self.trainer_ready:
-            return "no batch is being trained"
+        if msg.kind == "step_done" and (self.trainer_ready or self.last_batch is None
+                                        or self.last_batch[0] != msg.version - 1):
+            return "no batch of that step is being trained"
         if msg.kind == "checkpoint" and msg.version not in (self.step - 1, self.step):
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
         return ""

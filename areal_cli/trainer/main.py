@@ -28,8 +28,7 @@ from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, max_frame_bytes
 from areal_cli.transport.messages import Batch, decode, encode
-
-WAIT, BATCH, STOP = 0, 1, 2  # what rank 0 tells the other ranks while they wait for a batch
+from areal_cli.transport.ranks import BATCH, STOP, WAIT, share_frame
 
 
 class Trainer:
@@ -96,36 +95,20 @@ class Trainer:
         that exceeds launcher.peer_timeout_s is then a real stall, reported as an error.
         The batch goes to the other ranks as tensors (its msgpack frame), never pickled."""
         while True:
-            batch, frame = None, b""
+            batch, what, frame = None, WAIT, b""
             if self.rank == 0:
                 self._doing(f"waiting for batch {step} from the controller")
                 batch = self.batches.recv(5.0)
                 if batch is not None and batch.step != step:
                     self.log.warning("dropped batch %d: step %d is next", batch.step, step)
                     batch = None
-                frame = encode(batch) if batch is not None else b""
-                what = BATCH if frame else STOP if self.stop_requested else WAIT
-            else:
-                what = WAIT
-            what, frame = self._share(what, frame)
+                what = BATCH if batch is not None else STOP if self.stop_requested else WAIT
+                frame = encode(batch) if batch is not None and self.world > 1 else b""
+            what, frame = share_frame(what, frame, self.device)
             if what == STOP:
                 return None
             if what == BATCH:
                 return batch if self.rank == 0 else decode(frame, (Batch,))
-
-    def _share(self, what: int, frame: bytes) -> tuple[int, bytes]:
-        """Rank 0's (what, frame) on every rank: a 2-int64 header, then the frame's bytes."""
-        head = torch.tensor([what, len(frame)], dtype=torch.int64, device=self.device)
-        dist.broadcast(head, src=0)
-        what, size = int(head[0]), int(head[1])
-        if not size:
-            return what, b""
-        if self.rank == 0:
-            data = torch.frombuffer(bytearray(frame), dtype=torch.uint8).to(self.device)
-        else:
-            data = torch.empty(size, dtype=torch.uint8, device=self.device)
-        dist.broadcast(data, src=0)
-        return what, frame if self.rank == 0 else data.cpu().numpy().tobytes()
 
     def _on_signal(self, signum, _frame) -> None:
         self.log.info("signal %d: stopping after the current step", signum)
