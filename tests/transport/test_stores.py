@@ -94,3 +94,20 @@ def test_torchrun_rendezvous_listens_on_the_configured_host_only(tmp_path):
     for who in ("agent", "rank0"):
         assert {a for a, _ in got[who]} == {"127.0.0.1"}, (who, got[who])
     assert sys.executable == cmd[0]
+
+
+def test_slurm_rendezvous_stores_listen_on_no_wildcard_address(tmp_path):
+    """The Slurm script's torchrun (c10d rendezvous, one agent per node), on one node: the
+    rendezvous store on the endpoint's host, the ranks' shared store on this node's address."""
+    port = free_ports("127.0.0.1", 1)[0]
+    out, probe = tmp_path / "listening.json", tmp_path / "probe.py"
+    probe.write_text(PROBE.format(tests=str(Path(__file__).parent), out=str(out)))
+    cmd = [sys.executable, "-m", "areal_cli.launcher.torchrun", "--nnodes=1", "--nproc-per-node=2",
+           "--max-restarts=0", "--rdzv-backend=areal-c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=t",
+           str(probe)]
+    env = {**child_env({}), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    agent = json.loads(out.read_text())["agent"]
+    assert ["127.0.0.1", port] in agent and len(agent) == 2  # rendezvous store + the ranks' store
+    assert not {a for a, _ in agent} & {"0.0.0.0", "::"}, agent
