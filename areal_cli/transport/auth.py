@@ -17,6 +17,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,8 +96,16 @@ class Gatekeeper:
         self.context = context or zmq.Context.instance()
         self._lock = threading.Lock()
         self._monitors: list[tuple[str, str, zmq.Socket]] = []
+        self._stopped = threading.Event()
         self.auth = _Authenticator(self, keys.client_public)
-        self.auth.start()
+        for attempt in range(100):  # a handler stopped just before may still hold the ZAP address
+            try:
+                self.auth.start()
+                break
+            except zmq.ZMQError as err:
+                if err.errno != zmq.EADDRINUSE or attempt == 99:
+                    raise
+                time.sleep(0.05)
         self.auth.configure_curve_callback(domain="areal", credentials_provider=self.auth)
         threading.Thread(target=self._watch, daemon=True, name="zmq-handshakes").start()
 
@@ -113,7 +122,7 @@ class Gatekeeper:
 
     def _watch(self) -> None:
         poller, names = zmq.Poller(), {}
-        while True:
+        while not self._stopped.is_set():
             with self._lock:
                 for name, addr, mon in self._monitors[len(names):]:
                     poller.register(mon, zmq.POLLIN)
@@ -124,8 +133,11 @@ class Gatekeeper:
                     self._refuse(f"{names[mon]}: {_FAILED.get(event, 'handshake failed')}")
             except zmq.ZMQError:  # the context is closing
                 return
+        for mon in names:
+            mon.close(0)
 
     def stop(self) -> None:
+        self._stopped.set()
         self.auth.stop()
 
 
