@@ -218,13 +218,14 @@ class Controller:
             return "not a process of this run"
         if not may_send(msg.kind, msg.sender):
             return f"{msg.sender} never sends {msg.kind}"
-        if msg.kind in ("weights_ready", "step_done") and msg.version != self.step:
+        if msg.kind == "step_done" and msg.version != self.step:
+            return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
+        if msg.kind in ("weights_ready", "checkpoint") and msg.version not in (self.step - 1, self.step):
+            # weights_ready: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
         if msg.kind == "step_done" and (self.trainer_ready or self.last_batch is None
                                         or self.last_batch[0] != msg.version - 1):
             return "no batch of that step is being trained"
-        if msg.kind == "checkpoint" and msg.version not in (self.step - 1, self.step):
-            return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
         return ""
 
     def _on_status(self, msg: Status) -> None:
@@ -235,7 +236,7 @@ class Controller:
         if msg.kind == "hello":
             self._on_hello(msg.sender)
         if msg.kind == "weights_ready":
-            self.adm.version = msg.version
+            self.adm.version = max(self.adm.version, msg.version)
             self.pending_update = msg.version
         if msg.kind == "step_done":
             self._on_step_done(msg)
