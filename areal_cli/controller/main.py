@@ -27,7 +27,7 @@ from areal_cli.controller.state import finish_checkpoint, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
 from areal_cli.tasks import Problem, build_messages, load_problems
 from areal_cli.transport.auth import Gatekeeper, load_keys
-from areal_cli.transport.channels import Channel, Router, max_frame_bytes
+from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
 from areal_cli.transport.messages import Batch, Control, GroupResult, Status, WorkItem, may_send
 
 
@@ -116,6 +116,16 @@ class Controller:
             self._check_peers(start)
         self.control.send(Control("stop"))
         self.log.info("run finished: %d steps", self.step)
+
+    def close(self) -> None:
+        """Close every socket; the last "stop" to the rollout workers still goes out (1 s at most)."""
+        for ch in (self.status, self.work, self.results, self.batches):
+            ch.close()
+        self.control.close(linger_s=1.0)
+        self.gate.stop()
+        shutdown()
+        self.log.info("sockets closed (%d frames dropped, %d unexpected messages, %d connections refused)",
+                      sum(c.dropped for c in (self.status, self.results)), self.unexpected, self.gate.refused)
 
     def _admit(self) -> None:
         r = self.cfg.rollout
@@ -296,7 +306,9 @@ def main() -> None:
     except PeerStalled as err:
         ctl.log.error("%s", err)
         ctl.control.send(Control("stop"))
+        ctl.close()
         sys.exit(4)
+    ctl.close()
 
 
 if __name__ == "__main__":

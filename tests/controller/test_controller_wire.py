@@ -32,7 +32,7 @@ def ctl(tmp_path, tiny_model):
     yield c
     for ch in (c.status, c.work, c.results, c.batches, c.control):
         ch.close()
-    c.gate.stop()
+    c.gate.stop()  # not c.close(): that ends ZeroMQ in this (test) process
 
 
 def client(ctl, name: str):
