@@ -2,8 +2,9 @@
 
 Who binds: the controller binds every socket (it starts first and outlives the others);
 rollout workers and trainer rank 0 connect. Every socket is authenticated and encrypted with
-the run's CURVE keys (``auth.py``); each channel accepts only its message types (``CHANNELS``). Every receive takes a timeout and returns None
-when it expires, so the caller decides what a silent peer means — never a silent hang.
+the run's CURVE keys (``auth.py``); each channel accepts only its message types (``CHANNELS``).
+Every receive takes a timeout and returns None when it expires, so the caller decides what a
+silent peer means — never a silent hang.
 Sends use a send timeout: a peer that is gone raises ``PeerGone`` naming the channel.
 """
 

@@ -19,6 +19,8 @@ import numpy as np
 _ND = "__nd__"
 REGISTRY: dict[str, type] = {}
 _ARRAY_KINDS = "biuf"  # bool, signed, unsigned, float: nothing else is ever on the wire
+_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
+            "np.ndarray": (np.ndarray,)}
 
 
 class BadFrame(ValueError):
@@ -26,8 +28,12 @@ class BadFrame(ValueError):
 
 
 def message(cls):
-    """Register a dataclass as a wire message under its class name."""
+    """Register a dataclass as a wire message under its class name (its fields' types must be
+    ones ``decode`` checks: those in ``_SCALARS``, or list[<an earlier message>])."""
     cls = dataclass(cls)
+    for f in fields(cls):
+        known = f.type in _SCALARS or (f.type.startswith("list[") and f.type[5:-1] in REGISTRY)
+        assert known, f"{cls.__name__}.{f.name}: decode cannot check a field of type {f.type}"
     REGISTRY[cls.__name__] = cls
     return cls
 
@@ -73,10 +79,6 @@ def decode(frame: bytes, allowed: tuple[type, ...] | None = None):
     if allowed is not None and cls not in allowed:
         raise BadFrame(f"a {cls.__name__} on a channel that carries {', '.join(c.__name__ for c in allowed)}")
     return _build(cls, raw["body"])
-
-
-_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
-            "np.ndarray": (np.ndarray,)}
 
 
 def _build(cls, body: dict):
