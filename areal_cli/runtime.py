@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 
+from areal_cli.transport.auth import Keys
 from areal_cli.transport.channels import Endpoints, status_sender
 from areal_cli.transport.messages import Status
 
@@ -81,9 +82,9 @@ class Heartbeat:
     the heartbeats stop. The thread also exits the process if the launcher died (orphaned).
     """
 
-    def __init__(self, endpoints: Endpoints, name: str, period_s: float):
+    def __init__(self, endpoints: Endpoints, keys: Keys, name: str, period_s: float, max_frame: int):
         self.name, self.period_s, self.doing = name, period_s, "starting"
-        self.sock = status_sender(endpoints.status, name)
+        self.sock = status_sender(endpoints.status, name, keys, max_frame)
         self.lock = threading.Lock()
         self.parent = os.getppid()
         threading.Thread(target=self._run, daemon=True, name="heartbeat").start()

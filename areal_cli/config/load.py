@@ -197,6 +197,9 @@ def validate(cfg: RootConfig) -> list[str]:
         problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
     if cfg.weights.backend not in ("auto", "nccl", "gloo"):
         problems.append(f"weights.backend={cfg.weights.backend!r}: use auto, nccl or gloo")
+    if not 0 <= cfg.launcher.max_frame_mb <= 2047:
+        problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
+                        "or 1..2047")
     if cfg.resume and not (Path(cfg.resume) / "config.yaml").is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems

@@ -156,6 +156,8 @@ class LauncherConfig:
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
     port_base: int = 0
     """First of the 7 consecutive ports the run uses; 0 = free ports chosen by the OS."""
+    max_frame_mb: int = 0
+    """Largest ZeroMQ frame (MiB) a process accepts; larger ones are refused. 0 = sized to the largest batch."""
     heartbeat_s: float = 1.0
     """Heartbeat period of every process."""
     peer_timeout_s: float = 120.0

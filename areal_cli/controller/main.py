@@ -26,8 +26,9 @@ from areal_cli.controller.records import StepRecorder
 from areal_cli.controller.state import finish_checkpoint, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
 from areal_cli.tasks import Problem, build_messages, load_split, split_report
-from areal_cli.transport.channels import Channel, Router
-from areal_cli.transport.messages import Batch, Control, GroupResult, WorkItem
+from areal_cli.transport.auth import Gatekeeper, load_keys
+from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
+from areal_cli.transport.messages import Batch, Control, GroupResult, Status, WorkItem, may_send
 
 
 class PeerStalled(RuntimeError):
@@ -57,11 +58,15 @@ class Controller:
             # bind where the OS says, then tell everyone (the local launcher starts the others
             # only once controller.ready exists; under Slurm the job's prepare step chose the ports)
             ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
-        self.status = Router(ep.status)
-        self.work = Channel(zmq.PUSH, ep.work, bind=True, name="work", hwm=4)
-        self.results = Channel(zmq.PULL, ep.results, bind=True, name="results")
-        self.batches = Channel(zmq.PUSH, ep.batches, bind=True, name="batches", hwm=2)
-        self.control = Channel(zmq.PUB, ep.control, bind=True, name="control")
+        keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
+        self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals
+        wire = dict(bind=True, keys=keys, max_frame=limit, gate=self.gate)
+        self.status = Router(ep.status, keys, limit, self.gate)
+        self.work = Channel(zmq.PUSH, ep.work, name="work", hwm=4, **wire)
+        self.results = Channel(zmq.PULL, ep.results, name="results", **wire)
+        self.batches = Channel(zmq.PUSH, ep.batches, name="batches", hwm=2, **wire)
+        self.control = Channel(zmq.PUB, ep.control, name="control", **wire)
+        self.unexpected = 0  # well-formed frames dropped because nothing sent them legitimately
         publish_endpoints(self.run_dir, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
         from transformers import AutoTokenizer
@@ -127,6 +132,16 @@ class Controller:
         self.control.send(Control("stop"))
         self.log.info("run finished: %d steps", self.step)
 
+    def close(self) -> None:
+        """Close every socket; the last "stop" to the rollout workers still goes out (1 s at most)."""
+        for ch in (self.status, self.work, self.results, self.batches):
+            ch.close()
+        self.control.close(linger_s=1.0)
+        self.gate.stop()
+        shutdown()
+        self.log.info("sockets closed (%d frames dropped, %d unexpected messages, %d connections refused)",
+                      sum(c.dropped for c in (self.status, self.results)), self.unexpected, self.gate.refused)
+
     def _admit(self) -> None:
         r = self.cfg.rollout
         while self.adm.can_admit():
@@ -150,9 +165,12 @@ class Controller:
             msg = self.results.recv(0)
 
     def _on_result(self, g: GroupResult) -> None:
-        if g.group_id not in self.groups:
+        if g.group_id not in self.groups or any(b.group_id == g.group_id for b in self.buffer):
             self.log.warning("dropping a result for unknown group %d (from before a restart)", g.group_id)
             return
+        expected = self.cfg.rollout.group_size
+        if len(g.samples) != expected:
+            return self._drop(f"a result of group {g.group_id} with {len(g.samples)} samples, not {expected}")
         self.rec.on_group(g)
         rewards = [s.reward for s in g.samples]
         keep = not (self.cfg.algorithm.dynamic_sampling and max(rewards) == min(rewards))
@@ -207,28 +225,65 @@ class Controller:
     def _handle_status(self) -> None:
         msg = self.status.recv(0)
         while msg is not None:
-            self.last_seen[msg.sender] = time.monotonic()
-            self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
-            if msg.kind == "error":
-                raise RuntimeError(f"{msg.sender} reported: {msg.text}")
-            if msg.kind == "hello":
-                self._on_hello(msg.sender)
-            if msg.kind == "weights_ready":
-                self.adm.version = msg.version
-                self.pending_update = msg.version
-            if msg.kind == "step_done":
-                self._on_step_done(msg)
-            if msg.kind == "checkpoint":  # written on a stop signal, between steps
-                finish_checkpoint(self, Path(msg.metrics["checkpoint"]), msg.version)
-            if msg.kind == "weights_loaded":
-                self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
-            if msg.kind == "bye" and msg.sender == "trainer-0":
-                self.done = True
+            why = self._unexpected(msg)
+            if why:
+                self._drop(f"{msg.kind} from {msg.sender!r}: {why}")
+            else:
+                self._on_status(msg)
             msg = self.status.recv(0)
         if self.pending_update is not None and len(self.rollouts_up) == self.cfg.rollout.workers:
             # only once every worker is subscribed: a PUB sent earlier would be lost
             self.control.send(Control("update", self.pending_update))
             self.pending_update = None
+
+    def _unexpected(self, msg: Status) -> str:
+        """Why ``msg`` cannot be a legitimate status now ("" if it can). Versions are checked
+        against the controller's own count of steps: it sent batch ``step - 1`` last."""
+        if msg.sender not in self.peers:
+            return "not a process of this run"
+        if not may_send(msg.kind, msg.sender):
+            return f"{msg.sender} never sends {msg.kind}"
+        if msg.kind == "step_done" and msg.version != self.step:
+            return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
+        if msg.kind in ("weights_ready", "checkpoint") and msg.version not in (self.step - 1, self.step):
+            # weights_ready: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
+            return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
+        if msg.kind == "step_done" and (self.trainer_ready or self.last_batch is None
+                                        or self.last_batch[0] != msg.version - 1):
+            return "no batch of that step is being trained"
+        return ""
+
+    def _on_status(self, msg: Status) -> None:
+        self.last_seen[msg.sender] = time.monotonic()
+        self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
+        if msg.kind == "error":
+            raise RuntimeError(f"{msg.sender} reported: {msg.text}")
+        if msg.kind == "hello":
+            self._on_hello(msg.sender)
+        if msg.kind == "weights_ready":
+            self.adm.version = max(self.adm.version, msg.version)
+            self.pending_update = msg.version
+        if msg.kind == "step_done":
+            self._on_step_done(msg)
+        if msg.kind == "checkpoint":  # written on a stop signal, between steps
+            self._finish_checkpoint(msg.version)
+        if msg.kind == "weights_loaded":
+            self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
+        if msg.kind == "bye":
+            self.done = True
+
+    def _drop(self, what: str) -> None:
+        self.unexpected += 1
+        self.log.warning("dropped an unexpected message (%d so far): %s", self.unexpected, what)
+
+    def _finish_checkpoint(self, version: int) -> None:
+        """Complete the checkpoint the trainer wrote for ``version``: its directory is derived
+        here from the version, never taken from a message."""
+        partial = self.run_dir / "checkpoints" / f"step_{version}.partial"
+        if not (partial / "trainer.json").is_file():
+            return self._drop(f"checkpoint of version {version} announced, but {partial} is incomplete")
+        finish_checkpoint(self, partial, version)
+        self.log.info("checkpoint of version %d complete", version)
 
     def _on_hello(self, sender: str) -> None:
         self.log.info("%s is up", sender)
@@ -237,14 +292,11 @@ class Controller:
         else:
             self.rollouts_up.add(sender)
 
-    def _on_step_done(self, msg) -> None:
-        metrics = dict(msg.metrics)
-        ckpt = metrics.pop("checkpoint", "")
-        self.rec.on_step_done(msg.version - 1, metrics,
+    def _on_step_done(self, msg: Status) -> None:
+        self.rec.on_step_done(msg.version - 1, dict(msg.metrics),
                               {"buffered": len(self.buffer), "running": self.adm.running})
-        if ckpt:
-            finish_checkpoint(self, Path(ckpt), msg.version)
-            self.log.info("checkpoint of version %d complete: %s", msg.version, ckpt)
+        if msg.checkpoint:
+            self._finish_checkpoint(msg.version)
         self.trainer_ready = True
 
     def _check_peers(self, start: float) -> None:
@@ -269,7 +321,9 @@ def main() -> None:
     except PeerStalled as err:
         ctl.log.error("%s", err)
         ctl.control.send(Control("stop"))
+        ctl.close()
         sys.exit(4)
+    ctl.close()
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.schema import RootConfig
-from areal_cli.transport.channels import Endpoints, free_ports, make_endpoints
+from areal_cli.transport.auth import make_keys
+from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
 
 
 @dataclass
@@ -44,6 +45,7 @@ class Plan:
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
                              f"resume={self.run_dir} or choose another run_dir")
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, self.run_dir / "config.yaml")
         (self.run_dir / "endpoints.json").write_text(json.dumps(self.endpoints.to_dict(), indent=1))
 
@@ -118,9 +120,11 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
     master_port = cfg.launcher.port_base + 6 if cfg.launcher.port_base else free_ports(cfg.launcher.host, 1)[0]
     tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else {}
+    if is_loopback(cfg.launcher.host) and "GLOO_SOCKET_IFNAME" not in os.environ:
+        tenv["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo transport listens on loopback too
     procs.append(Proc("trainer", [
-        py, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
-        "--master-addr", cfg.launcher.host, "--master-port", str(master_port),
+        py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
+        "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}", "--rdzv-conf", "rank=0",
         "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
     if devices["trainer"] and cfg.trainer.ranks > len(devices["trainer"]):
         raise ValueError(f"trainer.ranks={cfg.trainer.ranks} but only {len(devices['trainer'])} GPU(s) "

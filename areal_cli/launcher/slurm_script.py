@@ -7,7 +7,8 @@ Inside the job (the batch shell runs on node 0):
    hostname of node 0 (the controller binds every ZeroMQ socket there);
 3. steps: controller on node 0; rollout workers on the generation nodes (one task per
    worker, its GPUs bound by ``--gpus-per-task``); one torchrun per training node joined by
-   the c10d rendezvous on the first training node;
+   the c10d rendezvous on the first training node (``launcher/torchrun.py``: its stores listen
+   on that node's address only);
 4. the shell polls the steps: the first failed step stops the others and fails the job
    with its exit code; the controller's clean exit ends the run.
 Every step runs with ``--overlap`` (steps share CPUs and memory; GPUs stay per step).
@@ -65,8 +66,8 @@ STEPS[$!]=controller
 STEPS[$!]=rollout
 "${{SRUN[@]}}" --nodes={n_train} --nodelist="$TRAIN_NODES" --ntasks={n_train} --ntasks-per-node=1 \\
   {trainer_gpus}--cpus-per-task=$SLURM_CPUS_ON_NODE --output="$RUN_DIR/logs/torchrun-%N.log" \\
-  "$PY" -m torch.distributed.run --nnodes={n_train} --nproc-per-node={nproc} --max-restarts=0 \\
-  --rdzv-backend=c10d --rdzv-endpoint="$TRAIN_HOST:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \\
+  "$PY" -m areal_cli.launcher.torchrun --nnodes={n_train} --nproc-per-node={nproc} --max-restarts=0 \\
+  --rdzv-backend=areal-c10d --rdzv-endpoint="$TRAIN_HOST:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \\
   -m areal_cli.trainer.main "$RUN_DIR" &
 STEPS[$!]=trainer
 """

@@ -21,7 +21,8 @@ from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
-from areal_cli.transport.channels import Channel
+from areal_cli.transport.auth import load_keys
+from areal_cli.transport.channels import Channel, max_frame_bytes
 
 
 def build_engine(cfg: RootConfig, index: int, tokenizer):
@@ -77,7 +78,8 @@ class Worker:
         self.index = index
         self.run_dir = run_dir
         ep = load_endpoints(run_dir)
-        self.hb = Heartbeat(ep, self.name, self.cfg.launcher.heartbeat_s)
+        keys, limit = load_keys(run_dir), max_frame_bytes(self.cfg)
+        self.hb = Heartbeat(ep, keys, self.name, self.cfg.launcher.heartbeat_s, limit)
         set_threads(self.cfg.engine.threads)
         import torch
         from transformers import AutoTokenizer
@@ -90,9 +92,10 @@ class Worker:
         self.receiver = self._weight_receiver(ep)
         self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
         self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index)
-        self.work = Channel(zmq.PULL, ep.work, bind=False, name="work", hwm=2)
-        self.results = Channel(zmq.PUSH, ep.results, bind=False, name="results")
-        self.control = Channel(zmq.SUB, ep.control, bind=False, name="control")
+        wire = dict(bind=False, keys=keys, max_frame=limit)
+        self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)
+        self.results = Channel(zmq.PUSH, ep.results, name="results", **wire)
+        self.control = Channel(zmq.SUB, ep.control, name="control", **wire)
         self.held: collections.deque = collections.deque()  # work waiting for a newer version
         self.capacity = concurrency(self.cfg)
         self.hb.send("hello")
@@ -139,7 +142,10 @@ class Worker:
             msg = self.control.recv(0)
             if msg is not None and msg.command == "stop":
                 break
-            if msg is not None and msg.command == "update":
+            if msg is not None and msg.command == "update" and msg.version <= self.engine.version:
+                self.log.warning("ignored an update to version %d: the weights are at %d", msg.version,
+                                 self.engine.version)
+            elif msg is not None and msg.command == "update":
                 self._update(msg.version)
             if not self.stopping:
                 self._take_work()

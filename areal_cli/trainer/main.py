@@ -25,8 +25,10 @@ from areal_cli.models import resolve_model
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
 from areal_cli.trainer.step import StepRunner
-from areal_cli.transport.channels import Channel
-from areal_cli.transport.messages import decode
+from areal_cli.transport.auth import load_keys
+from areal_cli.transport.channels import Channel, max_frame_bytes
+from areal_cli.transport.messages import Batch, decode, encode
+from areal_cli.transport.ranks import BATCH, STOP, WAIT, share_frame
 
 
 class Trainer:
@@ -47,7 +49,8 @@ class Trainer:
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = load_endpoints(run_dir)
-        self.hb = Heartbeat(ep, self.name, cfg.launcher.heartbeat_s) if self.rank == 0 else None
+        keys, limit = (load_keys(run_dir), max_frame_bytes(cfg)) if self.rank == 0 else (None, 0)
+        self.hb = Heartbeat(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
         dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
@@ -58,7 +61,7 @@ class Trainer:
         self.sender = None
         self.stop_requested = False
         if self.rank == 0:
-            self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches")
+            self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
             self.sender = self._weight_sender(ep)
             self.hb.send("hello")
@@ -89,18 +92,23 @@ class Trainer:
 
         Rank 0 waits for the controller in slices and tells the other ranks "still waiting"
         between them, so no rank sits in one collective longer than a slice: a collective
-        that exceeds launcher.peer_timeout_s is then a real stall, reported as an error."""
+        that exceeds launcher.peer_timeout_s is then a real stall, reported as an error.
+        The batch goes to the other ranks as tensors (its msgpack frame), never pickled."""
         while True:
-            payload = [None]
+            batch, what, frame = None, WAIT, b""
             if self.rank == 0:
                 self._doing(f"waiting for batch {step} from the controller")
-                frame = self.batches.sock.recv() if self.batches.sock.poll(5000) else None
-                payload = [b"STOP" if self.stop_requested and frame is None else frame or b"WAIT"]
-            dist.broadcast_object_list(payload, src=0)
-            if payload[0] == b"STOP":
+                batch = self.batches.recv(5.0)
+                if batch is not None and batch.step != step:
+                    self.log.warning("dropped batch %d: step %d is next", batch.step, step)
+                    batch = None
+                what = BATCH if batch is not None else STOP if self.stop_requested else WAIT
+                frame = encode(batch) if batch is not None and self.world > 1 else b""
+            what, frame = share_frame(what, frame, self.device)
+            if what == STOP:
                 return None
-            if payload[0] != b"WAIT":
-                return decode(payload[0])
+            if what == BATCH:
+                return batch if self.rank == 0 else decode(frame, (Batch,))
 
     def _on_signal(self, signum, _frame) -> None:
         self.log.info("signal %d: stopping after the current step", signum)
@@ -120,13 +128,15 @@ class Trainer:
         self._sync_weights(version)
         return version
 
-    def _checkpoint(self, version: int, kind: str, metrics: dict) -> None:
+    def _checkpoint(self, version: int, kind: str) -> None:
+        """Write this rank's part of checkpoint ``version``; the controller completes it on
+        "step_done" / "checkpoint" (it derives the directory from the version itself)."""
         from areal_cli.trainer import checkpoint
 
         self._doing(f"writing checkpoint of version {version}")
-        metrics["checkpoint"] = str(checkpoint.save(self.runner, version, self.run_dir))
+        checkpoint.save(self.runner, version, self.run_dir)
         if self.rank == 0 and kind == "checkpoint":
-            self.hb.send("checkpoint", version=version, metrics=metrics)
+            self.hb.send("checkpoint", version=version)
 
     def _eval_due(self, version: int) -> bool:
         e = self.cfg.eval
@@ -163,7 +173,7 @@ class Trainer:
             batch = self._receive_batch(step)
             if batch is None:
                 if cfg.checkpoint.on_signal:
-                    self._checkpoint(step, "checkpoint", {})
+                    self._checkpoint(step, "checkpoint")
                 return self._finish(save_final=False)
             self._doing(f"training step {step}")
             faults.point("train", step, self.run_dir)
@@ -174,14 +184,15 @@ class Trainer:
             metrics.update(self._sync_weights(step + 1))
             if self._eval_due(step + 1):
                 metrics.update(self._evaluate(step + 1))
-            if self._due(step + 1) or self._stop_agreed():
-                self._checkpoint(step + 1, "step", metrics)
+            saved = self._due(step + 1) or self._stop_agreed()
+            if saved:
+                self._checkpoint(step + 1, "step")
             if self.rank == 0:
-                self.hb.send("step_done", version=step + 1, metrics=metrics)
+                self.hb.send("step_done", version=step + 1, metrics=metrics, checkpoint=saved)
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
-            if "checkpoint" in metrics and self.stop_requested:
+            if saved and self.stop_requested:
                 return self._finish(save_final=False)
         self._finish(save_final=True)
 

@@ -2,23 +2,38 @@
 
 Arrays (token ids, logprobs, versions) travel as raw bytes with dtype and shape — never
 pickled, never base64. Every message is a dataclass registered here; ``encode`` /
-``decode`` are the only ways onto and off the wire.
+``decode`` are the only ways onto and off the wire. ``decode`` trusts nothing: a frame
+that is not exactly one allowed message with every field of its declared type raises
+``BadFrame`` (the receiving channel counts, logs and drops it). ``CHANNELS`` says which
+message types each channel carries; no message carries a filesystem path or any other
+capability — a receiver derives what it acts on from plain values (a version, a step).
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 import msgpack
 import numpy as np
 
 _ND = "__nd__"
 REGISTRY: dict[str, type] = {}
+_ARRAY_KINDS = "biuf"  # bool, signed, unsigned, float: nothing else is ever on the wire
+_SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "dict": (dict,),
+            "np.ndarray": (np.ndarray,)}
+
+
+class BadFrame(ValueError):
+    """A frame that is not a well-formed message of a type its channel accepts."""
 
 
 def message(cls):
-    """Register a dataclass as a wire message under its class name."""
+    """Register a dataclass as a wire message under its class name (its fields' types must be
+    ones ``decode`` checks: those in ``_SCALARS``, or list[<an earlier message>])."""
     cls = dataclass(cls)
+    for f in fields(cls):
+        known = f.type in _SCALARS or (f.type.startswith("list[") and f.type[5:-1] in REGISTRY)
+        assert known, f"{cls.__name__}.{f.name}: decode cannot check a field of type {f.type}"
     REGISTRY[cls.__name__] = cls
     return cls
 
@@ -33,7 +48,10 @@ def _default(obj):
 
 def _hook(obj):
     if obj.get(_ND):
-        return np.frombuffer(obj["data"], dtype=np.dtype(obj["dtype"])).reshape(obj["shape"]).copy()
+        dtype = np.dtype(obj["dtype"])
+        if dtype.kind not in _ARRAY_KINDS:
+            raise BadFrame(f"array of dtype {dtype} on the wire")
+        return np.frombuffer(obj["data"], dtype=dtype).reshape(obj["shape"]).copy()
     return obj
 
 
@@ -44,15 +62,55 @@ def encode(msg) -> bytes:
     return msgpack.packb({"type": type(msg).__name__, "body": body}, default=_default, use_bin_type=True)
 
 
-def decode(frame: bytes):
-    raw = msgpack.unpackb(frame, object_hook=_hook, raw=False, strict_map_key=False)
-    cls = REGISTRY.get(raw.get("type"))
+def decode(frame: bytes, allowed: tuple[type, ...] | None = None):
+    """The message in ``frame``; ``BadFrame`` unless it is one of ``allowed`` (None: any
+    registered type), well formed, with every field of its declared type."""
+    try:
+        raw = msgpack.unpackb(frame, object_hook=_hook, raw=False, strict_map_key=False)
+    except BadFrame:
+        raise
+    except Exception as err:  # noqa: BLE001 — msgpack, numpy and codec errors alike: not a message
+        raise BadFrame(f"not a msgpack message ({type(err).__name__}: {err})") from None
+    if not isinstance(raw, dict) or set(raw) != {"type", "body"} or not isinstance(raw["body"], dict):
+        raise BadFrame("not a {type, body} map")
+    cls = REGISTRY.get(raw["type"]) if isinstance(raw["type"], str) else None
     if cls is None:
-        raise ValueError(f"unknown message type {raw.get('type')!r} on the wire")
-    msg = cls(**raw["body"])
-    if hasattr(msg, "__post_decode__"):
-        msg.__post_decode__()
+        raise BadFrame(f"unknown message type {raw['type']!r}")
+    if allowed is not None and cls not in allowed:
+        raise BadFrame(f"a {cls.__name__} on a channel that carries {', '.join(c.__name__ for c in allowed)}")
+    return _build(cls, raw["body"])
+
+
+def _build(cls, body: dict):
+    """``cls(**body)`` after checking every field against its annotation (nested messages too)."""
+    declared = {f.name: f for f in fields(cls)}
+    unknown = set(body) - set(declared)
+    if unknown:
+        raise BadFrame(f"{cls.__name__}: unknown field(s) {sorted(map(str, unknown))}")
+    kw = {}
+    for name, f in declared.items():
+        if name not in body:
+            if f.default is MISSING and f.default_factory is MISSING:
+                raise BadFrame(f"{cls.__name__}: missing field {name!r}")
+            continue
+        kw[name] = _check(cls.__name__, name, f.type, body[name])
+    msg = cls(**kw)
+    problem = msg.invalid() if hasattr(msg, "invalid") else ""
+    if problem:
+        raise BadFrame(f"{cls.__name__}: {problem}")
     return msg
+
+
+def _check(owner: str, name: str, annotation: str, value):
+    if annotation.startswith("list[") and annotation.endswith("]"):
+        item = REGISTRY[annotation[5:-1]]
+        if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+            raise BadFrame(f"{owner}.{name}: expected a list of {item.__name__}")
+        return [_build(item, v) for v in value]
+    types = _SCALARS[annotation]
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise BadFrame(f"{owner}.{name}: expected {annotation}, got {type(value).__name__}")
+    return value
 
 
 # ---- controller → rollout (PUSH/PULL) -------------------------------------------------
@@ -89,18 +147,29 @@ class Sample:
     num_turns: int  # model turns
     completion: str  # decoded text (logs only; the trainer uses the ids)
 
+    def invalid(self) -> str:
+        """What makes this sample unusable ("" if nothing): the per-token arrays must agree."""
+        arrays = (self.prompt_ids, self.output_ids, self.logprobs, self.versions, self.loss_mask)
+        if any(a.ndim != 1 for a in arrays):
+            return "token arrays must be one-dimensional"
+        if not len(self.output_ids) == len(self.logprobs) == len(self.versions) == len(self.loss_mask):
+            return "output_ids, logprobs, versions and loss_mask differ in length"
+        if self.logprobs.dtype.kind != "f" or any(a.dtype.kind not in "iu" for a in arrays if a is not self.logprobs):
+            return "token ids, versions and loss_mask must be integers, logprobs floats"
+        return ""
+
 
 @message
 class GroupResult:
     group_id: int  # as in WorkItem
     prompt_id: str  # as in WorkItem
     worker: int  # rollout worker index
-    samples: list  # [Sample] G entries
+    samples: list[Sample]  # G entries
     gen_time_s: float  # wall time from start to last sample finished
     gen_tokens: int  # tokens generated for this group (including re-prefill-free continuation)
 
-    def __post_decode__(self):
-        self.samples = [Sample(**s) if isinstance(s, dict) else s for s in self.samples]
+    def invalid(self) -> str:
+        return "" if self.samples else "a group without samples"
 
 
 # ---- controller → trainer (PUSH/PULL) --------------------------------------------------
@@ -110,13 +179,8 @@ class GroupResult:
 class Batch:
     step: int  # optimizer step this batch is for (0-based)
     trained_version: int  # policy version the trainer holds when it uses the batch (= step)
-    groups: list  # [GroupResult] B groups, oldest first
+    groups: list[GroupResult]  # B groups, oldest first
     stop: bool = False  # no more batches: save and exit
-
-    def __post_decode__(self):
-        self.groups = [GroupResult(**g) if isinstance(g, dict) else g for g in self.groups]
-        for g in self.groups:
-            g.__post_decode__()
 
 
 # ---- controller → rollout (PUB/SUB) ----------------------------------------------------
@@ -127,6 +191,9 @@ class Control:
     command: str  # "update" (join the weight broadcast of `version`) | "stop"
     version: int = 0  # the version the weights will have after the update
 
+    def invalid(self) -> str:
+        return "" if self.command in ("update", "stop") else f"unknown command {self.command!r}"
+
 
 # ---- everyone → controller (DEALER/ROUTER) ---------------------------------------------
 
@@ -134,8 +201,47 @@ class Control:
 @message
 class Status:
     sender: str  # process name: "trainer-0", "rollout-1", ...
-    kind: str  # "hello" | "heartbeat" | "step_done" | "weights_loaded" | "error" | "bye"
+    kind: str  # one of STATUS_KINDS
     doing: str = ""  # what the process is doing / waiting for (shown when it stalls)
-    version: int = 0  # step_done / weights_loaded: the new policy version
+    version: int = 0  # step_done / checkpoint / weights_ready / weights_loaded: the policy version
     metrics: dict = field(default_factory=dict)  # step_done: trainer metrics; weights_loaded: timings
     text: str = ""  # error: the message
+    checkpoint: bool = False  # step_done: the trainer wrote its part of checkpoints/step_<version>
+
+    def invalid(self) -> str:
+        if self.kind not in STATUS_KINDS:
+            return f"unknown kind {self.kind!r}"
+        if not all(isinstance(k, str) and isinstance(v, (int, float, str, bool, type(None)))
+                   for k, v in self.metrics.items()):
+            return "metrics must map names to numbers or strings"
+        return ""
+
+
+# kind → who may send it ("trainer-0", or "rollout" for any rollout worker, "*" for every peer)
+STATUS_KINDS = {
+    "hello": "*",  # up and ready (the trainer: ready for its first batch)
+    "heartbeat": "*",  # alive; ``doing`` says what it is busy with
+    "error": "*",  # failed with ``text``: the run ends
+    "weights_ready": "trainer-0",  # weights of ``version`` are in the wire buffers: tell the workers
+    "step_done": "trainer-0",  # step ``version`` - 1 trained (and maybe checkpointed)
+    "checkpoint": "trainer-0",  # checkpoint of ``version`` written on a stop signal, between steps
+    "bye": "trainer-0",  # the trainer finished: the run ends
+    "weights_loaded": "rollout",  # this worker now generates with ``version``
+}
+
+
+def may_send(kind: str, sender: str) -> bool:
+    """Whether a process called ``sender`` sends Status of ``kind`` (see STATUS_KINDS)."""
+    who = STATUS_KINDS.get(kind)
+    return who == "*" or who == sender or (who == "rollout" and sender.startswith("rollout-"))
+
+
+# ---- which channel carries what ---------------------------------------------------------
+
+CHANNELS: dict[str, tuple[type, ...]] = {
+    "work": (WorkItem,),  # controller PUSH → rollout PULL
+    "results": (GroupResult,),  # rollout PUSH → controller PULL
+    "batches": (Batch,),  # controller PUSH → trainer rank 0 PULL
+    "control": (Control,),  # controller PUB → rollout SUB
+    "status": (Status,),  # every process DEALER → controller ROUTER
+}

@@ -11,6 +11,7 @@ workers pause; the receiver loads each bucket as it arrives, while the next is o
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from areal_cli.transport.channels import is_loopback
 
 
 @dataclass
@@ -56,19 +59,59 @@ def plan_buckets(specs: list[ParamSpec], bucket_bytes: int, elem_bytes: int) -> 
     return buckets
 
 
+def listen_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host`` only (what ``host`` resolves to), for a TCPStore server.
+
+    ``TCPStore(host, port, is_master=True)`` ignores ``host`` when it listens: it binds every
+    interface (torch 2.13, libuv and legacy backends alike). Handing it a socket bound here
+    through ``master_listen_fd`` is the one way torch offers to bind one address."""
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}): set launcher.port_base to a free "
+                      "range, or launcher.port_base=0 to let the OS choose") from None
+    sock.listen(128)
+    return sock
+
+
+def bound_store(host: str, port: int, world_size: int | None, timeout: timedelta, **kw) -> dist.TCPStore:
+    """A TCPStore server that listens on ``host`` only; the store owns the socket from here on."""
+    sock = listen_socket(host, port)
+    return dist.TCPStore(host, sock.getsockname()[1], world_size, is_master=True, timeout=timeout,
+                         master_listen_fd=sock.detach(), **kw)
+
+
 def new_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float):
-    """A standalone process group (no init_process_group); rank 0 hosts the TCPStore."""
+    """A standalone process group (no init_process_group); rank 0 hosts the TCPStore, listening
+    on ``host`` only."""
     timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, is_master=rank == 0, timeout=timeout,
-                          wait_for_workers=False)
+    if rank == 0:
+        store = bound_store(host, port, world_size, timeout, wait_for_workers=False)
+    else:
+        store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore("areal-weights", store)
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     else:
-        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [gloo_device(host, rank)]
+        pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
     return store, pg
+
+
+def gloo_device(host: str, rank: int):
+    """Gloo's transport listens for its peers too: rank 0 on the store's ``host``, and every rank
+    on it when it is a loopback address (one machine); others where their hostname resolves."""
+    if rank == 0 or is_loopback(host):
+        return dist.ProcessGroupGloo.create_device(hostname=host)
+    return dist.ProcessGroupGloo.create_default_device()
 
 
 def _broadcast(pg, tensor: torch.Tensor):

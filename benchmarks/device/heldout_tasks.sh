@@ -5,21 +5,21 @@
 #   stage1  carry .vllm/a        stage2  carry .vllm/b .whl        stage3  carry .models/a
 #   main    carry .models/b      the first two tasks at once (BUDGET s, default 570)
 #   third   (no carry)           the third task (and a fourth, if given) the same way
-# TASKS (default below) lists name:dataset:params, params as key=value joined by commas.
+# TASKS (default below) lists name:dataset:params, params as key=value joined by ';'.
 # Results: $OUT/summary.txt, $OUT/<name>/eval.json|eval.md|splits, a tarball of run records.
 set -u
 phase=${1:?phase}
 LOGS=/tmp/heldout_logs/$phase
 source benchmarks/device/common.sh
-TASKS=${TASKS:-"products:products:min_digits=1,max_digits=2 letter_counting:letter_counting:min_words=3,max_words=8 simple_equations:simple_equations:min_terms=2,max_terms=2,max_value=20"}
+TASKS=${TASKS:-"products:products:min_digits=1;max_digits=2 letter_counting:letter_counting:min_words=3;max_words=8 simple_equations:simple_equations:min_terms=2;max_terms=2;max_value=20"}
 STEPS=${STEPS:-100}
 RUN="trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=128 rollout.max_concurrent=0
      trainer.micro_batch_tokens=16384 trainer.packing=true launcher.peer_timeout_s=300 eval.at_end=false"
 
-task_args() {  # name:dataset:k=v,k=v -> areal overrides
+task_args() {  # name:dataset:k=v;k=v -> areal overrides
   local name=${1%%:*} rest=${1#*:}; local dataset=${rest%%:*} params=${rest#*:}
   echo -n "task=reasoning_gym task.name=$name task.dataset=$dataset task.eval_size=200"
-  local IFS=,; for kv in $params; do [ -n "$kv" ] && echo -n " task.params.$kv"; done; }
+  local IFS=";"; for kv in $params; do [ -n "$kv" ] && echo -n " task.params.$kv"; done; }
 
 one() {  # spec gpus: train, then base vs trained on the held-out split
   local spec=$1 gpus=$2 name=${1%%:*}; local args; args=$(task_args "$spec")

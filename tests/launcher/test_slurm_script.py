@@ -44,7 +44,7 @@ def test_two_nodes_of_eight_gpus(tmp_path):
         "--gpus-per-task=1", 'slurm_job rollout "$RUN_DIR" 1',
         # trainer: one torchrun per training node with all its GPUs, c10d rendezvous
         '--nodes=1 --nodelist="$TRAIN_NODES" --ntasks=1 --ntasks-per-node=1', "--gpus-per-node=8",
-        "--nnodes=1 --nproc-per-node=8", "--rdzv-backend=c10d",
+        "--nnodes=1 --nproc-per-node=8", "--rdzv-backend=areal-c10d", "-m areal_cli.launcher.torchrun",
         '--rdzv-endpoint="$TRAIN_HOST:$RDZV_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
         # every step overlaps on CPUs; a failed task kills its step; the job fails with it
         "srun --overlap --kill-on-bad-exit=1", 'echo "$SLURM_JOB_ID" > "$RUN_DIR/slurm_job_id"',
@@ -133,7 +133,7 @@ case "$*" in
   *slurm_job\\ prepare*) ;;
   *controller.main*) exec sleep {controller} ;;
   *slurm_job\\ rollout*) exec sleep {rollout} ;;
-  *torch.distributed.run*) sleep 1; exit {trainer} ;;
+  *launcher.torchrun*) sleep 1; exit {trainer} ;;
 esac
 """
 
