@@ -12,7 +12,7 @@ from pathlib import Path
 
 from areal_cli.config.load import ConfigError, _hydra_message, _schema_message, conf_dir
 from areal_cli.config.schema import EngineConfig
-from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
 from areal_cli.models import ModelError, resolve_model
 
 
@@ -64,7 +64,7 @@ class EvalRunConfig:
         return [str(m) for m in self.models] or [self.model]
 
     def validate(self) -> list[str]:
-        problems = self.task.validate() + self.reward.validate()
+        problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward, self.task)
         if self.n_samples < 1:
             problems.append(f"n_samples={self.n_samples}: must be >= 1")
         if self.temperature < 0:
