@@ -120,7 +120,7 @@ def launch(script: str, spec: dict, limits, bwrap: str | None) -> Run:
             )  # fmt: skip
             os.close(write_end)
             write_end = -1
-            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits)
+            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, bool(bwrap))
         return Run(code, killed, _tail(base / "output.txt"), records)
     finally:
         os.close(read_end)
@@ -134,7 +134,7 @@ def _limits(limits) -> dict:
                 fsize_mb=limits.fsize_mb)  # fmt: skip
 
 
-def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits):
+def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, isolated: bool):
     """Feed the spec, collect the records, enforce the tree's limits; (code, killed, records)."""
     try:
         proc.stdin.write(spec)
@@ -151,11 +151,9 @@ def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits):
                 records += os.read(records_fd, 1 << 16)
             killed = _over(proc.pid, limits, len(records) > cap, time.monotonic() > deadline)
             if killed:
-                _kill_tree(proc.pid)
                 break
     finally:
-        _kill_tree(proc.pid)  # normally nothing is left: the namespace died with its init
-        proc.wait()
+        _end(proc, isolated)
         os.close(pidfd)
     os.set_blocking(records_fd, False)
     try:
@@ -213,16 +211,27 @@ def _usage(pids: list[int]) -> tuple[int, float, float]:
     return procs, ticks / TICK, pages * PAGE / (1 << 20)
 
 
-def _kill_tree(pid: int) -> None:
-    for p in _tree(pid):
+def _end(proc: subprocess.Popen, isolated: bool) -> None:
+    """Kill whatever is left of the tree (normally nothing) and return once it is all gone.
+
+    Under bubblewrap the first process is spared: it waits for the namespace's init, whose exit
+    the kernel holds until every process of the namespace is dead, so its own exit means that.
+    """
+    for p in _tree(proc.pid)[1 if isolated else 0 :]:
         try:
             os.kill(p, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # gone, or its pid already reused
             continue
+    if not isolated:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # the group already ended
+            pass
     try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # the group already ended: the usual case
-        pass
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _processes_of(uid: int) -> int:
