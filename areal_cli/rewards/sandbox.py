@@ -19,6 +19,7 @@ import ast
 import functools
 import logging
 import shutil
+import signal
 from dataclasses import dataclass
 
 from areal_cli.rewards.sandbox_launch import Run, launch
@@ -122,7 +123,7 @@ def run_tests(program: str, test: str, entry: str, prefix: str, limits: Limits,
     names = targets(program, prefix, entry)
     spec = {"mode": "test", "program": program, "test": test, "entry": entry, "targets": names}
     first = launch("sandbox_child.py", spec, limits, bwrap)
-    if first.killed or first.code == SETUP_ERROR:
+    if first.killed or first.code == SETUP_ERROR or signal_of(first.code):
         return _result(first, "failed", isolation)
     spec = dict(spec, program="", prefix=prefix, records=first.records)
     verdict = launch("sandbox_verdict.py", spec, limits, bwrap)
@@ -148,6 +149,15 @@ def _defined(source: str) -> set[str]:
     return {node.name for node in tree.body if isinstance(node, kinds)}
 
 
+def signal_of(code: int | None) -> str:
+    """The signal that ended a process: bubblewrap exits 128 + n, Popen reports -n."""
+    number = -code if code is not None and code < 0 else (code or 0) - 128
+    try:
+        return signal.Signals(number).name if number > 0 else ""
+    except ValueError:  # not a signal number: a plain exit code
+        return ""
+
+
 def _result(run: Run, status: str, isolation: str, before: str = "") -> SandboxResult:
     lines = [before + run.output] if before or run.output else []
     if run.killed:
@@ -156,6 +166,9 @@ def _result(run: Run, status: str, isolation: str, before: str = "") -> SandboxR
     elif run.code == SETUP_ERROR:
         status = "error"
         lines.append("[sandbox] the sandbox could not start the program")
+    elif signal_of(run.code):
+        name = signal_of(run.code)
+        lines.append(f"[sandbox] killed by {name}" + (" (CPU time)" if name == "SIGXCPU" else ""))
     lines.append(f"[sandbox] isolation: {isolation}")
     if isolation == "unsafe_none":
         logger.warning("%s; result %s", UNSAFE, status)

@@ -96,7 +96,9 @@ def test_the_replay_keeps_exceptions_mutation_and_tests_without_an_entry_point()
 
 
 def test_output_flood_is_capped():
-    result = run_python("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", Limits(fsize_mb=1))
+    result = run_python(
+        "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", Limits(fsize_mb=1)
+    )
     assert result.status == "failed" and len(result.output) <= 2000
 
 
