@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import logging
+import marshal
 import shutil
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from areal_cli.rewards.sandbox_launch import Run, launch
 
@@ -125,11 +127,28 @@ def run_tests(program: str, test: str, entry: str, prefix: str, limits: Limits,
     first = launch("sandbox_child.py", spec, limits, bwrap)
     if first.killed or first.code == SETUP_ERROR or signal_of(first.code):
         return _result(first, "failed", isolation)
-    spec = dict(spec, program="", prefix=prefix, records=first.records)
+    records, problem = parse_records(first.records)
+    if problem:
+        first = replace(first, output=f"{first.output}[verdict] failed: {problem}\n")
+        return _result(first, "failed", isolation)
+    spec = dict(spec, program="", prefix=prefix, records=records)
     verdict = launch("sandbox_verdict.py", spec, limits, bwrap)
     if verdict.killed or verdict.code not in (0, 1):
         return _result(verdict, "failed", isolation, first.output)
     return _result(verdict, "passed" if verdict.code == 0 else "failed", isolation, first.output)
+
+
+def parse_records(text: str) -> tuple[list, str]:
+    """The candidate's call records (JSON lines it may have forged), or ([], why not): parsed
+    here, where json is loaded already; the verdict gets them as plain lists and dicts."""
+    try:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        marshal.dumps(records)  # nesting too deep for the way to the verdict: not plain data
+    except (ValueError, RecursionError) as e:
+        return [], f"the call records are not valid ({type(e).__name__}: {str(e)[:100]})"
+    if not records or records[-1] != {"end": True}:
+        return [], "the program or its tests did not run to their end"
+    return records[:-1], ""
 
 
 def targets(program: str, prefix: str, entry: str) -> list[str]:

@@ -60,6 +60,9 @@ FORGERIES = {
     # the old attack: a "passed" marker on every descriptor, then exit before any test runs
     "marker_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'ok{\"end\":true}\\n')\n"
     "    except OSError:\n        pass\nos._exit(0)\ndef f():\n    return 2\n",
+    # a well-formed "end" record, then exit: the calls the tests make were never answered
+    "end_record_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n"
+    "        os.write(fd, b'{\"end\":true}\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
     "exit_early": "import os\nos._exit(0)\n",
     "sys_exit_zero": "import sys\nsys.exit(0)\n",
     "eq_always_true": "class Any:\n    def __eq__(self, other):\n        return True\n"
