@@ -2,10 +2,11 @@
 
 The sandbox (isolation "bwrap"): new user (unless root), PID, network, IPC, UTS and cgroup
 namespaces; an empty read-only root holding only /usr, the interpreter's own directory and the
-two scripts, read-only; a fresh /proc; a tiny /dev; a private size-limited tmpfs /tmp as the only
-writable place; no capabilities; its own session; killed with the reward worker
-(--die-with-parent). As root, bubblewrap runs without a user namespace and the script drops to
-a uid of its own before any candidate code runs (sandbox_child.become).
+sandbox's scripts, read-only; a fresh /proc; a tiny /dev; a private size-limited tmpfs /tmp as
+the only writable place; no capabilities; a seccomp filter (sandbox_seccomp.py); its own
+session; killed with the reward worker (--die-with-parent). As root, bubblewrap runs without a
+user namespace and the script drops to a uid of its own before any candidate code runs
+(sandbox_child.become).
 
 Limits hold for the whole tree, not per process: rlimits in every process (RLIMIT_NPROC counts
 the tree's processes: a fresh user namespace, or the call's own uid as root), and a watchdog
@@ -28,6 +29,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from areal_cli.rewards import sandbox_seccomp
 
 HERE = Path(__file__).parent
 SCRIPTS = ("sandbox_child.py", "sandbox_verdict.py", "sandbox_values.py")
@@ -99,34 +102,45 @@ def launch(script: str, spec: dict, limits, bwrap: str | None) -> Run:
     """Run `script` with `spec` on stdin: under bubblewrap, or (bwrap None) as a plain process."""
     base = Path(tempfile.mkdtemp(prefix="areal_sandbox_"))
     read_end, write_end = os.pipe()
+    fds = [write_end]
     try:
         spec = dict(spec, limits=_limits(limits), records_fd=write_end)
-        (base / "work").mkdir()
-        if bwrap:
-            uid = UID_BASE + os.getpid() if os.geteuid() == 0 else None
-            tmp = 4 * limits.fsize_mb if sizes_tmpfs(bwrap) else str(base / "work")
-            if uid is not None:
-                os.chown(base / "work", uid, uid)
-            argv = bwrap_argv(bwrap, tmp) + [interpreter(), "-I", "-S", "-B", f"{INSIDE}/{script}"]
-            spec.update(workdir="/tmp", uid=uid, isolated=True)
-        else:
-            argv = [interpreter(), "-I", "-S", "-B", str(HERE / script)]
-            spec.update(workdir=str(base / "work"), uid=None, isolated=False)
-            spec["limits"]["nproc"] += _processes_of(os.getuid())
+        argv = _command(script, spec, limits, bwrap, base, fds)
         with (base / "output.txt").open("wb") as out:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=(write_end,), start_new_session=True, env=ENV, cwd=base,
+                pass_fds=fds, start_new_session=True, env=ENV, cwd=base,
             )  # fmt: skip
-            os.close(write_end)
-            write_end = -1
+            for fd in fds:
+                os.close(fd)
+            fds = []
             code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, bool(bwrap))
         return Run(code, killed, _tail(base / "output.txt"), records)
     finally:
-        os.close(read_end)
-        if write_end >= 0:
-            os.close(write_end)
+        for fd in [read_end, *fds]:
+            os.close(fd)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _command(script: str, spec: dict, limits, bwrap: str | None, base: Path, fds: list) -> list:
+    """The command line; completes `spec` (work directory, uid) and `fds` (to pass on)."""
+    work = base / "work"
+    work.mkdir()
+    if not bwrap:
+        spec.update(workdir=str(work), uid=None, isolated=False)
+        spec["limits"]["nproc"] += _processes_of(os.getuid())
+        return [interpreter(), "-I", "-S", "-B", str(HERE / script)]
+    uid = UID_BASE + os.getpid() if os.geteuid() == 0 else None
+    if uid is not None:
+        os.chown(work, uid, uid)
+    spec.update(workdir="/tmp", uid=uid, isolated=True)
+    argv = bwrap_argv(bwrap, 4 * limits.fsize_mb if sizes_tmpfs(bwrap) else str(work))
+    bpf = sandbox_seccomp.program()
+    if bpf is not None:
+        (base / "seccomp.bpf").write_bytes(bpf)
+        fds.append(os.open(base / "seccomp.bpf", os.O_RDONLY))
+        argv[-1:-1] = ["--seccomp", str(fds[-1])]
+    return argv + [interpreter(), "-I", "-S", "-B", f"{INSIDE}/{script}"]
 
 
 def _limits(limits) -> dict:

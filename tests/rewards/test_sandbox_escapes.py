@@ -46,7 +46,7 @@ def sandbox_processes() -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:  # it ended while we looked
             continue
-        if b"/sandbox/sandbox_" in cmdline or b"sleep\x0031.4159" in cmdline:
+        if b"sandbox_child.py" in cmdline or b"sleep\x0031.4159" in cmdline:
             found.append(int(pid))
     return found
 
@@ -104,6 +104,22 @@ def test_signals_reach_nothing_outside(victim):
     assert attempt(f"import os\nos.kill({victim}, 9)\nreturn True", cfg=UNSAFE).passed  # control
 
 
+KERNEL_SURFACE = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+return libc.{call} == 0"""
+
+
+@pytest.mark.parametrize(
+    "call", ["unshare(0x10000000)", "ptrace(0, 0, 0, 0)", "syscall(250, 0, 0, 0, 0)"],
+    ids=["new_user_namespace", "ptrace", "keyctl"],
+)  # fmt: skip
+def test_kernel_interfaces_an_escape_starts_from_are_refused(call):
+    body = KERNEL_SURFACE.format(call=call)
+    assert contained(attempt(body))  # seccomp: EPERM
+    if call.startswith("unshare"):
+        assert attempt(body, cfg=UNSAFE).passed  # control: allowed without the sandbox
+
+
 SURVIVOR = """import os
 if os.fork() == 0:
     os.setsid()
@@ -118,7 +134,10 @@ def test_nothing_outlives_the_call():
     assert contained(attempt(SURVIVOR, escaped="never"))
     assert sandbox_processes() == []
     attempt(SURVIVOR, cfg=UNSAFE)  # control: without isolation the sleeper survives
-    leftovers = sandbox_processes()
+    deadline, leftovers = time.monotonic() + 5, []
+    while not leftovers and time.monotonic() < deadline:  # it may not have exec'd sleep yet
+        time.sleep(0.05)
+        leftovers = sandbox_processes()
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert leftovers
