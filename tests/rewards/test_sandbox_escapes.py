@@ -38,17 +38,25 @@ def contained(result: SandboxResult) -> bool:
     return result.isolation == "bwrap" and result.status != "passed"
 
 
-def sandbox_processes() -> list[int]:
-    """Host processes still running any part of a sandbox."""
-    found = []
+def sandbox_processes() -> set[int]:
+    """Host processes running a script inside bubblewrap (its path there is /sandbox/...) or
+    this file's sleeper; the tests compare the sets before and after a call."""
+    found = set()
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:  # it ended while we looked
             continue
-        if b"sandbox_child.py" in cmdline or b"sleep\x0031.4159" in cmdline:
-            found.append(int(pid))
+        if b"/sandbox/sandbox_" in cmdline or b"sleep\x0031.4159" in cmdline:
+            found.add(int(pid))
     return found
+
+
+def left_behind(result_of, *args, **kwargs) -> tuple[SandboxResult, set[int]]:
+    """`result_of(*args, **kwargs)` and the sandbox processes it left running."""
+    before = sandbox_processes()
+    result = result_of(*args, **kwargs)
+    return result, sandbox_processes() - before
 
 
 @pytest.fixture
@@ -131,13 +139,14 @@ return True"""
 
 
 def test_nothing_outlives_the_call():
-    assert contained(attempt(SURVIVOR, escaped="never"))
-    assert sandbox_processes() == []
+    result, leftovers = left_behind(attempt, SURVIVOR, escaped="never")
+    assert contained(result) and leftovers == set()
+    before = sandbox_processes()
     attempt(SURVIVOR, cfg=UNSAFE)  # control: without isolation the sleeper survives
-    deadline, leftovers = time.monotonic() + 5, []
+    deadline, leftovers = time.monotonic() + 5, set()
     while not leftovers and time.monotonic() < deadline:  # it may not have exec'd sleep yet
         time.sleep(0.05)
-        leftovers = sandbox_processes()
+        leftovers = sandbox_processes() - before
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert leftovers
@@ -189,9 +198,9 @@ def test_writes_land_nowhere_outside_its_private_tmp():
 def test_a_fork_bomb_is_contained_and_the_next_call_works():
     body = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     t0 = time.monotonic()
-    assert contained(attempt(body))
+    result, leftovers = left_behind(attempt, body)
+    assert contained(result) and leftovers == set()
     assert time.monotonic() - t0 < FAST.code_wall_s + 5
-    assert sandbox_processes() == []
     assert attempt("return True").passed
 
 
@@ -210,10 +219,9 @@ return True"""
 
 def test_10gb_across_many_processes_is_stopped_by_the_whole_tree_limit():
     roomy = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=512, code_nproc=16)
-    result = attempt(ALLOCATE_10GB, cfg=roomy)  # CPU to spare: memory is what must stop it
-    assert contained(result)
+    result, leftovers = left_behind(attempt, ALLOCATE_10GB, cfg=roomy)  # memory must stop it
+    assert contained(result) and leftovers == set()
     assert "MiB resident across its processes" in result.output, result.output
-    assert sandbox_processes() == []
 
 
 @pytest.mark.parametrize("body", ["while True:\n    pass", "import time\ntime.sleep(1000)"],
