@@ -20,11 +20,12 @@ import functools
 import json
 import logging
 import marshal
+import os
 import shutil
 import signal
 from dataclasses import dataclass, replace
 
-from areal_cli.rewards.sandbox_launch import Run, launch
+from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch
 
 logger = logging.getLogger(__name__)
 ISOLATIONS = ("bwrap", "unsafe_none")
@@ -66,8 +67,8 @@ class SandboxResult:
         return self.status == "passed"
 
 
-def require(isolation: str) -> str | None:
-    """The bwrap executable to use (None for unsafe_none); SandboxUnavailable with the fix."""
+def require(isolation: str) -> Bwrap | None:
+    """How to run bubblewrap (None for unsafe_none); SandboxUnavailable naming the fix."""
     if isolation not in ISOLATIONS:
         raise ValueError(f"reward.sandbox={isolation!r}: use one of {', '.join(ISOLATIONS)}")
     if isolation == "unsafe_none":
@@ -83,30 +84,45 @@ def announce(isolation: str) -> None:
     if isolation == "unsafe_none":
         logger.warning("%s: it can read, write and signal anything this process can", UNSAFE)
     else:
-        logger.info("code sandbox: bubblewrap (%s)", require(isolation))
+        bwrap = require(isolation)
+        mode = "own uid" if bwrap.own_uid else "user namespace"
+        logger.info("code sandbox: bubblewrap (%s, %s)", bwrap.path, mode)
 
 
 @functools.lru_cache(maxsize=1)
-def _probe() -> tuple[str | None, str]:
-    """(bwrap path, "") when a trivial program runs under bubblewrap here, else (None, why)."""
-    bwrap = shutil.which("bwrap")
+def _probe() -> tuple[Bwrap | None, str]:
+    """(how to run bubblewrap, "") when a trivial program runs under it here, else (None, why).
+    Root tries its own-uid mode first, then a user namespace (a root that cannot switch uids)."""
+    path = shutil.which("bwrap")
     fallback = (
         "or set reward.sandbox=unsafe_none to run model-written code without isolation (unsafe)"
     )
-    if bwrap is None:
+    if path is None:
         return None, (
             "reward.sandbox=bwrap needs bubblewrap, which is not installed: install the package "
             f"(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), {fallback}"
         )
-    run = launch("sandbox_child.py", {"mode": "run", "program": "pass"}, Limits(), bwrap)
-    if run.code != 0:
-        return None, (
-            f"bubblewrap ({bwrap}) cannot create its sandbox here: {run.output.strip()[-300:]!r}. "
-            "It needs unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
-            "kernel.unprivileged_userns_clone=1 where that exists; in a container: a seccomp "
-            f"profile that allows them, e.g. docker --security-opt seccomp=unconfined), {fallback}"
-        )
-    return bwrap, ""
+    why = ""
+    for own_uid in (True, False) if os.geteuid() == 0 else (False,):
+        try:
+            run = launch(
+                "sandbox_child.py",
+                {"mode": "run", "program": "pass"},
+                Limits(),
+                Bwrap(path, own_uid),
+            )
+        except OSError as e:  # e.g. the uid of its own is not mapped in this user namespace
+            why = f"{type(e).__name__}: {e}"
+            continue
+        if run.code == 0:
+            return Bwrap(path, own_uid), ""
+        why = run.output.strip()[-300:]
+    return None, (
+        f"bubblewrap ({path}) cannot create its sandbox here: {why!r}. "
+        "It needs unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+        "kernel.unprivileged_userns_clone=1 where that exists; in a container: a seccomp "
+        f"profile that allows them, e.g. docker --security-opt seccomp=unconfined), {fallback}"
+    )
 
 
 def run_python(program: str, limits: Limits, isolation: str = "bwrap") -> SandboxResult:

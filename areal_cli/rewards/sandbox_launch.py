@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import marshal
 import os
+import re
 import select
 import shutil
 import signal
@@ -55,17 +56,26 @@ class Run:
     """What it wrote to the records descriptor (mode "test" only)."""
 
 
+@dataclass(frozen=True)
+class Bwrap:
+    """A bubblewrap executable, and how to run it (sandbox._probe picks what works here)."""
+
+    path: str
+    own_uid: bool
+    """Root without a user namespace, the script dropping to a uid of its own (else: a new
+    user namespace; also the fallback for a root that cannot switch uids, e.g. rootless)."""
+
+
 def interpreter() -> str:
     """The bare interpreter behind this (maybe virtual-environment) Python."""
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
-def bwrap_argv(bwrap: str, tmp: int | str) -> list[str]:
+def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
     """The bubblewrap command line; /tmp is a tmpfs of `tmp` MiB, or (a str) that host directory."""
-    root = os.geteuid() == 0
-    argv = [bwrap, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+    argv = [bwrap.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]  # fmt: skip
-    if root:  # no user namespace: the script needs these two to drop to its own uid
+    if bwrap.own_uid:  # no user namespace: the script needs these two to drop to its own uid
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
         argv += ["--unshare-user"]
@@ -98,12 +108,15 @@ def sizes_tmpfs(bwrap: str) -> bool:
     return "--size" in run.stdout + run.stderr
 
 
-def launch(script: str, spec: dict, limits, bwrap: str | None) -> Run:
+def launch(script: str, spec: dict, limits, bwrap: Bwrap | None) -> Run:
     """Run `script` with `spec` on stdin: under bubblewrap, or (bwrap None) as a plain process."""
     base = Path(tempfile.mkdtemp(prefix="areal_sandbox_"))
     read_end, write_end = os.pipe()
-    fds = [write_end]
+    info_end, fds = -1, [write_end]
     try:
+        if bwrap:  # bubblewrap says there which pid the namespace's init has
+            info_end, info_write = os.pipe()
+            fds.append(info_write)
         spec = dict(spec, limits=_limits(limits), records_fd=write_end)
         argv = _command(script, spec, limits, bwrap, base, fds)
         with (base / "output.txt").open("wb") as out:
@@ -114,15 +127,30 @@ def launch(script: str, spec: dict, limits, bwrap: str | None) -> Run:
             for fd in fds:
                 os.close(fd)
             fds = []
-            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, bool(bwrap))
+            init = _namespace_init(info_end, limits.wall_s) if bwrap else None
+            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, init)
         return Run(code, killed, _tail(base / "output.txt"), records)
     finally:
-        for fd in [read_end, *fds]:
+        for fd in [read_end, *fds] + ([info_end] if info_end >= 0 else []):
             os.close(fd)
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _command(script: str, spec: dict, limits, bwrap: str | None, base: Path, fds: list) -> list:
+def _namespace_init(info_fd: int, timeout_s: float) -> tuple[int, list[int]] | None:
+    """The PID namespace's init, from bubblewrap's --info-fd JSON: (host pid, [a pidfd of it]
+    where the kernel has them), or None when bubblewrap failed before making it. Called before
+    the program has its spec, so the init is still alive and its pid cannot have been reused."""
+    data, deadline = b"", time.monotonic() + timeout_s
+    while time.monotonic() < deadline and select.select([info_fd], [], [], 0.1)[0]:
+        chunk = os.read(info_fd, 4096)
+        if not chunk:  # bubblewrap closes it once written (or exits)
+            break
+        data += chunk
+    match = re.search(rb'"child-pid":\s*(\d+)', data)
+    return (int(match.group(1)), _pidfd(int(match.group(1)))) if match else None
+
+
+def _command(script: str, spec: dict, limits, bwrap: Bwrap | None, base: Path, fds: list) -> list:
     """The command line; completes `spec` (work directory, uid) and `fds` (to pass on)."""
     work = base / "work"
     work.mkdir()
@@ -130,11 +158,14 @@ def _command(script: str, spec: dict, limits, bwrap: str | None, base: Path, fds
         spec.update(workdir=str(work), uid=None, isolated=False)
         spec["limits"]["nproc"] += _processes_of(os.getuid())
         return [interpreter(), "-I", "-S", "-B", str(HERE / script)]
-    uid = UID_BASE + os.getpid() if os.geteuid() == 0 else None
+    uid = UID_BASE + os.getpid() if bwrap.own_uid else None
+    if uid is None and _kernel() < (5, 14):  # RLIMIT_NPROC counts all of the user's processes
+        spec["limits"]["nproc"] += _processes_of(os.getuid())
     if uid is not None:
         os.chown(work, uid, uid)
     spec.update(workdir="/tmp", uid=uid, isolated=True)
-    argv = bwrap_argv(bwrap, 4 * limits.fsize_mb if sizes_tmpfs(bwrap) else str(work))
+    argv = bwrap_argv(bwrap, 4 * limits.fsize_mb if sizes_tmpfs(bwrap.path) else str(work))
+    argv[-1:-1] = ["--info-fd", str(fds[-1])]
     bpf = sandbox_seccomp.program()
     if bpf is not None:
         (base / "seccomp.bpf").write_bytes(bpf)
@@ -148,27 +179,29 @@ def _limits(limits) -> dict:
                 fsize_mb=limits.fsize_mb)  # fmt: skip
 
 
-def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, isolated: bool):
-    """Feed the spec, collect the records, enforce the tree's limits; (code, killed, records)."""
+def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init):
+    """Feed the spec, collect the records, enforce the tree's limits; (code, killed, records).
+    `init`: the namespace's init under bubblewrap (None for a plain process)."""
     try:
         proc.stdin.write(spec)
         proc.stdin.close()
     except BrokenPipeError:  # it died at start; its exit code and output tell why
         pass
-    pidfd = os.pidfd_open(proc.pid)
+    pidfd = _pidfd(proc.pid)  # wakes the select below the moment the process ends
     records, cap = bytearray(), limits.fsize_mb << 20
     deadline, killed = time.monotonic() + limits.wall_s, ""
     try:
         while proc.poll() is None:
-            ready, _, _ = select.select([records_fd, pidfd], [], [], WATCH_S)
+            ready, _, _ = select.select([records_fd, *pidfd], [], [], WATCH_S)
             if records_fd in ready:
                 records += os.read(records_fd, 1 << 16)
             killed = _over(proc.pid, limits, len(records) > cap, time.monotonic() > deadline)
             if killed:
                 break
     finally:
-        _end(proc, isolated)
-        os.close(pidfd)
+        _end(proc, init)
+        for fd in pidfd:
+            os.close(fd)
     os.set_blocking(records_fd, False)
     try:
         while len(records) <= cap and (chunk := os.read(records_fd, 1 << 16)):
@@ -225,18 +258,18 @@ def _usage(pids: list[int]) -> tuple[int, float, float]:
     return procs, ticks / TICK, pages * PAGE / (1 << 20)
 
 
-def _end(proc: subprocess.Popen, isolated: bool) -> None:
-    """Kill whatever is left of the tree (normally nothing) and return once it is all gone.
+def _end(proc: subprocess.Popen, init: tuple[int, list[int]] | None) -> None:
+    """Kill whatever is left (normally nothing) and return only once all of it is gone.
 
-    Under bubblewrap the first process is spared: it waits for the namespace's init, whose exit
-    the kernel holds until every process of the namespace is dead, so its own exit means that.
+    Under bubblewrap: SIGKILL to the namespace's init, after which the kernel kills every other
+    process of the namespace before the init itself counts as exited (bubblewrap's own exit
+    does not wait for that). A plain process: its tree and its process group.
     """
-    for p in _tree(proc.pid)[1 if isolated else 0 :]:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):  # gone, or its pid already reused
-            continue
-    if not isolated:
+    if init is not None:
+        _kill_and_wait(*init)
+    else:
+        for p in _tree(proc.pid):
+            _kill(p)
         try:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # the group already ended
@@ -246,6 +279,41 @@ def _end(proc: subprocess.Popen, isolated: bool) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+
+
+def _kill_and_wait(pid: int, fds: list[int], timeout_s: float = 10.0) -> None:
+    if fds:  # race-free: the descriptor names that process even if its pid was reused
+        try:
+            signal.pidfd_send_signal(fds[0], signal.SIGKILL)
+        except ProcessLookupError:  # it had already exited
+            pass
+        select.select(fds, [], [], timeout_s)
+        os.close(fds[0])
+        return
+    _kill(pid)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+        time.sleep(0.005)
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # gone, or its pid already reused
+        pass
+
+
+def _pidfd(pid: int) -> list[int]:
+    """[a descriptor readable when `pid` ends], or [] where the kernel has none (before 5.3)."""
+    try:
+        return [os.pidfd_open(pid)]
+    except (AttributeError, OSError):
+        return []
+
+
+def _kernel() -> tuple[int, ...]:
+    release = os.uname().release.split("-")[0].split(".")
+    return tuple(int(x) for x in release[:2] if x.isdigit())
 
 
 def _processes_of(uid: int) -> int:

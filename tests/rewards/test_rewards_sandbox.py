@@ -151,6 +151,22 @@ def test_the_cli_exits_2_naming_the_package(tmp_path):
     assert "apt-get install bubblewrap" in run.stdout + run.stderr
 
 
+def test_bubblewrap_that_cannot_make_namespaces_is_refused_naming_the_sysctl():
+    """A user namespace whose root may create no further namespaces (like a container's
+    root under a strict seccomp profile): neither of bubblewrap's modes can start."""
+    cli = f"{sys.executable} -m areal_cli.cli train reward.fn=code task=humaneval --dry-run"
+    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {cli}"
+    try:
+        run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if "unshare:" in run.stderr:
+        pytest.skip(f"cannot make a user namespace here: {run.stderr.strip()}")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "user.max_user_namespaces" in run.stdout + run.stderr
+
+
 def test_the_pool_reports_which_isolation_ran():
     p = humaneval([0])[0]
     with RewardPool(RewardConfig(fn="auto"), 1) as pool:
