@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.config.task import sandbox_problems
 
 
 class ConfigError(ValueError):
@@ -152,6 +153,7 @@ def to_yaml(cfg: RootConfig) -> str:
 def validate(cfg: RootConfig) -> list[str]:
     """Cross-field checks of the whole config (each role's own checks included)."""
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
+    problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
     problems += _check_positive(cfg)
     r, t = cfg.rollout, cfg.trainer
     if r.max_staleness < 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 TASK_SOURCES = ("reasoning_gym", "file", "hf_disk", "humaneval")
 FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
+SANDBOXES = ("bwrap", "unsafe_none")
 REWARD_FNS = ("auto", "reasoning_gym", "math_verify", "exact", "numeric", "code")
 
 DEFAULT_INSTRUCTION = (
@@ -165,13 +166,16 @@ class RewardConfig:
     numeric_tol: float = 1e-6
     """Absolute and relative tolerance of the "numeric" scorer."""
     code_cpu_s: int = 5
-    """CPU seconds a sandboxed program may use (RLIMIT_CPU)."""
+    """CPU seconds of one sandboxed call, all its processes together."""
     code_wall_s: float = 8.0
-    """Wall seconds before the sandbox's whole process group is killed."""
+    """Wall seconds before a sandboxed call's whole process tree is killed."""
     code_mem_mb: int = 1024
-    """Address-space limit of a sandboxed program in MiB (RLIMIT_AS)."""
+    """Resident MiB of one sandboxed call, all its processes together (and each one's RLIMIT_AS)."""
     code_nproc: int = 32
-    """Processes a sandboxed program may own (RLIMIT_NPROC, under a uid of its own as root)."""
+    """Processes of one sandboxed call, all together (its own user namespace or uid)."""
+    sandbox: str = "bwrap"
+    """Isolation of model-written code: "bwrap" (bubblewrap; missing = exit 2 naming the package)
+    | "unsafe_none" (no isolation at all: an explicit opt-in, logged at start and per result)."""
 
     def validate(self) -> list[str]:
         errors = []
@@ -185,6 +189,8 @@ class RewardConfig:
                 errors.append(f"reward.{key}={getattr(self, key)} must be > 0: raise it")
         if self.code_nproc < 1:
             errors.append(f"reward.code_nproc={self.code_nproc} must be >= 1: raise it")
+        if self.sandbox not in SANDBOXES:
+            errors.append(f"reward.sandbox={self.sandbox!r}: use one of {', '.join(SANDBOXES)}")
         if self.numeric_tol < 0:
             errors.append(f"reward.numeric_tol={self.numeric_tol} must be >= 0")
         if self.fn in ("auto", "code") and self.timeout_s <= self.code_wall_s:
@@ -195,3 +201,18 @@ class RewardConfig:
         if self.code_wall_s <= self.code_cpu_s * 0.5:
             errors.append("reward.code_wall_s is far below code_cpu_s: set it >= code_cpu_s")
         return errors
+
+
+def sandbox_problems(reward: RewardConfig, task: TaskConfig, workflow: str = "") -> list[str]:
+    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, the tool_use
+    workflow) need a working reward.sandbox: the reason it is missing, with the fix, or []."""
+    needs = reward.fn == "code" or (reward.fn == "auto" and task.source == "humaneval")
+    if not (needs or workflow == "tool_use") or reward.sandbox not in SANDBOXES:
+        return []
+    from areal_cli.rewards.sandbox import SandboxUnavailable, require
+
+    try:
+        require(reward.sandbox)
+    except SandboxUnavailable as e:
+        return [str(e)]
+    return []

@@ -19,7 +19,7 @@ from areal_cli.config.load import (
     split_task_params,
 )
 from areal_cli.config.schema import EngineConfig
-from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
 from areal_cli.models import ModelError, resolve_model
 
 
@@ -72,7 +72,7 @@ class EvalRunConfig:
         return [str(m) for m in self.models] or [self.model]
 
     def validate(self) -> list[str]:
-        problems = self.task.validate() + self.reward.validate()
+        problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward, self.task)
         if self.n_samples < 1:
             problems.append(f"n_samples={self.n_samples}: must be >= 1")
         if self.temperature < 0:

@@ -33,6 +33,8 @@ class RewardResult:
     """"ok" | "timeout" | "error"."""
     detail: str = ""
     """Why, when status is not "ok"."""
+    sandbox: str = ""
+    """Which isolation ran the completion's code ("bwrap" | "unsafe_none"); "" = no code ran."""
 
 
 @dataclass
@@ -65,10 +67,11 @@ class _Worker:
 
 
 def _worker_main(conn, cfg: RewardConfig) -> None:
+    from areal_cli.rewards.code_reward import last_isolation
     from areal_cli.rewards.scoring import score
 
     _prewarm(cfg)
-    conn.send(("ready", 0.0, ""))
+    conn.send(("ready", 0.0, "", ""))
     while True:
         try:
             message = conn.recv()
@@ -77,10 +80,11 @@ def _worker_main(conn, cfg: RewardConfig) -> None:
         if message is None:
             return
         completion, problem = message
+        last_isolation["isolation"] = ""
         try:
-            conn.send(("ok", score(completion, problem, cfg), ""))
+            conn.send(("ok", score(completion, problem, cfg), "", last_isolation["isolation"]))
         except Exception as e:  # noqa: BLE001 - any scorer failure is reported as "error"
-            conn.send(("error", 0.0, f"{type(e).__name__}: {e}"))
+            conn.send(("error", 0.0, f"{type(e).__name__}: {e}", last_isolation["isolation"]))
 
 
 def _prewarm(cfg: RewardConfig) -> None:
@@ -105,9 +109,15 @@ class RewardPool:
             from areal_cli.rewards.scoring import import_custom
 
             import_custom(cfg.fn)  # a bad import path fails here, not in every worker
+        if cfg.sandbox == "unsafe_none":
+            from areal_cli.rewards.sandbox import announce
+
+            announce(cfg.sandbox)
         self.cfg = cfg
         self.timeouts = 0
         self.errors = 0
+        self.sandbox_runs: collections.Counter[str] = collections.Counter()
+        """Results whose code ran in each isolation ("bwrap", "unsafe_none")."""
         self._ctx = mp.get_context("spawn")
         self._pending: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
@@ -180,7 +190,7 @@ class RewardPool:
 
     def _receive(self, w: _Worker) -> None:
         try:
-            status, score, detail = w.conn.recv()
+            status, score, detail, sandbox = w.conn.recv()
         except (EOFError, OSError):
             w.process.join(timeout=1.0)  # it closed its pipe by exiting: collect the code
             code = w.process.exitcode
@@ -189,7 +199,9 @@ class RewardPool:
         if status == "ready":
             w.ready, self._start_failures = True, 0
             return
-        self._finish(w, RewardResult(score, status, detail))
+        if sandbox:
+            self.sandbox_runs[sandbox] += 1
+        self._finish(w, RewardResult(score, status, detail, sandbox))
 
     def _expire(self) -> None:
         now = time.monotonic()

@@ -1,111 +1,210 @@
-"""Running untrusted Python in a separate, limited subprocess (see sandbox_child.py)."""
+"""Running model-written Python where it can harm nothing, and deciding if its tests passed.
+
+Isolation (reward.sandbox): "bwrap" (bubblewrap: namespaces, an empty read-only root, no
+network, no capabilities, whole-tree limits; see sandbox_launch.py) or "unsafe_none" (a plain
+child process with rlimits: any program can read, write and signal what the reward worker can;
+only as an explicit opt-in, logged at start and on every result). With "bwrap" and no working
+bubblewrap, nothing runs: `require` raises SandboxUnavailable naming the fix.
+
+The verdict is decided outside the candidate (run_tests): the candidate's program and the tests
+run in the sandbox, which records every call the tests make to the candidate's functions as
+plain values; a second sandboxed process with no candidate code in it (sandbox_verdict.py)
+replays the tests on those values. Its exit code, not anything the candidate could write,
+says "passed".
+"""
 
 from __future__ import annotations
 
+import ast
+import functools
 import json
+import logging
+import marshal
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import tempfile
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, replace
 
-CHILD = Path(__file__).with_name("sandbox_child.py")
-OUTPUT_TAIL = 2000
-EXIT_STATUS = {0: "passed", 1: "failed", 124: "timeout", 125: "error"}
+from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch
+
+logger = logging.getLogger(__name__)
+ISOLATIONS = ("bwrap", "unsafe_none")
+UNSAFE = "UNSAFE: model-written code runs with NO isolation (reward.sandbox=unsafe_none)"
+SETUP_ERROR = 125
+
+
+class SandboxUnavailable(ValueError):
+    """reward.sandbox=bwrap, but bubblewrap is missing or cannot create its namespaces here."""
 
 
 @dataclass
 class Limits:
-    """What one sandboxed program may use."""
+    """What one sandboxed call may use, summed over all of its processes."""
 
     cpu_s: int = 5
-    """CPU seconds (RLIMIT_CPU)."""
+    """CPU seconds of the whole process tree (and RLIMIT_CPU of each process)."""
     wall_s: float = 8.0
     """Wall seconds before the whole process tree is killed."""
     mem_mb: int = 1024
-    """Address space in MiB (RLIMIT_AS)."""
+    """Resident memory of the whole tree in MiB (and RLIMIT_AS of each process)."""
     nproc: int = 32
-    """Processes (RLIMIT_NPROC)."""
+    """Processes of the whole tree (RLIMIT_NPROC in its own user namespace or uid)."""
     fsize_mb: int = 16
-    """Largest file it may write, stdout included, in MiB (RLIMIT_FSIZE)."""
+    """Largest file it may write, stdout included, in MiB (RLIMIT_FSIZE); /tmp holds 4x this."""
 
 
 @dataclass
 class SandboxResult:
     status: str
-    """"passed" (ran to its end) | "failed" | "timeout" | "error" (sandbox setup)."""
+    """"passed" | "failed" | "timeout" | "error" (the sandbox itself failed)."""
     output: str
-    """Tail of the program's stdout+stderr, led by the sandbox's isolation line."""
+    """Tail of the program's stdout+stderr, then the sandbox's own lines ("[sandbox] ...")."""
+    isolation: str = "bwrap"
+    """Which isolation ran: "bwrap" | "unsafe_none"."""
 
     @property
     def passed(self) -> bool:
         return self.status == "passed"
 
 
-def run_python(program: str, limits: Limits, namespaces: bool = True) -> SandboxResult:
-    """Run `program` in a fresh temporary directory under `limits`; never raises on its behalf.
-
-    The child is its own session; its process group is killed when it ends or overstays.
-    `namespaces=False` forces the unprivileged fallback (used by tests).
-    """
-    base = Path(tempfile.mkdtemp(prefix="areal_sandbox_"))
-    try:
-        base.chmod(0o711)
-        workdir = base / "work"
-        workdir.mkdir()
-        spec = dict(
-            program=program, workdir=str(workdir), namespaces=namespaces, cpu_s=limits.cpu_s,
-            wall_s=limits.wall_s, mem_mb=limits.mem_mb, nproc=limits.nproc,
-            fsize_mb=limits.fsize_mb,
-        )  # fmt: skip
-        code = _launch(json.dumps(spec), base / "output.txt", workdir, limits.wall_s + 5)
-        output = _tail(base / "output.txt")
-        return SandboxResult(EXIT_STATUS.get(code, "failed"), output)
-    finally:
-        shutil.rmtree(base, onerror=_force_remove)
+def require(isolation: str) -> Bwrap | None:
+    """How to run bubblewrap (None for unsafe_none); SandboxUnavailable naming the fix."""
+    if isolation not in ISOLATIONS:
+        raise ValueError(f"reward.sandbox={isolation!r}: use one of {', '.join(ISOLATIONS)}")
+    if isolation == "unsafe_none":
+        return None
+    bwrap, problem = _probe()
+    if problem:
+        raise SandboxUnavailable(problem)
+    return bwrap
 
 
-def _launch(spec: str, out_path: Path, workdir: Path, wall_s: float) -> int:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir), "LANG": "C.UTF-8"}
-    with out_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-B", str(CHILD)],
-            stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=workdir, env=env,
-        )  # fmt: skip
-        try:
-            proc.communicate(spec.encode(), timeout=wall_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
-            proc.wait()
-            return 124
-        finally:
-            _kill_group(proc.pid)
-    return proc.returncode
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:  # the group already ended: the usual case
-        return
-
-
-def _tail(path: Path) -> str:
-    with path.open("rb") as f:
-        f.seek(max(0, path.stat().st_size - OUTPUT_TAIL))
-        return f.read().decode("utf-8", errors="replace")
-
-
-def _force_remove(func, path, exc_info) -> None:
-    """rmtree error handler: a program may leave read-only directories; open them and retry."""
-    parent = os.path.dirname(path)
-    os.chmod(parent, 0o700)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        shutil.rmtree(path, onerror=_force_remove)
+def announce(isolation: str) -> None:
+    """Log, once at start, which isolation model-written code will get."""
+    if isolation == "unsafe_none":
+        logger.warning("%s: it can read, write and signal anything this process can", UNSAFE)
     else:
-        os.unlink(path)
+        bwrap = require(isolation)
+        mode = "own uid" if bwrap.own_uid else "user namespace"
+        logger.info("code sandbox: bubblewrap (%s, %s)", bwrap.path, mode)
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> tuple[Bwrap | None, str]:
+    """(how to run bubblewrap, "") when a trivial program runs under it here, else (None, why).
+    Root tries its own-uid mode first, then a user namespace (a root that cannot switch uids)."""
+    path = shutil.which("bwrap")
+    fallback = (
+        "or set reward.sandbox=unsafe_none to run model-written code without isolation (unsafe)"
+    )
+    if path is None:
+        return None, (
+            "reward.sandbox=bwrap needs bubblewrap, which is not installed: install the package "
+            f"(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), {fallback}"
+        )
+    why = ""
+    for own_uid in (True, False) if os.geteuid() == 0 else (False,):
+        try:
+            run = launch(
+                "sandbox_child.py",
+                {"mode": "run", "program": "pass"},
+                Limits(),
+                Bwrap(path, own_uid),
+            )
+        except OSError as e:  # e.g. the uid of its own is not mapped in this user namespace
+            why = f"{type(e).__name__}: {e}"
+            continue
+        if run.code == 0:
+            return Bwrap(path, own_uid), ""
+        why = run.output.strip()[-300:]
+    return None, (
+        f"bubblewrap ({path}) cannot create its sandbox here: {why!r}. "
+        "It needs unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
+        "kernel.unprivileged_userns_clone=1 where that exists; in a container: a seccomp "
+        f"profile that allows them, e.g. docker --security-opt seccomp=unconfined), {fallback}"
+    )
+
+
+def run_python(program: str, limits: Limits, isolation: str = "bwrap") -> SandboxResult:
+    """Run `program` (the tool_use workflow shows its output); status "passed" = it ran to its
+    end, as the program itself says: never a reward. Never raises on the program's behalf."""
+    bwrap = require(isolation)
+    run = launch("sandbox_child.py", {"mode": "run", "program": program}, limits, bwrap)
+    return _result(run, "passed" if run.code == 0 else "failed", isolation)
+
+
+def run_tests(program: str, test: str, entry: str, prefix: str, limits: Limits,
+              isolation: str = "bwrap") -> SandboxResult:  # fmt: skip
+    """Run `program`, then `test` (and `check(entry)` when entry is set); "passed" only when
+    the tests, replayed outside the candidate on its recorded plain return values, pass."""
+    bwrap = require(isolation)
+    names = targets(program, prefix, entry)
+    spec = {"mode": "test", "program": program, "test": test, "entry": entry, "targets": names}
+    first = launch("sandbox_child.py", spec, limits, bwrap)
+    if first.killed or first.code == SETUP_ERROR or signal_of(first.code):
+        return _result(first, "failed", isolation)
+    records, problem = parse_records(first.records)
+    if problem:
+        first = replace(first, output=f"{first.output}[verdict] failed: {problem}\n")
+        return _result(first, "failed", isolation)
+    spec = dict(spec, program="", prefix=prefix, records=records)
+    verdict = launch("sandbox_verdict.py", spec, limits, bwrap)
+    if verdict.killed or verdict.code not in (0, 1):
+        return _result(verdict, "failed", isolation, first.output)
+    return _result(verdict, "passed" if verdict.code == 0 else "failed", isolation, first.output)
+
+
+def parse_records(text: str) -> tuple[list, str]:
+    """The candidate's call records (JSON lines it may have forged), or ([], why not): parsed
+    here, where json is loaded already; the verdict gets them as plain lists and dicts."""
+    try:
+        records = [json.loads(line) for line in text.splitlines() if line.strip()]
+        marshal.dumps(records)  # nesting too deep for the way to the verdict: not plain data
+    except (ValueError, RecursionError) as e:
+        return [], f"the call records are not valid ({type(e).__name__}: {str(e)[:100]})"
+    if not records or records[-1] != {"end": True}:
+        return [], "the program or its tests did not run to their end"
+    return records[:-1], ""
+
+
+def targets(program: str, prefix: str, entry: str) -> list[str]:
+    """The candidate's functions the tests call: the entry point, or (no entry point) every
+    top-level function the program defines beyond the problem's own prefix."""
+    if entry:
+        return [entry]
+    return sorted(_defined(program) - _defined(prefix))
+
+
+def _defined(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # the program fails anyway
+        return set()
+    kinds = (ast.FunctionDef, ast.AsyncFunctionDef)
+    return {node.name for node in tree.body if isinstance(node, kinds)}
+
+
+def signal_of(code: int | None) -> str:
+    """The signal that ended a process: bubblewrap exits 128 + n, Popen reports -n."""
+    number = -code if code is not None and code < 0 else (code or 0) - 128
+    try:
+        return signal.Signals(number).name if number > 0 else ""
+    except ValueError:  # not a signal number: a plain exit code
+        return ""
+
+
+def _result(run: Run, status: str, isolation: str, before: str = "") -> SandboxResult:
+    lines = [before + run.output] if before or run.output else []
+    if run.killed:
+        status = "timeout" if run.killed.startswith("wall") else "failed"
+        lines.append(f"[sandbox] killed: {run.killed}")
+    elif run.code == SETUP_ERROR:
+        status = "error"
+        lines.append("[sandbox] the sandbox could not start the program")
+    elif signal_of(run.code):
+        name = signal_of(run.code)
+        lines.append(f"[sandbox] killed by {name}" + (" (CPU time)" if name == "SIGXCPU" else ""))
+    lines.append(f"[sandbox] isolation: {isolation}")
+    if isolation == "unsafe_none":
+        logger.warning("%s; result %s", UNSAFE, status)
+    return SandboxResult(status, "\n".join(lines)[-2000:], isolation)

@@ -1,22 +1,26 @@
-"""The code sandbox on HumanEval's canonical solutions and on hostile programs."""
+"""The code reward on HumanEval's canonical solutions; a verdict the candidate cannot forge;
+refusing to run without isolation; the unsafe opt-in; what the reward pool reports.
+(Hostile programs against the isolation itself: test_sandbox_escapes.py.)"""
 
+from __future__ import annotations
+
+import logging
 import os
-import socket
-import uuid
-from pathlib import Path
+import subprocess
+import sys
 
 import pytest
 
-from areal_cli.config.task import RewardConfig
-from areal_cli.rewards import score
-from areal_cli.rewards.sandbox import Limits, run_python
+from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
+from areal_cli.rewards import RewardPool, score
+from areal_cli.rewards import sandbox as sandbox_module
+from areal_cli.rewards.code_reward import run_tests
+from areal_cli.rewards.sandbox import Limits, SandboxUnavailable, require, run_python
 from areal_cli.tasks import Problem
 from areal_cli.tasks.humaneval import read_all, to_problem
 
-FAST = RewardConfig(code_cpu_s=1, code_wall_s=2.0, code_mem_mb=512, code_nproc=16)
-PROBE = Problem(
-    "probe/0", "", "", {"test": "def check(f):\n    assert f() == 1\n", "entry_point": "f"}
-)
+FAST = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, code_nproc=16)
+ISOLATIONS = ["bwrap", "unsafe_none"]
 
 
 def humaneval(indices):
@@ -24,23 +28,26 @@ def humaneval(indices):
     return [to_problem(records[i], "") for i in indices]
 
 
-def sandbox_processes() -> list[str]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if b"sandbox_child" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:  # the process ended while we looked
-            continue
-    return found
+def probe(test: str, entry: str = "f") -> Problem:
+    return Problem("probe/0", "", "", {"test": test, "entry_point": entry})
+
+
+ASSERT_ONE = probe("def check(f):\n    assert f() == 1\n")
+RETURN_ONE = "```python\ndef f():\n    return 1\n```"
 
 
 def test_canonical_solutions_pass_and_wrong_ones_fail():
-    for p in humaneval(range(0, 164, 8)):  # 21 of the 164; AREAL_SLOW_TESTS=1 runs all
+    for p in humaneval(range(0, 164, 16)):  # 11 of the 164; AREAL_SLOW_TESTS=1 runs all
         assert score(p.answer, p, RewardConfig()) == 1.0, p.id
         whole = f"Sure:\n```python\n{p.meta['code_prefix']}{p.answer}```\n"
         assert score(whole, p, RewardConfig()) == 1.0, p.id
         assert score("    return None\n", p, RewardConfig()) == 0.0, p.id
+
+
+def test_tests_drawing_random_inputs_and_calling_prefix_helpers_replay_the_same():
+    for p in humaneval([32, 53]):  # 32: poly() from the prompt; 53: unseeded random inputs
+        result = run_tests(p.answer, p, RewardConfig())
+        assert result.passed, result.output
 
 
 @pytest.mark.skipif(not os.environ.get("AREAL_SLOW_TESTS"), reason="set AREAL_SLOW_TESTS=1")
@@ -49,61 +56,46 @@ def test_all_164_canonical_solutions_pass():
     assert failed == []
 
 
-def hostile(body: str) -> str:
-    return "def f():\n" + "".join(f"    {line}\n" for line in body.splitlines()) + "    return 1\n"
-
-
-@pytest.fixture(params=[True, False], ids=["namespaces", "fallback"])
-def namespaces(request, monkeypatch):
-    """Run each hostile case with kernel namespaces and with the unprivileged fallback."""
-    import areal_cli.rewards.sandbox as sandbox
-
-    real = sandbox.run_python
-    monkeypatch.setattr(
-        "areal_cli.rewards.code_reward.run_python",
-        lambda program, limits: real(program, limits, namespaces=request.param),
-    )
-    return request.param
-
-
-CASES = {
-    "infinite_loop": "while True:\n    pass",
-    "sleep_forever": "import time\ntime.sleep(1000)",
-    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
-    "allocate_10gb": "x = bytearray(10 * 1024 ** 3)",
-    "exit_early": "import os\nos._exit(0)",
+FORGERIES = {
+    # the old attack: a "passed" marker on every descriptor, then exit before any test runs
+    "marker_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'ok{\"end\":true}\\n')\n"
+    "    except OSError:\n        pass\nos._exit(0)\ndef f():\n    return 2\n",
+    # a well-formed "end" record, then exit: the calls the tests make were never answered
+    "end_record_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n"
+    "        os.write(fd, b'{\"end\":true}\\n')\n    except OSError:\n        pass\nos._exit(0)\n",
+    "exit_early": "import os\nos._exit(0)\n",
+    "sys_exit_zero": "import sys\nsys.exit(0)\n",
+    "eq_always_true": "class Any:\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = object.__hash__\ndef f():\n    return Any()\n",
+    "int_subclass": "class One(int):\n    def __eq__(self, other):\n        return True\n"
+    "    __hash__ = int.__hash__\ndef f():\n    return One(5)\n",
+    "patched_assertion": "import builtins\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
+    "def f():\n    return 2\n",
+    "wrong_answer": "def f():\n    return 2\n",
 }
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_hostile_code_is_contained_and_scores_zero(case, namespaces):
-    assert score(hostile(CASES[case]), PROBE, FAST) == 0.0
-    assert sandbox_processes() == []  # the whole tree is gone
-    assert score(hostile("pass"), PROBE, FAST) == 1.0  # and the next call still works
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+@pytest.mark.parametrize("forgery", FORGERIES)
+def test_a_forged_verdict_scores_zero(forgery, isolation):
+    cfg = RewardConfig(**{**FAST.__dict__, "sandbox": isolation})
+    result = run_tests(f"```python\n{FORGERIES[forgery]}```", ASSERT_ONE, cfg)
+    assert result.status == "failed" and result.isolation == isolation, result.output
+    assert run_tests(RETURN_ONE, ASSERT_ONE, cfg).passed
 
 
-def test_writing_outside_its_directory_fails(namespaces):
-    target = Path(f"/tmp/areal_escape_{uuid.uuid4().hex}")
-    body = f"open({str(target)!r}, 'w').write('escaped')"
-    assert score(hostile(body), PROBE, FAST) == 0.0
-    assert not target.exists()
-    assert score(hostile("open('inside.txt', 'w').write('ok')"), PROBE, FAST) == 1.0
-
-
-def test_no_network_even_to_loopback(namespaces):
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(1)
-    server.setblocking(False)
-    port = server.getsockname()[1]
-    body = f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1).send(b'x')"
-    try:
-        assert score(hostile(body), PROBE, FAST) == 0.0
-        with pytest.raises(BlockingIOError):
-            server.accept()  # nobody connected
-    finally:
-        server.close()
-    assert score(hostile("pass"), PROBE, FAST) == 1.0
+def test_the_replay_keeps_exceptions_mutation_and_tests_without_an_entry_point():
+    raises = probe("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        return\n"
+                   "    raise AssertionError('no ValueError')\n")  # fmt: skip
+    body = "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x\n"
+    assert run_tests(f"```python\n{body}```", raises, FAST).passed
+    sorts = probe("def check(f):\n    a = [3, 1, 2]\n    f(a)\n    assert a == [1, 2, 3]\n")
+    assert run_tests("```python\ndef f(a):\n    a.sort()\n```", sorts, FAST).passed
+    assert not run_tests("```python\ndef f(a):\n    pass\n```", sorts, FAST).passed
+    mbpp = probe("assert add(1, 2) == 3\nassert add((1,), (2,)) == (1, 2)\n", entry="")
+    add = "def add(a, b):\n    return a + b if a != 9 else add(a, b)\n"
+    assert run_tests(f"```python\n{add}```", mbpp, FAST).passed
+    assert not run_tests("```python\ndef add(a, b):\n    return [a, b]\n```", mbpp, FAST).passed
 
 
 def test_output_flood_is_capped():
@@ -111,3 +103,74 @@ def test_output_flood_is_capped():
         "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)", Limits(fsize_mb=1)
     )
     assert result.status == "failed" and len(result.output) <= 2000
+
+
+def test_tool_output_and_isolation_are_reported():
+    result = run_python("print(6 * 7)", Limits())
+    assert result.passed and "42" in result.output and result.isolation == "bwrap"
+
+
+def test_unsafe_none_is_an_explicit_opt_in_logged_on_every_result(caplog):
+    cfg = RewardConfig(**{**FAST.__dict__, "sandbox": "unsafe_none"})
+    with caplog.at_level(logging.WARNING):
+        result = run_tests(RETURN_ONE, ASSERT_ONE, cfg)
+    assert result.passed and result.isolation == "unsafe_none"
+    assert "UNSAFE" in caplog.text and "NO isolation" in caplog.text
+    assert "unknown" in RewardConfig(sandbox="unknown").validate()[0]
+
+
+@pytest.fixture
+def no_bwrap(monkeypatch, tmp_path):
+    """A PATH without bubblewrap (the probe's cache cleared before and after)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    sandbox_module._probe.cache_clear()
+    yield
+    sandbox_module._probe.cache_clear()
+
+
+def test_without_bubblewrap_code_runs_refuse_to_start(no_bwrap):
+    with pytest.raises(SandboxUnavailable, match="apt-get install bubblewrap"):
+        require("bwrap")
+    with pytest.raises(SandboxUnavailable, match="unsafe_none"):
+        run_tests(RETURN_ONE, ASSERT_ONE, FAST)
+    code = RewardConfig(fn="code")
+    assert "bubblewrap" in sandbox_problems(code, TaskConfig())[0]
+    assert sandbox_problems(RewardConfig(), TaskConfig(source="humaneval"))  # auto on tests
+    assert sandbox_problems(RewardConfig(fn="exact"), TaskConfig(), "tool_use")
+    assert sandbox_problems(RewardConfig(), TaskConfig()) == []  # math needs no sandbox
+    assert sandbox_problems(RewardConfig(fn="code", sandbox="unsafe_none"), TaskConfig()) == []
+
+
+def test_the_cli_exits_2_naming_the_package(tmp_path):
+    env = {**os.environ, "PATH": str(tmp_path)}
+    run = subprocess.run(
+        [sys.executable, "-m", "areal_cli.cli", "train", "reward.fn=code", "task=humaneval",
+         "--dry-run"], capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "apt-get install bubblewrap" in run.stdout + run.stderr
+
+
+def test_bubblewrap_that_cannot_make_namespaces_is_refused_naming_the_sysctl():
+    """A user namespace whose root may create no further namespaces (like a container's
+    root under a strict seccomp profile): neither of bubblewrap's modes can start."""
+    cli = f"{sys.executable} -m areal_cli.cli train reward.fn=code task=humaneval --dry-run"
+    script = f"echo 0 > /proc/sys/user/max_user_namespaces && exec {cli}"
+    try:
+        run = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    except FileNotFoundError:
+        pytest.skip("no unshare(1) here")
+    if "unshare:" in run.stderr:
+        pytest.skip(f"cannot make a user namespace here: {run.stderr.strip()}")
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "user.max_user_namespaces" in run.stdout + run.stderr
+
+
+def test_the_pool_reports_which_isolation_ran():
+    p = humaneval([0])[0]
+    with RewardPool(RewardConfig(fn="auto"), 1) as pool:
+        result = pool.submit(p.answer, p).result(timeout=60)
+        math = pool.submit("Answer: 5", Problem("m/0", "", "5", {})).result(timeout=60)
+    assert (result.score, result.sandbox) == (1.0, "bwrap")
+    assert math.sandbox == "" and pool.sandbox_runs == {"bwrap": 1}

@@ -19,11 +19,11 @@ from areal_cli.tasks import Problem
 from areal_cli.transport.messages import WorkItem
 
 
-def _run(tiny_model, cfg: WorkflowConfig, inject=None):
+def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     eng = HFEngine(tiny_model, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
                    max_batch_tokens=512, kv_cache_tokens=4096, page_size=32, eos_token_id=2)
-    pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
+    pool = RewardPool(reward or RewardConfig(fn="exact", timeout_s=5.0), 1)
     flow = Workflow(cfg, eng, pool, tok, worker=0)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
     prompt = tok(tok.apply_chat_template([{"role": "user", "content": problem.prompt}],
@@ -78,3 +78,13 @@ def test_tool_use_runs_code_in_the_sandbox_and_shows_the_output(tiny_model):
         assert "Output:" in env_text and "42" in env_text
         model = s.loss_mask == 1
         assert model.sum() > 0 and s.loss_mask[-1] == 1
+
+
+def test_tool_use_runs_under_the_reward_code_limits(tiny_model):
+    reward = RewardConfig(fn="exact", timeout_s=5.0, code_wall_s=1.0, code_cpu_s=1)
+    t0 = time.monotonic()
+    tok, group = _run(tiny_model, WorkflowConfig(name="tool_use", max_turns=2),
+                      inject="```python\nimport time\ntime.sleep(30)\n```", reward=reward)
+    for s in group.samples:  # killed at reward.code_wall_s=1, not at a built-in 8 s
+        assert "wall time 1.0s exceeded" in tok.decode(s.output_ids[s.loss_mask == 0])
+    assert time.monotonic() - t0 < 30

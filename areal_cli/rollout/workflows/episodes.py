@@ -5,7 +5,8 @@ One state machine covers the three built-in workflows:
 - multi_turn: a wrong answer gets feedback ("wrong, try again") and another turn, up to
   ``max_turns``; the reward is discounted by ``turn_discount`` per extra turn;
 - tool_use: an answer holding a ```python block (and no final "Answer:") runs it in the
-  sandbox and the model sees the output as the next user turn;
+  sandbox (reward.sandbox, under the reward.code_* limits) and the model sees the output as
+  the next user turn;
 - ``module:function`` — a user workflow: after every model turn and its reward, areal calls
   ``function(completion: str, turn: int, problem: Problem, reward: float) -> str | None``;
   a string is the next user message (up to ``max_turns``), None ends the episode with that
@@ -24,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from areal_cli.config.schema import WorkflowConfig
-from areal_cli.rewards.sandbox import Limits, run_python
+from areal_cli.rewards.code_reward import limits_of
+from areal_cli.rewards.sandbox import announce, require, run_python
 from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
@@ -63,7 +65,12 @@ class Workflow:
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int):
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
         self.groups: dict[int, Group] = {}
-        self.tools = cf.ThreadPoolExecutor(max_workers=2) if cfg.name == "tool_use" else None
+        self.tools = None
+        if cfg.name == "tool_use":  # no working isolation: fail here, naming the fix
+            require(rewards.cfg.sandbox)
+            announce(rewards.cfg.sandbox)
+            self.tools = cf.ThreadPoolExecutor(max_workers=2)
+            self.tool_limits = limits_of(rewards.cfg)
         self.user_fn = import_workflow(cfg.name) if ":" in cfg.name else None
 
     def start(self, item: WorkItem) -> None:
@@ -91,7 +98,8 @@ class Workflow:
         ep.text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
         code = CODE_BLOCK.search(ep.text)
         if (self.tools and code and "Answer:" not in ep.text and ep.turns < self.cfg.max_turns):
-            ep.waiting, ep.future = "tool", self.tools.submit(run_python, code.group(1), Limits(cpu_s=5, wall_s=8))
+            ep.waiting, ep.future = "tool", self.tools.submit(run_python, code.group(1), self.tool_limits,
+                                                              self.rewards.cfg.sandbox)
         else:
             ep.waiting, ep.future = "reward", self.rewards.submit(ep.text, group.problem)
 

@@ -1,0 +1,233 @@
+"""Hostile programs against the bubblewrap sandbox, as root and as an ordinary user (.ci/run
+runs this file both ways). Each candidate's test passes only if its escape works, so "contained"
+means: the host is untouched, the call scores 0, and nothing it started outlives the call.
+Where the same program escapes with reward.sandbox=unsafe_none (no isolation), that run is the
+control: it shows the check would catch the escape."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from areal_cli.config.task import RewardConfig
+from areal_cli.rewards.code_reward import run_tests
+from areal_cli.rewards.sandbox import SandboxResult
+from areal_cli.tasks import Problem
+
+FAST = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, code_nproc=16)
+UNSAFE = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, sandbox="unsafe_none")
+ROOT = os.geteuid() == 0
+
+
+def attempt(body: str, escaped=True, cfg: RewardConfig = FAST) -> SandboxResult:
+    """Run `def f(): <body>` against a test that passes only when f() returns `escaped`."""
+    test = f"def check(f):\n    assert f() == {escaped!r}\n"
+    problem = Problem("escape/0", "", "", {"test": test, "entry_point": "f"})
+    completion = "def f():\n" + "".join(f"    {line}\n" for line in body.splitlines())
+    return run_tests(completion, problem, cfg)
+
+
+def contained(result: SandboxResult) -> bool:
+    return result.isolation == "bwrap" and result.status != "passed"
+
+
+def sandbox_processes() -> set[int]:
+    """Host processes running a script inside bubblewrap (its path there is /sandbox/...) or
+    this file's sleeper; the tests compare the sets before and after a call."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:  # it ended while we looked
+            continue
+        if b"/sandbox/sandbox_" in cmdline or b"sleep\x0031.4159" in cmdline:
+            found.add(int(pid))
+    return found
+
+
+def left_behind(result_of, *args, **kwargs) -> tuple[SandboxResult, set[int]]:
+    """`result_of(*args, **kwargs)` and the sandbox processes it left running."""
+    before = sandbox_processes()
+    result = result_of(*args, **kwargs)
+    return result, sandbox_processes() - before
+
+
+@pytest.fixture
+def victim():
+    """A process of the test's own user, holding a secret in its environment."""
+    proc = subprocess.Popen(
+        ["sleep", "60"], env={"AREAL_SECRET": "s3cret", "PATH": "/usr/bin:/bin"}
+    )
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def test_reading_a_file_only_the_worker_may_read(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("s3cret")
+    secret.chmod(0o600)
+    body = f"return open({str(secret)!r}).read()"
+    assert attempt(body, "s3cret", UNSAFE).passed  # control: without isolation it escapes
+    assert contained(attempt(body, "s3cret"))
+
+
+OPEN_BY_HANDLE = """import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+class Handle(ctypes.Structure):
+    _fields_ = [("size", ctypes.c_uint), ("type", ctypes.c_int), ("data", ctypes.c_ubyte * 128)]
+handle, mount_id = Handle(128, 0), ctypes.c_int()
+open("x", "w").close()
+assert libc.name_to_handle_at(-100, b"x", ctypes.byref(handle), ctypes.byref(mount_id), 0) == 0
+return libc.open_by_handle_at(os.open(".", os.O_RDONLY), ctypes.byref(handle), os.O_RDONLY) >= 0"""
+
+
+def test_open_by_handle_at_needs_a_capability_the_sandbox_lacks():
+    if ROOT:  # control: root keeps CAP_DAC_READ_SEARCH without isolation
+        assert attempt(OPEN_BY_HANDLE, cfg=UNSAFE).passed
+    result = attempt(OPEN_BY_HANDLE)
+    assert contained(result), result.output
+
+
+def test_another_process_environment_is_out_of_sight(victim):
+    body = f"return b'AREAL_SECRET=s3cret' in open('/proc/{victim}/environ', 'rb').read()"
+    assert attempt(body, cfg=UNSAFE).passed
+    assert contained(attempt(body))
+    body = "import os\nreturn sorted(int(p) for p in os.listdir('/proc') if p.isdigit())[-1] > 100"
+    assert contained(attempt(body))  # the sandbox's /proc lists its own few processes only
+
+
+def test_signals_reach_nothing_outside(victim):
+    assert contained(attempt(f"import os\nos.kill({victim}, 9)\nreturn True"))
+    assert contained(attempt(f"import os\nos.kill({os.getpid()}, 9)\nreturn True"))
+    assert contained(attempt("import os\nos.kill(os.getppid(), 9)\nos.kill(-1, 9)\nreturn True"))
+    os.kill(victim, 0)  # still alive, and so is this test process
+    assert attempt(f"import os\nos.kill({victim}, 9)\nreturn True", cfg=UNSAFE).passed  # control
+
+
+KERNEL_SURFACE = """import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+return libc.{call} == 0"""
+
+
+@pytest.mark.parametrize(
+    "call", ["unshare(0x10000000)", "ptrace(0, 0, 0, 0)", "syscall(250, 0, 0, 0, 0)"],
+    ids=["new_user_namespace", "ptrace", "keyctl"],
+)  # fmt: skip
+def test_kernel_interfaces_an_escape_starts_from_are_refused(call):
+    body = KERNEL_SURFACE.format(call=call)
+    assert contained(attempt(body))  # seccomp: EPERM
+    if call.startswith("unshare"):
+        assert attempt(body, cfg=UNSAFE).passed  # control: allowed without the sandbox
+
+
+SURVIVOR = """import os
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        os.execv("/usr/bin/sleep", ["sleep", "31.4159"])
+    os._exit(0)
+os.wait()
+return True"""
+
+
+def test_nothing_outlives_the_call():
+    result, leftovers = left_behind(attempt, SURVIVOR, escaped="never")
+    assert contained(result) and leftovers == set()
+    before = sandbox_processes()
+    attempt(SURVIVOR, cfg=UNSAFE)  # control: without isolation the sleeper survives
+    deadline, leftovers = time.monotonic() + 5, set()
+    while not leftovers and time.monotonic() < deadline:  # it may not have exec'd sleep yet
+        time.sleep(0.05)
+        leftovers = sandbox_processes() - before
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers
+
+
+def test_no_network_even_to_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    server.setblocking(False)
+    body = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 1)\nreturn True"
+    try:
+        assert contained(attempt(body))
+        with pytest.raises(BlockingIOError):
+            server.accept()  # nobody connected
+        assert attempt(body, cfg=UNSAFE).passed  # control
+    finally:
+        server.close()
+
+
+def test_no_unix_sockets_of_the_host(tmp_path):
+    abstract, path = f"\0areal-{uuid.uuid4().hex}", str(tmp_path / "sock")
+    servers = []
+    for address in (abstract, path):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(address)
+        server.listen(1)
+        servers.append(server)
+    try:
+        for address in (abstract, path):
+            body = f"import socket\nsocket.socket(socket.AF_UNIX).connect({address!r})\nreturn True"
+            assert contained(attempt(body)), address
+            assert attempt(body, cfg=UNSAFE).passed  # control
+    finally:
+        for server in servers:
+            server.close()
+
+
+def test_writes_land_nowhere_outside_its_private_tmp():
+    targets = [Path(f"/var/tmp/areal_escape_{uuid.uuid4().hex}"),
+               Path(__file__).with_name(f"areal_escape_{uuid.uuid4().hex}")]  # fmt: skip
+    for target in targets:
+        assert contained(attempt(f"open({str(target)!r}, 'w').write('x')\nreturn True"))
+        assert not target.exists()
+    inside = "open('/tmp/scratch', 'w').write('ok')\nreturn open('/tmp/scratch').read()"
+    assert attempt(inside, "ok").passed  # its own /tmp works
+
+
+def test_a_fork_bomb_is_contained_and_the_next_call_works():
+    body = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    t0 = time.monotonic()
+    result, leftovers = left_behind(attempt, body)
+    assert contained(result) and leftovers == set()
+    assert time.monotonic() - t0 < FAST.code_wall_s + 5
+    assert attempt("return True").passed
+
+
+ALLOCATE_10GB = """import os, time
+for _ in range(25):  # 25 x 400 MiB, each process under its own 512 MiB address-space limit
+    try:
+        if os.fork() == 0:
+            x = b"x" * (400 << 20)
+            time.sleep(10)
+            os._exit(0)
+    except OSError:
+        pass
+time.sleep(10)
+return True"""
+
+
+def test_10gb_across_many_processes_is_stopped_by_the_whole_tree_limit():
+    roomy = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=512, code_nproc=16)
+    result, leftovers = left_behind(attempt, ALLOCATE_10GB, cfg=roomy)  # memory must stop it
+    assert contained(result) and leftovers == set()
+    assert "MiB resident across its processes" in result.output, result.output
+
+
+@pytest.mark.parametrize("body", ["while True:\n    pass", "import time\ntime.sleep(1000)"],
+                         ids=["cpu", "sleep"])  # fmt: skip
+def test_cpu_and_wall_time_are_bounded(body):
+    t0 = time.monotonic()
+    result = attempt(body)
+    assert contained(result) and time.monotonic() - t0 < FAST.code_wall_s + 5
+    assert "[sandbox] killed" in result.output  # by the watchdog, or by SIGXCPU
