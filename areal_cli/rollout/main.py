@@ -102,12 +102,17 @@ class Worker:
         if self.cfg.engine.name == "vllm":
             import torch
 
-            from areal_cli.transport.vllm_weights import VLLMWeightReceiver, group_size, wire_spec
+            from areal_cli.transport.vllm_weights import (
+                VLLMWeightReceiver,
+                group_size,
+                rank_offset,
+                wire_spec,
+            )
 
             e = self.cfg.engine
             wire = getattr(torch, wire_dtype_name(self.cfg))
             return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
-                                      ep.weights_host, ep.weights_port, 1 + self.index * e.tensor_parallel_size,
+                                      ep.weights_host, ep.weights_port, rank_offset(self.index, e.tensor_parallel_size),
                                       group_size(self.cfg.rollout.workers, e.tensor_parallel_size),
                                       mode=e.weight_update)
         if self.engine.model is None:
