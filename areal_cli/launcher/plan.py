@@ -35,7 +35,10 @@ class Plan:
         for role, ids in self.devices.items():
             lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}"
                          + ("  (raise trainer.ranks or rollout.workers to use them)" if role == "idle" else ""))
-        lines += ["# weight updates", *self.notes.get("weights", []), "# commands"]
+        lines += ["# weight updates", *self.notes.get("weights", [])]
+        if self.notes.get("lengths"):
+            lines += ["# response lengths", *self.notes["lengths"]]
+        lines.append("# commands")
         for p in self.procs:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
             lines.append(f"[{p.name}] {env + ' ' if env else ''}{' '.join(p.argv)}")
@@ -174,6 +177,18 @@ def weight_notes(cfg: RootConfig, devices: dict, model_path: Path | None) -> lis
     return lines
 
 
+def length_notes(cfg: RootConfig) -> list[str]:
+    """rollout.length_profile checked (ValueError naming the fix) and its draws at this cap."""
+    from areal_cli.rollout.length_profile import load_profile
+
+    profile, cap = load_profile(cfg.rollout.length_profile, cfg.seed), cfg.rollout.max_new_tokens
+    if profile is None:
+        return []
+    q = {p: max(1, min(cap, round(profile.fraction(p / 100) * cap))) for p in (10, 50, 90)}
+    return [f"rollout.length_profile={profile.name}: each request's max_new_tokens drawn (p10 {q[10]}, p50 "
+            f"{q[50]}, p90 {q[90]} of rollout.max_new_tokens={cap}), EOS ignored: synthetic lengths"]
+
+
 def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     cfg.run_dir = str(run_dir)
@@ -184,7 +199,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     devices = device_map(cfg, gpus)
     resolve_colocation(cfg, devices)
     model_path, model_lines = resolve_model_for_run(cfg)
-    notes = {"model": model_lines, "weights": weight_notes(cfg, devices, model_path)}
+    notes = {"model": model_lines, "weights": weight_notes(cfg, devices, model_path),
+             "lengths": length_notes(cfg)}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
     for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):

@@ -19,6 +19,7 @@ from areal_cli.config.load import load_yaml
 from areal_cli.config.schema import RootConfig, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
+from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.transport.channels import Channel
@@ -89,7 +90,8 @@ class Worker:
         self.hb.doing = "joining the weight broadcast group"
         self.receiver = self._weight_receiver(ep)
         self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
-        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index)
+        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index,
+                             load_profile(self.cfg.rollout.length_profile, self.cfg.seed))
         self.work = Channel(zmq.PULL, ep.work, bind=False, name="work", hwm=2)
         self.results = Channel(zmq.PUSH, ep.results, bind=False, name="results")
         self.control = Channel(zmq.SUB, ep.control, bind=False, name="control")

@@ -87,3 +87,10 @@ def test_tp2_layout_exits_2_at_the_cli_when_it_does_not_fit(tmp_path):
     proc = subprocess.run(AREAL + ["train", "engine=vllm", "cluster.gpus=[0,1,2,3]", "engine.tensor_parallel_size=2",
                                    "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2 and "do not exist here" in proc.stderr
+
+
+def test_dry_run_shows_the_drawn_lengths_and_refuses_an_unknown_profile(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [], "rollout.length_profile=arithmetic_long", "rollout.max_new_tokens=8192")
+    assert "p10 160, p50 848, p90 3264 of rollout.max_new_tokens=8192), EOS ignored" in p.describe()
+    with pytest.raises(ValueError, match="rollout.length_profile=nope: neither a built-in"):
+        plan(tiny_model, tmp_path, [], "rollout.length_profile=nope")

@@ -26,6 +26,7 @@ import numpy as np
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.rewards.sandbox import Limits, run_python
 from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.rollout.length_profile import LengthProfile
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 
@@ -60,8 +61,10 @@ class Group:
 
 
 class Workflow:
-    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int):
+    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int,
+                 lengths: LengthProfile | None = None):
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
+        self.lengths = lengths  # rollout.length_profile: drawn max_new_tokens, EOS ignored
         self.groups: dict[int, Group] = {}
         self.tools = cf.ThreadPoolExecutor(max_workers=2) if cfg.name == "tool_use" else None
         self.user_fn = import_workflow(cfg.name) if ":" in cfg.name else None
@@ -74,8 +77,10 @@ class Workflow:
             self._generate(item, ep)
 
     def _generate(self, item: WorkItem, ep: Episode) -> None:
-        ctx = ep.prompt_ids + ep.out_ids
-        self.engine.submit(Sequence(f"{item.group_id}:{ep.index}:{ep.turns}", ctx, item.max_new_tokens))
+        ctx, rid = ep.prompt_ids + ep.out_ids, f"{item.group_id}:{ep.index}:{ep.turns}"
+        if self.lengths is None:
+            return self.engine.submit(Sequence(rid, ctx, item.max_new_tokens))
+        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, rid), ignore_eos=True))
 
     def on_generated(self, seq: Sequence) -> None:
         gid, idx, _turn = (int(x) for x in seq.rid.split(":"))
