@@ -72,10 +72,10 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
         raise ValueError(f"GPU id(s) {missing} do not exist here (visible: {avail or 'none'}); "
                          "fix cluster.gpus / rollout.gpus / trainer.gpus")
     w, tp, ranks = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
-    if tp < 1 or tp > 1 and cfg.engine.name != "vllm":
-        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with engine=vllm")
     if not pool:  # the CPU (or Slurm, whose job script places the processes)
         return {"rollout": [], "trainer": []}
+    if tp < 1 or tp > 1 and cfg.engine.name != "vllm":
+        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with engine=vllm")
     if cfg.rollout.gpus or cfg.trainer.gpus:
         rollout = [int(g) for g in cfg.rollout.gpus] or pool[:w * tp if tp > 1 else 1]
         trainer = [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]

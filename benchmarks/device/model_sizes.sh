@@ -10,6 +10,9 @@
 #   build    carry .models/b          random Qwen2.5-1.5B and Qwen2.5-7B checkpoints (bf16, initialised on GPU 0)
 #   train7b  carry .models/b          7B layout, 2 vLLM workers (GPUs 0, 1) + 2 trainer ranks (GPUs 2, 3),
 #                                     10 steps, every response 8192 tokens (length_profile=fixed): MFU, peak memory
+#   train7b31 carry .models/b         the same with 1 vLLM worker (GPU 0) + 3 trainer ranks (GPUs 1-3), 12 samples
+#                                     per step: less trainer memory per GPU (rank 0 also keeps a bf16 copy of the
+#                                     weights for the broadcast, 15 GB at 7B)
 #   tp2      carry .models/b          7B, one vLLM worker with tensor_parallel_size=2 (GPUs 0,1) + 2 trainer ranks,
 #                                     6 steps, long-tail lengths (arithmetic_long profile, <= 4096 tokens)
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
@@ -58,8 +61,8 @@ PY
   tar czf "$OUT/${name}_run.tgz" --exclude=checkpoints -C /tmp/runs "$name" 2>/dev/null
 }
 
-# the 7B layout on 4 GPUs, 2 trainer ranks (GPUs 2, 3 once generation has taken the first ones)
-RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] trainer.ranks=2 task=arithmetic_long
+# the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
+RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
       trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384
       engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 ${EXTRA:-}"
@@ -73,14 +76,20 @@ case $phase in
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
   train7b)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    sized train7b_8k 560 1 $RUN7 rollout.workers=2 rollout.length_profile=fixed rollout.max_new_tokens=8192 \
-        engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
+    sized train7b_8k 560 1 $RUN7 rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
+        trainer.steps=${STEPS:-10} ;;
+  train7b31)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    sized train7b31_8k 560 1 $RUN7 rollout.workers=1 trainer.ranks=3 rollout.length_profile=fixed \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=3 rollout.group_size=4 \
+        trainer.steps=${STEPS:-10} ;;
   tp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    sized tp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=1 engine.tensor_parallel_size=2 ;;
+    sized tp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 ;;
   dp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 ;;
+    sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 trainer.ranks=2 ;;
   bench)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     M=${MAXLEN:-2048}
@@ -104,7 +113,7 @@ for m in ("sync", "async"):
           f" length p50/p90/max {s['response_length']['p50']}/{s['response_length']['p90']}/{s['response_length']['max']}")
 PY
     tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_1.5b 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b tp2 dp2 bench)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
