@@ -142,9 +142,18 @@ def complete(path: Path) -> bool:
 
 @contextlib.contextmanager
 def hub_errors(model: HubModel):
-    """huggingface_hub's exceptions as a ModelError naming the fix."""
+    """huggingface_hub's exceptions as a ModelError naming the fix (a dry run wraps the cause)."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 — anything not recognised below is raised again
+        message = _message(model, err.__cause__ if type(err).__name__ == "DryRunError" and err.__cause__ else err)
+        if message is None:
+            raise
+        raise ModelError(message) from None
+
+
+def _message(m: HubModel, err: Exception) -> str | None:
     from huggingface_hub.errors import (
-        DryRunError,
         GatedRepoError,
         HfHubHTTPError,
         LocalEntryNotFoundError,
@@ -152,19 +161,17 @@ def hub_errors(model: HubModel):
         RevisionNotFoundError,
     )
 
-    m = model
-    try:
-        yield
-    except GatedRepoError:
-        raise ModelError(f"model={m.repo_id}: a gated repository; accept its licence on {endpoint()}/"
-                         f"{m.repo_id} and log in (`hf auth login`, or set HF_TOKEN)") from None
-    except RepositoryNotFoundError:
-        raise ModelError(f"model={m.repo_id}: no such repository on {endpoint()} (or a private one: log in "
-                         "with `hf auth login` or set HF_TOKEN); check the spelling, or give a local "
-                         "directory (model=/path/to/dir)") from None
-    except RevisionNotFoundError:
-        raise ModelError(f"model={m.repo_id}@{m.revision}: no such revision (branch, tag or commit); "
-                         f"drop @{m.revision} for main") from None
-    except (LocalEntryNotFoundError, DryRunError, HfHubHTTPError, OSError) as err:
-        raise ModelError(m.not_cached(f"the Hub ({endpoint()}) could not be reached ({type(err).__name__})")
-                         ) from None
+    if isinstance(err, GatedRepoError):
+        return (f"model={m.repo_id}: a gated repository; accept its licence on {endpoint()}/{m.repo_id} "
+                "and log in (`hf auth login`, or set HF_TOKEN)")
+    if isinstance(err, RepositoryNotFoundError):
+        return (f"model={m.repo_id}: no such repository on {endpoint()} (or a private one: log in with "
+                "`hf auth login` or set HF_TOKEN); check the spelling, or give a local directory "
+                "(model=/path/to/dir)")
+    if isinstance(err, RevisionNotFoundError):
+        return f"model={m.repo_id}@{m.revision}: no such revision (branch, tag or commit); drop @{m.revision} for main"
+    if isinstance(err, (LocalEntryNotFoundError, HfHubHTTPError, OSError, ConnectionError)) or (
+            type(err).__module__.startswith(("httpx", "requests", "urllib3"))):
+        return m.not_cached(f"the Hub ({endpoint()}) could not be reached ({type(err).__name__}: "
+                            f"{str(err).splitlines()[0][:160] if str(err) else ''})")
+    return None

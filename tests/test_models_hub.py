@@ -5,6 +5,7 @@ process starts (not cached, unsupported architectures)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 
 import pytest
@@ -133,3 +134,26 @@ def test_a_run_from_a_hub_id_loads_the_snapshot_in_every_process(hub, tmp_path):
     assert f"model: Org/TinyQwen2 (revision main) → {snaps['Org/TinyQwen2']}" in proc.stdout
     assert f"model: {snaps['Org/TinyQwen2']}" in (run / "config.yaml").read_text()
     assert (run / "checkpoints" / "final" / "config.json").is_file()
+
+
+def test_hub_failures_name_their_fix():
+    """What the Hub answers (gated, missing, unreachable, wrapped by a dry run) as a message with the fix."""
+    import httpx2
+    from huggingface_hub.errors import DryRunError, GatedRepoError, RepositoryNotFoundError
+
+    from areal_cli.hub import HubModel, hub_errors
+
+    response = httpx2.Response(401, request=httpx2.Request("GET", "https://huggingface.co/api/models/a/b"))
+    m = HubModel.parse("meta-llama/Llama-3.2-1B-Instruct")
+    cases = [(GatedRepoError("gated", response=response), "hf auth login"),
+             (RepositoryNotFoundError("404", response=response), "no such repository"),
+             (httpx2.ConnectError("Name or service not known"), "could not be reached (ConnectError"),
+             (DryRunError("cannot dry run"), "could not be reached (DryRunError")]
+    wrapped = DryRunError("cannot dry run")
+    wrapped.__cause__ = GatedRepoError("gated", response=response)
+    cases.append((wrapped, "a gated repository"))
+    for err, fix in cases:
+        with pytest.raises(ModelError, match=re.escape(fix)), hub_errors(m):
+            raise err
+    with pytest.raises(KeyError), hub_errors(m):  # not the Hub's: raised as it is
+        raise KeyError("x")
