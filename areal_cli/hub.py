@@ -25,7 +25,7 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w./-]+)?$")
 
 
 def looks_like_hub_id(name: str) -> bool:
-    """``Org/Name`` or ``Org/Name@revision``; a path that exists is never taken for one."""
+    """``Org/Name`` or ``Org/Name@revision`` (``hub_model`` first rules out paths that exist)."""
     return bool(HUB_ID.match(name)) and not name.startswith((".", "/", "~"))
 
 
