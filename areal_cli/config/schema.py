@@ -92,6 +92,10 @@ class RolloutConfig:
     batch_order: str = "finished"
     """"finished": a batch is the B oldest finished groups (training never waits for a slow group) |
     "admission": the B oldest admitted prompts, waiting for them (reproducible prompt sets, exact resume)."""
+    length_profile: str = ""
+    """Benchmarks with random weights: each request's max_new_tokens drawn from this response-length
+    distribution and EOS ignored. "" = off | "arithmetic_long" (measured long tail, scaled to max_new_tokens) |
+    "fixed" (every response max_new_tokens long) | a JSON file (areal_cli/rollout/length_profile.py)."""
 
 
 @dataclass

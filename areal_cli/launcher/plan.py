@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import RootConfig, weights_backend
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
 
@@ -27,13 +27,18 @@ class Plan:
     cfg: RootConfig
     run_dir: Path
     endpoints: Endpoints
-    devices: dict  # role → list of GPU ids ([] = CPU)
+    devices: dict  # role → list of GPU ids ([] = CPU); "idle": GPUs of the pool no process uses
     procs: list[Proc]
+    notes: dict = field(default_factory=dict)  # "model", "weights": lines printed at start and by --dry-run
 
     def describe(self) -> str:
-        lines = ["# resolved config", to_yaml(self.cfg), "# device map"]
+        lines = ["# resolved config", to_yaml(self.cfg), "# model", *self.notes.get("model", []), "# device map"]
         for role, ids in self.devices.items():
-            lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}")
+            lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}"
+                         + ("  (raise trainer.ranks or rollout.workers to use them)" if role == "idle" else ""))
+        lines += ["# weight updates", *self.notes.get("weights", [])]
+        if self.notes.get("lengths"):
+            lines += ["# response lengths", *self.notes["lengths"]]
         lines.append("# commands")
         for p in self.procs:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
@@ -59,22 +64,58 @@ def visible_gpus() -> list[int]:
 
 
 def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
-    """Which GPUs generate and which train; one GPU is shared (colocated); none = CPU."""
+    """Which GPUs generate and which train: generation takes the first rollout.workers ×
+    engine.tensor_parallel_size GPUs of the pool, the trainer the next trainer.ranks; one GPU is
+    shared (colocated); none = CPU. Raises ValueError when the counts do not add up."""
     avail = visible_gpus() if gpus is None else gpus
     pool = [int(g) for g in cfg.cluster.gpus] or avail
     missing = [g for g in pool + list(cfg.rollout.gpus) + list(cfg.trainer.gpus) if g not in avail]
     if missing:
         raise ValueError(f"GPU id(s) {missing} do not exist here (visible: {avail or 'none'}); "
                          "fix cluster.gpus / rollout.gpus / trainer.gpus")
-    if not pool:
+    w, tp, ranks = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
+    if not pool:  # the CPU (or Slurm, whose job script places the processes)
         return {"rollout": [], "trainer": []}
+    if tp < 1 or tp > 1 and cfg.engine.name != "vllm":
+        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with engine=vllm")
     if cfg.rollout.gpus or cfg.trainer.gpus:
-        return {"rollout": [int(g) for g in cfg.rollout.gpus] or pool[:1],
-                "trainer": [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]}
-    if len(pool) == 1:
-        return {"rollout": pool, "trainer": pool}  # colocated
-    n_gen = cfg.rollout.workers if cfg.rollout.workers < len(pool) else len(pool) // 2
-    return {"rollout": pool[:n_gen], "trainer": pool[n_gen:]}
+        rollout = [int(g) for g in cfg.rollout.gpus] or pool[:w * tp if tp > 1 else 1]
+        trainer = [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]
+    elif len(pool) == 1:
+        if tp > 1:
+            raise ValueError(f"engine.tensor_parallel_size={tp} needs {tp} GPUs per rollout worker and "
+                             f"cluster.gpus has one; lower it to 1 or give more GPUs")
+        rollout, trainer = pool, pool  # colocated
+    else:
+        n_gen = w * tp if tp > 1 else (w if w < len(pool) else len(pool) // 2)
+        if n_gen >= len(pool):
+            raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} = {n_gen} generation "
+                             f"GPUs leave none of the {len(pool)} GPUs {pool} to train: lower rollout.workers or "
+                             "engine.tensor_parallel_size, or add GPUs to cluster.gpus")
+        rollout, trainer = pool[:n_gen], pool[n_gen:]
+    if tp > 1 and len(rollout) < w * tp:
+        raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} needs {w * tp} generation "
+                         f"GPUs; rollout.gpus has {len(rollout)} ({rollout}): give it {w * tp} ids or lower "
+                         "rollout.workers")
+    if ranks > len(trainer):
+        raise ValueError(f"trainer.ranks={ranks} but only {len(trainer)} GPU(s) {trainer} are left to train "
+                         f"(the first {len(rollout)} of {pool} generate): lower trainer.ranks, lower "
+                         "rollout.workers / engine.tensor_parallel_size, or add GPUs to cluster.gpus")
+    used = {g for gs in worker_gpus(cfg, rollout) for g in gs} | set(trainer[:ranks])
+    out = {"rollout": rollout[:w * tp] if tp > 1 else rollout, "trainer": trainer[:ranks]}
+    idle = [g for g in dict.fromkeys(pool + rollout + trainer) if g not in used]
+    return {**out, "idle": idle} if idle else out
+
+
+def worker_gpus(cfg: RootConfig, rollout: list[int]) -> list[list[int]]:
+    """Each rollout worker's GPUs: tensor_parallel_size consecutive ids of ``rollout``, or, at TP 1,
+    one id each, round-robin (several workers may share a GPU); [] on the CPU."""
+    w, tp = cfg.rollout.workers, cfg.engine.tensor_parallel_size
+    if not rollout:
+        return [[] for _ in range(w)]
+    if tp > 1:
+        return [rollout[i * tp:(i + 1) * tp] for i in range(w)]
+    return [[rollout[i % len(rollout)]] for i in range(w)]
 
 
 def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
@@ -82,8 +123,7 @@ def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
     goes through host memory (gloo), which only the embedded engine can receive."""
     if not devices["trainer"] or not devices["rollout"]:
         return
-    worker_gpus = {devices["rollout"][i % len(devices["rollout"])] for i in range(cfg.rollout.workers)}
-    if devices["trainer"][0] not in worker_gpus:
+    if not any(devices["trainer"][0] in gs for gs in worker_gpus(cfg, devices["rollout"])):
         return
     if cfg.engine.name == "vllm":
         raise ValueError(f"engine=vllm cannot share GPU {devices['trainer'][0]} with trainer rank 0: vLLM "
@@ -95,6 +135,62 @@ def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
     cfg.weights.backend = "gloo"
 
 
+def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
+    """The model's local directory and the lines that say where it comes from. A Hub id is fetched
+    (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
+    path, which every process then loads; the architecture is checked wherever config.json is here."""
+    from areal_cli.models import check_supported, hub_model, resolve_model
+
+    hub = hub_model(cfg.model)
+    if hub is None:
+        path = resolve_model(cfg.model)
+        lines = [f"{cfg.model}" if str(path) == cfg.model else f"{cfg.model} → {path}"]
+    elif cfg.dry_run:
+        path, lines = hub.cached(), hub.plan()
+    else:
+        path = hub.fetch()
+        lines = [f"{hub.repo_id} (revision {hub.revision}) → {path}"]
+        cfg.model = str(path)
+    if path is not None:
+        check_supported(path, f"model={cfg.model}")
+    return path, lines
+
+
+def weight_notes(cfg: RootConfig, devices: dict, model_path: Path | None) -> list[str]:
+    """Resolve engine.weight_update (vLLM) and say how weights will reach every rollout worker."""
+    w, tp = cfg.rollout.workers, cfg.engine.tensor_parallel_size
+    if cfg.engine.name != "vllm":
+        backend = weights_backend(cfg, bool(devices["trainer"]))
+        return [f"in place into each hf engine's parameters; one {backend} group of {1 + w} ranks (trainer "
+                f"rank 0 + {w} rollout worker(s)), {cfg.weights.bucket_mb} MiB buckets"]
+    from areal_cli.transport.vllm_weights import choose_weight_update, group_size, rank_offset
+
+    if model_path is None:
+        why = "decided from config.json once the model is fetched"
+    else:
+        cfg.engine.weight_update, why = choose_weight_update(cfg.engine.weight_update, model_path, tp)
+    how = {"inplace": "in place (vLLM sparse_nccl transfer straight into the fused parameters, no reload)",
+           "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
+           "auto": "inplace or reload"}[cfg.engine.weight_update]
+    lines = [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
+             f"one NCCL group of {group_size(w, tp)} ranks: trainer rank 0 + {w} vLLM worker(s) × {tp} GPU rank(s)"]
+    lines += [f"  rollout-{i}: " + (f"ranks {rank_offset(i, tp)}..{rank_offset(i, tp) + tp - 1}" if tp > 1
+                                    else f"rank {rank_offset(i, tp)}") for i in range(w)]
+    return lines
+
+
+def length_notes(cfg: RootConfig) -> list[str]:
+    """rollout.length_profile checked (ValueError naming the fix) and its draws at this cap."""
+    from areal_cli.rollout.length_profile import load_profile
+
+    profile, cap = load_profile(cfg.rollout.length_profile, cfg.seed), cfg.rollout.max_new_tokens
+    if profile is None:
+        return []
+    q = {p: max(1, min(cap, round(profile.fraction(p / 100) * cap))) for p in (10, 50, 90)}
+    return [f"rollout.length_profile={profile.name}: each request's max_new_tokens drawn (p10 {q[10]}, p50 "
+            f"{q[50]}, p90 {q[90]} of rollout.max_new_tokens={cap}), EOS ignored: synthetic lengths"]
+
+
 def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     cfg.run_dir = str(run_dir)
@@ -104,19 +200,13 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
     resolve_colocation(cfg, devices)
-    if cfg.engine.name == "vllm" and cfg.engine.weight_update == "auto":
-        from areal_cli.models import resolve_model
-        from areal_cli.transport.vllm_weights import resolve_weight_update
-
-        cfg.engine.weight_update = resolve_weight_update("auto", resolve_model(cfg.model),
-                                                         cfg.engine.tensor_parallel_size)
+    model_path, model_lines = resolve_model_for_run(cfg)
+    notes = {"model": model_lines, "weights": weight_notes(cfg, devices, model_path),
+             "lengths": length_notes(cfg)}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
-    for i in range(cfg.rollout.workers):
-        env = {}
-        if devices["rollout"]:
-            gpu = devices["rollout"][i % len(devices["rollout"])]
-            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):
+        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if ids else {}
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
     master_port = cfg.launcher.port_base + 6 if cfg.launcher.port_base else free_ports(cfg.launcher.host, 1)[0]
     tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else {}
@@ -126,10 +216,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
         py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
         "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}", "--rdzv-conf", "rank=0",
         "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
-    if devices["trainer"] and cfg.trainer.ranks > len(devices["trainer"]):
-        raise ValueError(f"trainer.ranks={cfg.trainer.ranks} but only {len(devices['trainer'])} GPU(s) "
-                         "train; lower trainer.ranks or give trainer.gpus more ids")
-    return Plan(cfg, run_dir, ep, devices, procs)
+    return Plan(cfg, run_dir, ep, devices, procs, notes)
 
 
 def child_env(extra: dict) -> dict:

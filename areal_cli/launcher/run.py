@@ -140,6 +140,7 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
     if cfg.dry_run:
         print(plan.describe())
         return plan.run_dir
+    print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths") for line in plan.notes[k][:2]), flush=True)
     preflight(cfg)
     try:
         plan.write()

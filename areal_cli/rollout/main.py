@@ -19,6 +19,7 @@ from areal_cli.config.load import load_yaml
 from areal_cli.config.schema import RootConfig, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
+from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.transport.auth import load_keys
@@ -91,7 +92,8 @@ class Worker:
         self.hb.doing = "joining the weight broadcast group"
         self.receiver = self._weight_receiver(ep)
         self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
-        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index)
+        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index,
+                             load_profile(self.cfg.rollout.length_profile, self.cfg.seed))
         wire = dict(bind=False, keys=keys, max_frame=limit)
         self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)
         self.results = Channel(zmq.PUSH, ep.results, name="results", **wire)
@@ -105,12 +107,17 @@ class Worker:
         if self.cfg.engine.name == "vllm":
             import torch
 
-            from areal_cli.transport.vllm_weights import VLLMWeightReceiver, group_size, wire_spec
+            from areal_cli.transport.vllm_weights import (
+                VLLMWeightReceiver,
+                group_size,
+                rank_offset,
+                wire_spec,
+            )
 
             e = self.cfg.engine
             wire = getattr(torch, wire_dtype_name(self.cfg))
             return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
-                                      ep.weights_host, ep.weights_port, 1 + self.index * e.tensor_parallel_size,
+                                      ep.weights_host, ep.weights_port, rank_offset(self.index, e.tensor_parallel_size),
                                       group_size(self.cfg.rollout.workers, e.tensor_parallel_size),
                                       mode=e.weight_update)
         if self.engine.model is None:

@@ -2,7 +2,9 @@
 
 Trainer rank 0 is rank 0 of a group of its own (vLLM's ``StatelessProcessGroup`` +
 ``PyNcclCommunicator``, rendezvous on ``weights_host:weights_port``, which rank 0 hosts);
-rollout worker i's engine ranks follow at ``1 + i · tensor_parallel_size``. Both ends derive
+rollout worker i's engine ranks follow at ``1 + i · tensor_parallel_size`` (``rank_offset``; vLLM
+adds its TP rank), so one broadcast reaches every GPU of every worker: at TP > 1 each GPU rank
+receives the full checkpoint tensors and its layer-wise reload keeps its own shard. Both ends derive
 the same list of names, dtypes and shapes from the model's config (tied weights once), so
 only tensor bytes cross the wire. Two ways to load (``engine.weight_update``):
 
@@ -11,13 +13,15 @@ only tensor bytes cross the wire. Two ways to load (``engine.weight_update``):
   ``finish_weight_update``). Works for any model vLLM loads.
 * ``inplace``: vLLM's ``sparse_nccl`` backend with dense patches (every index) in the
   engine's own layout — q/k/v fused into ``qkv_proj``, gate/up into ``gate_up_proj`` — copied
-  straight into the live parameters: no reload, so the pause is mostly the wire.
+  straight into the live parameters: no reload, so the pause is mostly the wire. vLLM 0.26
+  supports it at tensor_parallel_size 1 only (its patches index the unsharded parameter).
 
 The trainer casts the update into wire buffers (``prepare``) before the workers pause.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from areal_cli.transport.weights import clean_name
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,16 +58,20 @@ class WireSpec:
 INPLACE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
-def resolve_weight_update(mode: str, model_path, tensor_parallel_size: int) -> str:
-    """engine.weight_update resolved: "auto" = inplace for the architectures above at TP 1, else reload."""
+def choose_weight_update(mode: str, model_path, tensor_parallel_size: int) -> tuple[str, str]:
+    """engine.weight_update resolved, and why: "auto" = inplace for the architectures above at TP 1,
+    else reload (vLLM 0.26's sparse_nccl engine refuses a world size > 1 in start_weight_update)."""
     if mode != "auto":
-        return mode
+        return mode, "set by engine.weight_update"
     if tensor_parallel_size != 1:
-        return "reload"
+        return "reload", (f"tensor_parallel_size={tensor_parallel_size}: vLLM's in-place (sparse_nccl) "
+                          "transfer supports TP=1 only")
     from transformers import AutoConfig
 
     archs = set(AutoConfig.from_pretrained(model_path).architectures or [])
-    return "inplace" if archs & INPLACE_ARCHITECTURES else "reload"
+    if archs & INPLACE_ARCHITECTURES:
+        return "inplace", f"{', '.join(sorted(archs))} at tensor_parallel_size=1"
+    return "reload", f"architectures {sorted(archs)}: no known fused layout for in-place updates"
 
 
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -104,7 +114,13 @@ def wire_spec(model_path, dtype: torch.dtype) -> WireSpec:
 
 
 def group_size(workers: int, tensor_parallel_size: int) -> int:
+    """Ranks of the weight group: trainer rank 0 + every GPU rank of every vLLM worker."""
     return 1 + workers * tensor_parallel_size
+
+
+def rank_offset(index: int, tensor_parallel_size: int) -> int:
+    """Rank of rollout worker ``index``'s first GPU in the weight group; vLLM adds each TP rank to it."""
+    return 1 + index * tensor_parallel_size
 
 
 class VLLMWeightSender:
@@ -174,6 +190,9 @@ class VLLMWeightReceiver:
                  mode: str = "reload"):
         self.llm, self.spec, self.mode = llm, spec, mode
         self.update_info = spec.inplace_update_info() if mode == "inplace" else spec.update_info()
+        log.info("weight updates: %s; this worker's GPU ranks start at %d of a %d-rank NCCL group", {
+            "inplace": "in place (sparse_nccl, into the fused parameters)",
+            "reload": "layer-wise reload (nccl, checkpoint format)"}.get(mode, mode), rank_offset, world_size)
         llm.init_weight_transfer_engine(dict(init_info=dict(
             master_address=host, master_port=port, rank_offset=rank_offset, world_size=world_size)))
 

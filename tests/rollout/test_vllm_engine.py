@@ -16,10 +16,11 @@ class FakeCore:
     """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version."""
 
     def __init__(self):
-        self.requests, self.aborted, self.version = {}, [], 0
+        self.requests, self.aborted, self.version, self.params = {}, [], 0, {}
 
     def add_request(self, req, prompt, params):
         self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
+        self.params[req] = params
 
     def step(self):
         outs = []
@@ -45,7 +46,7 @@ def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.cfg, eng.core = RootConfig(), FakeCore()
     eng.llm = types.SimpleNamespace(reset_prefix_cache=lambda: True)
-    eng._params = lambda n: types.SimpleNamespace(max_tokens=n)
+    eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since = 0.0, None
     return eng
@@ -81,6 +82,19 @@ def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
     eng.update_weights(1, dict)
     assert "b#2" not in eng.core.requests
     assert eng.poll(0.0) == [seq] and seq.finish_reason == "stop"
+
+
+def test_ignore_eos_sequence_continues_past_eos_after_an_update():
+    """Length profiles (random weights): an EOS token does not end a sequence that ignores EOS;
+    its next segment asks vLLM to ignore EOS too."""
+    eng = fake_engine()
+    seq = Sequence("c", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0],
+                   ignore_eos=True)
+    eng.seqs["c"], eng.segment["c#1"] = seq, "c"
+    eng.update_weights(1, dict)
+    ids, budget, _ = eng.core.requests["c#2"]
+    assert ids == [1, 5, 0] and budget == 6 and eng.core.params["c#2"].ignore_eos
+    assert eng.poll(0.0) == []
 
 
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():

@@ -124,12 +124,13 @@ def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
 def test_auto_weight_update_is_inplace_only_where_the_fused_layout_is_known(tiny_model, tmp_path):
     from transformers import AutoConfig
 
-    from areal_cli.transport.vllm_weights import resolve_weight_update
+    from areal_cli.transport.vllm_weights import choose_weight_update
 
-    assert resolve_weight_update("auto", tiny_model, 1) == "inplace"  # SmolLM2 is a Llama
-    assert resolve_weight_update("auto", tiny_model, 2) == "reload"
-    assert resolve_weight_update("reload", tiny_model, 1) == "reload"
+    assert choose_weight_update("auto", tiny_model, 1)[0] == "inplace"  # SmolLM2 is a Llama
+    mode, why = choose_weight_update("auto", tiny_model, 2)
+    assert mode == "reload" and "TP=1 only" in why
+    assert choose_weight_update("reload", tiny_model, 1)[0] == "reload"
     other = AutoConfig.from_pretrained(tiny_model)
     other.architectures = ["GPT2LMHeadModel"]
     other.save_pretrained(tmp_path)
-    assert resolve_weight_update("auto", tmp_path, 1) == "reload"
+    assert choose_weight_update("auto", tmp_path, 1)[0] == "reload"

@@ -24,6 +24,7 @@ class Sequence:
     versions: list[int] = field(default_factory=list)  # policy version per generated token
     finish_reason: str = ""  # "" while running; then "stop" | "length"
     segments: int = 1  # engine requests this sequence took (1 + interruptions)
+    ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
 
 
 class Engine(ABC):

@@ -78,7 +78,8 @@ class HFEngine(Engine):
         self.segment[req] = (seq.rid, len(seq.output_ids))
         remaining = seq.max_new_tokens - len(seq.output_ids)
         got = self.manager.add_request(list(seq.prompt_ids) + list(seq.output_ids), request_id=req,
-                                       max_new_tokens=remaining, streaming=True)
+                                       max_new_tokens=remaining, streaming=True,
+                                       eos_token_id=-1 if seq.ignore_eos else None)
         if got is None:
             raise RuntimeError("the continuous batching manager refused a request (it is stopping)")
 
@@ -119,7 +120,7 @@ class HFEngine(Engine):
     def _finish(self, seq: Sequence) -> Sequence:
         del self.seqs[seq.rid]
         last = seq.output_ids[-1] if seq.output_ids else None
-        seq.finish_reason = "stop" if last in self.eos else "length"
+        seq.finish_reason = "stop" if last in self.eos and not seq.ignore_eos else "length"
         return seq
 
     def update_weights(self, version: int, load: Callable[[], dict]) -> dict:

@@ -72,14 +72,15 @@ class VLLMEngine(Engine):
         self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
 
     def _sampling(self, temperature: float, top_p: float) -> None:
-        """The SamplingParams of the next requests (``max_tokens`` per request): one sample,
-        its processed logprob, token ids only, output as deltas."""
+        """The SamplingParams of the next requests (``max_tokens`` and ``ignore_eos`` per request):
+        one sample, its processed logprob, token ids only (random-weight benchmarks sample ids that
+        a smaller tokenizer cannot decode; nothing here decodes), output as deltas."""
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
-        self._params = lambda n: vllm.SamplingParams(
+        self._params = lambda n, ignore_eos=False: vllm.SamplingParams(
             n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=0,
-            detokenize=False, output_kind=RequestOutputKind.DELTA)
+            detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
 
     @property
     def model(self):
@@ -87,14 +88,15 @@ class VLLMEngine(Engine):
 
     def _submit_segment(self, seq: Sequence) -> None:
         remaining = seq.max_new_tokens - len(seq.output_ids)
-        if seq.output_ids and seq.output_ids[-1] in self.eos or remaining <= 0:
-            self._finish(seq, "stop" if seq.output_ids and seq.output_ids[-1] in self.eos else "length")
+        stopped = bool(seq.output_ids) and seq.output_ids[-1] in self.eos and not seq.ignore_eos
+        if stopped or remaining <= 0:
+            self._finish(seq, "stop" if stopped else "length")
             self._done.append(seq)
             return
         req = f"{seq.rid}#{seq.segments}"
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
-        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining))
+        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining, seq.ignore_eos))
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
 

@@ -28,6 +28,7 @@ from areal_cli.config.schema import WorkflowConfig
 from areal_cli.rewards.code_reward import limits_of
 from areal_cli.rewards.sandbox import announce, require, run_python
 from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.rollout.length_profile import LengthProfile
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 
@@ -62,8 +63,10 @@ class Group:
 
 
 class Workflow:
-    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int):
+    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int,
+                 lengths: LengthProfile | None = None):
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
+        self.lengths = lengths  # rollout.length_profile: drawn max_new_tokens, EOS ignored
         self.groups: dict[int, Group] = {}
         self.tools = None
         if cfg.name == "tool_use":  # no working isolation: fail here, naming the fix
@@ -81,8 +84,10 @@ class Workflow:
             self._generate(item, ep)
 
     def _generate(self, item: WorkItem, ep: Episode) -> None:
-        ctx = ep.prompt_ids + ep.out_ids
-        self.engine.submit(Sequence(f"{item.group_id}:{ep.index}:{ep.turns}", ctx, item.max_new_tokens))
+        ctx, rid = ep.prompt_ids + ep.out_ids, f"{item.group_id}:{ep.index}:{ep.turns}"
+        if self.lengths is None:
+            return self.engine.submit(Sequence(rid, ctx, item.max_new_tokens))
+        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, rid), ignore_eos=True))
 
     def on_generated(self, seq: Sequence) -> None:
         gid, idx, _turn = (int(x) for x in seq.rid.split(":"))

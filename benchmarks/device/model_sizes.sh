@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# Model sizes on a lent 4-GPU machine (nvidia-h100-x4 or nvidia-h200-x4): random-weights checkpoints
+# of real architectures (benchmarks/models/, built by benchmarks/random_model.py on the device) run by
+# the real `areal train` / `areal bench`, with synthetic response lengths (rollout.length_profile).
+# One phase per `run` call, back to back (the machine stays warm ~30 s); every phase builds the
+# checkpoint it needs if this machine has none, so each can run alone after the stage phases:
+#   stage1   carry .vllm/a            vLLM overlay part 1
+#   stage2   carry .vllm/b .whl .tf   vLLM part 2, wheels, transformers 5.24
+#   stage3   carry .models/a          default model (its tokenizer) part 1
+#   build    carry .models/b          random Qwen2.5-1.5B and Qwen2.5-7B checkpoints (bf16, initialised on GPU 0)
+#   train7b  carry .models/b          7B layout, 2 vLLM workers (GPUs 0, 1) + 2 trainer ranks (GPUs 2, 3),
+#                                     10 steps, every response 8192 tokens (length_profile=fixed): MFU, peak memory
+#   train7b31 carry .models/b         the same with 1 vLLM worker (GPU 0) + 3 trainer ranks (GPUs 1-3), 12 samples
+#                                     per step: less trainer memory per GPU (rank 0 also keeps a bf16 copy of the
+#                                     weights for the broadcast, 15 GB at 7B)
+#   tp2      carry .models/b          7B, one vLLM worker with tensor_parallel_size=2 (GPUs 0,1) + 2 trainer ranks,
+#                                     6 steps, long-tail lengths (arithmetic_long profile, <= 4096 tokens)
+#   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
+#   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
+# Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
+# trainer memory option), BUDGET (seconds of the call, 570).
+# Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
+# 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
+# Every figure is of random weights with synthetic lengths: label it so.
+set -u
+phase=${1:?phase}
+LOGS=/tmp/mslogs/$phase
+source benchmarks/device/common.sh
+R=/tmp/rand
+
+ckpt() {  # ARCH DIR: the random checkpoint $R/DIR of benchmarks/models/ARCH, built once per machine
+  if [ ! -f "$R/$2/random_weights.json" ]; then
+    local tok; tok=$(model)
+    step "build_$2" 300 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/random_model.py "$1" "$R/$2" --device cuda \
+        --tokenizer "$tok"
+  fi
+  [ -f "$R/$2/random_weights.json" ] && { echo "checkpoint $R/$2: $(tr -d '\n ' < "$R/$2/random_weights.json")" | tee -a $S; }
+}
+
+sized() {  # NAME LIMIT WARMUP OVERRIDES...: one `areal train` with every GPU's memory sampled, then its figures
+  local name=$1 t=$2 w=$3; shift 3
+  nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits -l 2 > "$OUT/${name}_gpu_mem.csv" 2>/dev/null &
+  local smi=$!
+  step "$name" "$t" python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/$name "$@"
+  kill $smi 2>/dev/null
+  grep -h "^model: \|^weights: \|^lengths: " "$L/$name.log" | tee -a $S
+  grep -h "weight updates:" /tmp/runs/$name/logs/rollout-*.log 2>/dev/null | head -2 | tee -a $S
+  python3 benchmarks/device/size_summary.py /tmp/runs/$name "$w" "$OUT/${name}_gpu_mem.csv" > "$OUT/$name.json" \
+      2>> "$L/$name.log"
+  python3 - "$OUT/$name.json" <<'PY' | tee -a $S
+import json, sys
+s = json.load(open(sys.argv[1]))
+keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
+        "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
+        "weight_sync_s_median", "update_pause_s_median", "weight_versions_per_worker")
+for k in keys:
+    print(f"  {k}: {s.get(k)}")
+r = s["response_length"]
+print(f"  response length p10/p50/p90/max {r['p10']}/{r['p50']}/{r['p90']}/{r['max']} over {r['samples']} samples")
+PY
+  tar czf "$OUT/${name}_run.tgz" --exclude=checkpoints -C /tmp/runs "$name" 2>/dev/null
+}
+
+# the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
+RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
+      trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384
+      engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
+      launcher.startup_timeout_s=900 ${EXTRA:-}"
+# tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
+LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
+          trainer.batch_size=4 rollout.group_size=4 trainer.steps=${STEPS:-6}"
+
+case $phase in
+  build)
+    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
+    ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  train7b)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    sized train7b_8k 560 1 $RUN7 rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
+        trainer.steps=${STEPS:-10} ;;
+  train7b31)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    sized train7b31_8k 560 1 $RUN7 rollout.workers=1 trainer.ranks=3 rollout.length_profile=fixed \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=3 rollout.group_size=4 \
+        trainer.steps=${STEPS:-10} ;;
+  tp2)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    sized tp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 ;;
+  dp2)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 trainer.ranks=2 ;;
+  bench)
+    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
+    M=${MAXLEN:-2048}
+    step bench_1.5b 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_1.5b \
+        model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 \
+        task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
+        engine.max_model_len=$((M + 1024)) trainer.batch_size=16 rollout.group_size=8 rollout.max_concurrent=0 \
+        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.85 engine.pause_mode=keep trainer.packing=true \
+        trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-10} bench.warmup=2 bench.eta=4 bench.heldout=false \
+        ${EXTRA:-}
+    cp /tmp/runs/bench_1.5b/bench.json /tmp/runs/bench_1.5b/*.png "$OUT"/ 2>/dev/null
+    python3 - "$OUT/bench.json" <<'PY' | tee -a $S
+import json, sys
+b = json.load(open(sys.argv[1]))
+print("random weights, synthetic lengths (arithmetic_long profile):")
+for k in ("speedup", "step_speedup", "async_vs_ideal", "ideal_bottleneck"):
+    print(f"  {k}: {b.get(k)}")
+for m in ("sync", "async"):
+    s = b["modes"][m]
+    print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s, step median {s['step_wall_s_median']:.2f} s,"
+          f" length p50/p90/max {s['response_length']['p50']}/{s['response_length']['p90']}/{s['response_length']['max']}")
+PY
+    tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_1.5b 2>/dev/null ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench)"; exit 2 ;;
+esac
+tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
+echo "== done ($phase, $(date -u +%T))" | tee -a $S

@@ -1,0 +1,76 @@
+"""A random-weights checkpoint of a real architecture, for benchmarks at size where no real weights
+can be had: ``from_config`` (transformers' own initialisation, seed 0) + ``save_pretrained`` in
+bfloat16, with the default model's tokenizer.
+
+    python benchmarks/random_model.py qwen2.5-7b-instruct /tmp/rand/qwen2.5-7b [--device cuda]
+
+NAME is a folder of benchmarks/models/ (or any directory holding a config.json). Skips the work
+when OUT already holds a complete checkpoint. The vocabulary keeps the architecture's own size
+(151,936 / 152,064 / 128,256 ids) against the tokenizer's 49,152: the embedding, the output layer
+and the [tokens × vocab] logits, a large share of a 1.5B model's FLOPs and of the trainer's
+memory, stay real. Sampling is not restricted: an id past the tokenizer decodes to nothing (the
+rewards of random text are 0 anyway) and vLLM runs without detokenising. bos/eos/pad ids are set
+to the tokenizer's. Use with ``rollout.length_profile`` (random weights never stop on their own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+MODELS = Path(__file__).resolve().parent / "models"
+
+
+def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cpu", seed: int = 0) -> dict:
+    """Write the checkpoint (unless there already); returns its description (also in OUT/random_weights.json)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    marker = out / "random_weights.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())
+    src = MODELS / name if (MODELS / name / "config.json").is_file() else Path(name)
+    config = AutoConfig.from_pretrained(src)
+    if tokenizer is None:
+        from areal_cli.models import resolve_model
+
+        tokenizer = resolve_model("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    config.bos_token_id, config.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    params = sum(p.numel() for p in model.parameters())
+    model.generation_config.bos_token_id = config.bos_token_id
+    model.generation_config.eos_token_id = config.eos_token_id
+    model.generation_config.pad_token_id = config.pad_token_id
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a build that was stopped
+    model.save_pretrained(tmp, max_shard_size="5GB")
+    tok.save_pretrained(tmp)
+    info = {"architecture": name, "config_from": str(src), "params": params, "dtype": "bfloat16",
+            "seed": seed, "vocab_size": config.vocab_size, "tokenizer_ids": len(tok),
+            "weights": "random (transformers from_config initialisation)", "build_s": time.perf_counter() - t0}
+    (tmp / "random_weights.json").write_text(json.dumps(info, indent=1))
+    tmp.rename(out)
+    return info
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name", help=f"one of {sorted(p.name for p in MODELS.iterdir() if p.is_dir())} or a directory")
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--tokenizer", type=Path, default=None, help="default: the default model's")
+    ap.add_argument("--device", default="cpu", help="where to initialise (cuda is much faster at 7B)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""GPU layouts of `areal train` on the CPU: which GPUs each process gets, the weight-group ranks of
+tensor-parallel vLLM workers, and the layouts whose counts do not add up (exit 2 with the fix)."""
+
+from __future__ import annotations
+
+import pytest
+
+from areal_cli.config.load import compose
+from areal_cli.launcher.plan import device_map, make_plan
+
+
+def plan(tiny_model, tmp_path, gpus, *overrides):
+    cfg = compose([f"model={tiny_model}", f"run_dir={tmp_path}", *overrides])
+    return make_plan(cfg, gpus=gpus)
+
+
+def env_of(p, name):
+    return next(proc.env.get("CUDA_VISIBLE_DEVICES") for proc in p.procs if proc.name == name)
+
+
+def test_one_tp2_vllm_worker_and_two_trainer_ranks_on_four_gpus(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "cluster.gpus=[0,1,2,3]",
+             "engine.tensor_parallel_size=2", "rollout.workers=1", "trainer.ranks=2")
+    assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
+    assert env_of(p, "rollout-0") == "0,1" and env_of(p, "trainer") == "2,3"
+    assert p.cfg.engine.weight_update == "reload"  # vLLM's in-place transfer is TP=1 only
+    text = p.describe()
+    assert "engine.weight_update=reload" in text and "TP=1 only" in text
+    assert "one NCCL group of 3 ranks" in text and "rollout-0: ranks 1..2" in text
+
+
+def test_two_tp1_workers_each_get_a_gpu_and_ranks_in_one_group(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2", "trainer.ranks=2")
+    assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
+    assert [env_of(p, "rollout-0"), env_of(p, "rollout-1")] == ["0", "1"]
+    assert p.cfg.engine.weight_update == "inplace"  # a Llama at TP 1
+    text = p.describe()
+    assert "one NCCL group of 3 ranks" in text and "rollout-1: rank 2" in text
+
+
+def test_two_tp2_workers_leave_the_trainer_the_rest(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, list(range(8)), "engine=vllm", "engine.tensor_parallel_size=2",
+             "rollout.workers=2", "trainer.ranks=4")
+    assert p.devices == {"rollout": [0, 1, 2, 3], "trainer": [4, 5, 6, 7]}
+    assert [env_of(p, "rollout-0"), env_of(p, "rollout-1")] == ["0,1", "2,3"]
+    assert "one NCCL group of 5 ranks" in p.describe() and "rollout-1: ranks 3..4" in p.describe()
+
+
+def test_gpus_no_process_uses_are_shown_idle(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm")
+    assert p.devices == {"rollout": [0], "trainer": [1], "idle": [2, 3]}
+    assert "idle: GPU 2,3  (raise trainer.ranks or rollout.workers" in p.describe()
+
+
+def test_explicit_gpu_lists_with_tensor_parallel_workers(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.gpus=[2,3]", "trainer.gpus=[0]",
+             "engine.tensor_parallel_size=2")
+    assert p.devices == {"rollout": [2, 3], "trainer": [0], "idle": [1]}
+    assert env_of(p, "rollout-0") == "2,3"
+
+
+@pytest.mark.parametrize("overrides,fix", [
+    (["engine.tensor_parallel_size=2", "rollout.workers=2"], "leave none of the 4 GPUs"),
+    (["engine.tensor_parallel_size=2", "trainer.ranks=4"], "trainer.ranks=4 but only 2 GPU(s)"),
+    (["engine.tensor_parallel_size=2", "rollout.gpus=[0,1]", "rollout.workers=2", "trainer.gpus=[2,3]"],
+     "needs 4 generation GPUs; rollout.gpus has 2"),
+    (["engine=hf", "engine.tensor_parallel_size=2"], "only with engine=vllm"),
+])
+def test_layouts_that_do_not_add_up_name_the_fix(overrides, fix):
+    cfg = compose(["engine=vllm", "cluster.gpus=[0,1,2,3]", *overrides])
+    with pytest.raises(ValueError, match=fix.replace("(", r"\(").replace(")", r"\)")):
+        device_map(cfg, gpus=[0, 1, 2, 3])
+
+
+def test_one_gpu_cannot_hold_a_tp2_worker():
+    cfg = compose(["engine=vllm", "engine.tensor_parallel_size=2", "cluster.gpus=[0]"])
+    with pytest.raises(ValueError, match="needs 2 GPUs per rollout worker"):
+        device_map(cfg, gpus=[0])
+
+
+def test_tp2_layout_exits_2_at_the_cli_when_it_does_not_fit(tmp_path):
+    """On this CPU machine no GPU is visible: the GPU ids themselves are refused first, exit 2."""
+    import subprocess
+
+    from conftest import AREAL, ROOT
+
+    proc = subprocess.run(AREAL + ["train", "engine=vllm", "cluster.gpus=[0,1,2,3]", "engine.tensor_parallel_size=2",
+                                   "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "do not exist here" in proc.stderr
+
+
+def test_dry_run_shows_the_drawn_lengths_and_refuses_an_unknown_profile(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [], "rollout.length_profile=arithmetic_long", "rollout.max_new_tokens=8192")
+    assert "p10 160, p50 848, p90 3264 of rollout.max_new_tokens=8192), EOS ignored" in p.describe()
+    with pytest.raises(ValueError, match="rollout.length_profile=nope: neither a built-in"):
+        plan(tiny_model, tmp_path, [], "rollout.length_profile=nope")
