@@ -16,6 +16,7 @@
 #   tp2      carry .models/b          7B, one vLLM worker with tensor_parallel_size=2 (GPUs 0,1) + 2 trainer ranks,
 #                                     6 steps, long-tail lengths (arithmetic_long profile, <= 4096 tokens)
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
+#   layouts15 carry .models/b         tp2 then dp2 with the 1.5B checkpoint, 5 steps each
 #   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
@@ -90,6 +91,11 @@ case $phase in
   dp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 trainer.ranks=2 ;;
+  layouts15)  # tp2 then dp2 at the 1.5B size (quicker to build), 5 steps each
+    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
+    RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
+    sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 trainer.steps=5
+    sized dp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=2 trainer.ranks=2 trainer.steps=5 ;;
   bench)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     M=${MAXLEN:-2048}
