@@ -23,7 +23,7 @@ task_args() {  # name:dataset:k=v;k=v -> areal overrides
 
 one() {  # spec gpus: train, then base vs trained on the held-out split
   local spec=$1 gpus=$2 name=${1%%:*}; local args; args=$(task_args "$spec")
-  step train_$name 300 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $args $RUN \
+  step train_$name 430 python3 -m areal_cli.cli train --quiet engine=vllm model=$MODEL $args $RUN \
        cluster.gpus=$gpus run_dir=/tmp/runs/$name trainer.steps=$STEPS
   python3 benchmarks/device/run_summary.py /tmp/runs/$name 2 > $OUT/${name}_run.json 2>&1
   step eval_$name 200 python3 -m areal_cli.cli eval models=[$MODEL,/tmp/runs/$name] $args size=200 \
