@@ -82,8 +82,8 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None,
             bins.append([i])
             used = lengths[i]
     while count is not None and len(bins) < count:
-        big = max(range(len(bins)), key=lambda b: len(bins[b]))
-        if len(bins[big]) > 1:
+        big = max(range(len(bins)), key=lambda b: len(bins[b]), default=None)
+        if big is not None and len(bins[big]) > 1:
             bins.append([bins[big].pop()])
         else:
             bins.append([])  # an empty micro-batch: the rank runs a zero-weight dummy
