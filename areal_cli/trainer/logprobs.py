@@ -21,7 +21,10 @@ from areal_cli.trainer.batching import Inputs, autocast, to_rows
 
 def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
            temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logp_all = torch.log_softmax(head(hidden).float() / temperature, dim=-1)
+    logits = head(hidden)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # float32 log-softmax (float64 stays float64)
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
     lp = logp_all.gather(-1, targets[:, None])[:, 0]
     with torch.no_grad():  # after the last tensor backward needs: a checkpoint's recompute stops before it
         ent = -(logp_all.exp() * logp_all).sum(-1)
@@ -74,4 +77,4 @@ def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
             del head.forward
         else:
             head.forward = own
-    return to_rows(out[:, 0], x.valid), to_rows(out[:, 1], x.valid)
+    return to_rows(out[:, 0], x.valid), to_rows(out[:, 1].detach(), x.valid)
