@@ -213,6 +213,7 @@ def _check_positive(cfg: RootConfig) -> list[str]:
         "trainer.batch_size": cfg.trainer.batch_size,
         "trainer.ranks": cfg.trainer.ranks,
         "trainer.micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+        "trainer.logprob_chunk_tokens": cfg.trainer.logprob_chunk_tokens,
         "rollout.workers": cfg.rollout.workers,
         "rollout.group_size": cfg.rollout.group_size,
         "weights.bucket_mb": cfg.weights.bucket_mb,

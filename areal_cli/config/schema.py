@@ -124,9 +124,17 @@ class TrainerConfig:
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""
     activation_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    """Recompute each decoder layer's activations in backward (less memory, about a third more compute)."""
     threads: int = 0
     """torch CPU threads per rank; 0 = half the cores (at least 1)."""
+    skip_zero_advantage: bool = True
+    """Leave rows whose every advantage is 0 out of the policy's forward/backward (exactly 0 gradient; not
+    with a KL or entropy term in the loss); counted in skipped_rows / skipped_tokens."""
+    logprob_chunk_tokens: int = 256
+    """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are never held
+    for a whole micro-batch)."""
+    peak_flops: float = 0.0
+    """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
     gpus: list = field(default_factory=list)
     """GPU ids for training; [] = from cluster.gpus."""
 

@@ -82,8 +82,8 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None,
             bins.append([i])
             used = lengths[i]
     while count is not None and len(bins) < count:
-        big = max(range(len(bins)), key=lambda b: len(bins[b]))
-        if len(bins[big]) > 1:
+        big = max(range(len(bins)), key=lambda b: len(bins[b]), default=None)
+        if big is not None and len(bins[big]) > 1:
             bins.append([bins[big].pop()])
         else:
             bins.append([])  # an empty micro-batch: the rank runs a zero-weight dummy
@@ -225,9 +225,11 @@ def dummy_forward(model, device: torch.device, dtype: torch.dtype, backward: boo
 
 
 def to_rows(flat: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """``[tokens]`` in (sequence, position) order → ``[n, width]`` float32, 0 where not valid."""
-    out = torch.zeros(valid.shape, device=flat.device, dtype=torch.float32)
-    return out.masked_scatter(valid, flat.float())
+    """``[tokens]`` in (sequence, position) order → ``[n, width]`` float32 (float64 stays), 0 where
+    not valid."""
+    dtype = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    out = torch.zeros(valid.shape, device=flat.device, dtype=dtype)
+    return out.masked_scatter(valid, flat.to(dtype))
 
 
 def token_logprobs(logits: torch.Tensor, x: Inputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

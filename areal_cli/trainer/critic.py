@@ -59,7 +59,7 @@ class Critic:
         self.model, self.cfg, self.device, self.dtype, self.world = model, cfg, device, compute_dtype, world
         self.scale = LossScale(compute_dtype == torch.float16)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.critic_lr,
-                                     weight_decay=cfg.trainer.weight_decay)
+                                     weight_decay=cfg.trainer.weight_decay, fused=True)
 
     @classmethod
     def load(cls, model_path: Path, cfg: RootConfig, device, compute_dtype, world: int) -> Critic:
@@ -101,6 +101,6 @@ class Critic:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
-        if self.scale.update(grad_norm):
+        if self.scale.update(grad_norm) and bool(torch.isfinite(grad_norm)):  # no inf/NaN step
             self.opt.step()
         return stats, grad_norm

@@ -42,4 +42,5 @@ class LossScale:
         return True
 
     def stats(self) -> dict:
-        return {"loss_scale": self.value, "skipped_steps": self.skipped} if self.enabled else {}
+        """The scale (float16 only); skipped steps are counted by the step, in every dtype."""
+        return {"loss_scale": self.value} if self.enabled else {}

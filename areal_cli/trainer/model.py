@@ -25,6 +25,7 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         float32_head(model)
     if activation_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    train_mode(model)
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -35,6 +36,18 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         fully_shard(layer, mp_policy=mp)
     fully_shard(model, mp_policy=mp)
     return model
+
+
+def train_mode(model) -> None:
+    """``model.train()`` with every dropout at 0. transformers checkpoints layers only in train
+    mode (``activation_checkpointing`` was a no-op in eval mode); dropout would make the
+    trainer's logprobs differ from the engine's, so it stays off (SmolLM2 and Qwen3 have none)."""
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
 
 
 def float32_head(model) -> None:

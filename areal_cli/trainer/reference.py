@@ -7,24 +7,19 @@ from pathlib import Path
 
 import torch
 
-from areal_cli.trainer.batching import (
-    Rollouts,
-    dummy_forward,
-    forward,
-    model_inputs,
-    token_logprobs,
-)
+from areal_cli.trainer.batching import Rollouts, dummy_forward, model_inputs
+from areal_cli.trainer.logprobs import forward_logprobs
 from areal_cli.trainer.model import build_policy
 
 
 class Reference:
     def __init__(self, model_path: Path, device: torch.device, compute_dtype: torch.dtype,
-                 packing: bool, temperature: float):
+                 packing: bool, temperature: float, chunk: int):
         self.model = build_policy(model_path, device, compute_dtype, activation_checkpointing=False)
         self.model.requires_grad_(False)
         self.model.eval()
         self.device, self.dtype = device, compute_dtype
-        self.packing, self.temperature = packing, temperature
+        self.packing, self.temperature, self.chunk = packing, temperature, chunk
 
     @torch.no_grad()
     def logprobs(self, ro: Rollouts, mbs: list[list[int]]) -> torch.Tensor:
@@ -36,6 +31,6 @@ class Reference:
                 dummy_forward(self.model, self.device, self.dtype, backward=False)
                 continue
             x = model_inputs(ro, mb, self.packing).to(self.device)
-            lp, _ = token_logprobs(forward(self.model, x, self.dtype), x, self.temperature)
+            lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk)
             out[mb] = lp
         return out

@@ -174,3 +174,43 @@ def test_precision_fp16_sets_engine_and_trainer_and_validates():
     assert compose(["engine=vllm"]).engine.dtype == "bfloat16"
     with pytest.raises(ConfigError, match="trainer.dtype: use auto, bfloat16, float16 or float32"):
         compose(["trainer.dtype=float8"])
+
+
+def test_activation_checkpointing_recomputes_layers_and_keeps_gradients(tiny_model):
+    # the policy trains in train mode, so transformers checkpoints each decoder layer: its
+    # forward runs again in backward (2 calls per micro-batch, not 1); the gradients are the same
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=10, rewards=[1.0, 0.0, 0.0, 1.0])
+    grads, calls = {}, {}
+    for ckpt in (False, True):
+        cfg = config("trainer.grad_clip=1e9", "trainer.lr=1e-12", f"trainer.activation_checkpointing={ckpt}")
+        torch.manual_seed(0)
+        model = build_policy(tiny_model, torch.device("cpu"), F32, activation_checkpointing=ckpt)
+        assert model.training and model.model.gradient_checkpointing == ckpt
+        seen = []
+        # transformers checkpoints the layer's forward (its own hooks run once): count a submodule
+        model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
+        runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), F32, rank=0, world=1)
+        out = runner.train(batch)
+        grads[ckpt], calls[ckpt] = _grads(runner.model), len(seen) / out["micro_batches"]
+    assert calls == {False: 1, True: 2}
+    for name, g in grads[False].items():
+        assert torch.allclose(grads[True][name], g, rtol=1e-5, atol=1e-9), name
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_non_finite_gradient_skips_the_step(tiny_model, dtype):
+    # a NaN reward makes its group's advantages, the loss and the gradient NaN: the weights stay
+    # as they were and the step is counted in skipped_steps; the next finite batch steps again
+    cfg = config(f"trainer.dtype={dtype}", "trainer.lr=1e-3")
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = build_policy(tiny_model, torch.device("cpu"), dt, activation_checkpointing=False)
+    runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), dt, rank=0, world=1)
+    ref = plain_model(tiny_model)
+    before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
+    bad = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, float("nan"), 0.0, 1.0]))
+    assert not math.isfinite(bad["grad_norm"]) and bad["skipped_steps"] == 1
+    assert all(torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
+    good = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, 0.0, 0.0, 1.0]))
+    assert math.isfinite(good["grad_norm"]) and good["skipped_steps"] == 1
+    assert any(not torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())

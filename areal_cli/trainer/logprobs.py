@@ -1,0 +1,80 @@
+"""Response-token logprobs and entropies with the output layer applied in chunks of positions.
+
+The ``[tokens, vocab]`` logits of a whole micro-batch are never held: the output layer runs on
+``chunk`` positions at a time, each chunk's float32 log-softmax is reduced at once to the
+sampled token's logprob and the entropy, and under autograd each chunk is checkpointed (its
+logits are recomputed in backward from the chunk's hidden states). With SmolLM2's 49,152-token
+vocabulary a 2,000-token micro-batch held ~1.6 GB of logits, log-softmax and their gradients;
+a 256-position chunk holds ~0.2 GB. The numbers are those of one full log-softmax: each row's
+log-softmax only sees its own row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from areal_cli.trainer.batching import Inputs, autocast, to_rows
+
+
+def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
+           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    logits = head(hidden)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # float32 log-softmax (float64 stays float64)
+    logp_all = torch.log_softmax(logits / temperature, dim=-1)
+    lp = logp_all.gather(-1, targets[:, None])[:, 0]
+    with torch.no_grad():  # after the last tensor backward needs: a checkpoint's recompute stops before it
+        ent = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, ent
+
+
+def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+                     chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprob, entropy)`` ``[tokens]`` of ``targets`` under ``softmax(head(hidden) / T)``,
+    ``chunk`` positions at a time (checkpointed when a gradient is needed); the entropy carries
+    no gradient."""
+    if chunk < 1:
+        raise ValueError(f"trainer.logprob_chunk_tokens must be at least 1, got {chunk}")
+    grad = torch.is_grad_enabled() and hidden.requires_grad
+    lps, ents = [], []
+    for s in range(0, hidden.shape[0], chunk):
+        args = (head, hidden[s:s + chunk], targets[s:s + chunk], temperature)
+        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
+        lps.append(lp)
+        ents.append(ent)
+    if not lps:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return empty, empty
+    return torch.cat(lps), torch.cat(ents)
+
+
+def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
+                     chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
+
+    The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
+    its output layer swapped for one that takes the kept hidden states at the response
+    positions and returns their ``(logprob, entropy)``; the layer's own forward (e.g. the
+    float32 head) computes each chunk's logits, under the same autocast."""
+    head = model.get_output_embeddings()
+    own = head.__dict__.get("forward")  # an instance override (float32_head) or the class's
+    inner = head.forward
+
+    def logprob_head(kept: torch.Tensor) -> torch.Tensor:
+        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk)
+        return torch.stack([lp, ent], dim=-1)
+
+    head.forward = logprob_head
+    try:
+        with autocast(x.ids.device, dtype):
+            out = model(input_ids=x.ids, attention_mask=x.attention_mask, position_ids=x.position_ids,
+                        logits_to_keep=x.keep).logits
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
+    return to_rows(out[:, 0], x.valid), to_rows(out[:, 1].detach(), x.valid)

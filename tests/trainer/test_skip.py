@@ -1,0 +1,90 @@
+"""Rows whose every advantage is 0 never reach the policy's forward (nor its backward), and the
+loss and every gradient equal those of the unskipped computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import config, init_gloo, make_batch, plain_model
+
+from areal_cli.trainer.model import build_policy
+from areal_cli.trainer.step import StepRunner
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gloo():
+    init_gloo()
+
+
+def _runner(path, *overrides: str) -> StepRunner:
+    cfg = config("algorithm=grpo", "trainer.grad_clip=1e9", "trainer.lr=1e-12", *overrides)
+    torch.manual_seed(0)
+    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=False)
+    return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+
+
+def _count_rows(model) -> list[int]:
+    """Rows of every input that reaches the model's forward (packed: one per sequence)."""
+    seen: list[int] = []
+
+    def hook(_module, _args, kwargs):
+        mask = kwargs.get("attention_mask")
+        packed = mask is not None and mask.dim() == 4
+        seen.append(int(kwargs["position_ids"].eq(0).sum()) if packed else kwargs["input_ids"].shape[0])
+
+    model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+def _grads(model) -> dict[str, torch.Tensor]:
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
+def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing, agg):
+    # 3 groups of 2: group 1 got reward 1 twice, so its GRPO advantages are 0 at every token;
+    # its 2 rows never reach the forward, and the loss (whose denominators still count its
+    # tokens and sequences) and every gradient equal the unskipped step's
+    rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
+    batch = make_batch(plain_model(tiny_model), groups=3, group_size=2, seed=8, rewards=rewards)
+    gen = torch.Generator().manual_seed(8)
+    for s in (s for g in batch.groups for s in g.samples):  # off-policy: behaviour weights ≠ 1, loss ≠ 0
+        s.logprobs += 0.3 * torch.rand(len(s.logprobs), generator=gen).numpy()
+    over = (f"trainer.packing={packing}", f"algorithm.loss_agg={agg}")
+    skip, full = _runner(tiny_model, *over), _runner(tiny_model, *over, "trainer.skip_zero_advantage=false")
+    rows_skip, rows_full = _count_rows(skip.model), _count_rows(full.model)
+    got, want = skip.train(batch), full.train(batch)
+    assert sum(rows_skip) == 4 and sum(rows_full) == 6
+    group1_tokens = sum(len(s.output_ids) for s in batch.groups[1].samples)
+    assert (got["skipped_rows"], got["skipped_tokens"]) == (2, group1_tokens)
+    assert (want["skipped_rows"], want["skipped_tokens"]) == (0, 0)
+    assert got["trained_tokens"] == want["trained_tokens"]
+    # float32 sums of O(1) terms that cancel to ~1e-3: agreement to 1e-6 absolute
+    assert got["loss"] == pytest.approx(want["loss"], rel=0, abs=1e-6) and abs(want["loss"]) > 1e-3
+    g_skip, g_full = _grads(skip.model), _grads(full.model)
+    for name, g in g_full.items():  # float32: the other rows' padded shapes differ, so rounding does
+        err = float((g_skip[name] - g).abs().max())
+        assert err <= 1e-5 * float(g.abs().max()), (name, err)
+    assert sum(float(g.abs().sum()) for g in g_full.values()) > 0
+
+
+def test_every_row_skipped_still_gives_zero_gradients(tiny_model):
+    # every group uniform: no row is forwarded, one zero-weight dummy micro-batch gives every
+    # parameter a zero gradient (not None), so AdamW's step is the unskipped one
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9, rewards=[1.0, 1.0, 0.0, 0.0])
+    runner = _runner(tiny_model)
+    rows = _count_rows(runner.model)
+    out = runner.train(batch)
+    assert out["skipped_rows"] == 4 and out["micro_batches"] == 1 and out["loss"] == 0.0
+    assert rows == [1]  # the dummy's one row
+    assert all(float(g.abs().max()) == 0.0 for g in _grads(runner.model).values())
+
+
+def test_no_skipping_with_an_entropy_or_kl_loss_term(tiny_model):
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9, rewards=[1.0, 1.0, 0.0, 1.0])
+    for over in ("algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.1"):
+        out = _runner(tiny_model, over).train(batch)
+        assert out["skipped_rows"] == 0, over
+    assert _runner(tiny_model).train(batch)["skipped_rows"] == 2
