@@ -79,11 +79,9 @@ def publish(partial: Path, final: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
-    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*")
-                  if not d.name.endswith(".partial") and d.name.split("_")[1].isdigit())
+    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*")  # a link is never ours
+                  if not d.name.endswith(".partial") and d.name.split("_")[1].isdigit() and not d.is_symlink())
     for _, d in done[:-keep] if keep > 0 else []:
-        if d.is_symlink():
-            continue  # never delete through a link
         shutil.rmtree(d, ignore_errors=True)
 
 

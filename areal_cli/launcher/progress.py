@@ -16,6 +16,7 @@ class MetricsTail:
 
     def __init__(self, path: Path):
         self.path, self.pos, self.rows, self.inode = path, 0, [], None
+        self.last = b""  # the last whole line read, which must still end at ``pos``
         self.bad_lines = 0
 
     def read(self) -> list[dict]:
@@ -24,18 +25,21 @@ class MetricsTail:
                 st = os.fstat(f.fileno())
                 if st.st_ino != self.inode or st.st_size < self.pos:
                     return self._restart(f, st.st_ino)
-                f.seek(self.pos)
+                f.seek(self.pos - len(self.last))
                 chunk = f.read()
+                if not chunk.startswith(self.last):  # rewritten beneath us (an inode number reused)
+                    f.seek(0)
+                    return self._restart(f, st.st_ino)
         except FileNotFoundError:
             return []
-        new = self._parse(chunk)
+        new = self._parse(chunk[len(self.last):])
         self.rows += new
         return new
 
     def _restart(self, f, inode: int) -> list[dict]:
         """A new or shorter file: read it from the start; the rows that differ from the ones
         already shown are the new ones."""
-        self.inode, self.pos = inode, 0
+        self.inode, self.pos, self.last = inode, 0, b""
         old, self.rows = self.rows, self._parse(f.read())
         same = 0
         while same < min(len(old), len(self.rows)) and old[same] == self.rows[same]:
@@ -45,6 +49,8 @@ class MetricsTail:
     def _parse(self, chunk: bytes) -> list[dict]:
         done = chunk.rfind(b"\n") + 1  # an unfinished last line waits for the next read
         self.pos += done
+        if done:
+            self.last = chunk[chunk.rfind(b"\n", 0, done - 1) + 1:done]
         out = []
         for line in chunk[:done].decode(errors="replace").splitlines():
             if not line.strip():
