@@ -26,13 +26,14 @@ class EvalError(Exception):
 def run_eval(overrides: list[str]) -> None:
     """The `areal eval` command (exit 2 on a user error, 1 when a data-parallel worker fails)."""
     from areal_cli.evaluation.parallel import WorkerFailed
+    from areal_cli.evaluation.runner import EvalStalled
 
     try:
         _run(overrides)
     except EvalError as err:
         print(f"areal eval: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except WorkerFailed as err:
+    except (WorkerFailed, EvalStalled) as err:
         print(f"areal eval: {err}", file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -135,7 +136,8 @@ def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: 
     results = []
     _say(f"loading {name} ({path})")
     try:
-        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed)
+        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed,
+                              timeout_s=head.timeout_s)
     except (OSError, ValueError) as err:
         raise EvalError(f"model={name}: cannot load {path}: {err}") from None
     with evaluator:
