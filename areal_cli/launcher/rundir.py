@@ -53,8 +53,10 @@ class RunLock:
         except BlockingIOError:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(self.fd)
-            raise RunDirError(f"run_dir={Path(run_dir)} is in use by another areal run (pid {holder}); "
-                              "wait for it to end or stop it, or choose another run_dir") from None
+            gone = holder.isdigit() and not os.path.exists(f"/proc/{holder}")
+            raise RunDirError(f"run_dir={Path(run_dir)} is in use by another areal run (pid {holder}"
+                              + (", exited; a process it started still runs: `pgrep -af <run_dir>`" if gone else "")
+                              + "); wait for it to end or stop it, or choose another run_dir") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
