@@ -9,6 +9,7 @@ worker processes (evaluation/parallel.py); a worker that fails is exit code 1, n
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from dataclasses import asdict
@@ -46,7 +47,7 @@ def _run(overrides: list[str]) -> None:
     _check_gpus(head)
     models = _models(head)
     problems = [_problems(cfg) for cfg in cfgs]
-    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S"))
+    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S") + f"-{secrets.token_hex(2)}")
     if head.data_parallel():
         from areal_cli.evaluation.parallel import run_data_parallel
 

@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_cli.durable import atomic_write
 from areal_cli.evaluation.metrics import summarize
 
 PASSES = ("greedy", "sample")
@@ -91,7 +92,7 @@ def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]]
                     "models": [[name, str(path)] for name, path in models], "threads": threads,
                     "ids": [[p.id for p in shard(task_problems, k, n)] for task_problems in problems]}
             spec_path = shard_dir / f"shard-{k}.spec.json"
-            spec_path.write_text(json.dumps(spec))
+            atomic_write(spec_path, json.dumps(spec))
             workers.append(_start(k, head.worker_gpus(k), spec_path, shard_dir / f"shard-{k}.log", out))
         if say:
             say(f"{n} workers: " + ", ".join(f"shard {w.k} on {device_label(w.gpus)} (pid {w.proc.pid})"
@@ -268,10 +269,8 @@ def worker_main(spec_path: str) -> None:
     t0, results = time.perf_counter(), []
     for name, path in spec["models"]:
         results += _evaluate_model(name, Path(path), cfgs, mine, spec["threads"])
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
-                               "results": results}))
-    tmp.replace(out)
+    atomic_write(out, json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
+                                  "results": results}))
 
 
 def _main() -> None:
