@@ -111,8 +111,15 @@ class Controller:
             self._maybe_send_batch()
             self._handle_status()
             self._check_peers(start)
-        self.control.send(Control("stop"))
+        self.send_stop()
         self.log.info("run finished: %d steps", self.step)
+
+    def send_stop(self) -> None:
+        """Tell the rollout workers to stop. The process ends with os._exit right after, which drops
+        what ZeroMQ's I/O thread has not sent yet: give it a moment, or a worker waits for a stop
+        that never comes until the launcher kills it."""
+        self.control.send(Control("stop"))
+        time.sleep(0.5)
 
     def _admit(self) -> None:
         r = self.cfg.rollout
@@ -273,7 +280,7 @@ def main() -> None:
         ctl.run()
     except PeerStalled as err:
         ctl.log.error("%s", err)
-        ctl.control.send(Control("stop"))
+        ctl.send_stop()
         sys.exit(4)
 
 
