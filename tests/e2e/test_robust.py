@@ -86,7 +86,7 @@ def test_resume_then_sigterm_before_the_first_new_step_then_resume_again(tiny_mo
     # frozen worker below never finishes one, so no batch comes
     (tmp_path / "checkpoints" / "step_1" / "buffer.msgpack").write_bytes(msgpack.packb([]))
     (tmp_path / "FAULT_REACHED").unlink(missing_ok=True)
-    proc = subprocess.Popen(AREAL + ["train", f"resume={tmp_path}", "trainer.steps=3",
+    proc = subprocess.Popen(AREAL + ["train", f"resume={tmp_path}", "trainer.steps=2",
                                      "launcher.stop_timeout_s=20"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "AREAL_FAULT": "generate@1"})  # no new batch will come
@@ -105,5 +105,5 @@ def test_resume_then_sigterm_before_the_first_new_step_then_resume_again(tiny_mo
                           capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2]
-    assert "step 3/3" in proc.stdout  # the live progress shows the resumed steps
+    assert "step 3/3" in proc.stdout  # the live progress shows the resumed steps (step 3 is new)
 
