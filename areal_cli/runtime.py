@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from areal_cli.transport.auth import Keys
@@ -66,6 +67,7 @@ def load_endpoints(run_dir: str | Path) -> Endpoints:
     return Endpoints(**json.loads((Path(run_dir) / "endpoints.json").read_text()))
 
 
+
 def set_threads(requested: int, share: int = 2) -> int:
     """torch CPU threads: ``requested`` or the cores divided among ``share`` processes."""
     import torch
@@ -76,31 +78,62 @@ def set_threads(requested: int, share: int = 2) -> int:
 
 
 class Heartbeat:
-    """Sends ``Status(kind="heartbeat", doing=...)`` every ``period_s`` from a daemon thread.
+    """Sends ``Status(kind="heartbeat", doing=..., metrics={"progress", "busy"})`` every ``period_s``
+    from a daemon thread.
 
-    ``doing`` is what the process is busy with or waiting for: the controller names it when
-    the heartbeats stop. The thread also exits the process if the launcher died (orphaned).
+    ``doing`` is what the process is busy with or waiting for: the controller names it when the
+    heartbeats stop. A beat proves only that this thread runs, so it also carries ``progress``, a
+    counter of the main loop (advanced by ``advance()`` and by every new ``doing``), and, when the
+    process sets ``busy`` (a callable: how much work it holds), that amount: the controller stops a
+    run whose process holds work while its counter stands still (launcher.progress_timeout_s).
+    The thread cannot die quietly: the launcher gone or the controller unreachable ends the process.
     """
 
     def __init__(self, endpoints: Endpoints, keys: Keys, name: str, period_s: float, max_frame: int):
-        self.name, self.period_s, self.doing = name, period_s, "starting"
+        self.name, self.period_s, self._doing, self.progress = name, period_s, "starting", 0
+        self.busy: Callable[[], int] | None = None
         self.sock = status_sender(endpoints.status, name, keys, max_frame)
         self.lock = threading.Lock()
         self.parent = os.getppid()
         threading.Thread(target=self._run, daemon=True, name="heartbeat").start()
 
+    @property
+    def doing(self) -> str:
+        return self._doing
+
+    @doing.setter
+    def doing(self, what: str) -> None:
+        if what != self._doing:
+            self._doing = what
+            self.progress += 1
+
+    def advance(self) -> None:
+        """One unit of work done (a sequence finished, a result sent)."""
+        self.progress += 1
+
     def send(self, kind: str, **kw) -> None:
         with self.lock:
             self.sock.send(Status(sender=self.name, kind=kind, **kw))
 
+    def _beat(self) -> dict:
+        out = {"progress": self.progress}
+        if self.busy is not None:
+            try:
+                out["busy"] = int(self.busy())
+            except Exception:  # noqa: BLE001 — a racy read of the main loop's state: say busy
+                out["busy"] = 1
+        return out
+
     def _run(self) -> None:
+        log = logging.getLogger(self.name)
         while True:
             time.sleep(self.period_s)
             if os.getppid() != self.parent:
-                logging.getLogger(self.name).error("parent process died; exiting")
+                log.error("parent process died; exiting")
                 os._exit(3)
             try:
-                self.send("heartbeat", doing=self.doing)
-            except Exception as err:  # noqa: BLE001 — a dead controller ends this process
-                logging.getLogger(self.name).error("controller unreachable: %s; exiting", err)
+                self.send("heartbeat", doing=self._doing, metrics=self._beat())
+            except BaseException as err:  # noqa: BLE001 — a dead controller (or a bug here) ends this process
+                log.error("heartbeat failed (%s: %s): controller unreachable; exiting", type(err).__name__, err)
+                sys.stderr.flush()
                 os._exit(3)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
 
@@ -139,9 +140,9 @@ def load_yaml(path: str | Path) -> RootConfig:
 
 
 def save_yaml(cfg: RootConfig, path: str | Path) -> None:
-    from omegaconf import OmegaConf
+    from areal_cli.durable import atomic_write
 
-    Path(path).write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    atomic_write(path, to_yaml(cfg))
 
 
 def to_yaml(cfg: RootConfig) -> str:
@@ -151,15 +152,20 @@ def to_yaml(cfg: RootConfig) -> str:
 
 
 def validate(cfg: RootConfig) -> list[str]:
-    """Cross-field checks of the whole config (each role's own checks included)."""
+    """Every numeric setting in its range (config/ranges.py), then the cross-field checks of the
+    whole config (each role's own checks included); a key out of range is reported once."""
+    generic = check_ranges(cfg)
+    problems = generic + drop_repeats(generic, _cross_field(cfg))
+    return problems
+
+
+def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
     problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
-    problems += _check_positive(cfg)
     r, t = cfg.rollout, cfg.trainer
-    if r.max_staleness < 0:
-        problems.append("rollout.max_staleness must be >= 0 (0 = synchronous RL)")
-    if r.max_new_tokens < 1:
-        problems.append("rollout.max_new_tokens must be >= 1: a trajectory needs at least one generated token")
+    if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
+        problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "
+                        f"launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower heartbeat_s")
     if (t.batch_size * r.group_size) % t.ranks:
         problems.append(
             f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do not split "
@@ -206,21 +212,3 @@ def validate(cfg: RootConfig) -> list[str]:
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems
 
-
-def _check_positive(cfg: RootConfig) -> list[str]:
-    checks = {
-        "trainer.steps": cfg.trainer.steps,
-        "trainer.batch_size": cfg.trainer.batch_size,
-        "trainer.ranks": cfg.trainer.ranks,
-        "trainer.micro_batch_tokens": cfg.trainer.micro_batch_tokens,
-        "trainer.logprob_chunk_tokens": cfg.trainer.logprob_chunk_tokens,
-        "rollout.workers": cfg.rollout.workers,
-        "rollout.group_size": cfg.rollout.group_size,
-        "weights.bucket_mb": cfg.weights.bucket_mb,
-    }
-    out = [f"{k}={v}: must be >= 1" for k, v in checks.items() if v < 1]
-    if cfg.trainer.lr <= 0:
-        out.append(f"trainer.lr={cfg.trainer.lr}: must be > 0 (e.g. trainer.lr=2e-5)")
-    if cfg.rollout.temperature <= 0:
-        out.append("rollout.temperature must be > 0")
-    return out

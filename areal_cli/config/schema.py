@@ -174,6 +174,9 @@ class LauncherConfig:
     """Heartbeat period of every process."""
     peer_timeout_s: float = 120.0
     """A process with no heartbeat for this long is declared stuck (stack dumped, run stopped)."""
+    progress_timeout_s: float = 1800.0
+    """A process that holds work (a batch to train, groups to generate) and whose main loop has not
+    advanced for this long is declared stuck, heartbeat or not (stacks dumped, run stopped); 0 = never."""
     startup_timeout_s: float = 600.0
     """Longest a process may take to load its model and say hello."""
     stop_timeout_s: float = 8.0

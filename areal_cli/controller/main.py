@@ -4,8 +4,9 @@
 so it starts first. Its loop: admit groups while the rule allows → collect finished groups
 → when the trainer is ready and B groups are buffered, send the oldest B → on "weights of v
 ready" tell the rollout workers to update → on "step done" log the step (and finish a
-checkpoint). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s`` ends
-the run with its name and what it was doing.
+checkpoint). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s``, or
+holding work without progress for ``launcher.progress_timeout_s`` (controller/liveness.py), ends
+the run with its name and what it was doing. A non-finite reward is scored 0 and counted.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import zmq
 from areal_cli.config.load import load_yaml
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
-from areal_cli.controller.records import StepRecorder
+from areal_cli.controller.liveness import ProgressWatch
+from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
 from areal_cli.tasks import Problem, build_messages, load_split, split_report
@@ -38,14 +40,13 @@ class PeerStalled(RuntimeError):
 def publish_endpoints(run_dir: Path, ep, bound: dict) -> None:
     """Write the addresses actually bound, then ``controller.ready`` (the launcher waits for it)."""
     import json
-    import os
+
+    from areal_cli.durable import atomic_write
 
     ep.work, ep.results, ep.batches = bound["work"], bound["results"], bound["batches"]
     ep.control, ep.status = bound["control"], bound["status"]
-    tmp = run_dir / "endpoints.json.tmp"
-    tmp.write_text(json.dumps(ep.to_dict(), indent=1))
-    os.replace(tmp, run_dir / "endpoints.json")
-    (run_dir / "controller.ready").write_text("ok\n")
+    atomic_write(run_dir / "endpoints.json", json.dumps(ep.to_dict(), indent=1))
+    atomic_write(run_dir / "controller.ready", "ok\n")
 
 
 class Controller:
@@ -87,6 +88,7 @@ class Controller:
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}
+        self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
         self.rec = StepRecorder(self.run_dir, cfg)
         self.last_batch = None  # (step, groups, entries) of the batch sent last
         self.done = False
@@ -129,7 +131,7 @@ class Controller:
             self._maybe_send_batch()
             self._handle_status()
             self._check_peers(start)
-        self.control.send(Control("stop"))
+        self.send_stop()
         self.log.info("run finished: %d steps", self.step)
 
     def close(self) -> None:
@@ -171,6 +173,10 @@ class Controller:
         expected = self.cfg.rollout.group_size
         if len(g.samples) != expected:
             return self._drop(f"a result of group {g.group_id} with {len(g.samples)} samples, not {expected}")
+        bad = zero_nonfinite_rewards(g)
+        if bad:
+            self.log.warning("group %d (%s) from rollout-%d: %d non-finite reward(s) scored 0", g.group_id,
+                             g.prompt_id, g.worker, bad)
         self.rec.on_group(g)
         rewards = [s.reward for s in g.samples]
         keep = not (self.cfg.algorithm.dynamic_sampling and max(rewards) == min(rewards))
@@ -197,6 +203,7 @@ class Controller:
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, self.step, batch))
+        self.watch.update("trainer-0", time.monotonic(), busy=True)
         self.rec.on_batch(self.step, batch)
         for g in batch:
             del self.groups[g.group_id]
@@ -254,8 +261,13 @@ class Controller:
         return ""
 
     def _on_status(self, msg: Status) -> None:
-        self.last_seen[msg.sender] = time.monotonic()
+        self.last_seen[msg.sender] = now = time.monotonic()
         self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
+        if msg.kind == "heartbeat":
+            busy = msg.metrics.get("busy")
+            self.watch.update(msg.sender, now, msg.metrics.get("progress"), None if busy is None else busy > 0)
+        else:
+            self.watch.touch(msg.sender, now)
         if msg.kind == "error":
             raise RuntimeError(f"{msg.sender} reported: {msg.text}")
         if msg.kind == "hello":
@@ -298,6 +310,7 @@ class Controller:
         if msg.checkpoint:
             self._finish_checkpoint(msg.version)
         self.trainer_ready = True
+        self.watch.update(msg.sender, time.monotonic(), busy=False)
 
     def _check_peers(self, start: float) -> None:
         now, lc = time.monotonic(), self.cfg.launcher
@@ -309,6 +322,12 @@ class Controller:
             if seen is not None and now - seen > lc.peer_timeout_s:
                 raise PeerStalled(f"{peer} sent no heartbeat for {now - seen:.0f}s; it was "
                                   f"{self.doing.get(peer) or 'busy'} (see logs/{peer}.log for its stack)")
+        stalled = self.watch.stalled(now)
+        if stalled:
+            raise PeerStalled("; ".join(
+                f"{peer} made no progress for {idle:.0f}s while it had work (launcher.progress_timeout_s="
+                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'} (see logs/{peer}.log "
+                "for its stack)" for peer, idle in stalled))
 
 
 def main() -> None:

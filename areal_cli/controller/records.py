@@ -3,19 +3,29 @@ per trained sample) and weight_updates.jsonl (one line per worker per update).""
 
 from __future__ import annotations
 
-import json
+import math
 import time
 from pathlib import Path
 
 import numpy as np
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.durable import append_jsonl
 from areal_cli.transport.messages import GroupResult
 
 
 def _append(path: Path, obj: dict) -> None:
-    with path.open("a") as f:
-        f.write(json.dumps(obj) + "\n")
+    append_jsonl(path, [obj])
+
+
+def zero_nonfinite_rewards(g: GroupResult) -> int:
+    """Score 0 (status "nonfinite") every sample of ``g`` whose reward is NaN or infinite, so it
+    trains as a wrong answer instead of turning the model into NaN; returns how many."""
+    n = 0
+    for s in g.samples:
+        if not math.isfinite(float(s.reward)):
+            s.reward, s.reward_status, n = 0.0, "nonfinite", n + 1
+    return n
 
 
 class StepRecorder:
@@ -51,14 +61,14 @@ class StepRecorder:
                 })
         for g in groups:
             self.arrived.pop(g.group_id, None)
-        with (self.run_dir / "trajectories.jsonl").open("a") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        append_jsonl(self.run_dir / "trajectories.jsonl", rows)
         self.batches[step] = {
             "reward_mean": float(np.mean([r["reward"] for r in rows])),
             "staleness_max": int(max(staleness)), "staleness_mean": float(np.mean(staleness)),
             "response_length_mean": float(np.mean([r["num_tokens"] for r in rows])),
             "reward_timeouts": sum(r["reward_status"] == "timeout" for r in rows),
             "reward_errors": sum(r["reward_status"] == "error" for r in rows),
+            "reward_nonfinite": sum(r["reward_status"] == "nonfinite" for r in rows),
             "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in rows])),
         }
 

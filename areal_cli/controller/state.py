@@ -4,29 +4,38 @@ A checkpoint of version v is the directory ``checkpoints/step_<v>``. The trainer
 part into ``step_<v>.partial/`` and reports it with "step done"; the controller — which has
 not sent batch v yet, so its state is exactly "v batches trained" — adds its part and renames
 the directory: a directory without ``.partial`` is complete by construction, and resume only
-ever picks those.
+ever picks those. A symbolic link named like a checkpoint is never followed (nor pruned through).
+
+Before the rename, metrics.jsonl and trajectories.jsonl are fsynced, so a complete checkpoint
+never points past the rows on disk; resume drops a torn last row (a kill mid-write) and says so.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import msgpack
 
+from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
 from areal_cli.tasks import Problem
 from areal_cli.transport.messages import decode, encode
 
+RECORDS = ("metrics.jsonl", "trajectories.jsonl", "weight_updates.jsonl")
+log = logging.getLogger(__name__)
+
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete ``checkpoints/step_<v>`` (never a ``.partial`` one)."""
+    """The newest complete ``checkpoints/step_<v>`` (never a ``.partial`` one, never a link)."""
     found = []
     for d in (run_dir / "checkpoints").glob("step_*"):
-        if d.name.endswith(".partial") or not (d / "controller.json").is_file():
+        if d.name.endswith(".partial") or d.is_symlink() or not d.name.split("_")[1].isdigit():
             continue
-        found.append((int(d.name.split("_")[1]), d))
+        if (d / "controller.json").is_file():
+            found.append((int(d.name.split("_")[1]), d))
     return max(found)[1] if found else None
 
 
@@ -43,15 +52,35 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
         "groups": {str(g): [s, pid, p.to_dict()] for g, (s, pid, p) in groups.items()},
         "filtered_groups": ctl.rec.filtered_groups, "stale_dropped": ctl.rec.stale_dropped,
     }
-    (partial / "buffer.msgpack").write_bytes(msgpack.packb([encode(g) for g in buffer]))
-    (partial / "controller.json").write_text(json.dumps(state))
+    atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
+    atomic_write(partial / "controller.json", json.dumps(state))
+    for name in RECORDS:
+        fsync_file(ctl.run_dir / name)
     final = partial.with_name(partial.name.removesuffix(".partial"))
-    os.replace(partial, final)
+    publish(partial, final)
     _prune(final.parent, ctl.cfg.checkpoint.keep)
 
 
+def publish(partial: Path, final: Path) -> None:
+    """Rename a finished ``.partial`` directory to ``final``. A complete checkpoint of the same
+    version already there (a resume stopped before its first new step) is kept: it is as good,
+    and replacing it would leave a moment with none."""
+    if final.is_symlink():
+        raise RuntimeError(f"{final} is a symbolic link; areal does not write through links in a run "
+                           "directory: remove it")
+    if final.exists() and (final / "controller.json").is_file():
+        log.info("%s is already complete: keeping it, dropping %s", final, partial.name)
+        shutil.rmtree(partial)
+        return
+    if final.exists():  # an incomplete leftover without controller.json: never picked by resume
+        shutil.rmtree(final)
+    os.replace(partial, final)
+    fsync_dir(final.parent)
+
+
 def _prune(root: Path, keep: int) -> None:
-    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*") if not d.name.endswith(".partial"))
+    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*")  # a link is never ours
+                  if not d.name.endswith(".partial") and d.name.split("_")[1].isdigit() and not d.is_symlink())
     for _, d in done[:-keep] if keep > 0 else []:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -83,14 +112,18 @@ def restore(ctl, run_dir: Path) -> None:
 
 
 def truncate_records(run_dir: Path, version: int) -> None:
-    """Drop what was logged after the checkpoint: it will be trained (and logged) again."""
-    for name, key in (("metrics.jsonl", "step"), ("trajectories.jsonl", "trained_version")):
+    """Drop what was logged after the checkpoint (it will be trained and logged again) and a torn
+    last line; each file is replaced atomically, never rewritten in place."""
+    keep = {"metrics.jsonl": lambda r: r["step"] < version,
+            "trajectories.jsonl": lambda r: r["trained_version"] < version,
+            "weight_updates.jsonl": lambda r: r["version"] <= version}
+    for name in RECORDS:
         path = run_dir / name
-        if path.exists():
-            rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)[key] < version]
-            path.write_text("".join(r + "\n" for r in rows))
-    for name in ("weight_updates.jsonl",):
-        path = run_dir / name
-        if path.exists():
-            rows = [x for x in path.read_text().splitlines() if x.strip() and json.loads(x)["version"] <= version]
-            path.write_text("".join(r + "\n" for r in rows))
+        if not path.exists():
+            continue
+        rows, torn = read_jsonl(path)
+        if torn:
+            log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
+        kept = [r for r in rows if keep[name](r)]
+        if torn or len(kept) != len(rows):
+            rewrite_jsonl(path, kept)

@@ -9,6 +9,7 @@ worker processes (evaluation/parallel.py); a worker that fails is exit code 1, n
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import time
 from dataclasses import asdict
@@ -26,13 +27,14 @@ class EvalError(Exception):
 def run_eval(overrides: list[str]) -> None:
     """The `areal eval` command (exit 2 on a user error, 1 when a data-parallel worker fails)."""
     from areal_cli.evaluation.parallel import WorkerFailed
+    from areal_cli.evaluation.runner import EvalStalled
 
     try:
         _run(overrides)
     except EvalError as err:
         print(f"areal eval: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except WorkerFailed as err:
+    except (WorkerFailed, EvalStalled) as err:
         print(f"areal eval: {err}", file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -46,7 +48,7 @@ def _run(overrides: list[str]) -> None:
     models = _models(head)
     chosen = [_problems(cfg, models) for cfg in cfgs]
     problems = [p for p, _ in chosen]
-    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S"))
+    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S") + f"-{secrets.token_hex(2)}")
     if head.data_parallel():
         from areal_cli.evaluation.parallel import run_data_parallel
 
@@ -167,7 +169,8 @@ def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: 
     results = []
     _say(f"loading {name} ({path})")
     try:
-        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed)
+        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed,
+                              timeout_s=head.timeout_s)
     except (OSError, ValueError) as err:
         raise EvalError(f"model={name}: cannot load {path}: {err}") from None
     with evaluator:

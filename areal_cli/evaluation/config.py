@@ -18,6 +18,7 @@ from areal_cli.config.load import (
     conf_dir,
     split_task_params,
 )
+from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
 from areal_cli.models import ModelError, resolve_model
@@ -64,6 +65,10 @@ class EvalRunConfig:
     """Evaluation processes, one shard each; 0 = one per GPU of `gpus` (1 without gpus). More workers
     than GPUs share them round-robin; workers > 1 without gpus = processes on the default device
     (on a CPU machine: CPU processes with cores / workers torch threads each unless `threads` is set)."""
+    timeout_s: float = 3600.0
+    """Longest one evaluation may go without finishing a sequence or scoring a completion, and longest a
+    data-parallel worker (one shard) may run; past it the evaluation stops with an error naming the
+    shard. 0 = no limit."""
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -72,6 +77,10 @@ class EvalRunConfig:
         return [str(m) for m in self.models] or [self.model]
 
     def validate(self) -> list[str]:
+        generic = check_ranges(self)
+        return generic + drop_repeats(generic, self._cross_field())
+
+    def _cross_field(self) -> list[str]:
         problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward, self.task)
         if self.n_samples < 1:
             problems.append(f"n_samples={self.n_samples}: must be >= 1")

@@ -11,12 +11,14 @@ the same completions, up to floating-point ties that a different batch compositi
 
 Each worker's output goes to ``shards/shard-<k>.log`` and, prefixed, to stderr. A worker that
 exits with an error stops the others at once and the parent names its shard, its GPUs and the
-end of its log; a worker outlives nothing (it dies with the parent).
+end of its log; so does a worker still running after ``timeout_s`` (its thread stacks are dumped
+into its log first). A worker outlives nothing (it dies with the parent).
 """
 
 from __future__ import annotations
 
 import collections
+import faulthandler
 import json
 import os
 import signal
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_cli.durable import atomic_write
 from areal_cli.evaluation.metrics import summarize
 
 PASSES = ("greedy", "sample")
@@ -89,12 +92,12 @@ def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]]
                     "models": [[name, str(path)] for name, path in models], "threads": threads,
                     "ids": [[p.id for p in shard(task_problems, k, n)] for task_problems in problems]}
             spec_path = shard_dir / f"shard-{k}.spec.json"
-            spec_path.write_text(json.dumps(spec))
+            atomic_write(spec_path, json.dumps(spec))
             workers.append(_start(k, head.worker_gpus(k), spec_path, shard_dir / f"shard-{k}.log", out))
         if say:
             say(f"{n} workers: " + ", ".join(f"shard {w.k} on {device_label(w.gpus)} (pid {w.proc.pid})"
                                                for w in workers))
-        _wait(workers, n)
+        _wait(workers, n, head.timeout_s)
     finally:
         _stop(workers)
     shards = [_read_shard(w, n) for w in workers]
@@ -115,21 +118,42 @@ def _start(k: int, gpus: list[int], spec_path: Path, log: Path, out: Path) -> _W
 
 
 def _pump(w: _Worker) -> None:
-    """The worker's output → its log file, the tail kept for an error, and stderr with a prefix."""
+    """The worker's output → its log file, the tail kept for an error, and stderr with a prefix.
+    It cannot die before the worker's output ends: a worker whose pipe nobody reads blocks forever,
+    so a log that cannot be written (a full disk) only loses the log."""
     prefix = f"[shard {w.k}] "
-    with open(w.log, "w", encoding="utf-8", errors="replace") as log:
-        for raw in iter(w.proc.stdout.readline, b""):
-            line = raw.decode("utf-8", errors="replace").rstrip("\n")
-            log.write(line + "\n")
-            log.flush()
-            w.tail.append(line)
+    try:
+        log = open(w.log, "w", encoding="utf-8", errors="replace")
+    except OSError as err:
+        w.tail.append(f"(cannot write {w.log}: {err})")
+        log = None
+    for raw in iter(w.proc.stdout.readline, b""):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        w.tail.append(line)
+        try:
+            if log is not None:
+                log.write(line + "\n")
+                log.flush()
             print(prefix + line, file=sys.stderr, flush=True)
+        except (OSError, ValueError):
+            pass  # keep draining the pipe
+    if log is not None:
+        try:
+            log.close()
+        except OSError:
+            pass
 
 
-def _wait(workers: list[_Worker], n: int) -> None:
-    """Until every worker exits; the first one that fails raises (the others are stopped after)."""
-    running = list(workers)
+def _wait(workers: list[_Worker], n: int, timeout_s: float = 0.0) -> None:
+    """Until every worker exits; the first one that fails, or runs past ``timeout_s`` (0 = no
+    limit), raises (the others are stopped after)."""
+    running, start = list(workers), time.monotonic()
     while running:
+        if timeout_s and time.monotonic() - start > timeout_s:
+            late = [w for w in running if w.proc.poll() is None]
+            _dump_stacks(late)
+            raise WorkerFailed("\n".join(_failure(w, n, f"still running after timeout_s={timeout_s:g}s (stuck? its "
+                                                           "thread stacks are at the end of its log)") for w in late))
         for w in list(running):
             rc = w.proc.poll()
             if rc is None:
@@ -139,6 +163,16 @@ def _wait(workers: list[_Worker], n: int) -> None:
                 w.reader.join(timeout=5)
                 raise WorkerFailed(_failure(w, n, _exit_text(rc)))
         time.sleep(0.2)
+
+
+def _dump_stacks(workers: list[_Worker], wait_s: float = 2.0) -> None:
+    """SIGUSR1: each worker writes every thread's stack to its output (see worker_main)."""
+    for w in workers:
+        try:
+            os.kill(w.proc.pid, signal.SIGUSR1)
+        except ProcessLookupError:
+            pass
+    time.sleep(wait_s)
 
 
 def _exit_text(rc: int) -> str:
@@ -220,6 +254,7 @@ def worker_main(spec_path: str) -> None:
     from areal_cli.runtime import die_with_parent
 
     die_with_parent()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent dumps a stuck worker's stacks
     spec = json.loads(Path(spec_path).read_text())
     out, k, n = Path(spec["out"]), spec["shard"], spec["shards"]
     faults.point("eval", k, out.parent)
@@ -236,20 +271,22 @@ def worker_main(spec_path: str) -> None:
     t0, results = time.perf_counter(), []
     for name, path in spec["models"]:
         results += _evaluate_model(name, Path(path), cfgs, mine, spec["threads"])
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
-                               "results": results}))
-    tmp.replace(out)
+    atomic_write(out, json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
+                                  "results": results}))
 
 
 def _main() -> None:
     from areal_cli.evaluation.cli import EvalError
+    from areal_cli.evaluation.runner import EvalStalled
 
     try:
         worker_main(sys.argv[1])
     except EvalError as err:
         print(f"areal eval worker: {err}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except EvalStalled as err:
+        print(f"areal eval worker: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

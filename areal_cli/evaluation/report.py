@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from areal_cli.durable import atomic_write
+
 LABELS = {"problems": "n", "accuracy": "acc (greedy)", "mean_reward": "reward", "mean_length": "len",
           "truncation_rate": "trunc"}
 HIDDEN = ("mean_reward",)  # in eval.json only
@@ -76,8 +78,8 @@ def print_table(results: list[dict], console=None) -> None:
 def write(results: list[dict], out_dir: Path, run: dict) -> None:
     """eval.json (everything) and eval.md (the table, then every sample) in ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "eval.json").write_text(json.dumps({"run": run, "results": results}, indent=1))
-    (out_dir / "eval.md").write_text(markdown(results, run))
+    atomic_write(out_dir / "eval.json", json.dumps({"run": run, "results": results}, indent=1))
+    atomic_write(out_dir / "eval.md", markdown(results, run))
 
 
 def markdown(results: list[dict], run: dict) -> str:

@@ -4,11 +4,15 @@ Prompts are built as the controller builds them (chat template of ``build_messag
 come from the training engine (HFEngine, or VLLMEngine with engine=vllm; greedy when temperature
 is 0) and every completion is scored by the training reward pool, so an eval number means what a
 training reward means.
+
+Nothing waits forever: a pass in which no sequence finishes, or no completion is scored, for
+``timeout_s`` raises ``EvalStalled`` naming what it waited for.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import time
 from pathlib import Path
@@ -22,6 +26,10 @@ from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.tasks import Problem, build_messages, load_problems
+
+
+class EvalStalled(RuntimeError):
+    """An evaluation made no progress for its ``timeout_s``; the message says what it waited for."""
 
 
 def eval_problems(task_cfg: TaskConfig, size: int = 0) -> list[Problem]:
@@ -38,7 +46,8 @@ class Evaluator:
 
     def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
                  threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None,
-                 seed: int = 0):
+                 seed: int = 0, timeout_s: float = 3600.0):
+        self.timeout_s = timeout_s  # longest wait for a sequence or a score; 0 = no limit
         self._own_pool = pool is None  # started first: its workers warm up while the model loads
         self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
         self.vllm: VLLMEvalEngine | None = None
@@ -107,10 +116,11 @@ class Evaluator:
                     for j in range(n)]
         scored = {}
         with self._engine_for(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens) as engine:
-            for seq in generate(engine, requests, self.max_concurrent):
+            for seq in generate(engine, requests, self.max_concurrent, self.timeout_s):
                 i, j = (int(x) for x in seq.rid.split("/")[1].split(":"))
                 text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
                 scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
+        wait_scores([f for _, _, f in scored.values()], self.timeout_s)
         return [_record(name, problems[i], j, seq, text, future.result())
                 for (i, j), (seq, text, future) in sorted(scored.items())]
 
@@ -152,17 +162,34 @@ class Evaluator:
         self.close()
 
 
-def generate(engine, requests: list[Sequence], max_concurrent: int):
-    """Yield every request once finished, keeping at most ``max_concurrent`` in the engine."""
+def generate(engine, requests: list[Sequence], max_concurrent: int, timeout_s: float = 0.0):
+    """Yield every request once finished, keeping at most ``max_concurrent`` in the engine; raise
+    EvalStalled when none finishes for ``timeout_s`` (0 = wait as long as it takes)."""
     pending, running = collections.deque(requests), 0
+    last = time.monotonic()
     while pending or running:
         while pending and running < max_concurrent:
             engine.submit(pending.popleft())
             running += 1
         for seq in engine.poll(0.5):
             running -= 1
+            last = time.monotonic()
             yield seq
+        if timeout_s and time.monotonic() - last > timeout_s:
+            raise EvalStalled(f"no sequence finished for {timeout_s:g}s ({running} generating, {len(pending)} "
+                              "waiting): the engine is stuck; raise timeout_s if a sequence can take longer")
 
+
+def wait_scores(futures: list, timeout_s: float) -> None:
+    """Until every reward call is back; EvalStalled when none comes back for ``timeout_s`` (the pool
+    bounds each call by reward.timeout_s, so this is the pool itself stuck)."""
+    waiting = set(futures)
+    while waiting:
+        done, waiting = concurrent.futures.wait(waiting, timeout=timeout_s or None,
+                                                return_when=concurrent.futures.FIRST_COMPLETED)
+        if not done:
+            raise EvalStalled(f"no completion was scored for {timeout_s:g}s ({len(waiting)} waiting): the "
+                              "reward pool is stuck; see the log for its error")
 
 def _record(name: str, problem: Problem, j: int, seq: Sequence, text: str, result) -> dict:
     return {"prompt_id": problem.id, "pass": name, "sample": j, "completion": text,

@@ -10,6 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from areal_cli.durable import atomic_write
 from areal_cli.launcher.plan import Plan, child_env
 from areal_cli.runtime import die_with_parent
 
@@ -34,8 +35,9 @@ def tail(path: Path, n: int = 25) -> str:
 
 
 class LocalLauncher:
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, keep_fds: tuple[int, ...] = ()):
         self.plan = plan
+        self.keep_fds = keep_fds  # the run lock: held until the last process of the run is gone
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Path] = {}
 
@@ -54,8 +56,7 @@ class LocalLauncher:
             time.sleep(0.05)
         for p in self.plan.procs[1:]:
             self._spawn(p)
-        (self.plan.run_dir / "pids.json").write_text(
-            json.dumps({k: v.pid for k, v in self.procs.items()}))
+        atomic_write(self.plan.run_dir / "pids.json", json.dumps({k: v.pid for k, v in self.procs.items()}))
 
     def _spawn(self, p) -> None:
         log = self.plan.run_dir / "logs" / f"{p.name}.log"
@@ -63,7 +64,8 @@ class LocalLauncher:
         with log.open("ab") as out:
             self.procs[p.name] = subprocess.Popen(
                 p.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=child_env(p.env), start_new_session=True, preexec_fn=_term_with_launcher)
+                env=child_env(p.env), start_new_session=True, preexec_fn=_term_with_launcher,
+                pass_fds=self.keep_fds)
 
     def poll(self) -> bool:
         """True when the run finished cleanly; raises RunFailed on the first failure."""

@@ -5,12 +5,15 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import secrets
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.schema import RootConfig, weights_backend
+from areal_cli.durable import atomic_write
+from areal_cli.launcher.rundir import check_links
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
 
@@ -49,10 +52,13 @@ class Plan:
         if not self.cfg.resume and (self.run_dir / "metrics.jsonl").exists():
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
                              f"resume={self.run_dir} or choose another run_dir")
+        links = check_links(self.run_dir)
+        if links:
+            raise ValueError("\n  - ".join(links))
         (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, self.run_dir / "config.yaml")
-        (self.run_dir / "endpoints.json").write_text(json.dumps(self.endpoints.to_dict(), indent=1))
+        atomic_write(self.run_dir / "endpoints.json", json.dumps(self.endpoints.to_dict(), indent=1))
 
 
 def visible_gpus() -> list[int]:
@@ -192,7 +198,9 @@ def length_notes(cfg: RootConfig) -> list[str]:
 
 
 def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
-    run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
+    # `areal train` creates a fresh directory before planning (rundir.new_run_dir); this name is
+    # what --dry-run shows
+    run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
     cfg.run_dir = str(run_dir)
     try:
         ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)

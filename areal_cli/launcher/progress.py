@@ -3,26 +3,67 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 
 class MetricsTail:
+    """The rows of a growing metrics.jsonl. The controller may replace the file beneath it (resume
+    drops the steps after its checkpoint, atomically: a new inode) or a line may be torn (a kill
+    mid-write): the tail then starts over from the new file, and skips a line that is not JSON."""
+
     def __init__(self, path: Path):
-        self.path, self.pos, self.rows = path, 0, []
+        self.path, self.pos, self.rows, self.inode = path, 0, [], None
+        self.last = b""  # the last whole line read, which must still end at ``pos``
+        self.bad_lines = 0
 
     def read(self) -> list[dict]:
-        if not self.path.exists():
+        try:
+            with self.path.open("rb") as f:
+                st = os.fstat(f.fileno())
+                if st.st_ino != self.inode or st.st_size < self.pos:
+                    return self._restart(f, st.st_ino)
+                f.seek(self.pos - len(self.last))
+                chunk = f.read()
+                if not chunk.startswith(self.last):  # rewritten beneath us (an inode number reused)
+                    f.seek(0)
+                    return self._restart(f, st.st_ino)
+        except FileNotFoundError:
             return []
-        with self.path.open() as f:
-            f.seek(self.pos)
-            chunk = f.read()
-        done = chunk.rfind("\n") + 1
-        self.pos += done
-        new = [json.loads(line) for line in chunk[:done].splitlines() if line.strip()]
+        new = self._parse(chunk[len(self.last):])
         self.rows += new
         return new
+
+    def _restart(self, f, inode: int) -> list[dict]:
+        """A new or shorter file: read it from the start; the rows that differ from the ones
+        already shown are the new ones."""
+        self.inode, self.pos, self.last = inode, 0, b""
+        old, self.rows = self.rows, self._parse(f.read())
+        same = 0
+        while same < min(len(old), len(self.rows)) and old[same] == self.rows[same]:
+            same += 1
+        return self.rows[same:]
+
+    def _parse(self, chunk: bytes) -> list[dict]:
+        done = chunk.rfind(b"\n") + 1  # an unfinished last line waits for the next read
+        self.pos += done
+        if done:
+            self.last = chunk[chunk.rfind(b"\n", 0, done - 1) + 1:done]
+        out = []
+        for line in chunk[:done].decode(errors="replace").splitlines():
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                out.append(row)
+            else:
+                self.bad_lines += 1  # a torn line (a kill mid-write): resume drops it and says so
+        return out
 
 
 def fmt_line(row: dict, steps: int, eta: float | None) -> str:
@@ -54,8 +95,8 @@ class Progress:
         rows = self.tail.rows
         if len(rows) < 2:
             return None
-        per = (rows[-1]["wall_time_s"] - rows[0]["wall_time_s"]) / (len(rows) - 1)
-        return per * (self.steps - rows[-1]["step"] - 1)
+        per = (rows[-1].get("wall_time_s", 0) - rows[0].get("wall_time_s", 0)) / (len(rows) - 1)
+        return max(0.0, per * (self.steps - rows[-1]["step"] - 1))
 
     def _table(self):
         from rich.table import Table

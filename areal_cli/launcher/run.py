@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import sys
 import time
@@ -125,28 +124,45 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
 
 
 def train(cfg: RootConfig, quiet: bool = False) -> Path:
-    from areal_cli.launcher.local import LocalLauncher, RunFailed
     from areal_cli.launcher.plan import make_plan
-    from areal_cli.launcher.progress import Progress
+    from areal_cli.launcher.rundir import RunLock, new_run_dir
 
     if cfg.launcher.name == "slurm":
         from areal_cli.launcher.slurm import submit
 
         return submit(cfg)
+    fresh = not cfg.run_dir and not cfg.dry_run
+    if fresh:
+        cfg.run_dir = str(new_run_dir())
     try:
         plan = make_plan(cfg)
-    except ValueError as err:
-        raise UserError(f"  - {err}") from None
-    if cfg.dry_run:
-        print(plan.describe())
-        return plan.run_dir
-    print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths") for line in plan.notes[k][:2]), flush=True)
-    preflight(cfg)
+        if cfg.dry_run:
+            print(plan.describe())
+            return plan.run_dir
+        print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths") for line in plan.notes[k][:2]),
+              flush=True)
+        preflight(cfg)
+        lock = RunLock(plan.run_dir)
+    except (ValueError, UserError) as err:
+        if fresh:
+            Path(cfg.run_dir, "run.lock").unlink(missing_ok=True)
+            Path(cfg.run_dir).rmdir()  # nothing started: leave no empty run directory behind
+        raise err if isinstance(err, UserError) else UserError(f"  - {err}") from None
     try:
-        plan.write()
-    except ValueError as err:
-        raise UserError(f"  - {err}") from None
-    launcher = LocalLauncher(plan)
+        try:
+            plan.write()
+        except ValueError as err:
+            raise UserError(f"  - {err}") from None
+        return _run(plan, cfg, quiet, lock)
+    finally:
+        lock.release()
+
+
+def _run(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
+    from areal_cli.launcher.local import LocalLauncher, RunFailed
+    from areal_cli.launcher.progress import Progress
+
+    launcher = LocalLauncher(plan, keep_fds=(lock.fd,))
     stop = {"signal": None}
 
     def on_signal(signum, _frame):
@@ -198,13 +214,19 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
 
 
 def summarize(run_dir: Path) -> None:
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    from areal_cli.durable import TornFile, read_jsonl
+
+    try:
+        rows, _ = read_jsonl(run_dir / "metrics.jsonl")
+    except TornFile as err:
+        print(f"areal: {err}", file=sys.stderr)
+        return
     if not rows:
         return
     q = max(1, len(rows) // 4)
-    first = sum(r["reward_mean"] for r in rows[:q]) / q
-    last = sum(r["reward_mean"] for r in rows[-q:]) / q
-    print(f"done: {len(rows)} steps in {rows[-1]['wall_time_s']:.0f}s; mean reward first quarter "
+    first = sum(r.get("reward_mean", 0.0) for r in rows[:q]) / q
+    last = sum(r.get("reward_mean", 0.0) for r in rows[-q:]) / q
+    print(f"done: {len(rows)} steps in {rows[-1].get('wall_time_s', 0.0):.0f}s; mean reward first quarter "
           f"{first:.3f} → last quarter {last:.3f}; checkpoint {run_dir / 'checkpoints' / 'final'}")
     gap = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if r.get("fresh_tokens")]
     if gap:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.durable import atomic_write
 from areal_cli.launcher.slurm_layout import apply_layout, slurm_layout
 from areal_cli.launcher.slurm_script import render_sbatch
 
@@ -52,12 +53,12 @@ def submit(cfg: RootConfig) -> Path:
                         "(--dry-run prints the script without Slurm)")
     plan.write()
     path = plan.run_dir / "job.sbatch"
-    path.write_text(script)
+    atomic_write(path, script)
     out = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
     if out.returncode:
         raise UserError(f"  - sbatch {path} failed (exit code {out.returncode}):\n{out.stderr.strip()}")
     job_id = out.stdout.strip().split(";")[0]
-    (plan.run_dir / "slurm_job_id").write_text(job_id + "\n")
+    atomic_write(plan.run_dir / "slurm_job_id", job_id + "\n")
     print(f"submitted Slurm job {job_id}\nrun_dir: {plan.run_dir}\n"
           f"follow: squeue -j {job_id}; tail -f {plan.run_dir}/logs/slurm-{job_id}.out\n"
           f"stop:   scancel {job_id}", flush=True)

@@ -19,6 +19,8 @@ import socket
 import sys
 from pathlib import Path
 
+from areal_cli.durable import atomic_write
+
 
 def ports() -> None:
     from areal_cli.transport.channels import free_ports
@@ -37,7 +39,7 @@ def prepare(run_dir: Path, train_host: str, weights_port: int, rdzv_port: int) -
                                                            ep.control, ep.status)}:
             break
     ep.weights_host, ep.weights_port = train_host, weights_port
-    (run_dir / "endpoints.json").write_text(json.dumps(ep.to_dict(), indent=1))
+    atomic_write(run_dir / "endpoints.json", json.dumps(ep.to_dict(), indent=1))
     print(f"areal: endpoints on {host}, weight TCPStore {train_host}:{weights_port}, "
           f"rendezvous {train_host}:{rdzv_port}", flush=True)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)

@@ -18,9 +18,16 @@ def show(run_dir: str) -> None:
     for name, pid in pids.items():
         alive = os.path.exists(f"/proc/{pid}")
         print(f"{name:12s} pid {pid:7d}  {'running' if alive else 'exited'}")
-    rows = (d / "metrics.jsonl").read_text().splitlines() if (d / "metrics.jsonl").exists() else []
+    from areal_cli.durable import TornFile, read_jsonl
+
+    try:
+        rows, torn = read_jsonl(d / "metrics.jsonl")
+    except TornFile as err:
+        raise SystemExit(f"areal: {err}") from None
+    if torn:
+        print("metrics.jsonl ends in a torn line (a kill mid-write); resume drops it")
     if rows:
-        last = json.loads(rows[-1])
+        last = rows[-1]
         print(f"{len(rows)} steps; last: " + ", ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.items()))
     else:

@@ -2,19 +2,23 @@
 
 Guarantees: submit() never blocks; a call that overstays its timeout (counted from when a
 worker picks it up) or raises scores 0 with status "timeout" / "error", is counted in
-`timeouts` / `errors` and logged once with its problem id; a hung or dead worker process is
-killed and replaced, so one bad sample never holds up the others.
+`timeouts` / `errors` and logged once with its problem id; a score that is NaN or infinite
+scores 0 with status "nonfinite" (counted in `nonfinite`): one NaN reward would make the
+model NaN in one step. A hung or dead worker process is killed and replaced, so one bad sample
+never holds up the others. The pool's thread cannot die: an exception in it is logged with its
+traceback and the loop goes on; a Future the caller cancelled is simply not resolved.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import math
 import multiprocessing as mp
 import os
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 
@@ -23,6 +27,7 @@ from areal_cli.tasks.base import Problem
 
 logger = logging.getLogger(__name__)
 MAX_START_FAILURES = 5
+MAX_LOOP_FAILURES = 100  # consecutive exceptions in the pool's thread before it fails every call
 
 
 @dataclass
@@ -30,7 +35,7 @@ class RewardResult:
     score: float
     """The reward; 0.0 unless status is "ok"."""
     status: str
-    """"ok" | "timeout" | "error"."""
+    """"ok" | "timeout" | "error" | "nonfinite"."""
     detail: str = ""
     """Why, when status is not "ok"."""
     sandbox: str = ""
@@ -118,6 +123,8 @@ class RewardPool:
         self.errors = 0
         self.sandbox_runs: collections.Counter[str] = collections.Counter()
         """Results whose code ran in each isolation ("bwrap", "unsafe_none")."""
+        self.nonfinite = 0
+        self._loop_failures = 0
         self._ctx = mp.get_context("spawn")
         self._pending: collections.deque[_Job] = collections.deque()
         self._lock = threading.Lock()
@@ -137,7 +144,7 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
             if self._broken:
-                future.set_result(RewardResult(0.0, "error", self._broken))
+                _resolve(future, RewardResult(0.0, "error", self._broken))
                 return future
             self._pending.append(_Job(future, completion, problem))
         os.write(self._wake_w, b"x")
@@ -153,10 +160,10 @@ class RewardPool:
         self._thread.join()
         for w in self._workers:
             if w.job is not None:
-                w.job.future.set_result(RewardResult(0.0, "error", "reward pool closed"))
+                _resolve(w.job.future, RewardResult(0.0, "error", "reward pool closed"))
             w.kill()
         for job in self._pending:
-            job.future.set_result(RewardResult(0.0, "error", "reward pool closed"))
+            _resolve(job.future, RewardResult(0.0, "error", "reward pool closed"))
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -168,19 +175,34 @@ class RewardPool:
 
     def _run(self) -> None:
         while not self._closed:
-            self._assign()
-            busy = [w for w in self._workers if w.job is not None]
-            timeout = min((w.deadline for w in busy), default=None)
-            if timeout is not None:
-                timeout = max(0.0, timeout - time.monotonic())
-            handles = [self._wake_r] + [w.conn for w in self._workers]
-            ready = wait(handles + [w.process.sentinel for w in self._workers], timeout)
-            if self._wake_r in ready:
-                self._drain_wake()
-            for w in list(self._workers):
-                if w.conn in ready or w.process.sentinel in ready:
-                    self._receive(w)
-            self._expire()
+            try:
+                self._turn()
+                self._loop_failures = 0
+            except Exception:  # noqa: BLE001 — this thread must not die: every pending call would hang
+                self._loop_failures += 1
+                logger.exception("reward pool: error in its thread (%d in a row); continuing",
+                                 self._loop_failures)
+                if self._loop_failures >= MAX_LOOP_FAILURES:
+                    self._fail_pending(f"the reward pool's thread failed {MAX_LOOP_FAILURES} times in a row")
+                time.sleep(0.05)
+
+    def _turn(self) -> None:
+        """One turn of the pool's thread: hand out calls, wait for a result, a death or a deadline."""
+        if not self._workers and not self._broken:  # a replacement failed to start last turn
+            self._workers.append(_Worker(self._ctx, self.cfg))
+        self._assign()
+        busy = [w for w in self._workers if w.job is not None]
+        timeout = min((w.deadline for w in busy), default=None)
+        if timeout is not None:
+            timeout = max(0.0, timeout - time.monotonic())
+        handles = [self._wake_r] + [w.conn for w in self._workers]
+        ready = wait(handles + [w.process.sentinel for w in self._workers], timeout)
+        if self._wake_r in ready:
+            self._drain_wake()
+        for w in list(self._workers):
+            if w.conn in ready or w.process.sentinel in ready:
+                self._receive(w)
+        self._expire()
 
     def _assign(self) -> None:
         with self._lock:
@@ -201,7 +223,9 @@ class RewardPool:
             return
         if sandbox:
             self.sandbox_runs[sandbox] += 1
-        self._finish(w, RewardResult(score, status, detail, sandbox))
+        result = _checked(status, score, detail)
+        result.sandbox = sandbox
+        self._finish(w, result)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -215,7 +239,7 @@ class RewardPool:
             return
         if result.status != "ok":
             self._count(result.status, job.problem.id, result.detail)
-        job.future.set_result(result)
+        _resolve(job.future, result)
 
     def _replace(self, w: _Worker, detail: str, status: str) -> None:
         """Kill a hung or dead worker, fail its job with `status`, start a fresh one."""
@@ -234,13 +258,19 @@ class RewardPool:
         with self._lock:
             self._broken = detail
             jobs, self._pending = list(self._pending), collections.deque()
+        for w in self._workers:  # calls running in a worker fail too: nothing waits forever
+            if w.job is not None:
+                job, w.job, w.deadline = w.job, None, float("inf")
+                jobs.append(job)
         for job in jobs:
             self._count("error", job.problem.id, detail)
-            job.future.set_result(RewardResult(0.0, "error", detail))
+            _resolve(job.future, RewardResult(0.0, "error", detail))
 
     def _count(self, status: str, problem_id: str, detail: str) -> None:
         if status == "timeout":
             self.timeouts += 1
+        elif status == "nonfinite":
+            self.nonfinite += 1
         else:
             self.errors += 1
         logger.warning("reward %s for problem %s: %s", status, problem_id, detail)
@@ -251,3 +281,24 @@ class RewardPool:
                 continue
         except BlockingIOError:  # drained
             return
+
+
+def _checked(status: str, score, detail: str) -> RewardResult:
+    """A worker's answer as a RewardResult; a score that is not a finite number scores 0."""
+    if status != "ok":
+        return RewardResult(0.0, status, detail)
+    try:
+        value = float(score)
+    except (TypeError, ValueError):
+        return RewardResult(0.0, "error", f"the reward function returned {score!r}, not a number")
+    if not math.isfinite(value):
+        return RewardResult(0.0, "nonfinite", f"the reward function returned {value}")
+    return RewardResult(value, "ok")
+
+
+def _resolve(future: Future, result: RewardResult) -> None:
+    """Set a call's result unless its caller already cancelled it."""
+    try:
+        future.set_result(result)
+    except InvalidStateError:
+        pass

@@ -100,6 +100,7 @@ class Worker:
         self.control = Channel(zmq.SUB, ep.control, name="control", **wire)
         self.held: collections.deque = collections.deque()  # work waiting for a newer version
         self.capacity = concurrency(self.cfg)
+        self.hb.busy = lambda: self.flow.busy() + len(self.held)  # work held: progress is due
         self.hb.send("hello")
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
@@ -158,8 +159,10 @@ class Worker:
                 self._take_work()
             for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
+                self.hb.advance()
             for result in self.flow.poll():
                 self.results.send(result)
+                self.hb.advance()
         self.log.info("stop received")
 
     def _take_work(self) -> None:

@@ -68,6 +68,32 @@ def test_a_dead_worker_is_named_and_stops_the_run(tiny_model, tmp_path):
     assert not (tmp_path / "eval.json").exists() and time.monotonic() - t0 < 60
 
 
+def test_a_stuck_worker_is_named_after_timeout_s(tiny_model, tmp_path):
+    """Shard 1 freezes at start (fault injection, hang): the parent waited forever; now it stops
+    the run after timeout_s, naming the shard, with the stuck worker's stacks in its log."""
+    env = {**ENV, "AREAL_FAULT": "eval@1"}
+    t0 = time.monotonic()
+    proc = run_eval(f"model={tiny_model}", "size=4", "max_new_tokens=8", "reward.workers=1", "workers=2",
+                    "timeout_s=20", f"out_dir={tmp_path}", env=env, timeout=150)
+    assert proc.returncode == 1, proc.stderr
+    assert "shard 1 of 2 (CPU" in proc.stderr and "still running after timeout_s=20s" in proc.stderr
+    assert "Traceback" not in proc.stderr and time.monotonic() - t0 < 100
+    assert "faults.py" in (tmp_path / "shards" / "shard-1.log").read_text()  # where it was stuck
+
+
+def test_waiting_for_scores_that_never_come_is_an_error():
+    from concurrent.futures import Future
+
+    from areal_cli.evaluation.runner import EvalStalled, wait_scores
+
+    done = Future()
+    done.set_result(1)
+    t0 = time.monotonic()
+    with pytest.raises(EvalStalled, match="no completion was scored for 0.5s"):
+        wait_scores([done, Future()], 0.5)
+    assert time.monotonic() - t0 < 5
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")
 def test_engine_vllm_without_vllm_names_the_extra():
     proc = run_eval("engine=vllm", "gpus=[0,1]")

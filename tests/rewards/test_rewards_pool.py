@@ -24,6 +24,11 @@ def raise_or_die(completion, problem):
     if completion == "die":
         os._exit(3)
     return 1.0
+
+def slow_or_nonfinite(completion, problem):
+    if completion == "slow":
+        time.sleep(0.5)
+    return {"nan": float("nan"), "inf": float("-inf")}.get(completion, 1.0)
 """
 
 
@@ -89,3 +94,25 @@ def test_bad_custom_import_paths_name_the_fix(module):
         score("x", Problem("p", "", "", {}), RewardConfig(fn=f"{module}:nope"))
     with pytest.raises(ValueError, match="'my_module:my_fn'"):
         score("x", Problem("p", "", "", {}), RewardConfig(fn="magic"))
+
+
+def test_the_pool_thread_survives_a_cancelled_call(module):
+    """The caller cancels a call while a worker scores it: setting its result raised in the pool's
+    thread, which died, and every later call then never resolved."""
+    cfg = RewardConfig(fn=f"{module}:slow_or_nonfinite", timeout_s=5)
+    with RewardPool(cfg, num_workers=1) as pool:
+        pool.submit("warm", Problem("w", "", "", {})).result(timeout=30)
+        first = pool.submit("slow", Problem("0", "", "", {}))
+        assert first.cancel()
+        later = [pool.submit("ok", p) for p in problems(3)]
+        assert [f.result(timeout=20).status for f in later] == ["ok"] * 3
+        assert pool._thread.is_alive()
+
+
+def test_non_finite_scores_are_zero_and_counted(module):
+    cfg = RewardConfig(fn=f"{module}:slow_or_nonfinite", timeout_s=5)
+    with RewardPool(cfg, num_workers=1) as pool:
+        results = [pool.submit(c, p).result(timeout=30) for c, p in zip(["nan", "inf", "ok"], problems(3),
+                                                                          strict=True)]
+        assert [(r.score, r.status) for r in results] == [(0.0, "nonfinite"), (0.0, "nonfinite"), (1.0, "ok")]
+        assert pool.nonfinite == 2 and pool.errors == 0

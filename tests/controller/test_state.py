@@ -1,0 +1,68 @@
+"""Resume's side of the run directory: torn lines, records replaced atomically, a checkpoint
+published onto an existing one, links never followed."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from areal_cli.controller.state import _prune, latest_checkpoint, publish, truncate_records
+from areal_cli.durable import append_jsonl, read_jsonl
+
+
+def test_resume_drops_a_torn_last_line_and_says_so(tmp_path, caplog):
+    m = tmp_path / "metrics.jsonl"
+    append_jsonl(m, [{"step": s} for s in range(4)])
+    with open(m, "a") as f:
+        f.write('{"step": 4, "loss": 0.')  # killed mid-write (or the disk was full)
+    t = tmp_path / "trajectories.jsonl"
+    append_jsonl(t, [{"trained_version": v, "reward": 1.0} for v in (0, 1, 2, 3)])
+    caplog.set_level(logging.WARNING)
+    truncate_records(tmp_path, 3)
+    assert read_jsonl(m) == ([{"step": 0}, {"step": 1}, {"step": 2}], False)
+    assert [r["trained_version"] for r in read_jsonl(t)[0]] == [0, 1, 2]
+    assert "torn last line" in caplog.text
+
+
+def test_truncation_replaces_the_file_not_what_a_link_points_to(tmp_path):
+    outside = tmp_path / "precious.jsonl"
+    outside.write_text(json.dumps({"step": 9}) + "\n")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").symlink_to(outside)
+    truncate_records(run, 0)
+    assert outside.read_text() == '{"step": 9}\n'
+
+
+def _complete(d, version):
+    d.mkdir(parents=True)
+    (d / "controller.json").write_text(json.dumps({"version": version}))
+    (d / "marker").write_text(d.name)
+
+
+def test_publishing_onto_an_existing_complete_checkpoint_keeps_it(tmp_path):
+    """Resume from step_2, then SIGTERM before the first new step: the trainer writes step_2 again;
+    os.replace onto the non-empty step_2 raised and the stop crashed."""
+    ck = tmp_path / "checkpoints"
+    _complete(ck / "step_2", 2)
+    _complete(ck / "step_2.partial", 2)
+    publish(ck / "step_2.partial", ck / "step_2")
+    assert sorted(p.name for p in ck.iterdir()) == ["step_2"]
+    assert latest_checkpoint(tmp_path).name == "step_2"
+    (ck / "step_3").mkdir()  # an incomplete leftover (no controller.json) is replaced
+    _complete(ck / "step_3.partial", 3)
+    publish(ck / "step_3.partial", ck / "step_3")
+    assert (ck / "step_3" / "marker").read_text() == "step_3.partial"
+
+
+def test_checkpoint_links_are_never_resumed_from_or_pruned_through(tmp_path):
+    outside = tmp_path / "elsewhere"
+    _complete(outside / "step_9", 9)
+    ck = tmp_path / "run" / "checkpoints"
+    _complete(ck / "step_1", 1)
+    (ck / "step_9").symlink_to(outside / "step_9")
+    assert latest_checkpoint(tmp_path / "run").name == "step_1"
+    _complete(ck / "step_2", 2)
+    _prune(ck, keep=1)
+    assert (outside / "step_9" / "marker").exists()  # the link's target is untouched
+    assert not (ck / "step_1").exists() and (ck / "step_2").exists()
