@@ -54,3 +54,24 @@ def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool 
 
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+@pytest.fixture
+def keys(tmp_path):
+    """A run's CURVE keys (tests of real sockets on loopback)."""
+    from areal_cli.transport.auth import load_keys, make_keys
+
+    make_keys(tmp_path)
+    return load_keys(tmp_path)
+
+
+@pytest.fixture
+def gate(keys):
+    """The controller's gatekeeper: one ZAP handler per ZeroMQ context, stopped after the test."""
+    import logging
+
+    from areal_cli.transport.auth import Gatekeeper
+
+    g = Gatekeeper(keys, logging.getLogger("test.gate"))
+    yield g
+    g.stop()

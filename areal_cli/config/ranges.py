@@ -57,7 +57,8 @@ TIMEOUT = pos("seconds")
 # shared by `areal train` and `areal eval`.
 RANGES: dict[str, dict[str, Range]] = {
     "RootConfig": {"seed": SEED},
-    "TaskConfig": {"size": at_least(0, "0 = all"), "eval_size": at_least(0), "seed": SEED},
+    "TaskConfig": {"size": at_least(0, "0 = all"), "eval_size": at_least(0), "seed": SEED,
+                   "eval_share": Range(0, 1, True, True), "eval_fraction": Range(0, 1, True, True)},
     "RewardConfig": {
         "timeout_s": TIMEOUT, "workers": Range(1, 256), "numeric_tol": at_least(0),
         "code_cpu_s": COUNT, "code_wall_s": TIMEOUT, "code_mem_mb": at_least(16), "code_nproc": COUNT,
@@ -85,7 +86,8 @@ RANGES: dict[str, dict[str, Range]] = {
     "TrainerConfig": {
         "ranks": COUNT, "steps": COUNT, "batch_size": COUNT, "lr": Range(0, 1, lo_open=True),
         "weight_decay": at_least(0), "warmup_steps": at_least(0), "grad_clip": pos("the max gradient norm"),
-        "micro_batch_tokens": COUNT, "threads": AUTO0,
+        "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": COUNT,
+        "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
     },
     "WeightsConfig": {"bucket_mb": COUNT},
     "LauncherConfig": {
@@ -93,7 +95,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "heartbeat_s": TIMEOUT, "peer_timeout_s": TIMEOUT, "startup_timeout_s": TIMEOUT,
         "progress_timeout_s": at_least(0, "seconds; 0 = never"), "stop_timeout_s": at_least(0),
         "nodes": COUNT, "gpus_per_node": at_least(0), "gen_nodes": at_least(0, "0 = half"),
-        "signal_s": at_least(0),
+        "signal_s": at_least(0), "max_frame_mb": Range(0, 2047, note="0 = sized to the largest batch"),
     },
     "CheckpointConfig": {"every": at_least(0, "0 = only at the end"), "keep": at_least(0, "0 = all")},
     "EvalConfig": {"every": at_least(0, "0 = never"), "size": at_least(0)},

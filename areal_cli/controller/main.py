@@ -131,7 +131,7 @@ class Controller:
             self._maybe_send_batch()
             self._handle_status()
             self._check_peers(start)
-        self.send_stop()
+        self.control.send(Control("stop"))
         self.log.info("run finished: %d steps", self.step)
 
     def close(self) -> None:
