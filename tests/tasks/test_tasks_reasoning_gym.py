@@ -20,7 +20,7 @@ def preset(name: str) -> TaskConfig:
     )
 
 
-def test_default_task_is_two_one_digit_terms_plus_minus():
+def test_default_task_is_two_or_three_one_digit_terms_plus_minus():
     cfg = preset("basic_arithmetic")
     cfg.size, cfg.eval_size = 200, 20
     train, ev = load_problems(cfg, "train"), load_problems(cfg, "eval")
@@ -29,8 +29,9 @@ def test_default_task_is_two_one_digit_terms_plus_minus():
     for p in train:
         expression = p.meta["rg_entry"]["metadata"]["expression"]
         assert "*" not in expression and "/" not in expression
-        assert len([t for t in expression.split() if t.lstrip("-").isdigit()]) == 2
-        assert all(len(t.lstrip("-")) == 1 for t in expression.split() if t.lstrip("-").isdigit())
+        terms = [t for t in expression.split() if t.isdigit()]
+        assert len(terms) in (2, 3) and all(int(t) <= 10 for t in terms)  # reasoning-gym: 1 digit = 0..10
+        assert "(" not in expression and not any(t.startswith("-") and t != "-" for t in expression.split())
         assert p.prompt.endswith("'Answer: <number>'.")
         assert p.answer == str(eval(expression))  # the reference is the expression's value
     assert [p.prompt for p in train[:20]] != [p.prompt for p in ev]  # eval uses another seed
