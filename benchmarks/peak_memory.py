@@ -5,7 +5,8 @@
 Every ``interval`` seconds it reads ``/proc/<pid>/smaps_rollup`` of the command and all its
 descendants and sums their ``Pss`` (shared pages are split between the processes that map them,
 so torch's libraries count once in all). It prints the peak of that sum, the peak of each
-process name (its command line's module or script), the wall time and the command's exit code.
+process name (its command line's module or script), each process's share at the moment of the
+peak, the wall time and the command's exit code.
 Linux only.
 """
 
@@ -65,6 +66,10 @@ def label(pid: int) -> str:
     return Path(scripts[0]).name if scripts else Path(args[0]).name if args else "?"
 
 
+def _gb(kb_by_name: dict[str, int]) -> dict[str, float]:
+    return {k: round(v / 2**20, 3) for k, v in sorted(kb_by_name.items(), key=lambda kv: -kv[1]) if v}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
@@ -76,7 +81,7 @@ def main() -> int:
         ap.error("give the command after --")
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd)
-    peak_total, peak_at, per_name, samples = 0, 0.0, {}, 0
+    peak_total, peak_at, per_name, samples, at_peak = 0, 0.0, {}, 0, {}
     while proc.poll() is None:
         by_name: dict[str, int] = {}
         for pid in descendants(proc.pid):
@@ -86,15 +91,14 @@ def main() -> int:
         total = sum(by_name.values())
         samples += 1
         if total > peak_total:
-            peak_total, peak_at = total, time.monotonic() - t0
+            peak_total, peak_at, at_peak = total, time.monotonic() - t0, dict(by_name)
         for name, kb in by_name.items():
             per_name[name] = max(per_name.get(name, 0), kb)
         time.sleep(a.interval)
     wall = time.monotonic() - t0
     result = {"cmd": cmd, "exit_code": proc.returncode, "wall_s": round(wall, 1), "samples": samples,
               "peak_pss_gb": round(peak_total / 2**20, 3), "peak_at_s": round(peak_at, 1),
-              "peak_pss_gb_by_process": {k: round(v / 2**20, 3) for k, v in
-                                         sorted(per_name.items(), key=lambda kv: -kv[1]) if v}}
+              "at_peak_gb_by_process": _gb(at_peak), "peak_pss_gb_by_process": _gb(per_name)}
     print(json.dumps(result, indent=1), file=sys.stderr)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -24,9 +24,13 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
     if not (final / "config.json").is_file():
         say(f"final evaluation skipped: no checkpoint at {final}")
         return None
+    from transformers.utils import logging as hf_logging
+
     from areal_cli.evaluation import evaluate
     from areal_cli.models import resolve_model
     from areal_cli.tasks import load_problems
+
+    hf_logging.disable_progress_bar()  # the closing lines stay readable
 
     problems = load_problems(cfg.task, "eval")[: cfg.eval.size or None]
     say(f"evaluating base and trained model on {len(problems)} held-out problems "
