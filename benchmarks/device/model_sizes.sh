@@ -16,6 +16,7 @@
 #   tp2      carry .models/b          7B, one vLLM worker with tensor_parallel_size=2 (GPUs 0,1) + 2 trainer ranks,
 #                                     6 steps, long-tail lengths (arithmetic_long profile, <= 4096 tokens)
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
+#   mfu15    carry .models/b          2 GPUs: 1.5B, 1 vLLM worker + 1 trainer rank, 2048-token responses, 6 steps
 #   layouts15 carry .models/b         tp2 then dp2 with the 1.5B checkpoint, 5 steps each
 #   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
@@ -91,6 +92,14 @@ case $phase in
   dp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 trainer.ranks=2 ;;
+  mfu15)  # 2 GPUs: the 1.5B checkpoint, 1 vLLM worker + 1 trainer rank, every response 2048 tokens
+    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
+    sized mfu_1.5b 330 1 model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1] task=arithmetic_long \
+        trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 \
+        engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
+        launcher.startup_timeout_s=900 rollout.length_profile=fixed rollout.max_new_tokens=2048 \
+        engine.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
+        eval.at_end=false ${EXTRA:-} ;;
   layouts15)  # tp2 then dp2 at the 1.5B size (quicker to build), 5 steps each
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
