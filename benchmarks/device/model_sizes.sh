@@ -67,7 +67,7 @@ PY
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
       trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384
       engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
-      launcher.startup_timeout_s=900 ${EXTRA:-}"
+      launcher.startup_timeout_s=900 eval.at_end=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
 LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
           trainer.batch_size=4 rollout.group_size=4 trainer.steps=${STEPS:-6}"
