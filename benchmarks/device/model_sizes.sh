@@ -23,7 +23,8 @@
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
 # 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
-# Every figure is of random weights with synthetic lengths: label it so.
+# Every figure is of random weights with synthetic lengths: label it so. Random weights earn reward 0,
+# so every advantage is 0: trainer.skip_zero_advantage=false keeps the trainer doing the work it measures.
 set -u
 phase=${1:?phase}
 LOGS=/tmp/mslogs/$phase
@@ -67,7 +68,7 @@ PY
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
       trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384
       engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
-      launcher.startup_timeout_s=900 eval.at_end=false ${EXTRA:-}"
+      launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
 LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
           trainer.batch_size=4 rollout.group_size=4 trainer.steps=${STEPS:-6}"
@@ -99,7 +100,7 @@ case $phase in
         engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
         launcher.startup_timeout_s=900 rollout.length_profile=fixed rollout.max_new_tokens=2048 \
         engine.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
-        eval.at_end=false ${EXTRA:-} ;;
+        eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-} ;;
   layouts15)  # tp2 then dp2 at the 1.5B size (quicker to build), 5 steps each
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
