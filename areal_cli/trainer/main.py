@@ -85,7 +85,9 @@ class Trainer:
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
                             1 + cfg.rollout.workers, weights_backend(cfg, self.device.type == "cuda"),
                             self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
-                            timeout_s=cfg.launcher.peer_timeout_s, staged=cfg.weights.staged)
+                            # twice the heartbeat limit: a rollout worker that stopped answering is named
+                            # by the controller (no heartbeat), not reported as this broadcast's timeout
+                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=cfg.weights.staged)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
