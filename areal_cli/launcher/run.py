@@ -14,7 +14,7 @@ class UserError(ValueError):
     """Bad input that the user fixes; printed without a traceback, exit code 2."""
 
 
-RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.")
+RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.")
 
 
 def resume_config(resume: str, overrides: list[str]) -> RootConfig:
