@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.durable import atomic_write
 
 
 def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
@@ -44,12 +45,12 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
     else:
         base = _summary(evaluate(base_path, cfg.task, cfg.reward, **options))
         cache.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(cache, json.dumps(base))
+        atomic_write(cache, json.dumps(base))
     trained = _summary(evaluate(final, cfg.task, cfg.reward, **options))
     out = {"task": cfg.task.name, "problems": len(problems), "base": {"model": cfg.model, **base},
            "trained": {"model": str(final), **trained},
            "gain_points": 100 * (trained["accuracy"] - base["accuracy"])}
-    atomic_write_text(run_dir / "eval_final.json", json.dumps(out, indent=2) + "\n")
+    atomic_write(run_dir / "eval_final.json", json.dumps(out, indent=2) + "\n")
     for line in report(out):
         say(line)
     return out
@@ -62,12 +63,6 @@ def report(out: dict) -> list[str]:
             f"  base     {100 * b['accuracy']:5.1f}%  (mean length {b['mean_length']:.0f} tokens)",
             f"  trained  {100 * t['accuracy']:5.1f}%  (mean length {t['mean_length']:.0f} tokens)"
             f"  {out['gain_points']:+.1f} points"]
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _summary(result: dict) -> dict:
