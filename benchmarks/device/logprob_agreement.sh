@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 4 on a lent GPU machine (any GPU count): where vLLM's bf16 behaviour logprobs and the
+# On a lent GPU machine (any GPU count): where vLLM's bf16 behaviour logprobs and the
 # trainer's recomputation part (benchmarks/device/logprob_gap.py), then the chosen settings
 # checked in a run. One phase per `run` call, back to back (the machine stays warm ~30 s):
 #   stage1  carry .vllm/a             vLLM overlay part 1

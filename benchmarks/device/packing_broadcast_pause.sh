@@ -53,5 +53,5 @@ summ vllm10
 step train_coloc 150 $TF python3 -m areal_cli.cli train --quiet engine=hf cluster.gpus=[0] $RUN run_dir=/tmp/runs/coloc20 trainer.steps=20
 summ coloc20
 cp $L/*.log /tmp/runs/ 2>/dev/null
-tar czf $OUT/session2.tgz --exclude=checkpoints -C /tmp runs s2logs 2>/dev/null
+tar czf $OUT/packing_broadcast_pause.tgz --exclude=checkpoints -C /tmp runs s2logs 2>/dev/null
 echo "done in $(( $(date +%s) - T0 )) s" | tee -a $S

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 3 on a lent 4-GPU machine (kind nvidia-h100-x4): weight broadcast, vLLM in-place
+# On a lent 4-GPU machine (kind nvidia-h100-x4): weight broadcast, vLLM in-place
 # updates and logprob agreement, pauses (hf and vllm), single-GPU colocated run, a 100-step run
 # with `areal eval` of base vs trained, and `areal bench sync-vs-async` on 2 and 4 GPUs.
 # One phase per `run` call, back to back (the machine stays warm ~30 s):
