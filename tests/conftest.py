@@ -75,3 +75,16 @@ def gate(keys):
     g = Gatekeeper(keys, logging.getLogger("test.gate"))
     yield g
     g.stop()
+
+
+def drive_workflow(flow, engine, timeout_s: float) -> list:
+    """Feed ``engine``'s generated sequences to ``flow`` until it yields finished groups (or time
+    runs out); the groups it yielded."""
+    import time
+
+    results, deadline = [], time.monotonic() + timeout_s
+    while not results and time.monotonic() < deadline:
+        for seq in engine.poll(0.05):
+            flow.on_generated(seq)
+        results = flow.poll()
+    return results

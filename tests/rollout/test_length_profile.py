@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from conftest import drive_workflow
 from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
@@ -92,11 +93,7 @@ def test_workflow_draws_each_samples_length(tiny_model):
     item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64, 1.0, 1.0,
                     problem.to_dict(), 0, 0)
     flow.start(item)
-    results, deadline = [], time.monotonic() + 90
-    while not results and time.monotonic() < deadline:
-        for seq in eng.poll(0.05):
-            flow.on_generated(seq)
-        results = flow.poll()
+    results = drive_workflow(flow, eng, 90)
     eng.close()
     pool.close()
     lengths = [len(s.output_ids) for s in results[0].samples]

@@ -7,6 +7,7 @@ import time
 
 import numpy as np
 import torch
+from conftest import drive_workflow
 from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
@@ -38,11 +39,7 @@ def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
         for i in range(2):
             flow.on_generated(Sequence(f"0:{i}:0", prompt, 64, ids, [-1.0] * len(ids), [0] * len(ids),
                                        "stop"))
-    results, deadline = [], time.monotonic() + 60
-    while not results and time.monotonic() < deadline:
-        for seq in eng.poll(0.05):
-            flow.on_generated(seq)
-        results = flow.poll()
+    results = drive_workflow(flow, eng, 60)
     eng.close()
     pool.close()
     assert results, "the group never completed"
