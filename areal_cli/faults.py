@@ -2,7 +2,9 @@
 
 When a process reaches ``point`` at policy ``version`` it writes ``<run_dir>/FAULT_REACHED``
 and then either freezes (``hang``, the default: the test kills or stops it from outside at
-exactly that moment) or exits at once (``AREAL_FAULT_MODE=exit``). Points: ``generate`` (a
+exactly that moment), exits at once (``AREAL_FAULT_MODE=exit``) or pauses for
+``AREAL_FAULT_PAUSE_S`` seconds (default 10) and goes on (``AREAL_FAULT_MODE=pause``: a signal
+sent meanwhile is handled as it would be mid-step). Points: ``generate`` (a
 rollout worker starting a group), ``train`` (a trainer rank inside a step), ``weights`` (a
 rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
 ``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a dictionary lookup and nothing else.
@@ -24,7 +26,11 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
     if rank is not None and rank != os.environ.get("RANK", "0"):
         return
     Path(run_dir, "FAULT_REACHED").write_text(f"{name}@{version} pid {os.getpid()}\n")
-    if os.environ.get("AREAL_FAULT_MODE") == "exit":
+    mode = os.environ.get("AREAL_FAULT_MODE", "hang")
+    if mode == "exit":
         os._exit(17)
+    if mode == "pause":
+        time.sleep(float(os.environ.get("AREAL_FAULT_PAUSE_S", "10")))
+        return
     while True:
         time.sleep(3600)

@@ -66,12 +66,10 @@ def test_kill_and_resume_trains_each_sample_once(tiny_model, tmp_path, uninterru
 
 
 def test_sigterm_leaves_a_complete_checkpoint_and_partial_ones_are_ignored(tiny_model, tmp_path):
+    # the trainer pauses inside step 2, so the signal lands mid-run however fast the steps are
     proc = _start(tmp_path, tiny_model, "checkpoint.every=0", "launcher.stop_timeout_s=60",
-                  env={"AREAL_FAULT": ""})
-    deadline = time.monotonic() + 180
-    while len(read_jsonl(tmp_path / "metrics.jsonl")) < 2 if (tmp_path / "metrics.jsonl").exists() else True:
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+                  env={"AREAL_FAULT": "train@2", "AREAL_FAULT_MODE": "pause", "AREAL_FAULT_PAUSE_S": "5"})
+    _wait_for(tmp_path / "FAULT_REACHED")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=90)
     ckpts = [d.name for d in (tmp_path / "checkpoints").iterdir()]
