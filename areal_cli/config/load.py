@@ -8,6 +8,7 @@ from pathlib import Path
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
+from areal_cli.tracking.registry import problems as tracking_problems
 
 
 class ConfigError(ValueError):
@@ -162,6 +163,7 @@ def validate(cfg: RootConfig) -> list[str]:
 def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
     problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
+    problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
     if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
         problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "

@@ -99,6 +99,7 @@ RANGES: dict[str, dict[str, Range]] = {
     },
     "CheckpointConfig": {"every": at_least(0, "0 = only at the end"), "keep": at_least(0, "0 = all")},
     "EvalConfig": {"every": at_least(0, "0 = never"), "size": at_least(0)},
+    "LoggingConfig": {"samples_every": at_least(0, "0 = never"), "samples": COUNT},
     "EvalRunConfig": {
         "n_samples": COUNT, "temperature": at_least(0, "0 = greedy"), "top_p": PROB, "max_new_tokens": COUNT,
         "size": at_least(0, "0 = all"), "seed": SEED, "threads": AUTO0, "max_concurrent": COUNT,

@@ -231,6 +231,24 @@ class EvalConfig:
 
 
 @dataclass
+class LoggingConfig:
+    """Experiment trackers, written by the controller; metrics.jsonl is always written (docs/tracking.md)."""
+
+    backends: list = field(default_factory=lambda: ["jsonl", "tensorboard"])
+    """Where metrics go: any of jsonl (always on), tensorboard, wandb, mlflow."""
+    project: str = "areal"
+    """W&B project and MLflow experiment name."""
+    samples_every: int = 10
+    """Log a table of sample completions every N steps (0 = never)."""
+    samples: int = 8
+    """Completions per sample table."""
+    wandb_mode: str = "auto"
+    """"online" | "offline" | "auto" (= WANDB_MODE if set, else online where a W&B API key is configured)."""
+    mlflow_uri: str = ""
+    """MLflow tracking URI; "" = a file store in <run_dir>/mlruns (no server, no network)."""
+
+
+@dataclass
 class RootConfig:
     """One areal run."""
 
@@ -256,6 +274,7 @@ class RootConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
 def dtype_name(name: str) -> str:

@@ -25,9 +25,10 @@ from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.liveness import ProgressWatch
 from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
-from areal_cli.controller.state import finish_checkpoint, restore
+from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
 from areal_cli.tasks import Problem, build_messages, load_split, split_report
+from areal_cli.tracking.session import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
 from areal_cli.transport.messages import Batch, Control, GroupResult, Status, WorkItem, may_send
@@ -95,8 +96,11 @@ class Controller:
         self.stopping = None  # monotonic time a stop signal arrived
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
+        logged = last_step(self.run_dir)  # before a resume cuts metrics.jsonl to its checkpoint
         if cfg.resume:
             restore(self, Path(cfg.resume))
+        self.rec.tracking = open_for_run(self.run_dir, cfg, self.log, self.step if cfg.resume else None,
+                                         logged if cfg.resume else -1)
 
     def _training_split(self) -> list[Problem]:
         """The train split; splits.json records both splits, what was removed to keep them
@@ -140,6 +144,9 @@ class Controller:
             ch.close()
         self.control.close(linger_s=1.0)
         self.gate.stop()
+        if self.rec.tracking:
+            self.rec.tracking.close()
+            self.log.info("experiment trackers: %.2fs in all", self.rec.tracking.spent_s)
         shutdown()
         self.log.info("sockets closed (%d frames dropped, %d unexpected messages, %d connections refused)",
                       sum(c.dropped for c in (self.status, self.results)), self.unexpected, self.gate.refused)
@@ -204,7 +211,7 @@ class Controller:
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, self.step, batch))
         self.watch.update("trainer-0", time.monotonic(), busy=True)
-        self.rec.on_batch(self.step, batch)
+        self.rec.on_batch(self.step, batch, {g.group_id: self.groups[g.group_id][2].prompt for g in batch})
         for g in batch:
             del self.groups[g.group_id]
         self.log.info("batch %d sent (%d groups buffered, %d running)", self.step, len(self.buffer),

@@ -1,5 +1,7 @@
 """What the controller writes: metrics.jsonl (one line per step), trajectories.jsonl (one line
-per trained sample) and weight_updates.jsonl (one line per worker per update)."""
+per trained sample) and weight_updates.jsonl (one line per worker per update). Each step row goes
+to the experiment trackers (areal_cli/tracking) first, then to metrics.jsonl with ``log_s``, the
+seconds those tracker calls took."""
 
 from __future__ import annotations
 
@@ -38,12 +40,16 @@ class StepRecorder:
         self.stale_dropped = 0
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
+        self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
+        self.samples: dict[int, list[list]] = {}  # step → its sample table, until its step is done
+        self.tracking = None  # a tracking.session.TrackingSession, once the controller opens one
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
         self.arrived[g.group_id] = time.monotonic() - self.t0
 
-    def on_batch(self, step: int, groups: list[GroupResult]) -> None:
+    def on_batch(self, step: int, groups: list[GroupResult], prompts: dict[int, str] | None = None) -> None:
+        """``prompts``: group_id → prompt text, for the trackers' sample tables."""
         rows, staleness = [], []
         for g in groups:
             for s in g.samples:
@@ -62,6 +68,12 @@ class StepRecorder:
         for g in groups:
             self.arrived.pop(g.group_id, None)
         append_jsonl(self.run_dir / "trajectories.jsonl", rows)
+        every = self.cfg.logging.samples_every
+        if every and step % every == 0:
+            self.samples[step] = [
+                [step, r["prompt_id"], (prompts or {}).get(r["group_id"], ""), r["completion"], r["reward"],
+                 r["num_tokens"], r["finish_reason"], step - r["version_start"]]
+                for r in rows[: self.cfg.logging.samples]]
         self.batches[step] = {
             "reward_mean": float(np.mean([r["reward"] for r in rows])),
             "staleness_max": int(max(staleness)), "staleness_mean": float(np.mean(staleness)),
@@ -85,9 +97,15 @@ class StepRecorder:
             "stale_dropped": self.stale_dropped,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
-        self.gen_tokens, self.last_step_t = 0, now
+        if self.pauses:  # mostly the update that followed the previous step
+            row["weight_pause_s"] = max(self.pauses)
+        self.gen_tokens, self.last_step_t, self.pauses = 0, now, []
+        samples = self.samples.pop(step, None)
+        row["log_s"] = self.tracking.log_step(row, samples) if self.tracking else 0.0
         _append(self.run_dir / "metrics.jsonl", row)
         return row
 
     def on_weights_loaded(self, worker: str, version: int, timings: dict) -> None:
+        if isinstance(timings.get("pause_total_s"), (int, float)):
+            self.pauses.append(float(timings["pause_total_s"]))
         _append(self.run_dir / "weight_updates.jsonl", {"worker": worker, "version": version, **timings})

@@ -111,6 +111,15 @@ def restore(ctl, run_dir: Path) -> None:
                  len(ctl.buffer), len(groups) - len(buffered))
 
 
+def last_step(run_dir: Path) -> int:
+    """The last step of metrics.jsonl (-1 when none): what the experiment trackers hold."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return -1
+    rows, _ = read_jsonl(path)
+    return max((r["step"] for r in rows), default=-1)
+
+
 def truncate_records(run_dir: Path, version: int) -> None:
     """Drop what was logged after the checkpoint (it will be trained and logged again) and a torn
     last line; each file is replaced atomically, never rewritten in place."""

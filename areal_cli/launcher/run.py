@@ -14,7 +14,7 @@ class UserError(ValueError):
     """Bad input that the user fixes; printed without a traceback, exit code 2."""
 
 
-RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.")
+RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.", "logging.")
 
 
 def resume_config(resume: str, overrides: list[str]) -> RootConfig:
@@ -209,7 +209,14 @@ def _run(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
     summarize(plan.run_dir)
     from areal_cli.launcher.final_eval import evaluate_run
 
-    evaluate_run(cfg, plan.run_dir)
+    result = evaluate_run(cfg, plan.run_dir)
+    if result:
+        import logging
+
+        from areal_cli.launcher.final_eval import report
+        from areal_cli.tracking.session import log_final_eval
+
+        log_final_eval(plan.run_dir, cfg, result, report(result), logging.getLogger("areal.tracking"))
     return plan.run_dir
 
 
