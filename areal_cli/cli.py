@@ -96,6 +96,19 @@ def status(run_dir: str = typer.Argument(..., help="A run directory.")):
     show(run_dir)
 
 
+@app.command()
+def plot(run_dirs: list[str] = typer.Argument(..., help="One or more run directories."),
+         out: str = typer.Option(None, "--out", "-o", help="The PNG to write; default plot.png in the first run.")):
+    """Compare runs in one PNG: reward, response length, staleness, step time and throughput
+    against step and wall time, one colour per run."""
+    from areal_cli.tracking.plot import NotARun, plot_runs
+
+    try:
+        typer.echo(plot_runs(run_dirs, out))
+    except NotARun as err:
+        _fail(str(err))
+
+
 def main() -> None:
     try:
         app()

@@ -1,4 +1,5 @@
-"""Live progress: a rich table on a terminal, plain lines otherwise; fed by metrics.jsonl."""
+"""Live progress: on a terminal a rich bar (steps, ETA) over a table of the last steps (reward,
+staleness, tokens/s, weight sync); plain lines otherwise; fed by metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -86,7 +87,7 @@ class Progress:
         if self.tty:
             from rich.live import Live
 
-            self.live = Live(self._table(), refresh_per_second=2, transient=False)
+            self.live = Live(self._view(), refresh_per_second=2, transient=False)
             self.live.start()
         else:
             print(f"[{label}] started; progress every step (metrics.jsonl in {run_dir})", flush=True)
@@ -97,6 +98,18 @@ class Progress:
             return None
         per = (rows[-1].get("wall_time_s", 0) - rows[0].get("wall_time_s", 0)) / (len(rows) - 1)
         return max(0.0, per * (self.steps - rows[-1]["step"] - 1))
+
+    def _view(self):
+        """The bar (steps done of all, ETA) above the table."""
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+
+        eta = self._eta()
+        head = Table.grid(padding=(0, 1))
+        head.add_row(ProgressBar(total=self.steps, completed=len(self.tail.rows), width=40),
+                     f"{len(self.tail.rows)}/{self.steps} steps" + (f"  ETA {eta:.0f}s" if eta is not None else ""))
+        return Group(head, self._table())
 
     def _table(self):
         from rich.table import Table
@@ -115,7 +128,7 @@ class Progress:
     def update(self) -> None:
         new = self.tail.read()
         if self.live is not None:
-            self.live.update(self._table())
+            self.live.update(self._view())
         else:
             for row in new:
                 print(fmt_line(row, self.steps, self._eta()), flush=True)
