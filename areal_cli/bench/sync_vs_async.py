@@ -70,6 +70,9 @@ def run_bench(overrides: list[str]) -> Path:
     result = compare(modes, eta, opts["warmup"], base)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     plot(result, out)
+    from areal_cli.tracking.plot import plot_runs
+
+    plot_runs([out / mode for mode in modes], out / "curves.png")  # both runs against step and wall time
     print(report(result), flush=True)
     return out
 

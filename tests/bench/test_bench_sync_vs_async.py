@@ -54,3 +54,4 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
     assert bench["async_vs_ideal"] > 0
     assert {"ideal_trained_tokens_per_s", "async_vs_ideal", "response_length"} <= set(bench["definitions"])
     assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
+    assert (out / "curves.png").stat().st_size > 0
