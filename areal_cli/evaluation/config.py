@@ -8,7 +8,6 @@ import here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from areal_cli.config.load import (
     ConfigError,
@@ -21,7 +20,6 @@ from areal_cli.config.load import (
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
-from areal_cli.models import ModelError, resolve_model
 
 
 @dataclass
@@ -183,15 +181,3 @@ def _for_eval(message: str) -> str:
         presets = sorted(p.stem for p in (conf_dir() / "task").glob("*.yaml"))
         return message.split(" (see")[0] + f" (task presets: {', '.join(presets)})"
     return message
-
-
-def resolve_eval_model(name: str) -> Path:
-    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
-    run = Path(name).expanduser()
-    if (run / "checkpoints").is_dir():
-        final = run / "checkpoints" / "final"
-        if not (final / "config.json").is_file():
-            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
-                             "point model= at a checkpoint directory inside it")
-        return final.resolve()
-    return resolve_model(name)

@@ -152,7 +152,7 @@ class Trainer:
         save_hf(self.model, self.model_path, path)
         out = {}
         if self.rank == 0:
-            from areal_cli.evaluation import evaluate
+            from areal_cli.evaluator import evaluate
 
             res = evaluate(path, self.cfg.task, self.cfg.reward, n_samples=1, temperature=0.0,
                            max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
-from areal_cli.evaluation.config import resolve_eval_model
-from areal_cli.evaluation.engine import EvalEngine, VLLMEvalEngine
-from areal_cli.evaluation.metrics import summarize
+from areal_cli.evaluator.engine import EvalEngine, VLLMEvalEngine
+from areal_cli.evaluator.metrics import summarize
+from areal_cli.models import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rollout.engines.base import Sequence
