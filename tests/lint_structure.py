@@ -3,7 +3,8 @@
 1. No import cycles inside the package. Every ``import`` counts, the ones inside functions too:
    a lazy import hides a loop from Python, not from the reader. Each cycle is printed as a path.
 2. Process roles talk through ``transport/``, never by importing each other: no module of one
-   role package (``ROLES``) imports a module of another, except the few ``ALLOWED`` below.
+   role package (``ROLES``) imports a module of another, except a ``SHARED`` component (which
+   may not import the rest of its role) and the few ``ALLOWED`` crossings, each with its reason.
 3. The engine owns what differs between engines: no ``== "vllm"`` / ``!= "vllm"`` /
    ``in (..., "vllm")`` outside the engine package and the launcher's planning (``ENGINE_OWNERS``);
    everything else asks ``areal_cli.rollout.engines.spec(name)``.
@@ -20,11 +21,21 @@ from pathlib import Path
 
 ROLES = ("controller", "trainer", "rollout", "launcher", "evaluation")
 
-# (importing role, imported module) -> why this one crossing is right.
+# Packages inside a role package that any module may import: a component, not the role's process.
+# A shared component may not import the rest of its role (that would bring the role along).
+SHARED: dict[str, str] = {
+    "rollout.engines": "the generation engines: rollout workers and the evaluator both generate "
+                       "with them; configs, the trainer and the launcher read their specs",
+}
+
+# (importing module, imported module), without the package name -> why this crossing is right.
 ALLOWED: dict[tuple[str, str], str] = {
-    ("launcher", "evaluation.runner"):
-        "the closing evaluation of a run is the evaluator, started by the launcher once the "
-        "trainer has exited: the launcher runs it as a step of the run, like any other role",
+    ("launcher.plan", "rollout.length_profile"):
+        "the plan checks rollout.length_profile and prints its draws (--dry-run) before any "
+        "process starts",
+    ("launcher.preflight", "rollout.workflows.episodes"):
+        "preflight imports a custom workflow=module:fn before any process starts, so a wrong "
+        "path stops the run at once",
 }
 
 ENGINE_OWNERS = ("rollout/engines/", "launcher/plan.py")
@@ -182,12 +193,25 @@ def role_of(module: str) -> str | None:
     return parts[1] if len(parts) > 1 and parts[1] in ROLES else None
 
 
-def cross_role(pkg: Package, allowed: dict[tuple[str, str], str] = ALLOWED) -> list[Edge]:
-    """Imports from one role package into another that ``allowed`` does not list."""
+def shared_component(module: str, shared: dict[str, str] = SHARED) -> str | None:
+    """The shared component ``module`` is part of, if any (``pkg.rollout.engines.hf`` ->
+    ``rollout.engines``)."""
+    rest = module.split(".", 1)[1] if "." in module else ""
+    return next((c for c in shared if rest == c or rest.startswith(c + ".")), None)
+
+
+def cross_role(pkg: Package, allowed: dict[tuple[str, str], str] = ALLOWED,
+               shared: dict[str, str] = SHARED) -> list[Edge]:
+    """Imports from one role package into another that ``allowed`` does not list, and imports
+    from a shared component into the rest of its role."""
     bad = []
     for e in pkg.edges:
         src, dst = role_of(e.source), role_of(e.target)
-        if src and dst and src != dst and (src, e.target.split(".", 1)[1]) not in allowed:
+        from_shared, to_shared = shared_component(e.source, shared), shared_component(e.target, shared)
+        pair = (e.source.split(".", 1)[1], e.target.split(".", 1)[1])
+        if from_shared and src == dst and not to_shared:
+            bad.append(e)  # the component would bring its role along to every importer
+        elif src and dst and src != dst and not to_shared and pair not in allowed:
             bad.append(e)
     return bad
 
@@ -222,6 +246,10 @@ def problems(root: Path) -> list[str]:
         out.append(f"import cycle: {steps} -> {cycle[0].source}; move what both need into a "
                    "module that neither imports back")
     for e in cross_role(pkg):
+        if role_of(e.source) == role_of(e.target):
+            out.append(f"{pkg.rel(e.source)}:{e.line}: the shared {shared_component(e.source)} imports "
+                       f"{e.target}, which is its role's own; every importer would load it too")
+            continue
         out.append(f"{pkg.rel(e.source)}:{e.line}: role {role_of(e.source)!r} imports "
                    f"{e.target} of role {role_of(e.target)!r}; roles talk through transport/, "
                    "shared code goes to a module outside the role packages")

@@ -8,6 +8,7 @@ from pathlib import Path
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
+from areal_cli.rollout.engines import unknown as unknown_engine
 
 
 class ConfigError(ValueError):
@@ -186,8 +187,8 @@ def _cross_field(cfg: RootConfig) -> list[str]:
                         "(0 = the whole eval split): lower eval.size or raise task.eval_size")
     if r.batch_order not in ("finished", "admission"):
         problems.append(f"rollout.batch_order={r.batch_order!r}: use finished or admission")
-    if cfg.engine.name not in ("hf", "vllm"):
-        problems.append(f"engine={cfg.engine.name!r}: use engine=hf or engine=vllm")
+    if unknown_engine(cfg.engine.name):
+        problems.append(unknown_engine(cfg.engine.name))
     if cfg.launcher.name not in ("local", "slurm"):
         problems.append(f"launcher={cfg.launcher.name!r}: use launcher=local or launcher=slurm")
     if cfg.trainer.dtype not in ("auto", "bfloat16", "float16", "float32"):

@@ -71,14 +71,14 @@ def _configs(overrides: list[str]) -> list[EvalRunConfig]:
 
 
 def _check_engine(cfg: EvalRunConfig) -> None:
-    """engine=vllm needs vLLM here, before any model loads (the message names the extra)."""
-    if cfg.engine.name == "vllm":
-        from areal_cli.rollout.engines.vllm import import_vllm
+    """What the engine imports (vLLM for engine=vllm), here, before any model loads (the message
+    names the extra)."""
+    from areal_cli.rollout.engines import spec
 
-        try:
-            import_vllm()
-        except ValueError as err:
-            raise EvalError(str(err)) from None
+    try:
+        spec(cfg.engine.name).require()
+    except ValueError as err:
+        raise EvalError(str(err)) from None
 
 
 def _check_gpus(cfg: EvalRunConfig) -> None:

@@ -20,6 +20,8 @@ from areal_cli.config.load import (
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
+from areal_cli.rollout.engines import ENGINES
+from areal_cli.rollout.engines import unknown as unknown_engine
 
 
 @dataclass
@@ -99,8 +101,8 @@ class EvalRunConfig:
         if self.task.eval_size and self.size > self.task.eval_size:
             problems.append(f"size={self.size} > task.eval_size={self.task.eval_size}: raise "
                             f"task.eval_size={self.size} or lower size")
-        if self.engine.name not in ("hf", "vllm"):
-            problems.append(f"engine={self.engine.name!r}: use engine=hf or engine=vllm")
+        if unknown_engine(self.engine.name):
+            problems.append(unknown_engine(self.engine.name))
         if self.workers < 0:
             problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else 1)")
         problems += self._gpu_problems()
@@ -122,7 +124,8 @@ class EvalRunConfig:
 
     def gpus_per_worker(self) -> int:
         """GPUs of one worker process: vLLM's tensor-parallel size, else 1."""
-        return max(1, self.engine.tensor_parallel_size) if self.engine.name == "vllm" else 1
+        engine = ENGINES.get(self.engine.name)
+        return max(1, self.engine.tensor_parallel_size) if engine and engine.tensor_parallel else 1
 
     def worker_count(self) -> int:
         """Data-parallel worker processes: ``workers``, else one per GPU slot, else 1."""

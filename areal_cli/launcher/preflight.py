@@ -5,6 +5,7 @@ launcher both run it; every problem is reported at once, as a ``UserError``."""
 from __future__ import annotations
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.rollout.engines import spec
 
 
 class UserError(ValueError):
@@ -31,11 +32,10 @@ def preflight(cfg: RootConfig) -> None:
     except (ValueError, FileNotFoundError, OSError) as err:
         problems.append(f"task: {err}")
     problems += _check_imports(cfg)
-    if cfg.engine.name == "vllm":
-        try:
-            import vllm  # noqa: F401
-        except ImportError:
-            problems.append("engine=vllm needs vLLM: pip install 'areal-cli[vllm]' (GPU machines only)")
+    try:
+        spec(cfg.engine.name).require()
+    except ValueError as err:
+        problems.append(str(err))
     if problems:
         raise UserError("\n".join(f"  - {p}" for p in problems))
 
