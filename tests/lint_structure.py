@@ -8,6 +8,8 @@
 3. The engine owns what differs between engines: no ``== "vllm"`` / ``!= "vllm"`` /
    ``in (..., "vllm")`` outside the engine package and the launcher's planning (``ENGINE_OWNERS``);
    everything else asks ``areal_cli.rollout.engines.spec(name)``.
+4. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
+   rules out package discovery, so a package missing from the list would be missing from a wheel.
 
 ``python tests/lint_structure.py [PACKAGE_DIR]`` (default: ``areal_cli`` beside ``tests/``).
 """
@@ -237,6 +239,21 @@ def _mentions_vllm(node: ast.Compare) -> bool:
     return False
 
 
+def unlisted_packages(root: Path) -> list[str]:
+    """Packages under ``root`` that the ``pyproject.toml`` beside it does not list (none when
+    there is no such file, or Python lacks tomllib)."""
+    pyproject = root.parent / "pyproject.toml"
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        return []
+    if not pyproject.is_file():
+        return []
+    listed = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools", {}).get("packages", [])
+    tree = {".".join(p.parent.relative_to(root.parent).parts) for p in root.rglob("__init__.py")}
+    return sorted(tree - set(listed))
+
+
 def problems(root: Path) -> list[str]:
     """Every finding, one readable line (or block) each."""
     pkg = scan(root)
@@ -256,6 +273,9 @@ def problems(root: Path) -> list[str]:
     for rel, line in engine_name_tests(pkg):
         out.append(f'{rel}:{line}: compares an engine name with "vllm"; ask the engine\'s spec '
                    "(areal_cli.rollout.engines.spec) instead")
+    for name in unlisted_packages(root):
+        out.append(f'pyproject.toml: package {name} is not in [tool.setuptools] packages; add "{name}" '
+                   "there, or a wheel leaves it out")
     return out
 
 

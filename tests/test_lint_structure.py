@@ -95,3 +95,10 @@ def test_areal_cli_passes_and_make_lint_fails_on_a_finding(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "lint_structure.py"), str(bad)],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "import cycle: pkg.a (pkg/a.py:1) -> pkg.b (pkg/b.py:1) -> pkg.a" in proc.stdout
+
+
+def test_a_package_missing_from_pyproject_is_reported(tmp_path):
+    root = plant(tmp_path, {"a.py": "", "sub/b.py": ""})
+    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["pkg"]\n')
+    assert lint_structure.problems(root) == ['pyproject.toml: package pkg.sub is not in [tool.setuptools] '
+                                             'packages; add "pkg.sub" there, or a wheel leaves it out']

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
 
@@ -20,9 +21,20 @@ class ConfigError(ValueError):
 
 
 def conf_dir() -> Path:
-    """The ``conf/`` directory: ``AREAL_CONF_DIR``, else the one beside the package."""
+    """The ``conf/`` directory: ``AREAL_CONF_DIR``; else the one installed inside the package
+    (``areal_cli/conf``, from a wheel or ``pip install .``); else, in a checkout or an editable
+    install, the repository's own ``conf/`` beside the package."""
     env = os.environ.get("AREAL_CONF_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    if env:
+        return Path(env)
+    installed = Path(str(importlib.resources.files("areal_cli") / "conf"))
+    if installed.is_dir():
+        return installed
+    checkout = Path(__file__).resolve().parents[2] / "conf"
+    if not checkout.is_dir():
+        raise ConfigError([f"no conf/ directory: neither {installed} nor {checkout} exists; reinstall "
+                           "areal-cli (pip install .), or set AREAL_CONF_DIR to a conf/ directory"])
+    return checkout
 
 
 def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
