@@ -31,8 +31,10 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow tests $(ARGS)
 
+# ruff, then the structure: no import cycles, no role importing another, no engine-name tests.
 lint: install
 	$(VENV)/bin/ruff check areal_cli tests benchmarks
+	$(PY) tests/lint_structure.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_cli.models import ModelError, check_supported
+from areal_cli.architectures import ModelError, check_supported
 
 # config + generation config + tokenizer (json, sentencepiece, BPE merges) + safetensors weights
 PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.txt"]

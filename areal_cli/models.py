@@ -5,20 +5,18 @@ the architectures a run supports.
 converted once to a Hugging Face directory under the cache; ``HUB_ALIASES``: a Hub id), a local
 Hugging Face directory (with ``config.json``), a ``.gguf`` file, or a Hub id ``Org/Name[@revision]``
 (``areal_cli/hub.py``: downloaded into huggingface_hub's cache). ``check_supported`` refuses, from
-config.json alone, what the trainer or the in-place weight update cannot handle.
+config.json alone (``areal_cli/architectures.py``), what the trainer or the in-place weight update
+cannot handle.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
-
-class ModelError(ValueError):
-    """A model that cannot be found or loaded; the message names what to do."""
+from areal_cli.architectures import ModelError
 
 
 @dataclass(frozen=True)
@@ -41,12 +39,6 @@ HUB_ALIASES = {
     "llama-3.2-1b-instruct": "meta-llama/Llama-3.2-1B-Instruct",
     "llama-3.1-8b-instruct": "meta-llama/Llama-3.1-8B-Instruct",
 }
-
-# model_type → the dense causal-LM architecture the trainer (FSDP2 over model.model.layers) and the
-# in-place update (q/k/v and gate/up fused by vLLM, every other name kept) are written for
-SUPPORTED = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-             "mistral": "MistralForCausalLM"}
-
 
 def cache_dir() -> Path:
     """Where converted checkpoints live (``AREAL_CACHE`` or ``~/.cache/areal``)."""
@@ -90,6 +82,18 @@ def resolve_model(name: str) -> Path:
                      f"local Hugging Face directory, a .gguf file, a Hub id, or one of: {known}")
 
 
+def resolve_eval_model(name: str) -> Path:
+    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
+    run = Path(name).expanduser()
+    if (run / "checkpoints").is_dir():
+        final = run / "checkpoints" / "final"
+        if not (final / "config.json").is_file():
+            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
+                             "point model= at a checkpoint directory inside it")
+        return final.resolve()
+    return resolve_model(name)
+
+
 def hub_model(name: str):
     """The ``HubModel`` that ``name`` means (a Hub alias or an ``Org/Name`` that is no local path), or None."""
     from areal_cli.hub import HubModel, looks_like_hub_id
@@ -98,33 +102,6 @@ def hub_model(name: str):
     if name in ALIASES or Path(name).expanduser().exists() or not looks_like_hub_id(name):
         return None
     return HubModel.parse(name)
-
-
-def check_supported(path: Path, label: str) -> None:
-    """Refuse, from ``path``/config.json, a model that the trainer or the weight update cannot handle."""
-    config = json.loads((Path(path) / "config.json").read_text())
-    why = unsupported(config)
-    if why:
-        raise ModelError(f"{label}: {why}. areal trains dense causal LMs of these model types: "
-                         f"{', '.join(SUPPORTED)} (Llama, Qwen2/2.5, Qwen3, Mistral)")
-
-
-def unsupported(config: dict) -> str:
-    """Why a config.json describes a model areal cannot train; "" when it can."""
-    kind = config.get("model_type", "")
-    archs = list(config.get("architectures") or [])
-    experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if config.get(k)]
-    if experts or "moe" in kind:
-        return (f"model_type={kind} is a mixture-of-experts model ({experts[0] if experts else kind}): the "
-                "trainer shards dense decoder layers and the in-place weight update knows no expert layout")
-    if "vision_config" in config or "audio_config" in config or kind.endswith(("_vl", "_omni")):
-        return (f"model_type={kind} is a multimodal (vision/audio) model: rollouts, the trainer and the "
-                "weight update handle text-only causal LMs")
-    if kind not in SUPPORTED:
-        return f"model_type={kind or '(none)'} (architectures {archs}) is not an architecture areal supports"
-    if archs and SUPPORTED[kind] not in archs:
-        return f"architectures {archs}: the trainer needs the causal-LM head {SUPPORTED[kind]}"
-    return ""
 
 
 def convert_gguf(gguf: Path, out: Path) -> Path:

@@ -219,7 +219,11 @@ def _model_name(model: str) -> str:
 
 
 def plot(result: dict, out: Path) -> None:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        print("no timeline.png or reward.png: they need matplotlib (pip install 'areal-cli[plots]')", flush=True)
+        return
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from pathlib import Path
 
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
+from areal_cli.rollout.engines import unknown as unknown_engine
 from areal_cli.tracking.registry import problems as tracking_problems
 
 
@@ -20,9 +22,20 @@ class ConfigError(ValueError):
 
 
 def conf_dir() -> Path:
-    """The ``conf/`` directory: ``AREAL_CONF_DIR``, else the one beside the package."""
+    """The ``conf/`` directory: ``AREAL_CONF_DIR``; else the one installed inside the package
+    (``areal_cli/conf``, from a wheel or ``pip install .``); else, in a checkout or an editable
+    install, the repository's own ``conf/`` beside the package."""
     env = os.environ.get("AREAL_CONF_DIR")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "conf"
+    if env:
+        return Path(env)
+    installed = Path(str(importlib.resources.files("areal_cli") / "conf"))
+    if installed.is_dir():
+        return installed
+    checkout = Path(__file__).resolve().parents[2] / "conf"
+    if not checkout.is_dir():
+        raise ConfigError([f"no conf/ directory: neither {installed} nor {checkout} exists; reinstall "
+                           "areal-cli (pip install .), or set AREAL_CONF_DIR to a conf/ directory"])
+    return checkout
 
 
 def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
@@ -188,8 +201,8 @@ def _cross_field(cfg: RootConfig) -> list[str]:
                         "(0 = the whole eval split): lower eval.size or raise task.eval_size")
     if r.batch_order not in ("finished", "admission"):
         problems.append(f"rollout.batch_order={r.batch_order!r}: use finished or admission")
-    if cfg.engine.name not in ("hf", "vllm"):
-        problems.append(f"engine={cfg.engine.name!r}: use engine=hf or engine=vllm")
+    if unknown_engine(cfg.engine.name):
+        problems.append(unknown_engine(cfg.engine.name))
     if cfg.launcher.name not in ("local", "slurm"):
         problems.append(f"launcher={cfg.launcher.name!r}: use launcher=local or launcher=slurm")
     if cfg.trainer.dtype not in ("auto", "bfloat16", "float16", "float32"):

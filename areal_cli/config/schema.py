@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from areal_cli.config.algorithm import AlgorithmConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.rollout.engines import spec
 
 
 @dataclass
@@ -289,9 +290,9 @@ def wire_dtype_name(cfg: RootConfig) -> str:
 
 
 def lm_head_fp32(cfg: RootConfig) -> bool:
-    """engine.lm_head_fp32 resolved: "auto" = on with engine=vllm."""
+    """engine.lm_head_fp32 resolved: "auto" = on where the engine's logits are float32 (vllm)."""
     v = str(cfg.engine.lm_head_fp32).lower()
-    return cfg.engine.name == "vllm" if v == "auto" else v == "true"
+    return spec(cfg.engine.name).fp32_logits if v == "auto" else v == "true"
 
 
 def weights_backend(cfg: RootConfig, on_gpu: bool) -> str:

@@ -20,23 +20,13 @@ from pathlib import Path
 
 import msgpack
 
+from areal_cli.checkpoints import latest_checkpoint
 from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
 from areal_cli.tasks import Problem
 from areal_cli.transport.messages import decode, encode
 
 RECORDS = ("metrics.jsonl", "trajectories.jsonl", "weight_updates.jsonl")
 log = logging.getLogger(__name__)
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest complete ``checkpoints/step_<v>`` (never a ``.partial`` one, never a link)."""
-    found = []
-    for d in (run_dir / "checkpoints").glob("step_*"):
-        if d.name.endswith(".partial") or d.is_symlink() or not d.name.split("_")[1].isdigit():
-            continue
-        if (d / "controller.json").is_file():
-            found.append((int(d.name.split("_")[1]), d))
-    return max(found)[1] if found else None
 
 
 def finish_checkpoint(ctl, partial: Path, version: int) -> None:

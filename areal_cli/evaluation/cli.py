@@ -16,18 +16,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from areal_cli.config.load import ConfigError
-from areal_cli.evaluation.config import EvalRunConfig, compose_eval, resolve_eval_model
-from areal_cli.models import ModelError
-
-
-class EvalError(Exception):
-    """Something the user must fix; the message says what."""
+from areal_cli.evaluation.config import EvalRunConfig, compose_eval
+from areal_cli.evaluation.sweep import EvalError, evaluate_model, say
+from areal_cli.models import ModelError, resolve_eval_model
 
 
 def run_eval(overrides: list[str]) -> None:
     """The `areal eval` command (exit 2 on a user error, 1 when a data-parallel worker fails)."""
     from areal_cli.evaluation.parallel import WorkerFailed
-    from areal_cli.evaluation.runner import EvalStalled
+    from areal_cli.evaluator.runner import EvalStalled
 
     try:
         _run(overrides)
@@ -52,18 +49,18 @@ def _run(overrides: list[str]) -> None:
     if head.data_parallel():
         from areal_cli.evaluation.parallel import run_data_parallel
 
-        results = run_data_parallel(overrides, cfgs, models, problems, out_dir, say=_say)
+        results = run_data_parallel(overrides, cfgs, models, problems, out_dir, say=say)
     else:
         results = []
         for name, path in models:
-            results += _evaluate_model(name, path, cfgs, problems, head.threads or os.cpu_count())
+            results += evaluate_model(name, path, cfgs, problems, head.threads or os.cpu_count())
     from areal_cli.evaluation import report
 
     run = _run_info(head, cfgs, models, time.perf_counter() - t0)
     run["splits"] = {cfg.task.name: info for cfg, (_, info) in zip(cfgs, chosen, strict=True)}
     report.write(results, out_dir, run)
     report.print_table(results)
-    _say(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval.md'} ({run['wall_s']:.0f} s)")
+    say(f"wrote {out_dir / 'eval.json'} and {out_dir / 'eval.md'} ({run['wall_s']:.0f} s)")
 
 
 def _configs(overrides: list[str]) -> list[EvalRunConfig]:
@@ -74,14 +71,14 @@ def _configs(overrides: list[str]) -> list[EvalRunConfig]:
 
 
 def _check_engine(cfg: EvalRunConfig) -> None:
-    """engine=vllm needs vLLM here, before any model loads (the message names the extra)."""
-    if cfg.engine.name == "vllm":
-        from areal_cli.rollout.engines.vllm import import_vllm
+    """What the engine imports (vLLM for engine=vllm), here, before any model loads (the message
+    names the extra)."""
+    from areal_cli.rollout.engines import spec
 
-        try:
-            import_vllm()
-        except ValueError as err:
-            raise EvalError(str(err)) from None
+    try:
+        spec(cfg.engine.name).require()
+    except ValueError as err:
+        raise EvalError(str(err)) from None
 
 
 def _check_gpus(cfg: EvalRunConfig) -> None:
@@ -132,7 +129,7 @@ def _problems(cfg: EvalRunConfig, models: list[tuple[str, Path]]) -> tuple[list,
                         f"in a run's training split: {dropped}); use another task or raise task.eval_size")
     info = {"problems": len(problems), "split": split.report.to_dict(), "dropped_in_training": dropped}
     overlap = "".join(f"; {n} in the training split of {run}, dropped" for run, n in dropped.items())
-    _say(f"{cfg.task.name}: {len(problems)} held-out problems, distinct by content from the task's training "
+    say(f"{cfg.task.name}: {len(problems)} held-out problems, distinct by content from the task's training "
          f"split ({split.report.removed_other_side} training-side and {split.report.removed_duplicates} duplicate "
          f"draws removed; {info['split']['space']['text']}){overlap}")
     return problems, info
@@ -153,47 +150,6 @@ def _trained_keys(model: str) -> set[str] | None:
         raise EvalError(f"model={model}: cannot rebuild that run's training split to check overlap: {err}") from None
 
 
-def _evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list, threads: int) -> list[dict]:
-    """One result per task (in ``cfgs`` order) of model ``name``; a task with no problems (a
-    data-parallel shard past the end of a small task) gets an empty result without generating."""
-    from transformers.utils import logging as hf_logging
-
-    from areal_cli.evaluation.runner import Evaluator
-
-    hf_logging.disable_progress_bar()
-    head = cfgs[0]
-    empty = [{"model": name, "task": cfg.task.name, "metrics": {}, "samples": [], "wall_s": 0.0,
-              "model_path": str(path)} for cfg in cfgs]
-    if not any(problems):
-        return empty
-    results = []
-    _say(f"loading {name} ({path})")
-    try:
-        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed,
-                              timeout_s=head.timeout_s)
-    except (OSError, ValueError) as err:
-        raise EvalError(f"model={name}: cannot load {path}: {err}") from None
-    with evaluator:
-        for cfg, task_problems, nothing in zip(cfgs, problems, empty, strict=True):
-            if not task_problems:
-                results.append(nothing)
-                continue
-            _say(f"{name} on {cfg.task.name}: {len(task_problems)} problems, {_passes(cfg)}")
-            result = evaluator.run(cfg.task, n_samples=cfg.n_samples, temperature=cfg.temperature,
-                                   max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, top_p=cfg.top_p,
-                                   seed=cfg.seed, problems=task_problems)
-            result.update(model=name, model_path=str(path))
-            results.append(result)
-            _say(f"  done in {result['wall_s']:.0f} s")
-    return results
-
-
-def _passes(cfg: EvalRunConfig) -> str:
-    sampled = f"{cfg.n_samples} samples at temperature {cfg.temperature}" if cfg.temperature > 0 else ""
-    greedy = "greedy" if cfg.greedy or cfg.temperature == 0 else ""
-    return " + ".join(p for p in (greedy, sampled) if p)
-
-
 def _run_info(head: EvalRunConfig, cfgs: list[EvalRunConfig], models, wall_s: float) -> dict:
     keys = ("n_samples", "temperature", "top_p", "greedy", "max_new_tokens", "size", "seed")
     info = {k: getattr(head, k) for k in keys}
@@ -202,7 +158,3 @@ def _run_info(head: EvalRunConfig, cfgs: list[EvalRunConfig], models, wall_s: fl
     info.update(models={name: str(path) for name, path in models}, wall_s=round(wall_s, 2),
                 tasks={cfg.task.name: asdict(cfg.task) for cfg in cfgs}, reward=asdict(head.reward))
     return info
-
-
-def _say(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)

@@ -8,7 +8,6 @@ import here.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from areal_cli.config.load import (
     ConfigError,
@@ -21,7 +20,8 @@ from areal_cli.config.load import (
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
-from areal_cli.models import ModelError, resolve_model
+from areal_cli.rollout.engines import ENGINES
+from areal_cli.rollout.engines import unknown as unknown_engine
 
 
 @dataclass
@@ -101,8 +101,8 @@ class EvalRunConfig:
         if self.task.eval_size and self.size > self.task.eval_size:
             problems.append(f"size={self.size} > task.eval_size={self.task.eval_size}: raise "
                             f"task.eval_size={self.size} or lower size")
-        if self.engine.name not in ("hf", "vllm"):
-            problems.append(f"engine={self.engine.name!r}: use engine=hf or engine=vllm")
+        if unknown_engine(self.engine.name):
+            problems.append(unknown_engine(self.engine.name))
         if self.workers < 0:
             problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else 1)")
         problems += self._gpu_problems()
@@ -124,7 +124,8 @@ class EvalRunConfig:
 
     def gpus_per_worker(self) -> int:
         """GPUs of one worker process: vLLM's tensor-parallel size, else 1."""
-        return max(1, self.engine.tensor_parallel_size) if self.engine.name == "vllm" else 1
+        engine = ENGINES.get(self.engine.name)
+        return max(1, self.engine.tensor_parallel_size) if engine and engine.tensor_parallel else 1
 
     def worker_count(self) -> int:
         """Data-parallel worker processes: ``workers``, else one per GPU slot, else 1."""
@@ -183,15 +184,3 @@ def _for_eval(message: str) -> str:
         presets = sorted(p.stem for p in (conf_dir() / "task").glob("*.yaml"))
         return message.split(" (see")[0] + f" (task presets: {', '.join(presets)})"
     return message
-
-
-def resolve_eval_model(name: str) -> Path:
-    """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
-    run = Path(name).expanduser()
-    if (run / "checkpoints").is_dir():
-        final = run / "checkpoints" / "final"
-        if not (final / "config.json").is_file():
-            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
-                             "point model= at a checkpoint directory inside it")
-        return final.resolve()
-    return resolve_model(name)

@@ -4,7 +4,7 @@ The problems of every task are split into ``n`` contiguous shards; worker ``k`` 
 areal_cli.evaluation.parallel <spec.json>``, CUDA_VISIBLE_DEVICES = its GPUs) composes the same
 config from the same overrides, loads the same eval split, checks that its shard holds the
 problem ids the parent gave it, evaluates every model on its shard of every task exactly as the
-single-process path does (``cli._evaluate_model``) and writes ``<out_dir>/shards/shard-<k>.json``.
+single-process path does (``sweep.evaluate_model``) and writes ``<out_dir>/shards/shard-<k>.json``.
 The parent merges the samples in problem order and computes the metrics from all of them with
 the same ``summarize``, so eval.json is what one process would have written (greedy decoding:
 the same completions, up to floating-point ties that a different batch composition can flip).
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.durable import atomic_write
-from areal_cli.evaluation.metrics import summarize
+from areal_cli.evaluator.metrics import summarize
 
 PASSES = ("greedy", "sample")
 
@@ -248,9 +248,9 @@ def merge(cfgs, models: list[tuple[str, Path]], problems: list[list], shards: li
 def worker_main(spec_path: str) -> None:
     """One shard: every model on this worker's problems of every task → the spec's ``out``."""
     from areal_cli import faults
-    from areal_cli.evaluation.cli import EvalError, _evaluate_model
     from areal_cli.evaluation.config import compose_eval
-    from areal_cli.evaluation.runner import eval_problems
+    from areal_cli.evaluation.sweep import EvalError, evaluate_model
+    from areal_cli.evaluator.runner import eval_problems
     from areal_cli.runtime import die_with_parent
 
     die_with_parent()
@@ -270,14 +270,14 @@ def worker_main(spec_path: str) -> None:
                                               zip(cfgs, mine, strict=True)), file=sys.stderr, flush=True)
     t0, results = time.perf_counter(), []
     for name, path in spec["models"]:
-        results += _evaluate_model(name, Path(path), cfgs, mine, spec["threads"])
+        results += evaluate_model(name, Path(path), cfgs, mine, spec["threads"])
     atomic_write(out, json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
                                   "results": results}))
 
 
 def _main() -> None:
-    from areal_cli.evaluation.cli import EvalError
-    from areal_cli.evaluation.runner import EvalStalled
+    from areal_cli.evaluation.sweep import EvalError
+    from areal_cli.evaluator.runner import EvalStalled
 
     try:
         worker_main(sys.argv[1])

@@ -27,7 +27,7 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
         return None
     from transformers.utils import logging as hf_logging
 
-    from areal_cli.evaluation import evaluate
+    from areal_cli.evaluator import evaluate
     from areal_cli.models import resolve_model
     from areal_cli.tasks import load_problems
 

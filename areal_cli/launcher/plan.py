@@ -145,7 +145,8 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     """The model's local directory and the lines that say where it comes from. A Hub id is fetched
     (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
     path, which every process then loads; the architecture is checked wherever config.json is here."""
-    from areal_cli.models import check_supported, hub_model, resolve_model
+    from areal_cli.architectures import check_supported
+    from areal_cli.models import hub_model, resolve_model
 
     hub = hub_model(cfg.model)
     if hub is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
+from areal_cli.launcher.preflight import UserError, preflight
 from areal_cli.launcher.slurm_layout import apply_layout, slurm_layout
 from areal_cli.launcher.slurm_script import render_sbatch
 
@@ -35,8 +36,6 @@ def build(cfg: RootConfig, python: str | None = None):
 
 
 def submit(cfg: RootConfig) -> Path:
-    from areal_cli.launcher.run import UserError, preflight
-
     try:
         plan, script, notes = build(cfg)
     except ValueError as err:

@@ -19,6 +19,7 @@ from areal_cli.config.load import load_yaml
 from areal_cli.config.schema import RootConfig, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
+from areal_cli.rollout.engines import spec
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
@@ -30,7 +31,7 @@ def build_engine(cfg: RootConfig, index: int, tokenizer):
     import torch
 
     model_path = resolve_model(cfg.model)
-    if cfg.engine.name == "vllm":
+    if spec(cfg.engine.name).loads_model:
         from areal_cli.rollout.engines.vllm import VLLMEngine
 
         return VLLMEngine(model_path, cfg, index)
@@ -105,7 +106,7 @@ class Worker:
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
     def _weight_receiver(self, ep):
-        if self.cfg.engine.name == "vllm":
+        if spec(self.cfg.engine.name).weight_transfer == "engine":
             import torch
 
             from areal_cli.transport.vllm_weights import (

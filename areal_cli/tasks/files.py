@@ -124,6 +124,6 @@ def _read_parquet(p: Path) -> list[Record]:
     try:
         import pyarrow.parquet as pq
     except ImportError as e:
-        raise ValueError("reading Parquet needs pyarrow: pip install pyarrow") from e
+        raise ValueError("reading Parquet needs pyarrow: pip install 'areal-cli[datasets]'") from e
     rows = pq.read_table(p).to_pylist()
     return [(f"{p} row {i}", rec) for i, rec in enumerate(rows)]

@@ -38,7 +38,7 @@ def _load_from_disk(path: str):
     try:
         import datasets
     except ImportError as e:
-        raise ValueError("task.source=hf_disk needs the package: pip install datasets") from e
+        raise ValueError("task.source=hf_disk needs datasets: pip install 'areal-cli[datasets]'") from e
     return datasets.load_from_disk(str(Path(path).expanduser()))
 
 

@@ -22,6 +22,7 @@ from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.schema import dtype_name, lm_head_fp32, weights_backend, wire_dtype_name
 from areal_cli.models import resolve_model
+from areal_cli.rollout.engines import spec
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
 from areal_cli.trainer.step import StepRunner
@@ -76,7 +77,7 @@ class Trainer:
 
         cfg = self.cfg
         wire = wire_dtype_name(cfg)
-        if cfg.engine.name == "vllm":  # vLLM's own NCCL weight transfer; engine ranks follow rank 0
+        if spec(cfg.engine.name).weight_transfer == "engine":  # vLLM's own NCCL transfer; its ranks follow rank 0
             from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 
             return VLLMWeightSender(ep.weights_host, ep.weights_port,
@@ -117,7 +118,7 @@ class Trainer:
         self.stop_requested = True
 
     def _resume(self) -> int:
-        from areal_cli.controller.state import latest_checkpoint
+        from areal_cli.checkpoints import latest_checkpoint
         from areal_cli.trainer import checkpoint
 
         ckpt = latest_checkpoint(Path(self.cfg.resume)) if self.cfg.resume else None
@@ -152,7 +153,7 @@ class Trainer:
         save_hf(self.model, self.model_path, path)
         out = {}
         if self.rank == 0:
-            from areal_cli.evaluation import evaluate
+            from areal_cli.evaluator import evaluate
 
             res = evaluate(path, self.cfg.task, self.cfg.reward, n_samples=1, temperature=0.0,
                            max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from areal_cli.models import check_supported
+from areal_cli.architectures import check_supported
 from benchmarks.random_model import MODELS, build
 
 

@@ -84,7 +84,7 @@ def test_a_stuck_worker_is_named_after_timeout_s(tiny_model, tmp_path):
 def test_waiting_for_scores_that_never_come_is_an_error():
     from concurrent.futures import Future
 
-    from areal_cli.evaluation.runner import EvalStalled, wait_scores
+    from areal_cli.evaluator.runner import EvalStalled, wait_scores
 
     done = Future()
     done.set_result(1)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from areal_cli.config.schema import RootConfig, dtype_name, lm_head_fp32
+from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine, Sequence
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,9 @@ log = logging.getLogger(__name__)
 
 def import_vllm():
     """vLLM or a ValueError that names the extra to install."""
-    try:
-        import vllm
-    except ImportError as err:
-        raise ValueError(f"engine=vllm needs vLLM ({err}): pip install 'areal-cli[vllm]' "
-                         "(GPU machines only), or use engine=hf") from None
+    ENGINES["vllm"].require()
+    import vllm
+
     return vllm
 
 

@@ -19,11 +19,12 @@ from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
-from areal_cli.evaluation.config import resolve_eval_model
-from areal_cli.evaluation.engine import EvalEngine, VLLMEvalEngine
-from areal_cli.evaluation.metrics import summarize
+from areal_cli.evaluator.engine import EvalEngine, VLLMEvalEngine
+from areal_cli.evaluator.metrics import summarize
+from areal_cli.models import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
+from areal_cli.rollout.engines import spec
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.tasks import Problem, build_messages, load_problems
 
@@ -71,7 +72,7 @@ class Evaluator:
         self.max_concurrent = max_concurrent
         self.model_path = str(model_path)
         self.tok = AutoTokenizer.from_pretrained(model_path)
-        if engine_cfg.name == "vllm":
+        if spec(engine_cfg.name).loads_model:  # vLLM: its own workers load the checkpoint
             self.model = None
             self.vllm = VLLMEvalEngine(model_path, engine_cfg, seed)
             return

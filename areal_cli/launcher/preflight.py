@@ -1,0 +1,81 @@
+"""Everything ``areal train`` can check before a process starts: the model, the dataset, prompt
+lengths, custom reward and workflow imports, vLLM when asked for. The local and the Slurm
+launcher both run it; every problem is reported at once, as a ``UserError``."""
+
+from __future__ import annotations
+
+from areal_cli.config.schema import RootConfig
+from areal_cli.rollout.engines import spec
+
+
+class UserError(ValueError):
+    """Bad input that the user fixes; printed without a traceback, exit code 2."""
+
+
+def preflight(cfg: RootConfig) -> None:
+    """Everything checkable before a process starts: the model and the dataset."""
+    from areal_cli.models import ModelError, resolve_model
+    from areal_cli.tasks import load_problems
+
+    problems = []
+    try:
+        resolve_model(cfg.model)
+    except ModelError as err:
+        problems.append(str(err))
+    try:
+        train = load_problems(cfg.task, "train")
+        load_problems(cfg.task, "eval")  # a held-out part too small for task.eval_size stops here
+        if not train:
+            problems.append("task: the training split is empty; raise task.size or check task.path")
+        elif not problems:
+            problems += _check_prompt_lengths(cfg, train)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        problems.append(f"task: {err}")
+    problems += _check_imports(cfg)
+    try:
+        spec(cfg.engine.name).require()
+    except ValueError as err:
+        problems.append(str(err))
+    if problems:
+        raise UserError("\n".join(f"  - {p}" for p in problems))
+
+
+def _check_imports(cfg: RootConfig) -> list[str]:
+    """A custom reward or workflow given by import path must import here, before any process starts."""
+    out = []
+    if ":" in cfg.reward.fn:
+        from areal_cli.rewards.scoring import import_custom
+
+        try:
+            import_custom(cfg.reward.fn)
+        except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
+            out.append(f"reward.fn={cfg.reward.fn}: {err}")
+    if ":" in cfg.workflow.name:
+        from areal_cli.rollout.workflows.episodes import import_workflow
+
+        try:
+            import_workflow(cfg.workflow.name)
+        except Exception as err:  # noqa: BLE001
+            out.append(str(err))
+    return out
+
+
+def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
+    """A prompt that cannot fit the model's context with max_new_tokens is a data error."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from areal_cli.models import resolve_model
+    from areal_cli.tasks import build_messages
+
+    path = resolve_model(cfg.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 1 << 30)
+    room = context - cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
+    for p in problems:
+        text = tok.apply_chat_template(build_messages(p, cfg.task), add_generation_prompt=True, tokenize=False)
+        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        if n > room:
+            return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
+                    f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "
+                    "drop or shorten such prompts, or lower rollout.max_new_tokens"]
+    return []
