@@ -122,7 +122,7 @@ def _hydra_message(err: Exception) -> str:
     return text
 
 
-def from_dictconfig(cfg) -> RootConfig:
+def from_dictconfig(cfg, check: bool = True) -> RootConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -132,7 +132,7 @@ def from_dictconfig(cfg) -> RootConfig:
         root: RootConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError([_schema_message(err)]) from None
-    problems = validate(root)
+    problems = validate(root) if check else []
     if problems:
         raise ConfigError(problems)
     return root
@@ -146,11 +146,13 @@ def _schema_message(err: Exception) -> str:
     return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
-def load_yaml(path: str | Path) -> RootConfig:
-    """Read a resolved ``config.yaml`` written by ``save_yaml``."""
+def load_yaml(path: str | Path, check: bool = True) -> RootConfig:
+    """Read a resolved ``config.yaml`` written by ``save_yaml``. ``check=False`` for a run's own
+    processes: the launcher validated it before writing it, and checking again would import what
+    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process)."""
     from omegaconf import OmegaConf
 
-    return from_dictconfig(OmegaConf.load(path))
+    return from_dictconfig(OmegaConf.load(path), check=check)
 
 
 def save_yaml(cfg: RootConfig, path: str | Path) -> None:

@@ -54,7 +54,7 @@ class Controller:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
+        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml", check=False)
         ep = load_endpoints(run_dir)
         if not cfg.launcher.port_base and cfg.launcher.name == "local":
             # bind where the OS says, then tell everyone (the local launcher starts the others

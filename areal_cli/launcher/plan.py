@@ -6,6 +6,7 @@ import datetime as _dt
 import json
 import os
 import secrets
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,9 @@ from areal_cli.durable import atomic_write
 from areal_cli.launcher.rundir import check_links
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
+
+
+PROCS_FILE = "procs.json"
 
 
 @dataclass
@@ -29,7 +33,7 @@ class Proc:
 class Plan:
     cfg: RootConfig
     run_dir: Path
-    endpoints: Endpoints
+    endpoints: Endpoints | None  # None in a plan read back by Plan.load
     devices: dict  # role → list of GPU ids ([] = CPU); "idle": GPUs of the pool no process uses
     procs: list[Proc]
     notes: dict = field(default_factory=dict)  # "model", "weights": lines printed at start and by --dry-run
@@ -48,6 +52,21 @@ class Plan:
             lines.append(f"[{p.name}] {env + ' ' if env else ''}{' '.join(p.argv)}")
         return "\n".join(lines)
 
+    def save_procs(self) -> None:
+        """The processes to start, for ``launcher/watch.py`` (the lean process that starts and
+        watches them once ``areal train`` has planned the run)."""
+        procs = [{"name": p.name, "argv": p.argv, "env": p.env} for p in self.procs]
+        atomic_write(self.run_dir / PROCS_FILE, json.dumps({"procs": procs, "devices": self.devices}, indent=1))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> Plan:
+        """The plan ``save_procs`` wrote, with the run's config.yaml (validated when written)."""
+        from areal_cli.config.load import load_yaml
+
+        saved = json.loads((run_dir / PROCS_FILE).read_text())
+        procs = [Proc(p["name"], p["argv"], p["env"]) for p in saved["procs"]]
+        return cls(load_yaml(run_dir / "config.yaml", check=False), run_dir, None, saved["devices"], procs)
+
     def write(self) -> None:
         if not self.cfg.resume and (self.run_dir / "metrics.jsonl").exists():
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
@@ -62,6 +81,8 @@ class Plan:
 
 
 def visible_gpus() -> list[int]:
+    if not (os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi")):
+        return []  # no NVIDIA driver: no GPU, and no need to import torch to learn it
     try:
         import torch
     except ImportError:

@@ -76,7 +76,7 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = load_yaml(f"{run_dir}/config.yaml")
+        self.cfg = load_yaml(f"{run_dir}/config.yaml", check=False)
         self.index = index
         self.run_dir = run_dir
         ep = load_endpoints(run_dir)

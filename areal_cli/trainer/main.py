@@ -39,7 +39,7 @@ class Trainer:
         self.name = f"trainer-{self.rank}"
         redirect_output(self.run_dir / "logs" / f"{self.name}.log")
         self.log = setup_process(self.name, run_dir)
-        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml")
+        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml", check=False)
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
