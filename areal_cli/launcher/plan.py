@@ -18,7 +18,6 @@ from areal_cli.launcher.rundir import check_links
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
 
-
 PROCS_FILE = "procs.json"
 
 
