@@ -220,6 +220,10 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
     if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):
         problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
+    if cfg.launcher.allocator not in ("auto", "tcmalloc", "jemalloc", "system"):
+        problems.append(f"launcher.allocator={cfg.launcher.allocator!r}: use auto, tcmalloc, jemalloc or system")
+    if str(cfg.weights.staged).lower() not in ("auto", "true", "false"):
+        problems.append(f"weights.staged={cfg.weights.staged!r}: use auto, true or false")
     if cfg.weights.backend not in ("auto", "nccl", "gloo"):
         problems.append(f"weights.backend={cfg.weights.backend!r}: use auto, nccl or gloo")
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:

@@ -20,7 +20,13 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import dtype_name, lm_head_fp32, weights_backend, wire_dtype_name
+from areal_cli.config.schema import (
+    dtype_name,
+    lm_head_fp32,
+    weights_backend,
+    weights_layout,
+    wire_dtype_name,
+)
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines import spec
 from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
@@ -83,12 +89,13 @@ class Trainer:
             return VLLMWeightSender(ep.weights_host, ep.weights_port,
                                     group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
                                     getattr(torch, wire), mode=cfg.engine.weight_update)
+        backend = weights_backend(cfg, self.device.type == "cuda")
+        staged, bucket_bytes = weights_layout(cfg, backend)
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
-                            1 + cfg.rollout.workers, weights_backend(cfg, self.device.type == "cuda"),
-                            self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
+                            1 + cfg.rollout.workers, backend, self.device, getattr(torch, wire), bucket_bytes,
                             # twice the heartbeat limit: a rollout worker that stopped answering is named
                             # by the controller (no heartbeat), not reported as this broadcast's timeout
-                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=cfg.weights.staged)
+                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
@@ -211,6 +218,7 @@ class Trainer:
     def _finish(self, save_final: bool) -> None:
         if save_final:
             self._doing("saving the final checkpoint")
+            self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
             save_hf(self.model, self.model_path, self.run_dir / "checkpoints" / "final")
         if self.rank == 0:
             self.hb.send("bye", text="done" if save_final else "stopped")

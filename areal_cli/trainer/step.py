@@ -122,6 +122,19 @@ class StepRunner:
         out.update(memory_stats(self.device))
         return out
 
+    def release_optimizer(self) -> None:
+        """Free the gradients and the optimizer state (no step follows) and give the memory back."""
+        import ctypes
+        import gc
+
+        self.opt.zero_grad(set_to_none=True)
+        self.opt.state.clear()
+        gc.collect()
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)  # glibc keeps freed heap pages otherwise
+        except (OSError, AttributeError):
+            pass
+
     def _contributing(self, ro: Rollouts, adv: torch.Tensor) -> torch.Tensor:
         """``[N]`` bool: the rows whose policy loss and gradient can be non-zero. With no KL or
         entropy term in the loss, a row whose every advantage is 0 has objective
