@@ -24,7 +24,7 @@ PROCS_FILE = "procs.json"
 
 @dataclass
 class Proc:
-    name: str  # "controller", "rollout-0", "trainer" (torchrun, all ranks)
+    name: str  # "controller", "rollout-0", "trainer" (torchrun and all ranks; one CPU rank without torchrun)
     argv: list[str]
     env: dict = field(default_factory=dict)  # extra environment (CUDA_VISIBLE_DEVICES, ...)
 
@@ -245,10 +245,16 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else dict(cpu_env)
     if is_loopback(cfg.launcher.host) and "GLOO_SOCKET_IFNAME" not in os.environ:
         tenv["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo transport listens on loopback too
-    procs.append(Proc("trainer", [
-        py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
-        "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}", "--rdzv-conf", "rank=0",
-        "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
+    if cfg.trainer.ranks == 1 and not devices["trainer"]:
+        # one CPU rank: nothing to rendezvous, and torchrun's agent would hold ~160 MB for the whole run;
+        # the rank makes its own single-member gloo group (no store listens on any port)
+        tenv.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", AREAL_SINGLE_RANK="1")
+        procs.append(Proc("trainer", [py, "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
+    else:
+        procs.append(Proc("trainer", [
+            py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
+            "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}",
+            "--rdzv-conf", "rank=0", "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
     return Plan(cfg, run_dir, ep, devices, procs, notes)
 
 

@@ -51,8 +51,11 @@ class Trainer:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # a rank stuck in a collective is an error after launcher.peer_timeout_s, not a hang
-        dist.init_process_group("nccl" if cuda else "gloo",
-                                timeout=datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
+        timeout = datetime.timedelta(seconds=cfg.launcher.peer_timeout_s)
+        if os.environ.get("AREAL_SINGLE_RANK") == "1":  # started without torchrun (launcher/plan.py)
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = load_endpoints(run_dir)
