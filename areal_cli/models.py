@@ -126,3 +126,16 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     if not out.exists():
         tmp.rename(out)
     return out
+
+
+def load_tokenizer(path: str | Path):
+    """The model's tokenizer. A directory with ``tokenizer.json`` loads it as a plain fast tokenizer,
+    which imports no torch (AutoTokenizer does: ~180 MB in a process that needs no model, such as
+    the controller); the chat template and special tokens are the same."""
+    if (Path(path) / "tokenizer.json").is_file():
+        from transformers import PreTrainedTokenizerFast  # importing AutoTokenizer imports torch
+
+        return PreTrainedTokenizerFast.from_pretrained(path)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)

@@ -71,11 +71,9 @@ class Controller:
         self.unexpected = 0  # well-formed frames dropped because nothing sent them legitimately
         publish_endpoints(self.run_dir, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
-        from transformers import AutoTokenizer
+        from areal_cli.models import load_tokenizer, resolve_model
 
-        from areal_cli.models import resolve_model
-
-        self.tok = AutoTokenizer.from_pretrained(resolve_model(cfg.model))
+        self.tok = load_tokenizer(resolve_model(cfg.model))
         self.cursor = Cursor(self._training_split(), cfg.seed)
         total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
         self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)

@@ -261,16 +261,25 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
 ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}
 
 
+def find_allocator(choice: str) -> tuple[str, str] | None:
+    """(name, library) of the malloc ``choice`` ("auto": tcmalloc, else jemalloc) installed here."""
+    for name in ALLOCATORS if choice == "auto" else [choice] if choice in ALLOCATORS else []:
+        lib = ctypes.util.find_library(ALLOCATORS[name][0])
+        if lib:
+            return name, lib
+    return None
+
+
 def allocator_env(choice: str) -> tuple[dict, str]:
     """The environment that gives CPU processes ``choice``'s malloc (LD_PRELOAD), and a note saying
     which. Torch on the CPU frees and reallocates gigabytes a step; glibc's malloc keeps much of it."""
     if choice == "system":
         return {}, "allocator: the system's malloc (launcher.allocator=system)"
-    for name in ALLOCATORS if choice == "auto" else [choice]:
-        lib = ctypes.util.find_library(ALLOCATORS[name][0])
-        if lib:
-            preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")]))
-            return {"LD_PRELOAD": preload}, f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU"
+    found = find_allocator(choice)
+    if found:
+        name, lib = found
+        preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")]))
+        return {"LD_PRELOAD": preload}, f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU"
     if choice != "auto":
         raise ValueError(f"launcher.allocator={choice}: lib{ALLOCATORS[choice][0]} is not installed: "
                          f"apt-get install {ALLOCATORS[choice][1]}, or use launcher.allocator=auto")
