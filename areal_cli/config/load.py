@@ -220,6 +220,8 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
     if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):
         problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
+    if cfg.trainer.optim_state not in ("auto", "float32", "bfloat16"):
+        problems.append(f"trainer.optim_state={cfg.trainer.optim_state!r}: use auto, float32 or bfloat16")
     if cfg.launcher.allocator not in ("auto", "tcmalloc", "jemalloc", "system"):
         problems.append(f"launcher.allocator={cfg.launcher.allocator!r}: use auto, tcmalloc, jemalloc or system")
     if str(cfg.weights.staged).lower() not in ("auto", "true", "false"):
