@@ -23,7 +23,7 @@ import zmq
 from areal_cli.config.load import load_yaml
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
-from areal_cli.controller.liveness import ProgressWatch
+from areal_cli.controller.liveness import ProgressWatch, culprits
 from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.runtime import load_endpoints, run_main, setup_process
@@ -87,6 +87,7 @@ class Controller:
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}
+        self.loaded: dict[str, int] = {}  # rollout → the weight version it last reported loaded
         self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
         self.rec = StepRecorder(self.run_dir, cfg)
         self.last_batch = None  # (step, groups, entries) of the batch sent last
@@ -285,6 +286,7 @@ class Controller:
         if msg.kind == "checkpoint":  # written on a stop signal, between steps
             self._finish_checkpoint(msg.version)
         if msg.kind == "weights_loaded":
+            self.loaded[msg.sender] = msg.version
             self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
         if msg.kind == "bye":
             self.done = True
@@ -331,8 +333,9 @@ class Controller:
         if stalled:
             raise PeerStalled("; ".join(
                 f"{peer} made no progress for {idle:.0f}s while it had work (launcher.progress_timeout_s="
-                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'} (see logs/{peer}.log "
-                "for its stack)" for peer, idle in stalled))
+                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log "
+                "for its stack)" for peer, idle, why in culprits(
+                    stalled, self.watch, self.doing, self.loaded, self.peers, self.adm.version, now)))
 
 
 def main() -> None:
