@@ -20,7 +20,7 @@ def preset(name: str) -> TaskConfig:
     )
 
 
-def test_default_task_is_two_or_three_one_digit_terms_plus_minus():
+def test_default_task_is_two_terms_of_one_or_two_digits_plus_minus():
     cfg = preset("basic_arithmetic")
     cfg.size, cfg.eval_size = 200, 20
     train, ev = load_problems(cfg, "train"), load_problems(cfg, "eval")
@@ -30,10 +30,12 @@ def test_default_task_is_two_or_three_one_digit_terms_plus_minus():
         expression = p.meta["rg_entry"]["metadata"]["expression"]
         assert "*" not in expression and "/" not in expression
         terms = [t for t in expression.split() if t.isdigit()]
-        assert len(terms) in (2, 3) and all(int(t) <= 10 for t in terms)  # reasoning-gym: 1 digit = 0..10
+        assert len(terms) == 2 and all(int(t) <= 100 for t in terms)  # reasoning-gym: 2 digits = 0..100
         assert "(" not in expression and not any(t.startswith("-") and t != "-" for t in expression.split())
         assert p.prompt.endswith("'Answer: <number>'.")
         assert p.answer == str(eval(expression))  # the reference is the expression's value
+    assert any(int(t) > 10 for p in train for t in p.meta["rg_entry"]["metadata"]["expression"].split()
+               if t.isdigit())  # both sizes are drawn
     assert [p.prompt for p in train[:20]] != [p.prompt for p in ev]  # eval uses another seed
     assert load_problems(cfg, "train") == train  # same seed, same problems
     json.dumps([p.to_dict() for p in train])  # meta crosses the wire

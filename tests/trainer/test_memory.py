@@ -12,13 +12,13 @@ from pathlib import Path
 
 from areal_cli.launcher.plan import allocator_env, find_allocator
 
-PEAK_RSS_BOUND_GB = {"tcmalloc": 3.2, "jemalloc": 3.2, "system": 4.5}
+PEAK_RSS_BOUND_GB = {"tcmalloc": 2.7, "jemalloc": 2.7, "system": 4.0}
 """Measured on the 2-core CPU with the default config: 8.0 GiB before the output layer ran in
 chunks, zero-advantage rows were skipped, one CPU rank stopped using FSDP and activation
 checkpointing took effect (it is on by default); 3.3–3.5 GiB after with glibc's malloc (5.3–5.4 GiB
 with trainer.activation_checkpointing=false); 2.7–2.8 GiB on tcmalloc, which the launcher gives the
 trainer when it is installed (launcher.allocator); 2.2 GiB on tcmalloc with AdamW's moments in
-bfloat16 (trainer.optim_state=bfloat16; float32 is the default)."""
+bfloat16 (trainer.optim_state=auto, the default, gives bfloat16 on the CPU)."""
 
 SCRIPT = """
 import json, sys
