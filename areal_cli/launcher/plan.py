@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import secrets
 import sys
@@ -12,10 +11,10 @@ from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.schema import RootConfig, weights_backend
-from areal_cli.durable import atomic_write
 from areal_cli.launcher.rundir import check_links
+from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import make_keys
-from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
+from areal_cli.transport.channels import check_ports, free_ports, is_loopback
 
 
 @dataclass
@@ -29,7 +28,6 @@ class Proc:
 class Plan:
     cfg: RootConfig
     run_dir: Path
-    endpoints: Endpoints
     devices: dict  # role → list of GPU ids ([] = CPU); "idle": GPUs of the pool no process uses
     procs: list[Proc]
     notes: dict = field(default_factory=dict)  # "model", "weights": lines printed at start and by --dry-run
@@ -49,16 +47,18 @@ class Plan:
         return "\n".join(lines)
 
     def write(self) -> None:
-        if not self.cfg.resume and (self.run_dir / "metrics.jsonl").exists():
+        """The run directory's config, keys and logs/ (the controller publishes endpoints.json)."""
+        rd = RunDir(self.run_dir)
+        if not self.cfg.resume and rd.metrics.exists():
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
                              f"resume={self.run_dir} or choose another run_dir")
         links = check_links(self.run_dir)
         if links:
             raise ValueError("\n  - ".join(links))
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        rd.logs.mkdir(parents=True, exist_ok=True)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
-        save_yaml(self.cfg, self.run_dir / "config.yaml")
-        atomic_write(self.run_dir / "endpoints.json", json.dumps(self.endpoints.to_dict(), indent=1))
+        save_yaml(self.cfg, rd.config)
+        rd.endpoints.unlink(missing_ok=True)  # an earlier start's addresses: never read by this one
 
 
 def visible_gpus() -> list[int]:
@@ -203,8 +203,9 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     # what --dry-run shows
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
     cfg.run_dir = str(run_dir)
-    try:
-        ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
+    try:  # the ports the controller (and torchrun) will bind: in use → exit 2 before anything starts
+        if cfg.launcher.port_base:
+            check_ports(cfg.launcher.host, list(range(cfg.launcher.port_base, cfg.launcher.port_base + 6)))
     except OSError as err:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
@@ -225,7 +226,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
         py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
         "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}", "--rdzv-conf", "rank=0",
         "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
-    return Plan(cfg, run_dir, ep, devices, procs, notes)
+    return Plan(cfg, run_dir, devices, procs, notes)
 
 
 def child_env(extra: dict) -> dict:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.preflight import UserError, preflight
+from areal_cli.rundir import RunDir
 
 RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.", "logging.")
 
@@ -19,7 +20,7 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
 
     from areal_cli.config.load import ConfigError, load_yaml
 
-    path = Path(resume) / "config.yaml"
+    path = RunDir(resume).config
     if not path.is_file():
         raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an earlier run")
     cfg = load_yaml(path)
@@ -71,7 +72,7 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
         lock = RunLock(plan.run_dir)
     except (ValueError, UserError) as err:
         if fresh:
-            Path(cfg.run_dir, "run.lock").unlink(missing_ok=True)
+            RunDir(cfg.run_dir).lock.unlink(missing_ok=True)
             Path(cfg.run_dir).rmdir()  # nothing started: leave no empty run directory behind
         raise err if isinstance(err, UserError) else UserError(f"  - {err}") from None
     try:
@@ -150,7 +151,7 @@ def summarize(run_dir: Path) -> None:
     from areal_cli.durable import TornFile, read_jsonl
 
     try:
-        rows, _ = read_jsonl(run_dir / "metrics.jsonl")
+        rows, _ = read_jsonl(RunDir(run_dir).metrics)
     except TornFile as err:
         print(f"areal: {err}", file=sys.stderr)
         return
