@@ -19,7 +19,8 @@ is the whole on-disk contract:
 | ``trajectories.jsonl`` | controller | one object per trained sample |
 | ``weight_updates.jsonl`` | controller | per rollout worker and update: pause and load times |
 | ``tracking.json`` | controller | the experiment trackers' run ids (resume continues them) |
-| ``mlruns/`` | controller | MLflow's local store, when no ``logging.mlflow_uri`` is given |
+| ``tensorboard/``, ``wandb/``, ``mlruns/`` | controller | the experiment trackers' local files (``logging.backends``) |
+| ``plot.png`` | ``areal plot`` | the default output of ``areal plot <run_dir> ...`` |
 | ``checkpoints/step_<v>.partial/`` | trainer ranks, then controller | a checkpoint being written |
 | ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v |
 | ``checkpoints/final/`` | trainer rank 0 | Hugging Face checkpoint of the trained model |
@@ -51,7 +52,10 @@ class RunDir:
     pids = property(lambda self: self.root / "pids.json", doc="pids of the local launcher's processes")
     sbatch = property(lambda self: self.root / "job.sbatch", doc="the submitted Slurm script")
     slurm_job_id = property(lambda self: self.root / "slurm_job_id", doc="the Slurm job id")
+    tensorboard = property(lambda self: self.root / "tensorboard", doc="TensorBoard event files")
+    wandb = property(lambda self: self.root / "wandb", doc="W&B's local files (offline mode)")
     mlruns = property(lambda self: self.root / "mlruns", doc="MLflow's local store")
+    plot = property(lambda self: self.root / "plot.png", doc="areal plot's default output")
     splits = property(lambda self: self.root / "splits.json", doc="the train/eval split report")
     metrics = property(lambda self: self.root / "metrics.jsonl", doc="one row per step")
     trajectories = property(lambda self: self.root / "trajectories.jsonl", doc="one row per trained sample")

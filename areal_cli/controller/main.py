@@ -296,7 +296,7 @@ class Controller:
             if self.trainer_ready or self.last_batch is None or self.last_batch[0] != msg.version - 1:
                 return "no batch of that step is being trained"
         if isinstance(msg, (WeightsReady, CheckpointWritten)) and msg.version not in (self.step - 1, self.step):
-            # weights_ready: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
+            # WeightsReady: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
         return ""
 

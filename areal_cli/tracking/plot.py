@@ -96,7 +96,7 @@ def plot_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     runs = [load_run(Path(d)) for d in run_dirs]
-    out = Path(out) if out else Path(run_dirs[0]) / "plot.png"
+    out = Path(out) if out else RunDir(run_dirs[0]).plot
     fig = make_figure(runs)
     fig.savefig(out, dpi=100)
     plt.close(fig)

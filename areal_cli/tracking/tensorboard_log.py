@@ -6,9 +6,8 @@ replace it, in the same run (directory)."""
 
 from __future__ import annotations
 
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import SAMPLE_COLUMNS, RunInfo, Tracker
-
-DIR = "tensorboard"
 
 
 class TensorBoardTracker(Tracker):
@@ -18,12 +17,13 @@ class TensorBoardTracker(Tracker):
     def start(self, info: RunInfo) -> dict:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.where = f"{info.run_dir / DIR} (tensorboard --logdir {info.run_dir / DIR})"
-        self.w = SummaryWriter(log_dir=str(info.run_dir / DIR), purge_step=info.resume_step, flush_secs=10)
+        log_dir = RunDir(info.run_dir).tensorboard
+        self.where = f"{log_dir} (tensorboard --logdir {log_dir})"
+        self.w = SummaryWriter(log_dir=str(log_dir), purge_step=info.resume_step, flush_secs=10)
         if not info.state:  # a new run: its config, once
             self._hparams(info.hparams)
             self.w.add_text("config", f"```\n{info.config_yaml}\n```", 0)
-        return {"log_dir": DIR}
+        return {"log_dir": log_dir.name}
 
     def _hparams(self, hparams: dict) -> None:
         from torch.utils.tensorboard.summary import hparams as hparams_summary
