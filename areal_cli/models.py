@@ -127,3 +127,4 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     if not out.exists():
         tmp.rename(out)
     return out
+

@@ -123,7 +123,7 @@ def _hydra_message(err: Exception) -> str:
     return text
 
 
-def from_dictconfig(cfg) -> RootConfig:
+def from_dictconfig(cfg, check: bool = True) -> RootConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -133,7 +133,7 @@ def from_dictconfig(cfg) -> RootConfig:
         root: RootConfig = OmegaConf.to_object(merged)
     except OmegaConfBaseException as err:
         raise ConfigError([_schema_message(err)]) from None
-    problems = validate(root)
+    problems = validate(root) if check else []
     if problems:
         raise ConfigError(problems)
     return root
@@ -147,11 +147,13 @@ def _schema_message(err: Exception) -> str:
     return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
-def load_yaml(path: str | Path) -> RootConfig:
-    """Read a resolved ``config.yaml`` written by ``save_yaml``."""
+def load_yaml(path: str | Path, check: bool = True) -> RootConfig:
+    """Read a resolved ``config.yaml`` written by ``save_yaml``. ``check=False`` for a run's own
+    processes: the launcher validated it before writing it, and checking again would import what
+    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process)."""
     from omegaconf import OmegaConf
 
-    return from_dictconfig(OmegaConf.load(path))
+    return from_dictconfig(OmegaConf.load(path), check=check)
 
 
 def save_yaml(cfg: RootConfig, path: str | Path) -> None:
@@ -219,6 +221,12 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
     if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):
         problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
+    if cfg.trainer.optim_state not in ("auto", "float32", "bfloat16"):
+        problems.append(f"trainer.optim_state={cfg.trainer.optim_state!r}: use auto, float32 or bfloat16")
+    if cfg.launcher.allocator not in ("auto", "tcmalloc", "jemalloc", "system"):
+        problems.append(f"launcher.allocator={cfg.launcher.allocator!r}: use auto, tcmalloc, jemalloc or system")
+    if str(cfg.weights.staged).lower() not in ("auto", "true", "false"):
+        problems.append(f"weights.staged={cfg.weights.staged!r}: use auto, true or false")
     if cfg.weights.backend not in ("auto", "nccl", "gloo"):
         problems.append(f"weights.backend={cfg.weights.backend!r}: use auto, nccl or gloo")
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:

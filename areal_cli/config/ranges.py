@@ -89,7 +89,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": COUNT,
         "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
     },
-    "WeightsConfig": {"bucket_mb": COUNT},
+    "WeightsConfig": {"bucket_mb": at_least(0, "0 = 1024 with NCCL, 32 with gloo")},
     "LauncherConfig": {
         "port_base": Range(0, 65535 - 6, note="0 = free ports; the run uses 7 from it"),
         "heartbeat_s": TIMEOUT, "peer_timeout_s": TIMEOUT, "startup_timeout_s": TIMEOUT,

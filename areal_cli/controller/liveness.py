@@ -47,3 +47,22 @@ class ProgressWatch:
             return []
         return [(name, now - p.since) for name, p in sorted(self.peers.items())
                 if p.busy and now - p.since > self.deadline_s]
+
+
+def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, doing: dict[str, str],
+             loaded: dict[str, int], peers: set[str], version: int, now: float) -> list[tuple[str, float, str]]:
+    """(peer, idle seconds, why) of the processes to name for ``stalled``. A trainer stuck sending
+    the weights of ``version`` waits in a collective for the rollout workers that have neither
+    loaded them nor begun to receive them: those are named instead of it."""
+    out = [(peer, idle, "") for peer, idle in stalled]
+    if "trainer-0" not in dict(stalled) or not doing.get("trainer-0", "").startswith("sending weights"):
+        return out
+    waited = sorted(r for r in peers - {"trainer-0"}
+                    if loaded.get(r, -1) < version and not doing.get(r, "").startswith("receiving weights"))
+    if not waited:
+        return out
+    note = f"; trainer-0 waits for it to join the weight update of version {version}"
+    named = {peer for peer, _, _ in out}
+    out = [o for o in out if o[0] != "trainer-0"]
+    out += [(r, now - watch.peers[r].since if r in watch.peers else 0.0, note) for r in waited if r not in named]
+    return sorted(out)

@@ -23,7 +23,7 @@ import zmq
 from areal_cli.config.load import load_yaml
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
-from areal_cli.controller.liveness import ProgressWatch
+from areal_cli.controller.liveness import ProgressWatch, culprits
 from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
@@ -88,7 +88,7 @@ class Controller:
         self.run_dir = Path(run_dir)
         self.rd = RunDir(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = load_yaml(self.rd.config)
+        self.cfg = cfg = load_yaml(self.rd.config, check=False)
         ep = planned_endpoints(cfg, self.rd)
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals
@@ -117,6 +117,7 @@ class Controller:
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}
+        self.loaded: dict[str, int] = {}  # rollout → the weight version it last reported loaded
         self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
         self.rec = StepRecorder(self.run_dir, cfg)
         self.last_batch = None  # (step, groups, entries) of the batch sent last
@@ -329,6 +330,7 @@ class Controller:
         self._finish_checkpoint(msg.version)
 
     def _on_weights_loaded(self, msg: WeightsLoaded) -> None:
+        self.loaded[msg.sender] = msg.version  # culprits(): who a trainer stuck sending weights waits for
         self.rec.on_weights_loaded(msg.sender, msg.version, msg.timings)
 
     def _on_bye(self, msg: Bye) -> None:
@@ -362,8 +364,9 @@ class Controller:
         if stalled:
             raise PeerStalled("; ".join(
                 f"{peer} made no progress for {idle:.0f}s while it had work (launcher.progress_timeout_s="
-                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'} (see logs/{peer}.log "
-                "for its stack)" for peer, idle in stalled))
+                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log "
+                "for its stack)" for peer, idle, why in culprits(
+                    stalled, self.watch, self.doing, self.loaded, self.peers, self.adm.version, now)))
 
 
 def main() -> None:

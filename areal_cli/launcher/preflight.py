@@ -4,7 +4,7 @@ launcher both run it; every problem is reported at once, as a ``UserError``."""
 
 from __future__ import annotations
 
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import RootConfig, kv_cache_tokens_needed
 from areal_cli.rollout.engines import spec
 
 
@@ -61,7 +61,8 @@ def _check_imports(cfg: RootConfig) -> list[str]:
 
 
 def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
-    """A prompt that cannot fit the model's context with max_new_tokens is a data error."""
+    """A prompt that cannot fit the model's context with max_new_tokens is a data error. The
+    longest prompt sizes the KV cache when engine.kv_cache_tokens is 0."""
     from transformers import AutoConfig
 
     from areal_cli.models import resolve_model
@@ -71,10 +72,14 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     tok = load_tokenizer(path)
     context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 1 << 30)
     room = context - cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
+    longest = 0
     for p in problems:
         n = len(prompt_ids(tok, p, cfg.task))
         if n > room:
             return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
                     f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "
                     "drop or shorten such prompts, or lower rollout.max_new_tokens"]
+        longest = max(longest, n)
+    if not cfg.engine.kv_cache_tokens:  # "what the run needs", written into config.yaml
+        cfg.engine.kv_cache_tokens = kv_cache_tokens_needed(cfg, longest)
     return []

@@ -50,7 +50,11 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
     return cfg
 
 
-def train(cfg: RootConfig, quiet: bool = False) -> Path:
+def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
+    """Plan, check and run. ``lean`` (``areal train``): once the run is planned and checked, this
+    process replaces itself (exec) with ``launcher/watch.py``, which starts and watches the run
+    without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
+    would otherwise stay resident for the whole run)."""
     from areal_cli.launcher.plan import make_plan
     from areal_cli.launcher.rundir import RunLock, new_run_dir
 
@@ -66,7 +70,7 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
         if cfg.dry_run:
             print(plan.describe())
             return plan.run_dir
-        print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths") for line in plan.notes[k][:2]),
+        print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths", "memory") for line in plan.notes.get(k, [])[:2]),
               flush=True)
         preflight(cfg)
         lock = RunLock(plan.run_dir)
@@ -80,12 +84,25 @@ def train(cfg: RootConfig, quiet: bool = False) -> Path:
             plan.write()
         except ValueError as err:
             raise UserError(f"  - {err}") from None
-        return _run(plan, cfg, quiet, lock)
+        if lean:
+            _exec_watcher(plan, quiet, lock)
+        return start_and_watch(plan, cfg, quiet, lock)
     finally:
         lock.release()
 
 
-def _run(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
+def _exec_watcher(plan, quiet: bool, lock) -> None:
+    import os
+
+    plan.save_procs()
+    os.set_inheritable(lock.fd, True)  # the watcher holds the run's lock from here on
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = [sys.executable, "-m", "areal_cli.launcher.watch", str(plan.run_dir), "--lock-fd", str(lock.fd)]
+    os.execv(sys.executable, argv + (["--quiet"] if quiet else []))
+
+
+def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
     from areal_cli.launcher.local import LocalLauncher, RunFailed
     from areal_cli.launcher.progress import Progress
 

@@ -58,6 +58,15 @@ class RunLock:
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 
+    @classmethod
+    def adopt(cls, run_dir: str | Path, fd: int) -> RunLock:
+        """The lock a process that exec'ed into this one holds on descriptor ``fd``."""
+        lock = cls.__new__(cls)
+        lock.path, lock.fd = RunDir(run_dir).lock, fd
+        os.set_inheritable(fd, False)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return lock
+
     def release(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)  # closing the last descriptor drops the flock

@@ -16,7 +16,13 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import RootConfig, weights_backend, wire_dtype_name
+from areal_cli.config.schema import (
+    RootConfig,
+    weights_backend,
+    weights_layout,
+    wire_dtype_name,
+    worker_concurrency,
+)
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines import spec
@@ -43,8 +49,10 @@ def build_engine(cfg: RootConfig, index: int, tokenizer):
     device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
     context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
                   ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
+    # areal train resolves engine.kv_cache_tokens from the longest prompt; the estimate is for a
+    # worker started some other way
     kv = cfg.engine.kv_cache_tokens or concurrency(cfg) * cfg.rollout.group_size * context
-    if not cfg.engine.kv_cache_tokens and device.type == "cuda":
+    if device.type == "cuda":
         kv = min(kv, kv_tokens_that_fit(model_path, device, engine_dtype(cfg.engine.dtype, device),
                                         cfg.engine.gpu_memory_utilization))
     return HFEngine(model_path, device, engine_dtype(cfg.engine.dtype, device),
@@ -71,15 +79,14 @@ def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
 
 def concurrency(cfg: RootConfig) -> int:
     """Prompt groups one worker generates at once."""
-    total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
-    return max(1, -(-total // cfg.rollout.workers))
+    return worker_concurrency(cfg)
 
 
 class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = load_yaml(RunDir(run_dir).config)
+        self.cfg = load_yaml(RunDir(run_dir).config, check=False)
         self.index = index
         self.run_dir = run_dir
         ep = Endpoints.load(run_dir)
@@ -133,7 +140,7 @@ class Worker:
         backend = weights_backend(self.cfg, self.engine.model.device.type == "cuda")
         wire = self.engine.model.dtype if self.cfg.weights.dtype == "auto" else getattr(torch, self.cfg.weights.dtype)
         return WeightReceiver(self.engine.model, ep.weights_host, ep.weights_port, 1 + self.index,
-                              1 + self.cfg.rollout.workers, backend, wire, self.cfg.weights.bucket_mb << 20,
+                              1 + self.cfg.rollout.workers, backend, wire, weights_layout(self.cfg, backend)[1],
                               timeout_s=self.cfg.launcher.peer_timeout_s)
 
     def _on_signal(self, signum, _frame) -> None:

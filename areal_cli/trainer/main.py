@@ -20,7 +20,13 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import dtype_name, lm_head_fp32, weights_backend, wire_dtype_name
+from areal_cli.config.schema import (
+    dtype_name,
+    lm_head_fp32,
+    weights_backend,
+    weights_layout,
+    wire_dtype_name,
+)
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines import spec
 from areal_cli.rundir import RunDir
@@ -49,14 +55,17 @@ class Trainer:
         self.name = f"trainer-{self.rank}"
         redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
-        self.cfg = cfg = load_yaml(self.rd.config)
+        self.cfg = cfg = load_yaml(self.rd.config, check=False)
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # a rank stuck in a collective is an error after launcher.peer_timeout_s, not a hang
-        dist.init_process_group("nccl" if cuda else "gloo",
-                                timeout=datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
+        timeout = datetime.timedelta(seconds=cfg.launcher.peer_timeout_s)
+        if os.environ.get("AREAL_SINGLE_RANK") == "1":  # started without torchrun (launcher/plan.py)
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        else:
+            dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = Endpoints.load(run_dir)
@@ -94,12 +103,13 @@ class Trainer:
             return VLLMWeightSender(ep.weights_host, ep.weights_port,
                                     group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
                                     getattr(torch, wire), mode=cfg.engine.weight_update)
+        backend = weights_backend(cfg, self.device.type == "cuda")
+        staged, bucket_bytes = weights_layout(cfg, backend)
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
-                            1 + cfg.rollout.workers, weights_backend(cfg, self.device.type == "cuda"),
-                            self.device, getattr(torch, wire), cfg.weights.bucket_mb << 20,
+                            1 + cfg.rollout.workers, backend, self.device, getattr(torch, wire), bucket_bytes,
                             # twice the heartbeat limit: a rollout worker that stopped answering is named
                             # by the controller (no heartbeat), not reported as this broadcast's timeout
-                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=cfg.weights.staged)
+                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
@@ -224,6 +234,7 @@ class Trainer:
     def _finish(self, save_final: bool) -> None:
         if save_final:
             self._doing("saving the final checkpoint")
+            self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
             save_hf(self.model, self.model_path, self.rd.final)
         if self.rank == 0:
             self.status.send(Bye(self.name, finished=save_final))

@@ -90,8 +90,10 @@ def save_hf(model, tokenizer_src: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = model.config
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(sd, strict=False)
+    with torch.device("meta"):  # no second copy of the weights: the plain model takes sd's tensors
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(sd, strict=False, assign=True)
+    plain.tie_weights()
     plain.generation_config = model.generation_config
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

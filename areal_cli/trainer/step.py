@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import RootConfig, optim_state_dtype
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
     Rollouts,
@@ -51,8 +51,14 @@ class StepRunner:
         t = cfg.trainer
         # fused: one pass over each tensor (the foreach AdamW took ~8 s of CPU per step for 135M
         # parameters on the 2-core CPU, fused ~1 s); the same update
-        self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
-                                     betas=(0.9, 0.999), eps=1e-8, fused=True)
+        if optim_state_dtype(t.optim_state, device) == "bfloat16":
+            from areal_cli.trainer.optim import AdamWBF16State
+
+            self.opt = AdamWBF16State(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+                                      betas=(0.9, 0.999), eps=1e-8, seed=cfg.seed)
+        else:
+            self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+                                         betas=(0.9, 0.999), eps=1e-8, fused=True)
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.packing = t.packing
@@ -121,6 +127,20 @@ class StepRunner:
         out.update(self.mfu.stats(ro, keep, elapsed, cfg.algorithm.ppo_epochs))
         out.update(memory_stats(self.device))
         return out
+
+    def release_optimizer(self) -> None:
+        """Free the gradients and the optimizer state (no step follows) and give the memory back."""
+        import ctypes
+        import gc
+
+        self.opt.zero_grad(set_to_none=True)
+        self.opt.state.clear()
+        gc.collect()
+        libc = ctypes.CDLL(None)
+        for release, args in (("MallocExtension_ReleaseFreeMemory", ()), ("malloc_trim", (0,))):
+            if hasattr(libc, release):  # tcmalloc (launcher.allocator) first; glibc keeps freed pages too
+                getattr(libc, release)(*args)
+                break
 
     def _contributing(self, ro: Rollouts, adv: torch.Tensor) -> torch.Tensor:
         """``[N]`` bool: the rows whose policy loss and gradient can be non-zero. With no KL or

@@ -227,8 +227,9 @@ class WeightSender:
 
 
 class WeightReceiver:
-    """A rollout worker's end: receives every bucket into a buffer of its own and copies each
-    into the model in place as soon as it has arrived, while the next one is on the wire."""
+    """A rollout worker's end: receives the buckets into two buffers in turn and copies each into
+    the model in place as soon as it has arrived, while the next one is on the wire (so a worker
+    holds two buckets, never a second copy of the model)."""
 
     def __init__(self, model: torch.nn.Module, host, port, rank, world_size, backend, wire_dtype,
                  bucket_bytes, timeout_s=600.0):
@@ -238,22 +239,28 @@ class WeightReceiver:
         buffer_device = self.device if backend == "nccl" else torch.device("cpu")
         specs = param_specs(model)
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
-        self.flats = [torch.empty(sum(s.numel for s in b), dtype=wire_dtype, device=buffer_device)
-                      for b in self.buckets]
-        self.views = [_views(f, b) for f, b in zip(self.flats, self.buckets, strict=True)]
+        self.sizes = [sum(s.numel for s in b) for b in self.buckets]
+        self.slots = [torch.empty(max(self.sizes), dtype=wire_dtype, device=buffer_device)
+                      for _ in range(min(2, len(self.buckets)))]
         self.targets = [[self.params[s.name] for s in b] for b in self.buckets]
         self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s)
+
+    def _flat(self, k: int) -> torch.Tensor:
+        return self.slots[k % len(self.slots)][:self.sizes[k]]
 
     @torch.no_grad()
     def receive(self) -> dict:
         t0, load = time.perf_counter(), 0.0
         _sync(self.device)  # nothing queued may still read the old weights
-        works = [_broadcast(self.pg, flat) for flat in self.flats]
-        for work, views, targets in zip(works, self.views, self.targets, strict=True):
-            work.wait()
+        n = len(self.buckets)
+        works = {k: _broadcast(self.pg, self._flat(k)) for k in range(len(self.slots))}
+        for k in range(n):
+            works.pop(k).wait()
             l0 = time.perf_counter()
-            _copy(targets, views)
+            _copy(self.targets[k], _views(self._flat(k), self.buckets[k]))
             load += time.perf_counter() - l0
+            if k + len(self.slots) < n:  # this slot is free again: the bucket after next goes into it
+                works[k + len(self.slots)] = _broadcast(self.pg, self._flat(k + len(self.slots)))
         _sync(self.device)  # NCCL waits only order the stream: the times cover the finished copies
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from areal_cli.controller.liveness import ProgressWatch
+from areal_cli.controller.liveness import ProgressWatch, culprits
 from areal_cli.controller.records import zero_nonfinite_rewards
 from areal_cli.transport.messages import GroupResult, Sample
 
@@ -47,3 +47,28 @@ def test_non_finite_rewards_are_scored_zero_and_marked():
     g = GroupResult(0, "p", 0, [_sample(float("nan")), _sample(1.0), _sample(float("-inf"))], 0.1, 4)
     assert zero_nonfinite_rewards(g) == 2
     assert [(s.reward, s.reward_status) for s in g.samples] == [(0.0, "nonfinite"), (1.0, "ok"), (0.0, "nonfinite")]
+
+
+def test_a_trainer_stuck_sending_weights_names_the_worker_that_never_joined():
+    """The trainer waits in the broadcast for a worker whose main loop is frozen: the worker is the
+    culprit. A worker already receiving is in the collective too, so then the trainer stays named."""
+    watch = ProgressWatch(8)
+    watch.update("rollout-0", 0.0, progress=5, busy=True)
+    watch.update("rollout-1", 0.0, progress=9, busy=True)
+    watch.update("trainer-0", 1.0, busy=True)
+    peers = {"trainer-0", "rollout-0", "rollout-1"}
+    stalled = watch.stalled(10.0)
+    assert [p for p, _ in stalled] == ["rollout-0", "rollout-1", "trainer-0"]
+    doing = {"trainer-0": "sending weights of version 2", "rollout-0": "generating (4 groups, version 1)",
+             "rollout-1": "generating (4 groups, version 1)"}
+    named = culprits([("trainer-0", 9.0)], watch, doing, {"rollout-1": 2}, peers, 2, 10.0)
+    assert [(p, why) for p, _, why in named] == [
+        ("rollout-0", "; trainer-0 waits for it to join the weight update of version 2")]
+    assert named[0][1] == 10.0
+    doing["rollout-0"] = "receiving weights of version 2 from trainer rank 0"
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {}, peers, 2, 10.0)] == [
+        "rollout-1"]
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {"rollout-1": 2}, peers, 2,
+                                      10.0)] == ["trainer-0"]
+    doing["trainer-0"] = "training step 3"
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {}, peers, 2, 10.0)] == ["trainer-0"]
