@@ -130,6 +130,7 @@ def test_every_status_message_has_a_handler_and_acts(ctl):
     rollout.send(WeightsLoaded("rollout-0", 1, {"pause_total_s": 0.25}))
     pump(ctl, lambda: ctl.rec.pauses)
     assert ctl.rec.pauses == [0.25] and '"pause_total_s": 0.25' in (ctl.run_dir / "weight_updates.jsonl").read_text()
+    assert ctl.loaded == {"rollout-0": 1}  # what culprits() reads when the trainer hangs sending weights
     assert not ctl.done
     trainer.send(Bye("trainer-0", finished=True))
     pump(ctl, lambda: ctl.done)
