@@ -119,7 +119,7 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
         launcher.stop()
         print(f"areal: {err.name} failed to start (exit code {err.code}):\n{err.tail}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"run_dir: {plan.run_dir}  (logs in {plan.run_dir / 'logs'})", flush=True)
+    print(f"run_dir: {plan.run_dir}  (logs in {RunDir(plan.run_dir).logs})", flush=True)
     progress = None if quiet else Progress(plan.run_dir, cfg.trainer.steps)
     try:
         while True:
@@ -138,7 +138,7 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
                     progress.close()
                     progress = None
                 print(f"\nareal: {err.name} failed (exit code {err.code}); every process was stopped.\n"
-                      f"last lines of its log:\n{err.tail}\n(full logs: {plan.run_dir / 'logs'})",
+                      f"last lines of its log:\n{err.tail}\n(full logs: {RunDir(plan.run_dir).logs})",
                       file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
             if progress:
@@ -178,7 +178,7 @@ def summarize(run_dir: Path) -> None:
     first = sum(r.get("reward_mean", 0.0) for r in rows[:q]) / q
     last = sum(r.get("reward_mean", 0.0) for r in rows[-q:]) / q
     print(f"done: {len(rows)} steps in {rows[-1].get('wall_time_s', 0.0):.0f}s; mean reward first quarter "
-          f"{first:.3f} → last quarter {last:.3f}; checkpoint {run_dir / 'checkpoints' / 'final'}")
+          f"{first:.3f} → last quarter {last:.3f}; checkpoint {RunDir(run_dir).final}")
     gap = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if r.get("fresh_tokens")]
     if gap:
         tokens = sum(n for _, n in gap)
