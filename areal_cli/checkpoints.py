@@ -9,11 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete ``checkpoints/step_<v>`` (never a ``.partial`` one, never a link)."""
     found = []
-    for d in (run_dir / "checkpoints").glob("step_*"):
+    for d in RunDir(run_dir).checkpoints.glob("step_*"):
         if d.name.endswith(".partial") or d.is_symlink() or not d.name.split("_")[1].isdigit():
             continue
         if (d / "controller.json").is_file():

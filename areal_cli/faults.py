@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 _SPEC = os.environ.get("AREAL_FAULT", "")
 
 
@@ -25,7 +27,7 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
     rank = os.environ.get("AREAL_FAULT_RANK")
     if rank is not None and rank != os.environ.get("RANK", "0"):
         return
-    Path(run_dir, "FAULT_REACHED").write_text(f"{name}@{version} pid {os.getpid()}\n")
+    RunDir(run_dir).fault_reached.write_text(f"{name}@{version} pid {os.getpid()}\n")
     mode = os.environ.get("AREAL_FAULT_MODE", "hang")
     if mode == "exit":
         os._exit(17)

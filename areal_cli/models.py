@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from areal_cli.architectures import ModelError
+from areal_cli.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -84,9 +85,9 @@ def resolve_model(name: str) -> Path:
 
 def resolve_eval_model(name: str) -> Path:
     """A run_dir means its final checkpoint; anything else goes through ``resolve_model``."""
-    run = Path(name).expanduser()
-    if (run / "checkpoints").is_dir():
-        final = run / "checkpoints" / "final"
+    run = RunDir(Path(name).expanduser())
+    if run.checkpoints.is_dir():
+        final = run.final
         if not (final / "config.json").is_file():
             raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
                              "point model= at a checkpoint directory inside it")
@@ -127,15 +128,3 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         tmp.rename(out)
     return out
 
-
-def load_tokenizer(path: str | Path):
-    """The model's tokenizer. A directory with ``tokenizer.json`` loads it as a plain fast tokenizer,
-    which imports no torch (AutoTokenizer does: ~180 MB in a process that needs no model, such as
-    the controller); the chat template and special tokens are the same."""
-    if (Path(path) / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast  # importing AutoTokenizer imports torch
-
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)

@@ -1,9 +1,8 @@
-"""What every process of a run does the same way: logging, stack dumps, heartbeats, threads."""
+"""What every process of a run does the same way: logging, stack dumps, the status link, threads."""
 
 from __future__ import annotations
 
 import faulthandler
-import json
 import logging
 import os
 import signal
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from areal_cli.transport.auth import Keys
 from areal_cli.transport.channels import Endpoints, status_sender
-from areal_cli.transport.messages import Status
+from areal_cli.transport.messages import Heartbeat
 
 
 def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
@@ -63,11 +62,6 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(3)
 
 
-def load_endpoints(run_dir: str | Path) -> Endpoints:
-    return Endpoints(**json.loads((Path(run_dir) / "endpoints.json").read_text()))
-
-
-
 def set_threads(requested: int, share: int = 2) -> int:
     """torch CPU threads: ``requested`` or the cores divided among ``share`` processes."""
     import torch
@@ -77,12 +71,13 @@ def set_threads(requested: int, share: int = 2) -> int:
     return n
 
 
-class Heartbeat:
-    """Sends ``Status(kind="heartbeat", doing=..., metrics={"progress", "busy"})`` every ``period_s``
-    from a daemon thread.
+class StatusLink:
+    """A process's status channel to the controller: ``send`` puts one status message on it
+    (``transport.messages.SENDERS`` lists them), and a daemon thread sends a ``Heartbeat``
+    every ``period_s``.
 
     ``doing`` is what the process is busy with or waiting for: the controller names it when the
-    heartbeats stop. A beat proves only that this thread runs, so it also carries ``progress``, a
+    heartbeats stop. A beat proves only that the thread runs, so it also carries ``progress``, a
     counter of the main loop (advanced by ``advance()`` and by every new ``doing``), and, when the
     process sets ``busy`` (a callable: how much work it holds), that amount: the controller stops a
     run whose process holds work while its counter stands still (launcher.progress_timeout_s).
@@ -111,18 +106,19 @@ class Heartbeat:
         """One unit of work done (a sequence finished, a result sent)."""
         self.progress += 1
 
-    def send(self, kind: str, **kw) -> None:
+    def send(self, msg) -> None:
+        """Send one status message (its ``sender`` is this process's name)."""
         with self.lock:
-            self.sock.send(Status(sender=self.name, kind=kind, **kw))
+            self.sock.send(msg)
 
-    def _beat(self) -> dict:
-        out = {"progress": self.progress}
+    def _beat(self) -> Heartbeat:
+        busy = -1
         if self.busy is not None:
             try:
-                out["busy"] = int(self.busy())
+                busy = int(self.busy())
             except Exception:  # noqa: BLE001 — a racy read of the main loop's state: say busy
-                out["busy"] = 1
-        return out
+                busy = 1
+        return Heartbeat(self.name, self._doing, self.progress, busy)
 
     def _run(self) -> None:
         log = logging.getLogger(self.name)
@@ -132,7 +128,7 @@ class Heartbeat:
                 log.error("parent process died; exiting")
                 os._exit(3)
             try:
-                self.send("heartbeat", doing=self._doing, metrics=self._beat())
+                self.send(self._beat())
             except BaseException as err:  # noqa: BLE001 — a dead controller (or a bug here) ends this process
                 log.error("heartbeat failed (%s: %s): controller unreachable; exiting", type(err).__name__, err)
                 sys.stderr.flush()

@@ -9,8 +9,8 @@ import sys
 from transformers import AutoTokenizer
 
 from areal_cli.config.task import TaskConfig
-from areal_cli.models import load_tokenizer, resolve_model
-from areal_cli.tasks import build_messages, load_problems
+from areal_cli.models import resolve_model
+from areal_cli.tasks import build_messages, load_problems, load_tokenizer
 
 
 def test_same_prompt_ids_as_autotokenizer():
@@ -29,7 +29,7 @@ def test_same_prompt_ids_as_autotokenizer():
 
 
 def test_loading_it_imports_no_torch():
-    code = ("import sys; from areal_cli.models import load_tokenizer, resolve_model; "
+    code = ("import sys; from areal_cli.models import resolve_model; from areal_cli.tasks import load_tokenizer; "
             "load_tokenizer(resolve_model('smollm2-135m-instruct')); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False", out.stderr[-2000:]

@@ -10,14 +10,14 @@ from areal_cli.config.schema import RootConfig
 
 def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batch: int = 64) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from areal_cli.rewards.scoring import score
-    from areal_cli.tasks import build_messages, load_problems
+    from areal_cli.tasks import load_problems, load_tokenizer, prompt_text
 
     problems = load_problems(cfg.task, "eval")[: size or cfg.eval.size or None]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    tok = AutoTokenizer.from_pretrained(model_path)
+    tok = load_tokenizer(model_path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -25,8 +25,7 @@ def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batc
     rewards = []
     for i in range(0, len(problems), batch):
         chunk = problems[i:i + batch]
-        texts = [tok.apply_chat_template(build_messages(p, cfg.task), add_generation_prompt=True, tokenize=False)
-                 for p in chunk]
+        texts = [prompt_text(tok, p, cfg.task) for p in chunk]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         with torch.no_grad():
             out = model.generate(**enc, do_sample=False, max_new_tokens=cfg.rollout.max_new_tokens,

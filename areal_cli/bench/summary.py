@@ -26,6 +26,8 @@ import math
 import statistics
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 
 def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
@@ -60,7 +62,7 @@ def generation_intervals(run_dir: Path) -> list[tuple[float, float]]:
     """[start, end] of each trained group's generation, where trajectories carry timestamps
     (``done_wall_s`` and ``gen_time_s``); [] where they do not."""
     seen, out = set(), []
-    for t in read_jsonl(run_dir / "trajectories.jsonl"):
+    for t in read_jsonl(RunDir(run_dir).trajectories):
         if t.get("done_wall_s") is None or t.get("gen_time_s") is None or t.get("group_id") in seen:
             continue
         seen.add(t.get("group_id"))
@@ -95,7 +97,7 @@ def generation_busy(run_dir: Path, rows: list[dict], warmup: int, lo: float, hi:
     spans = generation_intervals(run_dir)
     if spans:
         return covered(spans, lo, hi) / max(hi - lo, 1e-9), "trajectory timestamps"
-    updates = [u for u in read_jsonl(run_dir / "weight_updates.jsonl") if "gen_busy_s" in u]
+    updates = [u for u in read_jsonl(RunDir(run_dir).weight_updates) if "gen_busy_s" in u]
     if updates:  # the engine's own clock: seconds with requests in flight between two updates
         versions = {r["version"] for r in rows[warmup:]}
         workers = {u["worker"] for u in updates}
@@ -113,7 +115,7 @@ def response_lengths(run_dir: Path, warmup: int) -> dict:
     """Generated tokens per trained sample (``num_tokens``: the model's tokens, every turn)
     of the steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, and the fraction
     the engine stopped at the token limit (``finish_reason == "length"``)."""
-    rows = [t for t in read_jsonl(run_dir / "trajectories.jsonl")
+    rows = [t for t in read_jsonl(RunDir(run_dir).trajectories)
             if t.get("trained_version", warmup) >= warmup and "num_tokens" in t]
     if not rows:
         return {"samples": 0, "p10": None, "p50": None, "p90": None, "max": None, "mean": None,
@@ -128,12 +130,12 @@ def standalone_rates(run_dir: Path, warmup: int) -> dict:
     """Generation alone and training alone, in trained tokens/s, from a synchronous run
     (definitions in the module docstring)."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(RunDir(run_dir).metrics)
     post = rows[warmup:]
     busy_s = sum(_busy(r) for r in post)
     train_tokens = sum(r.get("trained_tokens", 0) for r in post)
     batch_done: dict[int, float] = {}  # step → arrival of its batch's last group
-    for t in read_jsonl(run_dir / "trajectories.jsonl"):
+    for t in read_jsonl(RunDir(run_dir).trajectories):
         if t.get("done_wall_s") is not None and "trained_version" in t:
             k = t["trained_version"]
             batch_done[k] = max(batch_done.get(k, t["done_wall_s"]), t["done_wall_s"])
@@ -161,7 +163,7 @@ def standalone_rates(run_dir: Path, warmup: int) -> dict:
 
 def summarize_run(run_dir: Path, warmup: int) -> dict:
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    rows = read_jsonl(RunDir(run_dir).metrics)
     if len(rows) <= warmup:
         raise ValueError(f"{run_dir}: {len(rows)} steps, not more than the {warmup} warm-up steps; "
                          "raise trainer.steps or lower bench.warmup")
@@ -170,7 +172,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
     hi = rows[-1]["wall_time_s"]
     window = max(hi - lo, 1e-9)
     gen_busy, gen_how = generation_busy(run_dir, rows, warmup, lo, hi)
-    updates = read_jsonl(run_dir / "weight_updates.jsonl")
+    updates = read_jsonl(RunDir(run_dir).weight_updates)
     return {
         "run_dir": str(run_dir), "steps": len(rows), "warmup_steps": warmup, "window_s": window,
         "window_start_s": lo, "wall_time_s": hi,

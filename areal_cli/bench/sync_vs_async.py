@@ -33,6 +33,8 @@ import datetime as _dt
 import json
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True}
 
 
@@ -90,7 +92,7 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
     if opts["heldout"]:
         from areal_cli.bench.heldout import greedy_accuracy
 
-        summary["heldout"] = greedy_accuracy(run_dir / "checkpoints" / "final", cfg)
+        summary["heldout"] = greedy_accuracy(RunDir(run_dir).final, cfg)
     return summary
 
 

@@ -10,6 +10,7 @@ from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
 from areal_cli.rollout.engines import unknown as unknown_engine
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.registry import problems as tracking_problems
 
 
@@ -231,7 +232,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")
-    if cfg.resume and not (Path(cfg.resume) / "config.yaml").is_file():
+    if cfg.resume and not RunDir(cfg.resume).config.is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems
 

@@ -2,9 +2,9 @@
 
 ``python -m areal_cli.controller.main <run_dir>``. It binds every ZeroMQ socket of the run,
 so it starts first. Its loop: admit groups while the rule allows → collect finished groups
-→ when the trainer is ready and B groups are buffered, send the oldest B → on "weights of v
-ready" tell the rollout workers to update → on "step done" log the step (and finish a
-checkpoint). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s``, or
+→ when the trainer is ready and B groups are buffered, send the oldest B → handle each status
+message by its type (``Controller.on``: ``WeightsReady`` → tell the rollout workers to update,
+``StepDone`` → log the step and finish a checkpoint, ...). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s``, or
 holding work without progress for ``launcher.progress_timeout_s`` (controller/liveness.py), ends
 the run with its name and what it was doing. A non-finite reward is scored 0 and counted.
 """
@@ -26,40 +26,70 @@ from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.liveness import ProgressWatch, culprits
 from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
-from areal_cli.runtime import load_endpoints, run_main, setup_process
-from areal_cli.tasks import Problem, build_messages, load_split, split_report
+from areal_cli.rundir import RunDir
+from areal_cli.runtime import run_main, setup_process
+from areal_cli.tasks import Problem, load_split, load_tokenizer, prompt_ids, split_report
 from areal_cli.tracking.session import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
-from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
-from areal_cli.transport.messages import Batch, Control, GroupResult, Status, WorkItem, may_send
+from areal_cli.transport.channels import (
+    Channel,
+    Endpoints,
+    Router,
+    make_endpoints,
+    max_frame_bytes,
+    shutdown,
+)
+from areal_cli.transport.messages import (
+    Batch,
+    Bye,
+    CheckpointWritten,
+    GroupResult,
+    Heartbeat,
+    Hello,
+    StepDone,
+    Stop,
+    UpdateWeights,
+    WeightsLoaded,
+    WeightsReady,
+    WorkItem,
+    may_send,
+)
 
 
 class PeerStalled(RuntimeError):
     pass
 
 
-def publish_endpoints(run_dir: Path, ep, bound: dict) -> None:
-    """Write the addresses actually bound, then ``controller.ready`` (the launcher waits for it)."""
-    import json
+def planned_endpoints(cfg, rd: RunDir) -> Endpoints:
+    """Where to bind. Under Slurm the job's prepare step chose them (``endpoints.json``); a local
+    run binds ``launcher.port_base`` and up, or where the OS says (port_base=0)."""
+    if cfg.launcher.name != "local":
+        return Endpoints.load(rd.root)
+    ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
+    if not cfg.launcher.port_base:
+        ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
+    return ep
 
+
+def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
+    """Write the addresses actually bound (a local run: the controller is the one writer of
+    ``endpoints.json``), then ``controller.ready`` (the launcher starts the others once it exists)."""
     from areal_cli.durable import atomic_write
 
     ep.work, ep.results, ep.batches = bound["work"], bound["results"], bound["batches"]
     ep.control, ep.status = bound["control"], bound["status"]
-    atomic_write(run_dir / "endpoints.json", json.dumps(ep.to_dict(), indent=1))
-    atomic_write(run_dir / "controller.ready", "ok\n")
+    if cfg.launcher.name == "local":
+        ep.publish(rd.root)
+    atomic_write(rd.controller_ready, "ok\n")
 
 
 class Controller:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
+        self.rd = RunDir(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml", check=False)
-        ep = load_endpoints(run_dir)
-        if not cfg.launcher.port_base and cfg.launcher.name == "local":
-            # bind where the OS says, then tell everyone (the local launcher starts the others
-            # only once controller.ready exists; under Slurm the job's prepare step chose the ports)
-            ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
+        self.cfg = cfg = load_yaml(self.rd.config, check=False)
+        ep = planned_endpoints(cfg, self.rd)
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals
         wire = dict(bind=True, keys=keys, max_frame=limit, gate=self.gate)
@@ -69,9 +99,9 @@ class Controller:
         self.batches = Channel(zmq.PUSH, ep.batches, name="batches", hwm=2, **wire)
         self.control = Channel(zmq.PUB, ep.control, name="control", **wire)
         self.unexpected = 0  # well-formed frames dropped because nothing sent them legitimately
-        publish_endpoints(self.run_dir, ep, {c.name: c.addr for c in (
+        publish_endpoints(cfg, self.rd, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
-        from areal_cli.models import load_tokenizer, resolve_model
+        from areal_cli.models import resolve_model
 
         self.tok = load_tokenizer(resolve_model(cfg.model))
         self.cursor = Cursor(self._training_split(), cfg.seed)
@@ -93,6 +123,10 @@ class Controller:
         self.last_batch = None  # (step, groups, entries) of the batch sent last
         self.done = False
         self.stopping = None  # monotonic time a stop signal arrived
+        # what each status message does (who may send it: messages.SENDERS; when: _unexpected)
+        self.on = {Hello: self._on_hello, Heartbeat: self._on_heartbeat, WeightsReady: self._on_weights_ready,
+                   StepDone: self._on_step_done, CheckpointWritten: self._on_checkpoint_written,
+                   Bye: self._on_bye, WeightsLoaded: self._on_weights_loaded}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         logged = last_step(self.run_dir)  # before a resume cuts metrics.jsonl to its checkpoint
@@ -108,7 +142,7 @@ class Controller:
 
         train, held = load_split(self.cfg.task, "train"), load_split(self.cfg.task, "eval")
         report = split_report(self.cfg.task, train, held)
-        (self.run_dir / "splits.json").write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        self.rd.splits.write_text(json.dumps(report, indent=1, ensure_ascii=False))
         self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; %s; overlap %d",
                       len(train.problems), train.report.removed_other_side, len(held.problems),
                       report["space"]["text"], report["overlap"])
@@ -134,7 +168,7 @@ class Controller:
             self._maybe_send_batch()
             self._handle_status()
             self._check_peers(start)
-        self.control.send(Control("stop"))
+        self.control.send(Stop())
         self.log.info("run finished: %d steps", self.step)
 
     def close(self) -> None:
@@ -154,11 +188,9 @@ class Controller:
         r = self.cfg.rollout
         while self.adm.can_admit():
             seq, pid, problem = self.cursor.next()
-            text = self.tok.apply_chat_template(build_messages(problem, self.cfg.task),
-                                                add_generation_prompt=True, tokenize=False)
-            prompt = np.asarray(self.tok(text, add_special_tokens=False)["input_ids"], np.int32)
-            item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens, r.temperature,
-                            r.top_p, problem.to_dict(), self.adm.version, self.cfg.seed + seq)
+            prompt = np.asarray(prompt_ids(self.tok, problem, self.cfg.task), np.int32)
+            item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens, problem.to_dict(),
+                            self.adm.version)
             if not self.work.try_send(item):
                 self.cursor.requeue(seq, pid, problem)
                 return  # every worker's queue is full; try again next turn
@@ -208,7 +240,7 @@ class Controller:
             return
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
-        self.batches.send(Batch(self.step, self.step, batch))
+        self.batches.send(Batch(self.step, batch))
         self.watch.update("trainer-0", time.monotonic(), busy=True)
         self.rec.on_batch(self.step, batch, {g.group_id: self.groups[g.group_id][2].prompt for g in batch})
         for g in batch:
@@ -240,56 +272,70 @@ class Controller:
         while msg is not None:
             why = self._unexpected(msg)
             if why:
-                self._drop(f"{msg.kind} from {msg.sender!r}: {why}")
+                self._drop(f"{type(msg).__name__} from {msg.sender!r}: {why}")
             else:
-                self._on_status(msg)
+                self.last_seen[msg.sender] = now = time.monotonic()
+                if not isinstance(msg, Heartbeat):
+                    self.watch.touch(msg.sender, now)  # a message that is progress by itself
+                self.on[type(msg)](msg)
             msg = self.status.recv(0)
         if self.pending_update is not None and len(self.rollouts_up) == self.cfg.rollout.workers:
             # only once every worker is subscribed: a PUB sent earlier would be lost
-            self.control.send(Control("update", self.pending_update))
+            self.control.send(UpdateWeights(self.pending_update))
             self.pending_update = None
 
-    def _unexpected(self, msg: Status) -> str:
-        """Why ``msg`` cannot be a legitimate status now ("" if it can). Versions are checked
-        against the controller's own count of steps: it sent batch ``step - 1`` last."""
+    def _unexpected(self, msg) -> str:
+        """Why ``msg`` cannot be a legitimate status message now ("" if it can). Versions are
+        checked against the controller's own count of steps: it sent batch ``step - 1`` last."""
         if msg.sender not in self.peers:
             return "not a process of this run"
-        if not may_send(msg.kind, msg.sender):
-            return f"{msg.sender} never sends {msg.kind}"
-        if msg.kind == "step_done" and msg.version != self.step:
+        if not may_send(type(msg), msg.sender):
+            return f"{msg.sender} never sends {type(msg).__name__}"
+        if isinstance(msg, StepDone):
+            if msg.version != self.step:
+                return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
+            if self.trainer_ready or self.last_batch is None or self.last_batch[0] != msg.version - 1:
+                return "no batch of that step is being trained"
+        if isinstance(msg, (WeightsReady, CheckpointWritten)) and msg.version not in (self.step - 1, self.step):
+            # WeightsReady: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
-        if msg.kind in ("weights_ready", "checkpoint") and msg.version not in (self.step - 1, self.step):
-            # weights_ready: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
-            return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
-        if msg.kind == "step_done" and (self.trainer_ready or self.last_batch is None
-                                        or self.last_batch[0] != msg.version - 1):
-            return "no batch of that step is being trained"
         return ""
 
-    def _on_status(self, msg: Status) -> None:
-        self.last_seen[msg.sender] = now = time.monotonic()
-        self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
-        if msg.kind == "heartbeat":
-            busy = msg.metrics.get("busy")
-            self.watch.update(msg.sender, now, msg.metrics.get("progress"), None if busy is None else busy > 0)
+    # ---- one handler per status message type (self.on) -----------------------------------
+
+    def _on_hello(self, msg: Hello) -> None:
+        self.log.info("%s is up", msg.sender)
+        if msg.sender == "trainer-0":
+            self.trainer_ready = True
         else:
-            self.watch.touch(msg.sender, now)
-        if msg.kind == "error":
-            raise RuntimeError(f"{msg.sender} reported: {msg.text}")
-        if msg.kind == "hello":
-            self._on_hello(msg.sender)
-        if msg.kind == "weights_ready":
-            self.adm.version = max(self.adm.version, msg.version)
-            self.pending_update = msg.version
-        if msg.kind == "step_done":
-            self._on_step_done(msg)
-        if msg.kind == "checkpoint":  # written on a stop signal, between steps
+            self.rollouts_up.add(msg.sender)
+
+    def _on_heartbeat(self, msg: Heartbeat) -> None:
+        self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
+        self.watch.update(msg.sender, time.monotonic(), msg.progress, None if msg.busy < 0 else msg.busy > 0)
+
+    def _on_weights_ready(self, msg: WeightsReady) -> None:
+        self.adm.version = max(self.adm.version, msg.version)
+        self.pending_update = msg.version
+
+    def _on_step_done(self, msg: StepDone) -> None:
+        self.rec.on_step_done(msg.version - 1, dict(msg.metrics),
+                              {"buffered": len(self.buffer), "running": self.adm.running})
+        if msg.checkpoint:
             self._finish_checkpoint(msg.version)
-        if msg.kind == "weights_loaded":
-            self.loaded[msg.sender] = msg.version
-            self.rec.on_weights_loaded(msg.sender, msg.version, msg.metrics)
-        if msg.kind == "bye":
-            self.done = True
+        self.trainer_ready = True
+        self.watch.update(msg.sender, time.monotonic(), busy=False)
+
+    def _on_checkpoint_written(self, msg: CheckpointWritten) -> None:  # on a stop signal, between steps
+        self._finish_checkpoint(msg.version)
+
+    def _on_weights_loaded(self, msg: WeightsLoaded) -> None:
+        self.loaded[msg.sender] = msg.version  # culprits(): who a trainer stuck sending weights waits for
+        self.rec.on_weights_loaded(msg.sender, msg.version, msg.timings)
+
+    def _on_bye(self, msg: Bye) -> None:
+        self.log.info("the trainer %s", "finished" if msg.finished else "stopped")
+        self.done = True
 
     def _drop(self, what: str) -> None:
         self.unexpected += 1
@@ -298,26 +344,11 @@ class Controller:
     def _finish_checkpoint(self, version: int) -> None:
         """Complete the checkpoint the trainer wrote for ``version``: its directory is derived
         here from the version, never taken from a message."""
-        partial = self.run_dir / "checkpoints" / f"step_{version}.partial"
+        partial = self.rd.partial_checkpoint(version)
         if not (partial / "trainer.json").is_file():
             return self._drop(f"checkpoint of version {version} announced, but {partial} is incomplete")
         finish_checkpoint(self, partial, version)
         self.log.info("checkpoint of version %d complete", version)
-
-    def _on_hello(self, sender: str) -> None:
-        self.log.info("%s is up", sender)
-        if sender == "trainer-0":
-            self.trainer_ready = True
-        else:
-            self.rollouts_up.add(sender)
-
-    def _on_step_done(self, msg: Status) -> None:
-        self.rec.on_step_done(msg.version - 1, dict(msg.metrics),
-                              {"buffered": len(self.buffer), "running": self.adm.running})
-        if msg.checkpoint:
-            self._finish_checkpoint(msg.version)
-        self.trainer_ready = True
-        self.watch.update(msg.sender, time.monotonic(), busy=False)
 
     def _check_peers(self, start: float) -> None:
         now, lc = time.monotonic(), self.cfg.launcher
@@ -347,7 +378,7 @@ def main() -> None:
         ctl.run()
     except PeerStalled as err:
         ctl.log.error("%s", err)
-        ctl.control.send(Control("stop"))
+        ctl.control.send(Stop())
         ctl.close()
         sys.exit(4)
     ctl.close()

@@ -13,6 +13,7 @@ import numpy as np
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
+from areal_cli.rundir import RunDir
 from areal_cli.transport.messages import GroupResult
 
 
@@ -32,7 +33,7 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
 
 class StepRecorder:
     def __init__(self, run_dir: Path, cfg: RootConfig):
-        self.run_dir, self.cfg = run_dir, cfg
+        self.run_dir, self.rd, self.cfg = run_dir, RunDir(run_dir), cfg
         self.t0 = time.monotonic()
         self.last_step_t = self.t0
         self.gen_tokens = 0  # generated since the last step
@@ -67,7 +68,7 @@ class StepRecorder:
                 })
         for g in groups:
             self.arrived.pop(g.group_id, None)
-        append_jsonl(self.run_dir / "trajectories.jsonl", rows)
+        append_jsonl(self.rd.trajectories, rows)
         every = self.cfg.logging.samples_every
         if every and step % every == 0:
             self.samples[step] = [
@@ -102,10 +103,10 @@ class StepRecorder:
         self.gen_tokens, self.last_step_t, self.pauses = 0, now, []
         samples = self.samples.pop(step, None)
         row["log_s"] = self.tracking.log_step(row, samples) if self.tracking else 0.0
-        _append(self.run_dir / "metrics.jsonl", row)
+        _append(self.rd.metrics, row)
         return row
 
     def on_weights_loaded(self, worker: str, version: int, timings: dict) -> None:
         if isinstance(timings.get("pause_total_s"), (int, float)):
             self.pauses.append(float(timings["pause_total_s"]))
-        _append(self.run_dir / "weight_updates.jsonl", {"worker": worker, "version": version, **timings})
+        _append(self.rd.weight_updates, {"worker": worker, "version": version, **timings})

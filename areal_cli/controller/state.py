@@ -22,10 +22,10 @@ import msgpack
 
 from areal_cli.checkpoints import latest_checkpoint
 from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
+from areal_cli.rundir import RunDir
 from areal_cli.tasks import Problem
 from areal_cli.transport.messages import decode, encode
 
-RECORDS = ("metrics.jsonl", "trajectories.jsonl", "weight_updates.jsonl")
 log = logging.getLogger(__name__)
 
 
@@ -44,8 +44,8 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
     }
     atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
     atomic_write(partial / "controller.json", json.dumps(state))
-    for name in RECORDS:
-        fsync_file(ctl.run_dir / name)
+    for path in RunDir(ctl.run_dir).records:
+        fsync_file(path)
     final = partial.with_name(partial.name.removesuffix(".partial"))
     publish(partial, final)
     _prune(final.parent, ctl.cfg.checkpoint.keep)
@@ -103,7 +103,7 @@ def restore(ctl, run_dir: Path) -> None:
 
 def last_step(run_dir: Path) -> int:
     """The last step of metrics.jsonl (-1 when none): what the experiment trackers hold."""
-    path = run_dir / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         return -1
     rows, _ = read_jsonl(path)
@@ -113,16 +113,16 @@ def last_step(run_dir: Path) -> int:
 def truncate_records(run_dir: Path, version: int) -> None:
     """Drop what was logged after the checkpoint (it will be trained and logged again) and a torn
     last line; each file is replaced atomically, never rewritten in place."""
-    keep = {"metrics.jsonl": lambda r: r["step"] < version,
-            "trajectories.jsonl": lambda r: r["trained_version"] < version,
-            "weight_updates.jsonl": lambda r: r["version"] <= version}
-    for name in RECORDS:
-        path = run_dir / name
+    rd = RunDir(run_dir)
+    keep = {rd.metrics: lambda r: r["step"] < version,
+            rd.trajectories: lambda r: r["trained_version"] < version,
+            rd.weight_updates: lambda r: r["version"] <= version}
+    for path in rd.records:
         if not path.exists():
             continue
         rows, torn = read_jsonl(path)
         if torn:
             log.warning("%s: dropped a torn last line (the run was killed while writing it)", path)
-        kept = [r for r in rows if keep[name](r)]
+        kept = [r for r in rows if keep[path](r)]
         if torn or len(kept) != len(rows):
             rewrite_jsonl(path, kept)

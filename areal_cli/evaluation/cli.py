@@ -19,6 +19,7 @@ from areal_cli.config.load import ConfigError
 from areal_cli.evaluation.config import EvalRunConfig, compose_eval
 from areal_cli.evaluation.sweep import EvalError, evaluate_model, say
 from areal_cli.models import ModelError, resolve_eval_model
+from areal_cli.rundir import RunDir
 
 
 def run_eval(overrides: list[str]) -> None:
@@ -137,7 +138,7 @@ def _problems(cfg: EvalRunConfig, models: list[tuple[str, Path]]) -> tuple[list,
 
 def _trained_keys(model: str) -> set[str] | None:
     """Content keys of the training split of a run_dir (its config.yaml); None for a plain model."""
-    config = Path(model).expanduser() / "config.yaml"
+    config = RunDir(Path(model).expanduser()).config
     if not config.is_file():
         return None
     from areal_cli.config.load import load_yaml

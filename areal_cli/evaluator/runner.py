@@ -1,6 +1,6 @@
 """Generate and score held-out problems: a greedy pass and/or a sampled pass of k per problem.
 
-Prompts are built as the controller builds them (chat template of ``build_messages``), tokens
+Prompts are built as the controller builds them (``tasks.prompt_ids``), tokens
 come from the training engine (HFEngine, or VLLMEngine with engine=vllm; greedy when temperature
 is 0) and every completion is scored by the training reward pool, so an eval number means what a
 training reward means.
@@ -15,6 +15,7 @@ import collections
 import concurrent.futures
 import contextlib
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
@@ -26,7 +27,20 @@ from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rollout.engines import spec
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.tasks import Problem, build_messages, load_problems
+from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
+
+
+@dataclass(frozen=True)
+class EvalId:
+    """The engine request of sample ``sample`` of problem ``problem`` in pass ``pass_no`` (pass numbers
+    keep ids unique in a vLLM engine that every pass reuses)."""
+
+    pass_no: int
+    problem: int
+    sample: int
+
+    def __str__(self) -> str:
+        return f"{self.pass_no}/{self.problem}:{self.sample}"
 
 
 class EvalStalled(RuntimeError):
@@ -62,7 +76,7 @@ class Evaluator:
     def _load(self, model_path, engine_cfg: EngineConfig, threads: int | None, max_concurrent: int,
               seed: int) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         from areal_cli.rollout.engines.hf import engine_dtype
 
@@ -71,7 +85,7 @@ class Evaluator:
         self.engine_cfg = engine_cfg
         self.max_concurrent = max_concurrent
         self.model_path = str(model_path)
-        self.tok = AutoTokenizer.from_pretrained(model_path)
+        self.tok = load_tokenizer(model_path)
         if spec(engine_cfg.name).loads_model:  # vLLM: its own workers load the checkpoint
             self.model = None
             self.vllm = VLLMEvalEngine(model_path, engine_cfg, seed)
@@ -106,19 +120,17 @@ class Evaluator:
 
     def prompt_ids(self, problem: Problem, task_cfg: TaskConfig) -> list[int]:
         """The prompt tokens exactly as the controller makes them for training."""
-        text = self.tok.apply_chat_template(build_messages(problem, task_cfg), add_generation_prompt=True,
-                                            tokenize=False)
-        return self.tok(text, add_special_tokens=False)["input_ids"]
+        return prompt_ids(self.tok, problem, task_cfg)
 
     def _pass(self, name: str, problems: list[Problem], prompts: list[list[int]], n: int,
               temperature: float, top_p: float, max_new_tokens: int) -> list[dict]:
         self._passes += 1  # request ids unique over the passes of a vLLM engine that every pass reuses
-        requests = [Sequence(f"{self._passes}/{i}:{j}", prompts[i], max_new_tokens) for i in range(len(problems))
+        requests = [Sequence(EvalId(self._passes, i, j), prompts[i], max_new_tokens) for i in range(len(problems))
                     for j in range(n)]
         scored = {}
         with self._engine_for(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens) as engine:
             for seq in generate(engine, requests, self.max_concurrent, self.timeout_s):
-                i, j = (int(x) for x in seq.rid.split("/")[1].split(":"))
+                i, j = seq.rid.problem, seq.rid.sample
                 text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
                 scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
         wait_scores([f for _, _, f in scored.values()], self.timeout_s)

@@ -15,13 +15,14 @@ from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
+from areal_cli.rundir import RunDir
 
 
 def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
     """Evaluate the base model and ``run_dir``'s final checkpoint; None when ``eval.at_end`` is off."""
     if not cfg.eval.at_end:
         return None
-    final = run_dir / "checkpoints" / "final"
+    final = RunDir(run_dir).final
     if not (final / "config.json").is_file():
         say(f"final evaluation skipped: no checkpoint at {final}")
         return None
@@ -50,7 +51,7 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
     out = {"task": cfg.task.name, "problems": len(problems), "base": {"model": cfg.model, **base},
            "trained": {"model": str(final), **trained},
            "gain_points": 100 * (trained["accuracy"] - base["accuracy"])}
-    atomic_write(run_dir / "eval_final.json", json.dumps(out, indent=2) + "\n")
+    atomic_write(RunDir(run_dir).eval_final, json.dumps(out, indent=2) + "\n")
     for line in report(out):
         say(line)
     return out

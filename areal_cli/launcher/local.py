@@ -12,6 +12,7 @@ from pathlib import Path
 
 from areal_cli.durable import atomic_write
 from areal_cli.launcher.plan import Plan, child_env
+from areal_cli.rundir import RunDir
 from areal_cli.runtime import die_with_parent
 
 
@@ -43,7 +44,7 @@ class LocalLauncher:
 
     def start(self) -> None:
         """The controller first (it binds every socket and publishes the addresses), then the rest."""
-        ready = self.plan.run_dir / "controller.ready"
+        ready = RunDir(self.plan.run_dir).controller_ready
         ready.unlink(missing_ok=True)
         self._spawn(self.plan.procs[0])
         deadline = time.monotonic() + self.plan.cfg.launcher.startup_timeout_s
@@ -56,10 +57,10 @@ class LocalLauncher:
             time.sleep(0.05)
         for p in self.plan.procs[1:]:
             self._spawn(p)
-        atomic_write(self.plan.run_dir / "pids.json", json.dumps({k: v.pid for k, v in self.procs.items()}))
+        atomic_write(RunDir(self.plan.run_dir).pids, json.dumps({k: v.pid for k, v in self.procs.items()}))
 
     def _spawn(self, p) -> None:
-        log = self.plan.run_dir / "logs" / f"{p.name}.log"
+        log = RunDir(self.plan.run_dir).log(p.name)
         self.logs[p.name] = log
         with log.open("ab") as out:
             self.procs[p.name] = subprocess.Popen(

@@ -16,10 +16,9 @@ from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.schema import RootConfig, weights_backend, weights_layout
 from areal_cli.durable import atomic_write
 from areal_cli.launcher.rundir import check_links
+from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import make_keys
-from areal_cli.transport.channels import Endpoints, free_ports, is_loopback, make_endpoints
-
-PROCS_FILE = "procs.json"
+from areal_cli.transport.channels import check_ports, free_ports, is_loopback
 
 
 @dataclass
@@ -33,7 +32,6 @@ class Proc:
 class Plan:
     cfg: RootConfig
     run_dir: Path
-    endpoints: Endpoints | None  # None in a plan read back by Plan.load
     devices: dict  # role → list of GPU ids ([] = CPU); "idle": GPUs of the pool no process uses
     procs: list[Proc]
     notes: dict = field(default_factory=dict)  # "model", "weights": lines printed at start and by --dry-run
@@ -57,28 +55,31 @@ class Plan:
         """The processes to start, for ``launcher/watch.py`` (the lean process that starts and
         watches them once ``areal train`` has planned the run)."""
         procs = [{"name": p.name, "argv": p.argv, "env": p.env} for p in self.procs]
-        atomic_write(self.run_dir / PROCS_FILE, json.dumps({"procs": procs, "devices": self.devices}, indent=1))
+        atomic_write(RunDir(self.run_dir).procs, json.dumps({"procs": procs, "devices": self.devices}, indent=1))
 
     @classmethod
     def load(cls, run_dir: Path) -> Plan:
         """The plan ``save_procs`` wrote, with the run's config.yaml (validated when written)."""
         from areal_cli.config.load import load_yaml
 
-        saved = json.loads((run_dir / PROCS_FILE).read_text())
+        rd = RunDir(run_dir)
+        saved = json.loads(rd.procs.read_text())
         procs = [Proc(p["name"], p["argv"], p["env"]) for p in saved["procs"]]
-        return cls(load_yaml(run_dir / "config.yaml", check=False), run_dir, None, saved["devices"], procs)
+        return cls(load_yaml(rd.config, check=False), run_dir, saved["devices"], procs)
 
     def write(self) -> None:
-        if not self.cfg.resume and (self.run_dir / "metrics.jsonl").exists():
+        """The run directory's config, keys and logs/ (the controller publishes endpoints.json)."""
+        rd = RunDir(self.run_dir)
+        if not self.cfg.resume and rd.metrics.exists():
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
                              f"resume={self.run_dir} or choose another run_dir")
         links = check_links(self.run_dir)
         if links:
             raise ValueError("\n  - ".join(links))
-        (self.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        rd.logs.mkdir(parents=True, exist_ok=True)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
-        save_yaml(self.cfg, self.run_dir / "config.yaml")
-        atomic_write(self.run_dir / "endpoints.json", json.dumps(self.endpoints.to_dict(), indent=1))
+        save_yaml(self.cfg, rd.config)
+        rd.endpoints.unlink(missing_ok=True)  # an earlier start's addresses: never read by this one
 
 
 def visible_gpus() -> list[int]:
@@ -226,8 +227,9 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     # what --dry-run shows
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
     cfg.run_dir = str(run_dir)
-    try:
-        ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
+    try:  # the ports the controller (and torchrun) will bind: in use → exit 2 before anything starts
+        if cfg.launcher.port_base:
+            check_ports(cfg.launcher.host, list(range(cfg.launcher.port_base, cfg.launcher.port_base + 6)))
     except OSError as err:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
@@ -255,7 +257,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
             py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
             "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}",
             "--rdzv-conf", "rank=0", "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
-    return Plan(cfg, run_dir, ep, devices, procs, notes)
+    return Plan(cfg, run_dir, devices, procs, notes)
 
 
 ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}

@@ -63,19 +63,18 @@ def _check_imports(cfg: RootConfig) -> list[str]:
 def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     """A prompt that cannot fit the model's context with max_new_tokens is a data error. The
     longest prompt sizes the KV cache when engine.kv_cache_tokens is 0."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from areal_cli.models import resolve_model
-    from areal_cli.tasks import build_messages
+    from areal_cli.tasks import load_tokenizer, prompt_ids
 
     path = resolve_model(cfg.model)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_tokenizer(path)
     context = getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", 1 << 30)
     room = context - cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
     longest = 0
     for p in problems:
-        text = tok.apply_chat_template(build_messages(p, cfg.task), add_generation_prompt=True, tokenize=False)
-        n = len(tok(text, add_special_tokens=False)["input_ids"])
+        n = len(prompt_ids(tok, p, cfg.task))
         if n > room:
             return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
                     f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "

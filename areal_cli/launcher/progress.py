@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 
 class MetricsTail:
     """The rows of a growing metrics.jsonl. The controller may replace the file beneath it (resume
@@ -80,7 +82,7 @@ class Progress:
     """Call ``update()`` often; it prints/redraws when new steps arrive."""
 
     def __init__(self, run_dir: Path, steps: int, label: str = "train"):
-        self.tail, self.steps, self.t0 = MetricsTail(run_dir / "metrics.jsonl"), steps, time.monotonic()
+        self.tail, self.steps, self.t0 = MetricsTail(RunDir(run_dir).metrics), steps, time.monotonic()
         self.tty = sys.stdout.isatty()
         self.live = None
         self.label = label

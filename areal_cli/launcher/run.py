@@ -9,6 +9,7 @@ from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.preflight import UserError, preflight
+from areal_cli.rundir import RunDir
 
 RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.", "logging.")
 
@@ -19,7 +20,7 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
 
     from areal_cli.config.load import ConfigError, load_yaml
 
-    path = Path(resume) / "config.yaml"
+    path = RunDir(resume).config
     if not path.is_file():
         raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an earlier run")
     cfg = load_yaml(path)
@@ -75,7 +76,7 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         lock = RunLock(plan.run_dir)
     except (ValueError, UserError) as err:
         if fresh:
-            Path(cfg.run_dir, "run.lock").unlink(missing_ok=True)
+            RunDir(cfg.run_dir).lock.unlink(missing_ok=True)
             Path(cfg.run_dir).rmdir()  # nothing started: leave no empty run directory behind
         raise err if isinstance(err, UserError) else UserError(f"  - {err}") from None
     try:
@@ -118,7 +119,7 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
         launcher.stop()
         print(f"areal: {err.name} failed to start (exit code {err.code}):\n{err.tail}", file=sys.stderr)
         raise SystemExit(1) from None
-    print(f"run_dir: {plan.run_dir}  (logs in {plan.run_dir / 'logs'})", flush=True)
+    print(f"run_dir: {plan.run_dir}  (logs in {RunDir(plan.run_dir).logs})", flush=True)
     progress = None if quiet else Progress(plan.run_dir, cfg.trainer.steps)
     try:
         while True:
@@ -137,7 +138,7 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
                     progress.close()
                     progress = None
                 print(f"\nareal: {err.name} failed (exit code {err.code}); every process was stopped.\n"
-                      f"last lines of its log:\n{err.tail}\n(full logs: {plan.run_dir / 'logs'})",
+                      f"last lines of its log:\n{err.tail}\n(full logs: {RunDir(plan.run_dir).logs})",
                       file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
             if progress:
@@ -167,7 +168,7 @@ def summarize(run_dir: Path) -> None:
     from areal_cli.durable import TornFile, read_jsonl
 
     try:
-        rows, _ = read_jsonl(run_dir / "metrics.jsonl")
+        rows, _ = read_jsonl(RunDir(run_dir).metrics)
     except TornFile as err:
         print(f"areal: {err}", file=sys.stderr)
         return
@@ -177,7 +178,7 @@ def summarize(run_dir: Path) -> None:
     first = sum(r.get("reward_mean", 0.0) for r in rows[:q]) / q
     last = sum(r.get("reward_mean", 0.0) for r in rows[-q:]) / q
     print(f"done: {len(rows)} steps in {rows[-1].get('wall_time_s', 0.0):.0f}s; mean reward first quarter "
-          f"{first:.3f} → last quarter {last:.3f}; checkpoint {run_dir / 'checkpoints' / 'final'}")
+          f"{first:.3f} → last quarter {last:.3f}; checkpoint {RunDir(run_dir).final}")
     gap = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if r.get("fresh_tokens")]
     if gap:
         tokens = sum(n for _, n in gap)

@@ -2,7 +2,7 @@
 
 - ``new_run_dir``: ``runs/<timestamp>-<4 hex>`` created with ``mkdir`` (which fails if it exists),
   so two runs started in the same second never share a directory.
-- ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock``, held by ``areal train`` (and ``resume=``)
+- ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock`` (``RunDir.lock``), held by ``areal train`` (and ``resume=``)
   for the whole run; the file names the holder's pid. The kernel drops the lock when the holder
   dies, so a crash never leaves a stale lock behind.
 - ``check_links``: the paths areal writes through or deletes under (checkpoints and the JSONL
@@ -17,9 +17,7 @@ import os
 import secrets
 from pathlib import Path
 
-LOCK = "run.lock"
-NO_LINKS = ("checkpoints", "metrics.jsonl", "trajectories.jsonl", "weight_updates.jsonl", "logs",
-            "config.yaml", "endpoints.json")
+from areal_cli.rundir import RunDir
 
 
 class RunDirError(ValueError):
@@ -43,7 +41,7 @@ class RunLock:
     """An exclusive lock on a run directory for as long as this object lives (or ``release``)."""
 
     def __init__(self, run_dir: str | Path):
-        self.path = Path(run_dir) / LOCK
+        self.path = RunDir(run_dir).lock
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if self.path.is_symlink():
             raise RunDirError(f"{self.path} is a symbolic link: remove it")
@@ -64,7 +62,7 @@ class RunLock:
     def adopt(cls, run_dir: str | Path, fd: int) -> RunLock:
         """The lock a process that exec'ed into this one holds on descriptor ``fd``."""
         lock = cls.__new__(cls)
-        lock.path, lock.fd = Path(run_dir) / LOCK, fd
+        lock.path, lock.fd = RunDir(run_dir).lock, fd
         os.set_inheritable(fd, False)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return lock
@@ -77,9 +75,9 @@ class RunLock:
 
 def check_links(run_dir: str | Path) -> list[str]:
     """Every symbolic link among the paths a run writes through or deletes under, as a problem."""
-    d = Path(run_dir)
-    links = [d / n for n in NO_LINKS if (d / n).is_symlink()]
-    ckpts = d / "checkpoints"
+    d = RunDir(run_dir)
+    links = [p for p in d.no_links if p.is_symlink()]
+    ckpts = d.checkpoints
     if ckpts.is_dir() and not ckpts.is_symlink():
         links += sorted(p for p in ckpts.iterdir() if p.is_symlink())
     return [f"{p} is a symbolic link; areal never writes or deletes through links inside a run "

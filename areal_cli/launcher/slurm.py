@@ -1,8 +1,8 @@
 """``areal train launcher=slurm``: write the run directory and an sbatch script, submit it.
 
 The run directory gets ``config.yaml`` (rollout.workers and trainer.ranks set from the node
-layout), a placeholder ``endpoints.json`` (the job rewrites it with its own hostnames and
-ports before any step starts), ``job.sbatch`` and, once submitted, ``slurm_job_id``.
+layout), ``job.sbatch`` and, once submitted, ``slurm_job_id``; the job's prepare step writes
+``endpoints.json`` (its own hostnames and ports) before any step starts.
 ``--dry-run`` prints the layout and the script and writes nothing.
 """
 
@@ -18,6 +18,7 @@ from areal_cli.durable import atomic_write
 from areal_cli.launcher.preflight import UserError, preflight
 from areal_cli.launcher.slurm_layout import apply_layout, slurm_layout
 from areal_cli.launcher.slurm_script import render_sbatch
+from areal_cli.rundir import RunDir
 
 
 def build(cfg: RootConfig, python: str | None = None):
@@ -31,7 +32,7 @@ def build(cfg: RootConfig, python: str | None = None):
         raise ValueError(f"launcher.signal_s={cfg.launcher.signal_s}: must be >= 0")
     lay = slurm_layout(cfg)
     notes = apply_layout(cfg, lay)
-    plan = make_plan(cfg, gpus=[])  # run_dir + placeholder endpoints; devices are Slurm's
+    plan = make_plan(cfg, gpus=[])  # run_dir and commands; devices are Slurm's
     return plan, render_sbatch(cfg, lay, plan.run_dir, python or sys.executable), notes
 
 
@@ -51,13 +52,13 @@ def submit(cfg: RootConfig) -> Path:
         raise UserError("  - sbatch is not on PATH: run this on a Slurm login node, or use launcher=local "
                         "(--dry-run prints the script without Slurm)")
     plan.write()
-    path = plan.run_dir / "job.sbatch"
+    path = RunDir(plan.run_dir).sbatch
     atomic_write(path, script)
     out = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
     if out.returncode:
         raise UserError(f"  - sbatch {path} failed (exit code {out.returncode}):\n{out.stderr.strip()}")
     job_id = out.stdout.strip().split(";")[0]
-    atomic_write(plan.run_dir / "slurm_job_id", job_id + "\n")
+    atomic_write(RunDir(plan.run_dir).slurm_job_id, job_id + "\n")
     print(f"submitted Slurm job {job_id}\nrun_dir: {plan.run_dir}\n"
           f"follow: squeue -j {job_id}; tail -f {plan.run_dir}/logs/slurm-{job_id}.out\n"
           f"stop:   scancel {job_id}", flush=True)

@@ -13,13 +13,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import sys
 from pathlib import Path
 
-from areal_cli.durable import atomic_write
+from areal_cli.rundir import RunDir
 
 
 def ports() -> None:
@@ -39,11 +38,11 @@ def prepare(run_dir: Path, train_host: str, weights_port: int, rdzv_port: int) -
                                                            ep.control, ep.status)}:
             break
     ep.weights_host, ep.weights_port = train_host, weights_port
-    atomic_write(run_dir / "endpoints.json", json.dumps(ep.to_dict(), indent=1))
+    ep.publish(run_dir)  # this job's one writer of endpoints.json (the controller only reads it)
     print(f"areal: endpoints on {host}, weight TCPStore {train_host}:{weights_port}, "
           f"rendezvous {train_host}:{rdzv_port}", flush=True)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if restarts and any((run_dir / "checkpoints").glob("*")):
+    if restarts and any(RunDir(run_dir).checkpoints.glob("*")):
         _set_resume(run_dir)
 
 
@@ -57,9 +56,9 @@ def _same_host(a: str, b: str) -> bool:
 def _set_resume(run_dir: Path) -> None:
     from areal_cli.config.load import load_yaml, save_yaml
 
-    cfg = load_yaml(run_dir / "config.yaml")
+    cfg = load_yaml(RunDir(run_dir).config)
     cfg.resume = str(run_dir)
-    save_yaml(cfg, run_dir / "config.yaml")
+    save_yaml(cfg, RunDir(run_dir).config)
     print(f"areal: requeued job; resume={run_dir}", flush=True)
 
 

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+
+from areal_cli.rundir import RunDir
 
 
 def show(run_dir: str) -> None:
-    d = Path(run_dir)
-    if not (d / "config.yaml").is_file():
-        raise SystemExit(f"areal: {d} is not a run directory (no config.yaml)")
-    pids = json.loads((d / "pids.json").read_text()) if (d / "pids.json").exists() else {}
-    job = d / "slurm_job_id"
+    d = RunDir(run_dir)
+    if not d.config.is_file():
+        raise SystemExit(f"areal: {d.root} is not a run directory (no config.yaml)")
+    pids = json.loads(d.pids.read_text()) if d.pids.exists() else {}
+    job = d.slurm_job_id
     if job.exists():
         _slurm(job.read_text().strip())
     for name, pid in pids.items():
@@ -22,7 +23,7 @@ def show(run_dir: str) -> None:
     from areal_cli.durable import TornFile, read_jsonl
 
     try:
-        rows, torn = read_jsonl(d / "metrics.jsonl")
+        rows, torn = read_jsonl(d.metrics)
     except TornFile as err:
         raise SystemExit(f"areal: {err}") from None
     if torn:
@@ -50,11 +51,11 @@ def sparkline(values: list[float], width: int = 60) -> str:
     return "".join(SPARK[round((v - lo) * scale)] for v in values)
 
 
-def _planned_steps(d: Path) -> int | None:
+def _planned_steps(d: RunDir) -> int | None:
     import yaml
 
     try:
-        return int(yaml.safe_load((d / "config.yaml").read_text())["trainer"]["steps"])
+        return int(yaml.safe_load(d.config.read_text())["trainer"]["steps"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
 

@@ -1,7 +1,7 @@
 """Rollout worker: pulls prompt groups, generates with its engine, scores, pushes trajectories.
 
 ``python -m areal_cli.rollout.main <run_dir> <index>``. Weight updates arrive as
-``Control("update", v)`` on the control channel: the worker pauses its engine, joins the
+``UpdateWeights(v)`` on the control channel: the worker pauses its engine, joins the
 broadcast of trainer rank 0, loads in place and resumes every unfinished sequence under v.
 """
 
@@ -28,9 +28,12 @@ from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines import spec
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
-from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
+from areal_cli.rundir import RunDir
+from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
+from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
-from areal_cli.transport.channels import Channel, max_frame_bytes
+from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
+from areal_cli.transport.messages import Hello, Stop, UpdateWeights, WeightsLoaded
 
 
 def build_engine(cfg: RootConfig, index: int, tokenizer):
@@ -83,19 +86,18 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = load_yaml(f"{run_dir}/config.yaml", check=False)
+        self.cfg = load_yaml(RunDir(run_dir).config, check=False)
         self.index = index
         self.run_dir = run_dir
-        ep = load_endpoints(run_dir)
+        ep = Endpoints.load(run_dir)
         keys, limit = load_keys(run_dir), max_frame_bytes(self.cfg)
-        self.hb = Heartbeat(ep, keys, self.name, self.cfg.launcher.heartbeat_s, limit)
+        self.hb = StatusLink(ep, keys, self.name, self.cfg.launcher.heartbeat_s, limit)
         set_threads(self.cfg.engine.threads)
         import torch
-        from transformers import AutoTokenizer
 
         torch.manual_seed(self.cfg.seed * 1000 + index)
         self.hb.doing = "loading the model"
-        self.tok = AutoTokenizer.from_pretrained(resolve_model(self.cfg.model))
+        self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = build_engine(self.cfg, index, self.tok)
         self.hb.doing = "joining the weight broadcast group"
         self.receiver = self._weight_receiver(ep)
@@ -109,7 +111,7 @@ class Worker:
         self.held: collections.deque = collections.deque()  # work waiting for a newer version
         self.capacity = concurrency(self.cfg)
         self.hb.busy = lambda: self.flow.busy() + len(self.held)  # work held: progress is due
-        self.hb.send("hello")
+        self.hb.send(Hello(self.name))
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
     def _weight_receiver(self, ep):
@@ -156,12 +158,12 @@ class Worker:
                 break
             self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             msg = self.control.recv(0)
-            if msg is not None and msg.command == "stop":
+            if isinstance(msg, Stop):
                 break
-            if msg is not None and msg.command == "update" and msg.version <= self.engine.version:
+            if isinstance(msg, UpdateWeights) and msg.version <= self.engine.version:
                 self.log.warning("ignored an update to version %d: the weights are at %d", msg.version,
                                  self.engine.version)
-            elif msg is not None and msg.command == "update":
+            elif isinstance(msg, UpdateWeights):
                 self._update(msg.version)
             if not self.stopping:
                 self._take_work()
@@ -191,7 +193,7 @@ class Worker:
         timings["pause_total_s"] = time.perf_counter() - t0
         if self.cfg.weights.verify and self.receiver is not None:
             timings["weights_sha"] = self.receiver.digest()
-        self.hb.send("weights_loaded", version=version, metrics=timings)
+        self.hb.send(WeightsLoaded(self.name, version, timings))
         self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
                       timings["pause_total_s"], timings.get("interrupted", 0))
 

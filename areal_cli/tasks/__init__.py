@@ -11,8 +11,10 @@ from dataclasses import dataclass
 from areal_cli.config.task import TaskConfig
 from areal_cli.tasks.base import Problem, check_split
 from areal_cli.tasks.splits import SplitReport, overlap, space
+from areal_cli.tasks.tokens import build_messages, load_tokenizer, prompt_ids, prompt_text
 
-__all__ = ["Problem", "Split", "build_messages", "load_problems", "load_split", "split_report"]
+__all__ = ["Problem", "Split", "build_messages", "load_problems", "load_split", "load_tokenizer", "prompt_ids",
+           "prompt_text", "split_report"]
 
 
 @dataclass
@@ -56,9 +58,3 @@ def split_report(cfg: TaskConfig, train: Split, held: Split) -> dict:
         "space": space([train.report, held.report]),
         "overlap": overlap(held.problems, train.problems),
     }
-
-
-def build_messages(problem: Problem, cfg: TaskConfig) -> list[dict]:
-    """Chat messages for one problem: the optional system prompt, then the user prompt."""
-    messages = [{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []
-    return messages + [{"role": "user", "content": problem.prompt}]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import SAMPLE_COLUMNS, RunInfo, Tracker
 
 
@@ -18,7 +19,7 @@ class MlflowTracker(Tracker):
     name = "mlflow"
 
     def start(self, info: RunInfo) -> dict:
-        uri = info.cfg.mlflow_uri or (info.run_dir / "mlruns").resolve().as_uri()
+        uri = info.cfg.mlflow_uri or RunDir(info.run_dir).mlruns.resolve().as_uri()
         if uri.startswith("file:") or "://" not in uri:
             # MLflow 3 keeps the file store in maintenance mode behind this switch; it is the one
             # backend that needs no server

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from areal_cli.rundir import RunDir
+
 # (metrics.jsonl key or a function of a row, y label)
 PANELS = [
     ("reward_mean", "mean reward"),
@@ -29,7 +31,7 @@ def load_run(run_dir: Path) -> tuple[str, list[dict]]:
     """(label, metrics.jsonl rows); the label names the run and its η where config.yaml says it."""
     from areal_cli.durable import TornFile, read_jsonl
 
-    path = Path(run_dir) / "metrics.jsonl"
+    path = RunDir(run_dir).metrics
     if not path.is_file():
         raise NotARun(f"{run_dir}: no metrics.jsonl there; give the run_dir of a run that finished a step")
     try:
@@ -47,7 +49,7 @@ def _eta(run_dir: Path) -> int | None:
     import yaml
 
     try:
-        cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+        cfg = yaml.safe_load(RunDir(run_dir).config.read_text())
         return int(cfg["rollout"]["max_staleness"])
     except (OSError, KeyError, TypeError, ValueError, yaml.YAMLError):
         return None
@@ -94,7 +96,7 @@ def plot_runs(run_dirs: list[Path], out: Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     runs = [load_run(Path(d)) for d in run_dirs]
-    out = Path(out) if out else Path(run_dirs[0]) / "plot.png"
+    out = Path(out) if out else RunDir(run_dirs[0]).plot
     fig = make_figure(runs)
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import RunInfo, Tracker
 from areal_cli.tracking.names import flatten, tracker_metrics
 from areal_cli.tracking.registry import BACKENDS, chosen
-
-STATE = "tracking.json"
 
 
 def load_backend(name: str) -> Tracker:
@@ -64,7 +63,7 @@ class TrackingSession:
     def _save(self) -> None:
         from areal_cli.durable import atomic_write
 
-        atomic_write(self.run_dir / STATE, json.dumps(self.state, indent=1) + "\n")
+        atomic_write(RunDir(self.run_dir).tracking, json.dumps(self.state, indent=1) + "\n")
 
     def _each(self, step: int | None, what: str, call) -> None:
         """``call(tracker)`` for every live backend (for ``step``: those that do not hold it yet);
@@ -111,7 +110,7 @@ def open_for_run(run_dir: Path, cfg: RootConfig, log: logging.Logger,
 
 
 def read_state(run_dir: Path) -> dict:
-    path = Path(run_dir) / STATE
+    path = RunDir(run_dir).tracking
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -124,7 +123,7 @@ def log_final_eval(run_dir: Path, cfg: RootConfig, result: dict, report: list[st
         return
     from areal_cli.durable import read_jsonl
 
-    rows, _ = read_jsonl(Path(run_dir) / "metrics.jsonl")
+    rows, _ = read_jsonl(RunDir(run_dir).metrics)
     step = rows[-1]["step"] if rows else 0
     session = TrackingSession(run_dir, cfg, log, names, state, None, logged_step=step)
     session.log_summary(step, {"eval_final/base_accuracy": result["base"]["accuracy"],

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import SAMPLE_COLUMNS, RunInfo, Tracker
-
-DIR = "tensorboard"
 
 
 class TensorBoardTracker(Tracker):
@@ -19,12 +18,13 @@ class TensorBoardTracker(Tracker):
     rewinds = True
 
     def start(self, info: RunInfo) -> dict:
-        self.where = f"{info.run_dir / DIR} (tensorboard --logdir {info.run_dir / DIR})"
-        self.w = EventWriter(info.run_dir / DIR, purge_step=info.resume_step)
+        log_dir = RunDir(info.run_dir).tensorboard
+        self.where = f"{log_dir} (tensorboard --logdir {log_dir})"
+        self.w = EventWriter(log_dir, purge_step=info.resume_step)
         if not info.state:  # a new run: its config, once
             self._hparams(info.hparams)
             self.w.text("config", f"```\n{info.config_yaml}\n```", 0)
-        return {"log_dir": DIR}
+        return {"log_dir": log_dir.name}
 
     def _hparams(self, hparams: dict) -> None:
         from tensorboard.plugins.hparams import summary_v2 as hp

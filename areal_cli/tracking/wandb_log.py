@@ -12,6 +12,7 @@ import os
 import secrets
 from urllib.parse import urlparse
 
+from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import SAMPLE_COLUMNS, RunInfo, Tracker
 
 
@@ -44,7 +45,7 @@ class WandbTracker(Tracker):
             mode=mode, config=None if info.state else info.hparams,
             reinit="create_new", settings=wandb.Settings(console="off", quiet=True))
         self.where = f"run {run_id} of project {info.cfg.project} ({mode}" + (
-            f", {info.run_dir / 'wandb'}; `wandb sync` uploads it)" if mode == "offline" else ")")
+            f", {RunDir(info.run_dir).wandb}; `wandb sync` uploads it)" if mode == "offline" else ")")
         return {"id": run_id}
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:

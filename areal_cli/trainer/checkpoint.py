@@ -14,8 +14,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 
-def save(runner, version: int, run_dir: Path) -> Path:
-    partial = run_dir / "checkpoints" / f"step_{version}.partial"
+def save(runner, version: int, partial: Path) -> Path:
+    """Write this rank's part of checkpoint ``version`` into ``partial`` (RunDir.partial_checkpoint)."""
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)

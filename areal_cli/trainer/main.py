@@ -29,23 +29,33 @@ from areal_cli.config.schema import (
 )
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines import spec
-from areal_cli.runtime import Heartbeat, load_endpoints, run_main, set_threads, setup_process
+from areal_cli.rundir import RunDir
+from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.auth import load_keys
-from areal_cli.transport.channels import Channel, max_frame_bytes
-from areal_cli.transport.messages import Batch, decode, encode
-from areal_cli.transport.ranks import BATCH, STOP, WAIT, share_frame
+from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
+from areal_cli.transport.messages import (
+    Batch,
+    Bye,
+    CheckpointWritten,
+    Hello,
+    StepDone,
+    Stop,
+    WeightsReady,
+)
+from areal_cli.transport.ranks import share_message
 
 
 class Trainer:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
+        self.rd = RunDir(run_dir)
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.name = f"trainer-{self.rank}"
-        redirect_output(self.run_dir / "logs" / f"{self.name}.log")
+        redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
-        self.cfg = cfg = load_yaml(self.run_dir / "config.yaml", check=False)
+        self.cfg = cfg = load_yaml(self.rd.config, check=False)
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -58,9 +68,10 @@ class Trainer:
             dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
-        ep = load_endpoints(run_dir)
+        ep = Endpoints.load(run_dir)
         keys, limit = (load_keys(run_dir), max_frame_bytes(cfg)) if self.rank == 0 else (None, 0)
-        self.hb = Heartbeat(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
+        # rank 0's status channel to the controller (other ranks talk only to rank 0)
+        self.status = StatusLink(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
         dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
@@ -74,12 +85,12 @@ class Trainer:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
             self.sender = self._weight_sender(ep)
-            self.hb.send("hello")
+            self.status.send(Hello(self.name))
         self.log.info("ready: %d rank(s), device %s", self.world, self.device)
 
     def _doing(self, what: str) -> None:
-        if self.hb is not None:
-            self.hb.doing = what
+        if self.status is not None:
+            self.status.doing = what
 
     def _weight_sender(self, ep):
         from areal_cli.transport.weights import WeightSender, param_specs
@@ -106,22 +117,24 @@ class Trainer:
         Rank 0 waits for the controller in slices and tells the other ranks "still waiting"
         between them, so no rank sits in one collective longer than a slice: a collective
         that exceeds launcher.peer_timeout_s is then a real stall, reported as an error.
-        The batch goes to the other ranks as tensors (its msgpack frame), never pickled."""
+        Rank 0 shares a ``Batch``, a ``Stop`` or nothing (still waiting): the ranks channel's
+        messages, as tensors (their msgpack frame), never pickled."""
         while True:
-            batch, what, frame = None, WAIT, b""
+            msg = None
             if self.rank == 0:
                 self._doing(f"waiting for batch {step} from the controller")
-                batch = self.batches.recv(5.0)
-                if batch is not None and batch.step != step:
-                    self.log.warning("dropped batch %d: step %d is next", batch.step, step)
-                    batch = None
-                what = BATCH if batch is not None else STOP if self.stop_requested else WAIT
-                frame = encode(batch) if batch is not None and self.world > 1 else b""
-            what, frame = share_frame(what, frame, self.device)
-            if what == STOP:
+                msg = self.batches.recv(5.0)
+                if msg is not None and msg.step != step:
+                    self.log.warning("dropped batch %d: step %d is next", msg.step, step)
+                    msg = None
+                if msg is None and self.stop_requested:
+                    msg = Stop()
+            if self.world > 1:
+                msg = share_message(msg, self.device)
+            if isinstance(msg, Stop):
                 return None
-            if what == BATCH:
-                return batch if self.rank == 0 else decode(frame, (Batch,))
+            if isinstance(msg, Batch):
+                return msg
 
     def _on_signal(self, signum, _frame) -> None:
         self.log.info("signal %d: stopping after the current step", signum)
@@ -143,13 +156,13 @@ class Trainer:
 
     def _checkpoint(self, version: int, kind: str) -> None:
         """Write this rank's part of checkpoint ``version``; the controller completes it on
-        "step_done" / "checkpoint" (it derives the directory from the version itself)."""
+        ``StepDone`` / ``CheckpointWritten`` (it derives the directory from the version itself)."""
         from areal_cli.trainer import checkpoint
 
         self._doing(f"writing checkpoint of version {version}")
-        checkpoint.save(self.runner, version, self.run_dir)
+        checkpoint.save(self.runner, version, self.rd.partial_checkpoint(version))
         if self.rank == 0 and kind == "checkpoint":
-            self.hb.send("checkpoint", version=version)
+            self.status.send(CheckpointWritten(self.name, version))
 
     def _eval_due(self, version: int) -> bool:
         e = self.cfg.eval
@@ -159,7 +172,7 @@ class Trainer:
         """Greedy accuracy on the held-out split with the weights of ``version`` (rank 0 runs it;
         every rank takes part in gathering the checkpoint it reads)."""
         self._doing(f"evaluating version {version}")
-        path = self.run_dir / "checkpoints" / "eval"
+        path = self.rd.eval_checkpoint
         save_hf(self.model, self.model_path, path)
         out = {}
         if self.rank == 0:
@@ -201,7 +214,7 @@ class Trainer:
             if saved:
                 self._checkpoint(step + 1, "step")
             if self.rank == 0:
-                self.hb.send("step_done", version=step + 1, metrics=metrics, checkpoint=saved)
+                self.status.send(StepDone(self.name, step + 1, metrics, checkpoint=saved))
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
@@ -222,11 +235,11 @@ class Trainer:
         if save_final:
             self._doing("saving the final checkpoint")
             self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
-            save_hf(self.model, self.model_path, self.run_dir / "checkpoints" / "final")
+            save_hf(self.model, self.model_path, self.rd.final)
         if self.rank == 0:
-            self.hb.send("bye", text="done" if save_final else "stopped")
+            self.status.send(Bye(self.name, finished=save_final))
             if save_final:
-                self.log.info("checkpoint written to %s", self.run_dir / "checkpoints" / "final")
+                self.log.info("checkpoint written to %s", self.rd.final)
         dist.barrier()
         dist.destroy_process_group()
 
@@ -239,7 +252,7 @@ class Trainer:
                 pass
             return {}
         out = self.sender.prepare(params)
-        self.hb.send("weights_ready", version=version)
+        self.status.send(WeightsReady(self.name, version))
         out.update(self.sender.broadcast(digest=self.cfg.weights.verify))
         out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
         return out

@@ -26,7 +26,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
-KEYS_DIR = "keys"
+from areal_cli.rundir import RunDir
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def make_keys(run_dir: str | Path) -> Path:
     if not zmq.has("curve"):
         raise ValueError("this libzmq has no CURVE support, which areal needs to authenticate its sockets: "
                          "install pyzmq from its wheels (pip install --force-reinstall pyzmq)")
-    path = Path(run_dir) / KEYS_DIR
+    path = RunDir(run_dir).keys
     if path.is_symlink() or path.exists():
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     path.mkdir(mode=0o700, parents=True)
@@ -57,7 +57,7 @@ def make_keys(run_dir: str | Path) -> Path:
 
 def load_keys(run_dir: str | Path) -> Keys:
     """The keys of the run in ``run_dir``; ValueError naming the fix when missing or readable by others."""
-    path = Path(run_dir) / KEYS_DIR
+    path = RunDir(run_dir).keys
     if not (path / "client.key_secret").is_file():
         raise ValueError(f"no ZeroMQ keys in {path}: start runs with `areal train` (it writes them)")
     mode = path.stat().st_mode

@@ -11,14 +11,18 @@ Sends use a send timeout: a peer that is gone raises ``PeerGone`` naming the cha
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
 import socket
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import zmq
 
+from areal_cli.durable import atomic_write
+from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import Gatekeeper, Keys, curve_client, curve_server
 from areal_cli.transport.messages import CHANNELS, BadFrame, decode, encode
 
@@ -29,18 +33,28 @@ class PeerGone(RuntimeError):
 
 @dataclass
 class Endpoints:
-    """Addresses of a run, chosen by the launcher and written to ``<run_dir>/endpoints.json``."""
+    """Addresses of a run, in ``<run_dir>/endpoints.json``. One process of a run writes the file
+    (``publish``): the controller, once its sockets are bound (local runs), or the Slurm job's
+    prepare step on node 0 before any process starts; everyone else reads it (``load``)."""
 
-    work: str  # controller PUSH → rollout PULL: WorkItem
-    results: str  # rollout PUSH → controller PULL: GroupResult
-    batches: str  # controller PUSH → trainer rank 0 PULL: Batch
-    control: str  # controller PUB → rollout SUB: Control
-    status: str  # every process DEALER → controller ROUTER: Status
+    work: str  # controller PUSH → rollout PULL (CHANNELS["work"])
+    results: str  # rollout PUSH → controller PULL (CHANNELS["results"])
+    batches: str  # controller PUSH → trainer rank 0 PULL (CHANNELS["batches"])
+    control: str  # controller PUB → rollout SUB (CHANNELS["control"])
+    status: str  # every process DEALER → controller ROUTER (CHANNELS["status"])
     weights_host: str  # TCPStore of the weight broadcast group (hosted by trainer rank 0)
     weights_port: int
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def load(cls, run_dir: str | Path) -> Endpoints:
+        return cls(**json.loads(RunDir(run_dir).endpoints.read_text()))
+
+    def publish(self, run_dir: str | Path) -> None:
+        """Write ``endpoints.json`` atomically (the only code that writes it)."""
+        atomic_write(RunDir(run_dir).endpoints, json.dumps(self.to_dict(), indent=1))
 
 
 def free_ports(host: str, n: int) -> list[int]:
@@ -221,7 +235,7 @@ def _peer(frame) -> str:
 
 
 class Router(Channel):
-    """The controller's status socket: receives ``Status`` from every DEALER."""
+    """The controller's status socket: receives the status messages (``SENDERS``) from every DEALER."""
 
     parts = 2
 

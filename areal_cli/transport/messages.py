@@ -4,14 +4,18 @@ Arrays (token ids, logprobs, versions) travel as raw bytes with dtype and shape 
 pickled, never base64. Every message is a dataclass registered here; ``encode`` /
 ``decode`` are the only ways onto and off the wire. ``decode`` trusts nothing: a frame
 that is not exactly one allowed message with every field of its declared type raises
-``BadFrame`` (the receiving channel counts, logs and drops it). ``CHANNELS`` says which
-message types each channel carries; no message carries a filesystem path or any other
-capability — a receiver derives what it acts on from plain values (a version, a step).
+``BadFrame`` (the receiving channel counts, logs and drops it).
+
+One message type per event. ``CHANNELS`` says which message types each channel carries (each
+channel decodes only those) and ``SENDERS`` which process may send each status message (the
+controller drops the rest); docs/protocol.md draws the messages of one step. No message carries
+a filesystem path or any other capability — a receiver derives what it acts on from plain
+values (a version, a step).
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 
 import msgpack
 import numpy as np
@@ -120,14 +124,11 @@ def _check(owner: str, name: str, annotation: str, value):
 class WorkItem:
     group_id: int  # admission index of the group (0, 1, 2, ... over the run)
     prompt_id: str  # the problem's stable id
-    prompt_ids: np.ndarray  # int32 [P] prompt tokens (chat template applied)
+    prompt_ids: np.ndarray  # int32 [P] prompt tokens (chat template applied: tasks.prompt_ids)
     group_size: int  # samples to generate (G)
     max_new_tokens: int  # per turn
-    temperature: float  # sampling temperature
-    top_p: float  # nucleus mass (1.0 = off)
     problem: dict  # Problem.to_dict(): what the reward needs
     min_version: int  # do not start before the weights are at least this version
-    seed: int  # sampling seed of this group
 
 
 # ---- rollout → controller (PUSH/PULL) -------------------------------------------------
@@ -172,76 +173,131 @@ class GroupResult:
         return "" if self.samples else "a group without samples"
 
 
-# ---- controller → trainer (PUSH/PULL) --------------------------------------------------
+# ---- controller → trainer rank 0 (PUSH/PULL); rank 0 → the other ranks (``ranks.py``) ----
 
 
 @message
 class Batch:
-    step: int  # optimizer step this batch is for (0-based)
-    trained_version: int  # policy version the trainer holds when it uses the batch (= step)
+    step: int  # the optimizer step (0-based) that trains these groups; the policy is then at version `step`
     groups: list[GroupResult]  # B groups, oldest first
-    stop: bool = False  # no more batches: save and exit
 
 
 # ---- controller → rollout (PUB/SUB) ----------------------------------------------------
 
 
 @message
-class Control:
-    command: str  # "update" (join the weight broadcast of `version`) | "stop"
-    version: int = 0  # the version the weights will have after the update
+class UpdateWeights:
+    """Join trainer rank 0's weight broadcast now (generation pauses until the load is done)."""
 
-    def invalid(self) -> str:
-        return "" if self.command in ("update", "stop") else f"unknown command {self.command!r}"
-
-
-# ---- everyone → controller (DEALER/ROUTER) ---------------------------------------------
+    version: int  # the version the weights will have after the update
 
 
 @message
-class Status:
+class Stop:
+    """No more work. Control channel: a rollout worker exits. Ranks channel: every trainer rank
+    writes its part of a checkpoint (a stop signal reached rank 0 while it waited) and exits."""
+
+
+# ---- everyone → controller (DEALER/ROUTER): one message per event ----------------------
+
+
+@message
+class Hello:
+    """Up and ready (the trainer: ready for its first batch)."""
+
     sender: str  # process name: "trainer-0", "rollout-1", ...
-    kind: str  # one of STATUS_KINDS
-    doing: str = ""  # what the process is doing / waiting for (shown when it stalls)
-    version: int = 0  # step_done / checkpoint / weights_ready / weights_loaded: the policy version
-    metrics: dict = field(default_factory=dict)  # step_done: trainer metrics; weights_loaded: timings
-    text: str = ""  # error: the message
-    checkpoint: bool = False  # step_done: the trainer wrote its part of checkpoints/step_<version>
+
+
+@message
+class Heartbeat:
+    """Alive (sent every launcher.heartbeat_s by a thread of the process)."""
+
+    sender: str
+    doing: str  # what the process is busy with or waiting for (named when it stalls)
+    progress: int  # a counter its main loop advances: a busy peer whose counter stands still is stuck
+    busy: int = -1  # work the process holds (groups); -1: it does not say (the trainer's is known)
+
+
+@message
+class WeightsReady:
+    """The weights of ``version`` are in trainer rank 0's wire buffers: tell the workers to update."""
+
+    sender: str
+    version: int
+
+
+@message
+class StepDone:
+    """Step ``version`` - 1 is trained and its weights were broadcast (the trainer wants the next batch)."""
+
+    sender: str
+    version: int  # the policy version now
+    metrics: dict  # the trainer's metrics of the step (names → numbers or strings)
+    checkpoint: bool = False  # the trainer wrote its part of checkpoints/step_<version>.partial
 
     def invalid(self) -> str:
-        if self.kind not in STATUS_KINDS:
-            return f"unknown kind {self.kind!r}"
-        if not all(isinstance(k, str) and isinstance(v, (int, float, str, bool, type(None)))
-                   for k, v in self.metrics.items()):
-            return "metrics must map names to numbers or strings"
+        return _flat("metrics", self.metrics)
+
+
+@message
+class CheckpointWritten:
+    """Trainer ranks wrote their part of checkpoints/step_<version>.partial on a stop signal, between steps."""
+
+    sender: str
+    version: int
+
+
+@message
+class Bye:
+    """The trainer is done: the run ends."""
+
+    sender: str
+    finished: bool  # every step trained (False: stopped on a signal)
+
+
+@message
+class WeightsLoaded:
+    """This rollout worker now generates with ``version``."""
+
+    sender: str
+    version: int
+    timings: dict  # pause and load times (weight_updates.jsonl)
+
+    def invalid(self) -> str:
+        return _flat("timings", self.timings)
+
+
+def _flat(name: str, values: dict) -> str:
+    if all(isinstance(k, str) and isinstance(v, (int, float, str, bool, type(None))) for k, v in values.items()):
         return ""
+    return f"{name} must map names to numbers or strings"
 
 
-# kind → who may send it ("trainer-0", or "rollout" for any rollout worker, "*" for every peer)
-STATUS_KINDS = {
-    "hello": "*",  # up and ready (the trainer: ready for its first batch)
-    "heartbeat": "*",  # alive; ``doing`` says what it is busy with
-    "error": "*",  # failed with ``text``: the run ends
-    "weights_ready": "trainer-0",  # weights of ``version`` are in the wire buffers: tell the workers
-    "step_done": "trainer-0",  # step ``version`` - 1 trained (and maybe checkpointed)
-    "checkpoint": "trainer-0",  # checkpoint of ``version`` written on a stop signal, between steps
-    "bye": "trainer-0",  # the trainer finished: the run ends
-    "weights_loaded": "rollout",  # this worker now generates with ``version``
+# status message type → who sends it ("trainer-0", "rollout" for any rollout worker, "*" for every peer)
+SENDERS: dict[type, str] = {
+    Hello: "*",
+    Heartbeat: "*",
+    WeightsReady: "trainer-0",
+    StepDone: "trainer-0",
+    CheckpointWritten: "trainer-0",
+    Bye: "trainer-0",
+    WeightsLoaded: "rollout",
 }
 
 
-def may_send(kind: str, sender: str) -> bool:
-    """Whether a process called ``sender`` sends Status of ``kind`` (see STATUS_KINDS)."""
-    who = STATUS_KINDS.get(kind)
+def may_send(msg_type: type, sender: str) -> bool:
+    """Whether a process called ``sender`` ever sends a status message of ``msg_type`` (``SENDERS``)."""
+    who = SENDERS.get(msg_type)
     return who == "*" or who == sender or (who == "rollout" and sender.startswith("rollout-"))
 
 
-# ---- which channel carries what ---------------------------------------------------------
+# ---- which channel carries what (each channel decodes only these; anything else is dropped) ----
 
 CHANNELS: dict[str, tuple[type, ...]] = {
     "work": (WorkItem,),  # controller PUSH → rollout PULL
     "results": (GroupResult,),  # rollout PUSH → controller PULL
     "batches": (Batch,),  # controller PUSH → trainer rank 0 PULL
-    "control": (Control,),  # controller PUB → rollout SUB
-    "status": (Status,),  # every process DEALER → controller ROUTER
+    "control": (UpdateWeights, Stop),  # controller PUB → rollout SUB
+    "status": tuple(SENDERS),  # every process DEALER → controller ROUTER
+    "ranks": (Batch, Stop),  # trainer rank 0 → the other ranks (torch broadcast of the frame, ranks.py)
 }

@@ -49,7 +49,7 @@ STORIES = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot"
 
 def families(tok, n: int) -> dict[str, list[list[int]]]:
     from areal_cli.config.load import compose
-    from areal_cli.tasks import build_messages, load_problems
+    from areal_cli.tasks import load_problems, prompt_ids
 
     def ids(messages):
         return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -57,7 +57,7 @@ def families(tok, n: int) -> dict[str, list[list[int]]]:
     out = {}
     for task in ("basic_arithmetic", "arithmetic_long"):
         cfg = compose([f"task={task}"])
-        out[task] = [ids(build_messages(p, cfg.task)) for p in load_problems(cfg.task, "eval")[:n]]
+        out[task] = [prompt_ids(tok, p, cfg.task) for p in load_problems(cfg.task, "eval")[:n]]
     out["stories"] = [ids([{"role": "user", "content": f"Write a short story about {STORIES[i % 16]} ({i})."}])
                       for i in range(n)]
     return out

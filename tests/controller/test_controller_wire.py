@@ -14,10 +14,18 @@ import zmq
 from areal_cli.config.schema import RootConfig
 from areal_cli.controller.main import Controller
 from areal_cli.launcher.plan import make_plan
-from areal_cli.runtime import load_endpoints
 from areal_cli.transport.auth import load_keys
-from areal_cli.transport.channels import Channel, status_sender
-from areal_cli.transport.messages import GroupResult, Sample, Status
+from areal_cli.transport.channels import Channel, Endpoints, status_sender
+from areal_cli.transport.messages import (
+    Bye,
+    CheckpointWritten,
+    GroupResult,
+    Hello,
+    Sample,
+    StepDone,
+    WeightsReady,
+    WorkItem,
+)
 
 MIB = 1 << 20
 
@@ -36,7 +44,7 @@ def ctl(tmp_path, tiny_model):
 
 
 def client(ctl, name: str):
-    return status_sender(load_endpoints(ctl.run_dir).status, name, load_keys(ctl.run_dir), MIB)
+    return status_sender(Endpoints.load(ctl.run_dir).status, name, load_keys(ctl.run_dir), MIB)
 
 
 def pump(ctl, until, timeout_s: float = 5.0) -> None:
@@ -54,8 +62,8 @@ def test_no_path_travels_a_status_with_one_moves_nothing(ctl, tmp_path):
         (victim / d / "trainer.json").write_text("{}")
     trainer = client(ctl, "trainer-0")
     path = str(victim / "step_3.partial")
-    trainer.send(Status("trainer-0", "checkpoint", version=0, metrics={"checkpoint": path}))
-    trainer.send(Status("trainer-0", "step_done", version=0, metrics={"checkpoint": path}))
+    trainer.send(CheckpointWritten("trainer-0", 0))
+    trainer.send(StepDone("trainer-0", 0, metrics={"checkpoint": path}, checkpoint=True))
     pump(ctl, lambda: ctl.unexpected >= 2)
     assert sorted(p.name for p in victim.iterdir()) == ["step_1", "step_2", "step_3.partial"]
     assert ctl.unexpected == 2  # checkpoint 0 was never written; no batch was being trained
@@ -66,13 +74,13 @@ def test_no_path_travels_a_status_with_one_moves_nothing(ctl, tmp_path):
 
 def test_forged_status_frames_are_dropped_and_the_controller_goes_on(ctl):
     rollout, stranger, trainer = client(ctl, "rollout-0"), client(ctl, "mallory"), client(ctl, "trainer-0")
-    trainer.send(Status("trainer-0", "weights_ready", version=7))  # no batch 6 was ever sent
-    rollout.send(Status("rollout-0", "bye"))  # only the trainer ends the run
-    rollout.send(Status("rollout-0", "step_done", version=0))
-    stranger.send(Status("mallory", "error", text="stop everything"))
+    trainer.send(WeightsReady("trainer-0", 7))  # no batch 6 was ever sent
+    rollout.send(Bye("rollout-0", finished=True))  # only the trainer ends the run
+    rollout.send(StepDone("rollout-0", 0, {}))
+    stranger.send(Bye("mallory", finished=False))
     for junk in (b"\x93garbage", b"", b"\xc1"):  # malformed frames on the status socket
         trainer.sock.send(junk)
-    trainer.send(Status("trainer-0", "hello"))  # and then a legitimate one
+    trainer.send(Hello("trainer-0"))  # and then a legitimate one
     pump(ctl, lambda: ctl.trainer_ready)
     assert ctl.trainer_ready and not ctl.done
     assert ctl.adm.version == 0 and ctl.pending_update is None  # the staleness bound holds
@@ -82,7 +90,7 @@ def test_forged_status_frames_are_dropped_and_the_controller_goes_on(ctl):
 
 
 def test_malformed_and_unknown_results_are_dropped(ctl):
-    keys, ep = load_keys(ctl.run_dir), load_endpoints(ctl.run_dir)
+    keys, ep = load_keys(ctl.run_dir), Endpoints.load(ctl.run_dir)
     push = Channel(zmq.PUSH, ep.results, bind=False, name="results", keys=keys, max_frame=MIB)
     worker = Channel(zmq.PULL, ep.work, bind=False, name="work", keys=keys, max_frame=MIB)
     s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
@@ -102,3 +110,39 @@ def test_malformed_and_unknown_results_are_dropped(ctl):
     assert [g.group_id for g in ctl.buffer] == [gid]  # a well-formed result still counts
     push.close()
     worker.close()
+
+
+def test_every_status_message_has_a_handler_and_acts(ctl):
+    """The dispatch table covers the status channel's types; each message does what it says."""
+    from areal_cli.transport.messages import CHANNELS, Heartbeat, WeightsLoaded
+
+    assert set(ctl.on) == set(CHANNELS["status"])
+    trainer, rollout = client(ctl, "trainer-0"), client(ctl, "rollout-0")
+    rollout.send(Hello("rollout-0"))
+    rollout.send(Heartbeat("rollout-0", "generating (3 groups)", progress=5, busy=3))
+    trainer.send(Heartbeat("trainer-0", "waiting for batch 0", progress=1))
+    pump(ctl, lambda: "trainer-0" in ctl.doing)
+    assert ctl.rollouts_up == {"rollout-0"} and ctl.doing["rollout-0"] == "generating (3 groups)"
+    assert ctl.watch.peers["rollout-0"].busy and ctl.watch.peers["rollout-0"].progress == 5
+    assert not ctl.watch.peers["trainer-0"].busy  # busy -1: the trainer does not say; unchanged
+    trainer.send(WeightsReady("trainer-0", 0))  # resume at version 0
+    pump(ctl, lambda: ctl.pending_update is None and ctl.adm.version == 0 and ctl.last_seen.get("trainer-0"))
+    rollout.send(WeightsLoaded("rollout-0", 1, {"pause_total_s": 0.25}))
+    pump(ctl, lambda: ctl.rec.pauses)
+    assert ctl.rec.pauses == [0.25] and '"pause_total_s": 0.25' in (ctl.run_dir / "weight_updates.jsonl").read_text()
+    assert ctl.loaded == {"rollout-0": 1}  # what culprits() reads when the trainer hangs sending weights
+    assert not ctl.done
+    trainer.send(Bye("trainer-0", finished=True))
+    pump(ctl, lambda: ctl.done)
+    assert ctl.done and ctl.unexpected == 0
+    for c in (trainer, rollout):
+        c.close()
+
+
+def test_endpoints_json_is_the_bound_addresses_and_work_items_carry_no_sampling(ctl):
+    """The controller publishes what it bound (port_base=0: the OS chose); the launcher wrote none."""
+    ep = Endpoints.load(ctl.run_dir)
+    assert ep.work == ctl.work.addr and ep.status == ctl.status.addr and not ep.work.endswith(":0")
+    assert (ctl.run_dir / "controller.ready").is_file()
+    assert {f for f in WorkItem.__dataclass_fields__} == {
+        "group_id", "prompt_id", "prompt_ids", "group_size", "max_new_tokens", "problem", "min_version"}

@@ -90,8 +90,7 @@ def test_workflow_draws_each_samples_length(tiny_model):
     profile = load_profile("arithmetic_long", seed=0)
     flow = Workflow(WorkflowConfig(), eng, pool, tok, worker=0, lengths=profile)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
-    item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64, 1.0, 1.0,
-                    problem.to_dict(), 0, 0)
+    item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64, problem.to_dict(), 0)
     flow.start(item)
     results = drive_workflow(flow, eng, 90)
     eng.close()

@@ -11,12 +11,12 @@ from conftest import drive_workflow
 from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
-from areal_cli.config.task import RewardConfig
+from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.hf import HFEngine
-from areal_cli.rollout.workflows.episodes import Episode, Group, Workflow
-from areal_cli.tasks import Problem
+from areal_cli.rollout.workflows.episodes import Episode, Group, TurnId, Workflow
+from areal_cli.tasks import Problem, prompt_ids
 from areal_cli.transport.messages import WorkItem
 
 
@@ -27,17 +27,15 @@ def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
     pool = RewardPool(reward or RewardConfig(fn="exact", timeout_s=5.0), 1)
     flow = Workflow(cfg, eng, pool, tok, worker=0)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
-    prompt = tok(tok.apply_chat_template([{"role": "user", "content": problem.prompt}],
-                                         add_generation_prompt=True, tokenize=False),
-                 add_special_tokens=False)["input_ids"]
-    item = WorkItem(0, "t/1", np.asarray(prompt, np.int32), 2, 8, 1.0, 1.0, problem.to_dict(), 0, 0)
+    prompt = prompt_ids(tok, problem, TaskConfig())
+    item = WorkItem(0, "t/1", np.asarray(prompt, np.int32), 2, 8, problem.to_dict(), 0)
     if inject is None:
         flow.start(item)
     else:  # the first turn's text is given (as if generated); later turns are generated
         flow.groups[0] = Group(item, problem, [Episode(i, list(prompt)) for i in range(2)], time.monotonic())
         ids = tok(inject, add_special_tokens=False)["input_ids"] + [2]
         for i in range(2):
-            flow.on_generated(Sequence(f"0:{i}:0", prompt, 64, ids, [-1.0] * len(ids), [0] * len(ids),
+            flow.on_generated(Sequence(TurnId(0, i, 0), prompt, 64, ids, [-1.0] * len(ids), [0] * len(ids),
                                        "stop"))
     results = drive_workflow(flow, eng, 60)
     eng.close()

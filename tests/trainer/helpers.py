@@ -51,7 +51,7 @@ def make_batch(model, groups: int, group_size: int, seed: int = 0, rewards=None)
                 reward_status="ok", finish_reason="stop", num_turns=1, completion=""))
         out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
                                gen_tokens=0))
-    return Batch(step=0, trained_version=0, groups=out)
+    return Batch(step=0, groups=out)
 
 
 def plain_model(path):
@@ -80,4 +80,4 @@ def default_shaped_batch(seed: int = 0, groups: int = 8, group_size: int = 4, un
                 reward_status="ok", finish_reason="stop", num_turns=1, completion=""))
         out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
                                gen_tokens=0))
-    return Batch(step=0, trained_version=0, groups=out)
+    return Batch(step=0, groups=out)

@@ -26,7 +26,7 @@ def result(group_id: int) -> GroupResult:
 
 
 def work(group_id: int) -> WorkItem:
-    return WorkItem(group_id, f"p{group_id}", np.arange(3, dtype=np.int32), 2, 8, 1.0, 1.0, {}, 0, 0)
+    return WorkItem(group_id, f"p{group_id}", np.arange(3, dtype=np.int32), 2, 8, {}, 0)
 
 
 def addr() -> str:

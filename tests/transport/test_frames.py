@@ -13,13 +13,25 @@ import zmq
 from areal_cli.transport.channels import Channel, free_ports
 from areal_cli.transport.messages import (
     CHANNELS,
+    REGISTRY,
+    SENDERS,
     BadFrame,
     Batch,
+    Bye,
+    CheckpointWritten,
     GroupResult,
+    Heartbeat,
+    Hello,
     Sample,
-    Status,
+    StepDone,
+    Stop,
+    UpdateWeights,
+    WeightsLoaded,
+    WeightsReady,
+    WorkItem,
     decode,
     encode,
+    may_send,
 )
 
 MIB = 1 << 20
@@ -71,22 +83,80 @@ def test_decode_rejects_every_malformed_shape(name):
         decode(BAD[name], CHANNELS["results"])
 
 
-def test_each_channel_accepts_only_its_types():
-    status = encode(Status("trainer-0", "bye"))
-    assert isinstance(decode(status, CHANNELS["status"]), Status)
-    for channel in ("work", "results", "batches", "control"):
-        with pytest.raises(BadFrame, match="on a channel that carries"):
-            decode(status, CHANNELS[channel])
-    with pytest.raises(BadFrame, match="unknown kind"):
-        decode(encode(Status("trainer-0", "rename_checkpoint")), CHANNELS["status"])
-    b = decode(encode(Batch(0, 0, [result(3)])), CHANNELS["batches"])
+EXAMPLES = {  # one well-formed message of every registered type
+    WorkItem: WorkItem(1, "p1", np.arange(3, dtype=np.int32), 2, 8, {}, 0),
+    Sample: result(1).samples[0],
+    GroupResult: result(2),
+    Batch: Batch(0, [result(3)]),
+    UpdateWeights: UpdateWeights(3),
+    Stop: Stop(),
+    Hello: Hello("rollout-0"),
+    Heartbeat: Heartbeat("trainer-0", "training step 2", 7),
+    WeightsReady: WeightsReady("trainer-0", 3),
+    StepDone: StepDone("trainer-0", 3, {"loss": 0.5, "note": "x"}, checkpoint=True),
+    CheckpointWritten: CheckpointWritten("trainer-0", 3),
+    Bye: Bye("trainer-0", finished=True),
+    WeightsLoaded: WeightsLoaded("rollout-1", 3, {"pause_total_s": 0.1}),
+}
+
+
+def test_every_message_type_is_covered_and_round_trips():
+    assert set(EXAMPLES) == set(REGISTRY.values())
+    for msg in EXAMPLES.values():
+        back = decode(encode(msg))
+        assert type(back) is type(msg) and encode(back) == encode(msg)
+
+
+@pytest.mark.parametrize("channel", sorted(CHANNELS))
+def test_each_channel_accepts_exactly_its_types(channel):
+    for cls, msg in EXAMPLES.items():
+        if cls in CHANNELS[channel]:
+            assert type(decode(encode(msg), CHANNELS[channel])) is cls
+        else:
+            with pytest.raises(BadFrame, match="on a channel that carries"):
+                decode(encode(msg), CHANNELS[channel])
+
+
+def test_the_channel_table():
+    names = lambda ch: {c.__name__ for c in CHANNELS[ch]}  # noqa: E731
+    assert names("work") == {"WorkItem"} and names("results") == {"GroupResult"} and names("batches") == {"Batch"}
+    assert names("control") == {"UpdateWeights", "Stop"} and names("ranks") == {"Batch", "Stop"}
+    assert names("status") == {"Hello", "Heartbeat", "WeightsReady", "StepDone", "CheckpointWritten", "Bye",
+                               "WeightsLoaded"}
+    assert set(CHANNELS["status"]) == set(SENDERS)  # every status message says who may send it
+    nested = {Sample}  # travels only inside a GroupResult
+    assert set(REGISTRY.values()) == nested | {c for types in CHANNELS.values() for c in types}
+
+
+def test_who_may_send_which_status_message():
+    everyone = {Hello, Heartbeat}
+    trainer = {WeightsReady, StepDone, CheckpointWritten, Bye}
+    for cls in SENDERS:
+        assert may_send(cls, "trainer-0") == (cls in everyone | trainer)
+        assert may_send(cls, "rollout-3") == (cls in everyone | {WeightsLoaded})
+        assert not may_send(cls, "trainer-1") or cls in everyone
+    assert not may_send(WorkItem, "trainer-0")  # not a status message at all
+
+
+def test_status_messages_are_checked_field_by_field():
+    with pytest.raises(BadFrame, match="unknown message type"):
+        decode(msgpack.packb({"type": "RenameCheckpoint", "body": {"sender": "trainer-0"}}), CHANNELS["status"])
+    with pytest.raises(BadFrame, match="metrics must map names to numbers"):
+        decode(encode(StepDone("trainer-0", 1, {"x": [1, 2]})), CHANNELS["status"])
+    with pytest.raises(BadFrame, match="unknown field"):  # no path rides along
+        decode(msgpack.packb({"type": "CheckpointWritten", "body": {"sender": "trainer-0", "version": 1,
+                                                                    "path": "/etc"}}), CHANNELS["status"])
+    with pytest.raises(BadFrame, match="expected int"):
+        decode(msgpack.packb({"type": "WeightsReady", "body": {"sender": "trainer-0", "version": "1"}}),
+               CHANNELS["status"])
+    b = decode(encode(Batch(0, [result(3)])), CHANNELS["batches"])
     assert isinstance(b.groups[0], GroupResult) and b.groups[0].samples[0].logprobs.dtype == np.float32
 
 
 def test_malformed_and_misrouted_frames_are_dropped_and_counted(keys, gate, caplog):
     pull, push = pair(keys, gate, "results")
     with caplog.at_level(logging.WARNING):
-        push.sock.send(encode(Status("trainer-0", "weights_ready", version=9)))  # valid, wrong channel
+        push.sock.send(encode(WeightsReady("trainer-0", 9)))  # valid, wrong channel
         for frame in BAD.values():
             push.sock.send(frame)
         push.sock.send_multipart([encode(result(5)), b"x"])  # two frames where one is expected
@@ -94,7 +164,7 @@ def test_malformed_and_misrouted_frames_are_dropped_and_counted(keys, gate, capl
         got = pull.recv(5)
     assert got is not None and got.group_id == 7  # the receiver kept working
     assert pull.dropped == len(BAD) + 2
-    assert "a Status on a channel that carries GroupResult" in caplog.text
+    assert "a WeightsReady on a channel that carries GroupResult" in caplog.text
     assert "from 127.0.0.1" in caplog.text  # the peer is named
     pull.close()
     push.close()

@@ -8,7 +8,7 @@ import numpy as np
 import zmq
 
 from areal_cli.transport.channels import Channel, free_ports
-from areal_cli.transport.messages import Batch, GroupResult, Sample, decode, encode
+from areal_cli.transport.messages import Batch, GroupResult, Sample, Stop, decode, encode
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,7 +21,7 @@ def _sample(i):
 
 
 def test_round_trip_keeps_arrays_raw_and_typed():
-    b = Batch(3, 3, [GroupResult(7, "p", 0, [_sample(0), _sample(1)], 0.5, 6)])
+    b = Batch(3, [GroupResult(7, "p", 0, [_sample(0), _sample(1)], 0.5, 6)])
     frame = encode(b)
     assert b"pickle" not in frame
     got = decode(frame)
@@ -48,13 +48,13 @@ CHILD = """
 import logging, os, sys, time, zmq
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import Channel, shutdown
-from areal_cli.transport.messages import Control
+from areal_cli.transport.messages import Stop
 keys = load_keys(sys.argv[2])
 gate = Gatekeeper(keys, logging.getLogger("child"))
 pub = Channel(zmq.PUB, sys.argv[1], bind=True, name="control", keys=keys, max_frame=1 << 20, gate=gate)
 sys.stdin.readline()  # the subscriber is connected
 time.sleep(0.3)  # and its subscription has arrived
-pub.send(Control("stop"))
+pub.send(Stop())
 pub.close(linger_s=1.0)
 gate.stop()
 shutdown()
@@ -63,7 +63,7 @@ os._exit(0)  # as run_main ends every process
 
 
 def test_the_last_message_before_exit_is_delivered(keys, tmp_path):
-    """The controller's last "stop" to the rollout workers: sent, then the process exits at once.
+    """The controller's last Stop to the rollout workers: sent, then the process exits at once.
     Without the linger and ``shutdown`` the message was lost in some of 10 tries (a race)."""
     from zmq.utils.monitor import recv_monitor_message
 
@@ -78,7 +78,7 @@ def test_the_last_message_before_exit_is_delivered(keys, tmp_path):
         child.stdin.flush()
         got = sub.recv(10)
         assert child.wait(30) == 0
-        assert got is not None and got.command == "stop"
+        assert isinstance(got, Stop)
         sub.sock.disable_monitor()
         mon.close(0)
         sub.close()

@@ -8,7 +8,7 @@ generation: unfinished sequences continue under the new weights from the tokens 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 
 
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 class Sequence:
     """One generation request and everything produced for it so far."""
 
-    rid: str  # request id, unique in the worker
+    rid: Hashable  # the caller's id of this request (workflows.TurnId, evaluator.EvalId), returned as given;
+    # its str() is unique in the engine
     prompt_ids: list[int]  # the context given to the engine
     max_new_tokens: int  # budget of this request
     output_ids: list[int] = field(default_factory=list)  # generated tokens
@@ -25,6 +26,11 @@ class Sequence:
     finish_reason: str = ""  # "" while running; then "stop" | "length"
     segments: int = 1  # engine requests this sequence took (1 + interruptions)
     ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
+
+    def segment_id(self) -> str:
+        """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an engine
+        maps it back to the sequence through its own table, never by parsing it."""
+        return f"{self.rid}#{self.segments}"
 
 
 class Engine(ABC):

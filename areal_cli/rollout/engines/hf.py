@@ -63,8 +63,8 @@ class HFEngine(Engine):
         self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
         self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
         self.manager.start()
-        self.seqs: dict[str, Sequence] = {}  # rid → sequence
-        self.segment: dict[str, tuple[str, int]] = {}  # engine request id → (rid, output length at start)
+        self.seqs: dict = {}  # rid → sequence
+        self.segment: dict[str, tuple] = {}  # engine request id (Sequence.segment_id) → (rid, output length at start)
         self.version = 0
         self._finished_during_pause: list[Sequence] = []
         self._failed: str | None = None  # why generation was stopped (non-finite weights)
@@ -74,7 +74,7 @@ class HFEngine(Engine):
         return self._model
 
     def _submit_segment(self, seq: Sequence) -> None:
-        req = f"{seq.rid}#{seq.segments}"
+        req = seq.segment_id()
         self.segment[req] = (seq.rid, len(seq.output_ids))
         remaining = seq.max_new_tokens - len(seq.output_ids)
         got = self.manager.add_request(list(seq.prompt_ids) + list(seq.output_ids), request_id=req,

@@ -64,8 +64,8 @@ class VLLMEngine(Engine):
         tok = self.llm.get_tokenizer()
         eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
         self.eos = {tok.eos_token_id} | set([eos] if isinstance(eos, int) else (eos or []))
-        self.seqs: dict[str, Sequence] = {}  # rid → sequence
-        self.segment: dict[str, str] = {}  # engine request id → rid
+        self.seqs: dict = {}  # rid → sequence
+        self.segment: dict = {}  # engine request id (Sequence.segment_id) → rid
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
         self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
@@ -92,7 +92,7 @@ class VLLMEngine(Engine):
             self._finish(seq, "stop" if stopped else "length")
             self._done.append(seq)
             return
-        req = f"{seq.rid}#{seq.segments}"
+        req = seq.segment_id()
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
         self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining, seq.ignore_eos))

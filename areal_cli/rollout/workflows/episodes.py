@@ -35,6 +35,18 @@ from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
 
+@dataclass(frozen=True)
+class TurnId:
+    """The engine request of one model turn: turn ``turn`` of sample ``sample`` of group ``group_id``."""
+
+    group_id: int
+    sample: int
+    turn: int
+
+    def __str__(self) -> str:
+        return f"{self.group_id}:{self.sample}:{self.turn}"  # also the length profile's draw key
+
+
 @dataclass
 class Episode:
     index: int
@@ -84,15 +96,15 @@ class Workflow:
             self._generate(item, ep)
 
     def _generate(self, item: WorkItem, ep: Episode) -> None:
-        ctx, rid = ep.prompt_ids + ep.out_ids, f"{item.group_id}:{ep.index}:{ep.turns}"
+        ctx, rid = ep.prompt_ids + ep.out_ids, TurnId(item.group_id, ep.index, ep.turns)
         if self.lengths is None:
             return self.engine.submit(Sequence(rid, ctx, item.max_new_tokens))
-        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, rid), ignore_eos=True))
+        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, str(rid)), ignore_eos=True))
 
     def on_generated(self, seq: Sequence) -> None:
-        gid, idx, _turn = (int(x) for x in seq.rid.split(":"))
-        group = self.groups[gid]
-        ep = group.episodes[idx]
+        rid: TurnId = seq.rid
+        group = self.groups[rid.group_id]
+        ep = group.episodes[rid.sample]
         group.gen_tokens += len(seq.output_ids)
         ep.out_ids += seq.output_ids
         ep.logprobs += seq.logprobs
