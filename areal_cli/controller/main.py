@@ -29,7 +29,7 @@ from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
 from areal_cli.tasks import Problem, load_split, load_tokenizer, prompt_ids, split_report
-from areal_cli.tracking.session import open_for_run
+from areal_cli.tracking.fanout import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import (
     Channel,

@@ -43,7 +43,7 @@ class StepRecorder:
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
         self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
         self.samples: dict[int, list[list]] = {}  # step → its sample table, until its step is done
-        self.tracking = None  # a tracking.session.TrackingSession, once the controller opens one
+        self.tracking = None  # a tracking.fanout.TrackerFanout, once the controller opens one
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens

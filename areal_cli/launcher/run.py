@@ -158,7 +158,7 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
         import logging
 
         from areal_cli.launcher.final_eval import report
-        from areal_cli.tracking.session import log_final_eval
+        from areal_cli.tracking.fanout import log_final_eval
 
         log_final_eval(plan.run_dir, cfg, result, report(result), logging.getLogger("areal.tracking"))
     return plan.run_dir

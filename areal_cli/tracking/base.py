@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,9 +30,9 @@ class RunInfo:
     again. None: a fresh run, or reopened only to add the closing evaluation."""
 
 
-class Tracker:
+class Tracker(ABC):
     """A backend. Steps arrive in increasing order; a backend that cannot overwrite a step it
-    already holds is never sent one again (session.py). Any exception switches the backend off."""
+    already holds is never sent one again (fanout.py). Any exception switches the backend off."""
 
     name = ""
     where = ""
@@ -40,20 +41,22 @@ class Tracker:
     """True where the backend itself drops what was logged from ``resume_step`` on (TensorBoard's
     purge); others keep the values they first received for those steps."""
 
+    @abstractmethod
     def start(self, info: RunInfo) -> dict:
         """Open the run; returns what to store for a resume (e.g. {"id": ...})."""
-        raise NotImplementedError
 
+    @abstractmethod
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
-        raise NotImplementedError
+        """One step's scalar metrics."""
 
+    @abstractmethod
     def log_samples(self, step: int, rows: list[list]) -> None:
         """A table of sample completions, columns SAMPLE_COLUMNS."""
-        raise NotImplementedError
 
+    @abstractmethod
     def log_summary(self, step: int, values: dict[str, float], text: str) -> None:
         """The closing evaluation: figures at ``step`` (the last one) and a report."""
-        raise NotImplementedError
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Flush and close the run."""

@@ -4,7 +4,7 @@
 Parameters are the flattened config (written once: MLflow refuses to change a parameter), the
 config itself is the artifact config.yaml, sample tables are artifacts samples/step_<n>.json. A
 resume reopens the stored run id. MLflow keeps every value logged at a step, so after a crash
-the steps between the checkpoint and the crash keep the values first logged (session.py)."""
+the steps between the checkpoint and the crash keep the values first logged (fanout.py)."""
 
 from __future__ import annotations
 

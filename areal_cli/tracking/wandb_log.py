@@ -3,7 +3,7 @@
 The run id is made once and kept in tracking.json; a resume opens the same id
 (``resume="allow"``). Offline, each start writes ``wandb/offline-run-<time>-<id>/``; ``wandb sync``
 uploads them into one run. W&B refuses steps that go back, so after a crash the steps between the
-checkpoint and the crash keep the values first logged (session.py does not send them again)."""
+checkpoint and the crash keep the values first logged (fanout.py does not send them again)."""
 
 from __future__ import annotations
 

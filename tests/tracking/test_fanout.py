@@ -1,4 +1,4 @@
-"""The tracking session in-process, on real libraries: a backend that breaks mid-run is switched
+"""The tracker fan-out in-process, on real libraries: a backend that breaks mid-run is switched
 off with one warning and the others go on; the closing evaluation reopens the same tracker runs;
 a missing library stops ``areal train`` before anything starts, naming the extra to install."""
 
@@ -16,8 +16,8 @@ from readers import mlflow_client, offline, tensorboard_scalars, wandb_runs
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
+from areal_cli.tracking.fanout import log_final_eval, open_for_run
 from areal_cli.tracking.names import tracker_metrics, tracker_name
-from areal_cli.tracking.session import log_final_eval, open_for_run
 
 LOG = logging.getLogger("test.tracking")
 
@@ -43,16 +43,16 @@ def test_names():
 
 
 def test_a_backend_that_breaks_mid_run_is_switched_off_once(tmp_path, caplog):
-    session = open_for_run(tmp_path, config("tensorboard", "mlflow"), LOG, None, -1)
-    session.log_step(row(0))
+    fanout = open_for_run(tmp_path, config("tensorboard", "mlflow"), LOG, None, -1)
+    fanout.log_step(row(0))
     shutil.rmtree(tmp_path / "mlruns")
     (tmp_path / "mlruns").write_text("not a directory any more")  # MLflow's store is gone
     with caplog.at_level(logging.WARNING, LOG.name):
         for step in (1, 2, 3):
-            assert session.log_step(row(step)) >= 0
+            assert fanout.log_step(row(step)) >= 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and warnings[0].startswith("mlflow failed while logging step 1"), warnings
-    session.close()
+    fanout.close()
     assert sorted(tensorboard_scalars(tmp_path / "tensorboard")["reward/mean"]) == [0, 1, 2, 3]
 
 
@@ -61,20 +61,20 @@ def test_a_backend_that_cannot_start_leaves_the_others(tmp_path, caplog):
     (tmp_path / "blocked").write_text("")
     cfg.logging.mlflow_uri = (tmp_path / "blocked" / "mlruns").as_uri()  # below a file: cannot be made
     with caplog.at_level(logging.WARNING, LOG.name):
-        session = open_for_run(tmp_path, cfg, LOG, None, -1)
-    assert [t.name for t in session.trackers] == ["tensorboard"]
+        fanout = open_for_run(tmp_path, cfg, LOG, None, -1)
+    assert [t.name for t in fanout.trackers] == ["tensorboard"]
     assert "mlflow could not start" in caplog.text
-    session.close()
+    fanout.close()
 
 
 def test_closing_evaluation_reopens_the_same_tracker_runs(tmp_path):
     cfg = config("tensorboard", "wandb", "mlflow")
     with offline(tmp_path / "home"):
-        session = open_for_run(tmp_path, cfg, LOG, None, -1)
+        fanout = open_for_run(tmp_path, cfg, LOG, None, -1)
         for step in (0, 1):
-            session.log_step(row(step))
+            fanout.log_step(row(step))
             append_jsonl(tmp_path / "metrics.jsonl", [row(step)])
-        session.close()
+        fanout.close()
         result = {"base": {"accuracy": 0.25}, "trained": {"accuracy": 0.5}, "gain_points": 25.0}
         log_final_eval(tmp_path, cfg, result, ["held-out greedy accuracy ..."], LOG)
     state = json.loads((tmp_path / "tracking.json").read_text())

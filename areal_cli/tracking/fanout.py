@@ -1,6 +1,6 @@
 """The trackers of one process, behind one object that never raises.
 
-The controller opens a ``TrackingSession`` once (``open_for_run``): each backend of
+The controller opens a ``TrackerFanout`` once (``open_for_run``): each backend of
 ``logging.backends`` starts, and what it needs to reopen the same tracker run (its id) goes to
 ``<run_dir>/tracking.json``. Every step row is sent to every backend, then written to
 metrics.jsonl, so metrics.jsonl says which steps the trackers hold: after a resume, a backend that
@@ -30,7 +30,7 @@ def load_backend(name: str) -> Tracker:
     return getattr(importlib.import_module(f"areal_cli.tracking.{b.module}"), b.cls)()
 
 
-class TrackingSession:
+class TrackerFanout:
     def __init__(self, run_dir: Path, cfg: RootConfig, log: logging.Logger, names: list[str],
                  state: dict, resume_step: int | None = None, logged_step: int = -1):
         self.run_dir, self.log, self.state = Path(run_dir), log, state
@@ -101,12 +101,12 @@ class TrackingSession:
 
 
 def open_for_run(run_dir: Path, cfg: RootConfig, log: logging.Logger,
-                 resume_step: int | None, logged_step: int) -> TrackingSession:
-    """The controller's session: new tracker runs for a new run; a resume (``resume_step`` set)
+                 resume_step: int | None, logged_step: int) -> TrackerFanout:
+    """The controller's fan-out: new tracker runs for a new run; a resume (``resume_step`` set)
     reopens the runs named in tracking.json. ``logged_step``: the last step of metrics.jsonl
     before the resume cut it to its checkpoint."""
     state = read_state(run_dir) if resume_step is not None else {}
-    return TrackingSession(run_dir, cfg, log, chosen(cfg.logging.backends), state, resume_step, logged_step)
+    return TrackerFanout(run_dir, cfg, log, chosen(cfg.logging.backends), state, resume_step, logged_step)
 
 
 def read_state(run_dir: Path) -> dict:
@@ -125,8 +125,8 @@ def log_final_eval(run_dir: Path, cfg: RootConfig, result: dict, report: list[st
 
     rows, _ = read_jsonl(RunDir(run_dir).metrics)
     step = rows[-1]["step"] if rows else 0
-    session = TrackingSession(run_dir, cfg, log, names, state, None, logged_step=step)
-    session.log_summary(step, {"eval_final/base_accuracy": result["base"]["accuracy"],
+    fanout = TrackerFanout(run_dir, cfg, log, names, state, None, logged_step=step)
+    fanout.log_summary(step, {"eval_final/base_accuracy": result["base"]["accuracy"],
                                "eval_final/trained_accuracy": result["trained"]["accuracy"],
                                "eval_final/gain_points": result["gain_points"]}, "\n".join(report))
-    session.close()
+    fanout.close()
