@@ -57,8 +57,9 @@ def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, doing: dict
     out = [(peer, idle, "") for peer, idle in stalled]
     if "trainer-0" not in dict(stalled) or not doing.get("trainer-0", "").startswith("sending weights"):
         return out
+    joined = f"receiving weights of version {version} "  # the rollout worker's own words (rollout/main.py)
     waited = sorted(r for r in peers - {"trainer-0"}
-                    if loaded.get(r, -1) < version and not doing.get(r, "").startswith("receiving weights"))
+                    if loaded.get(r, -1) < version and not doing.get(r, "").startswith(joined))
     if not waited:
         return out
     note = f"; trainer-0 waits for it to join the weight update of version {version}"

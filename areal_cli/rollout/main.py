@@ -196,6 +196,7 @@ class Worker:
         self.hb.send(WeightsLoaded(self.name, version, timings))
         self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
                       timings["pause_total_s"], timings.get("interrupted", 0))
+        self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
 
     def _load(self) -> dict:
         return self.receiver.receive() if self.receiver is not None else {}

@@ -70,5 +70,10 @@ def test_a_trainer_stuck_sending_weights_names_the_worker_that_never_joined():
         "rollout-1"]
     assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {"rollout-1": 2}, peers, 2,
                                       10.0)] == ["trainer-0"]
+    # A worker that froze right after loading version 1 still says it was receiving version 1: it
+    # has not joined version 2's update, so it is the one named.
+    doing["rollout-0"] = "receiving weights of version 1 from trainer rank 0"
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {"rollout-0": 1, "rollout-1": 2},
+                                      peers, 2, 10.0)] == ["rollout-0"]
     doing["trainer-0"] = "training step 3"
     assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {}, peers, 2, 10.0)] == ["trainer-0"]
