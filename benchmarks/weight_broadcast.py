@@ -1,6 +1,6 @@
 """Weight broadcast bandwidth on two GPUs: raw NCCL vs the project's bucketed path.
 
-    python3 benchmarks/weight_broadcast.py [--models 1.5b 135m] [--bucket-mb 1024 256] [--out FILE]
+    python3 benchmarks/weight_broadcast.py [--models 7b 1.5b 135m] [--bucket-mb 1024 256] [--out FILE]
 
 Two processes, GPU 0 = trainer rank 0, GPU 1 = a rollout worker; both groups are built from a
 TCPStore outside torchrun, as ``areal_cli/transport/weights.py`` does.
@@ -30,6 +30,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 MODELS = {
+    # ~7.6B: Qwen2.5-7B's shape (hidden 3584, 28 layers, MLP 18944, 28 heads / 4 KV heads, vocab 152064)
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, num_attention_heads=28,
+               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     # ~1.4B: hidden 2048, 24 layers, MLP 5632, vocab 49152, untied head
     "1.5b": dict(hidden_size=2048, num_hidden_layers=24, intermediate_size=5632, num_attention_heads=16,
                  num_key_value_heads=16, vocab_size=49152, tie_word_embeddings=False),

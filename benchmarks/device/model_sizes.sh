@@ -8,6 +8,10 @@
 #   stage2   carry .vllm/b .whl .tf   vLLM part 2, wheels, transformers 5.24
 #   stage3   carry .models/a          default model (its tokenizer) part 1
 #   build    carry .models/b          random Qwen2.5-1.5B and Qwen2.5-7B checkpoints (bf16, initialised on GPU 0)
+#   buildbw  carry .models/b          build, and meanwhile (GPUs 2, 3) raw NCCL broadcast vs the bucketed path for
+#                                     the 7B and 1.5B shapes (benchmarks/weight_broadcast.py -> $OUT/broadcast.json)
+#   train7bfit carry .models/b        train7b where a card holds > 100 GiB (H200); on 80 GB cards the same layout
+#                                     with bfloat16 AdamW moments (trainer.optim_state=bfloat16), labelled in summary
 #   train7b  carry .models/b          7B layout, 2 vLLM workers (GPUs 0, 1) + 2 trainer ranks (GPUs 2, 3),
 #                                     10 steps, every response 8192 tokens (length_profile=fixed): MFU, peak memory
 #   train7b31 carry .models/b         the same with 1 vLLM worker (GPU 0) + 3 trainer ranks (GPUs 1-3), 12 samples
@@ -77,6 +81,21 @@ case $phase in
   build)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  buildbw)
+    CUDA_VISIBLE_DEVICES=2,3 setsid timeout 400 python3 benchmarks/weight_broadcast.py --models 7b 1.5b \
+        --bucket-mb 1024 --reps 3 --out "$OUT/broadcast.json" > "$L/broadcast.log" 2>&1 &
+    bw=$!
+    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
+    ckpt qwen2.5-7b-instruct qwen2.5-7b
+    wait $bw; echo "== broadcast rc=$?" | tee -a $S; tail -n 40 "$L/broadcast.log" | tee -a $S ;;
+  train7bfit)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    fit=""; [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
+    echo "card memory ${mib} MiB; trainer memory option: ${fit:-none (fp32 AdamW moments)}" | tee -a $S
+    sized train7b_8k 560 1 $RUN7 $fit rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
+        trainer.steps=${STEPS:-10} ;;
   train7b)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized train7b_8k 560 1 $RUN7 rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
