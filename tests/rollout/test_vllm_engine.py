@@ -97,6 +97,21 @@ def test_ignore_eos_sequence_continues_past_eos_after_an_update():
     assert eng.poll(0.0) == []
 
 
+def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs():
+    """vLLM 0.26 sometimes puts the request's cumulative logprobs on a delta output (0 new tokens,
+    thousands of logprobs): the sequence takes the new tokens' logprobs, the last ones."""
+    eng = fake_engine()
+    seq = Sequence("d", [1], max_new_tokens=8, output_ids=[5, 6], logprobs=[-1.0, -2.0], versions=[0, 0])
+    eng.seqs["d"], eng.segment["d#1"] = seq, "d"
+    lp = [{t: types.SimpleNamespace(logprob=-float(t))} for t in (5, 6, 7)]
+    comp = types.SimpleNamespace(token_ids=[7], logprobs=lp, finish_reason=None)
+    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=False)) is None
+    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0]
+    comp = types.SimpleNamespace(token_ids=[], logprobs=lp, finish_reason="length")
+    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=True)) is seq
+    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0] and seq.finish_reason == "length"
+
+
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"

@@ -120,6 +120,10 @@ class VLLMEngine(Engine):
             return None  # an aborted segment
         seq, c = self.seqs[rid], out.outputs[0]
         new, lps = list(c.token_ids), c.logprobs or []
+        if len(lps) > len(new):
+            # vLLM 0.26 can hand a delta output the request's cumulative logprobs (seen with 8k-token
+            # requests: 0 new tokens, 6202 logprobs); the new tokens' logprobs are the last ones
+            lps = lps[len(lps) - len(new):]
         if len(lps) != len(new):
             raise RuntimeError(f"vLLM returned {len(new)} tokens but {len(lps)} logprobs for {rid}")
         seq.output_ids += new
