@@ -70,7 +70,7 @@ PY
 
 # the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
-      trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384
+      trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=${MBT:-16384}
       engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
@@ -104,7 +104,7 @@ case $phase in
   train7b31)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized train7b31_8k 560 1 $RUN7 rollout.workers=1 trainer.ranks=3 rollout.length_profile=fixed \
-        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=3 rollout.group_size=4 \
+        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=${B:-3} rollout.group_size=4 \
         trainer.steps=${STEPS:-10} ;;
   tp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
