@@ -8,7 +8,11 @@
 3. The engine owns what differs between engines: no ``== "vllm"`` / ``!= "vllm"`` /
    ``in (..., "vllm")`` outside the engine package and the launcher's planning (``ENGINE_OWNERS``);
    everything else asks ``areal_cli.rollout.engines.spec(name)``.
-4. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
+4. An engine's own module is the engine package's business: outside ``rollout/engines/`` nothing
+   imports a module of that package other than its interface (``ENGINE_API``: the registry, the
+   ``Engine`` base, ``EngineSetup`` and the factory); engines come from ``make_engine``, weight
+   senders from ``make_sender``, so adding an engine is one module and one registry entry.
+5. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
    rules out package discovery, so a package missing from the list would be missing from a wheel.
 
 ``python tests/lint_structure.py [PACKAGE_DIR]`` (default: ``areal_cli`` beside ``tests/``).
@@ -27,7 +31,8 @@ ROLES = ("controller", "trainer", "rollout", "launcher", "evaluation")
 # A shared component may not import the rest of its role (that would bring the role along).
 SHARED: dict[str, str] = {
     "rollout.engines": "the generation engines: rollout workers and the evaluator both generate "
-                       "with them; configs, the trainer and the launcher read their specs",
+                       "with them; configs, the trainer and the launcher read their specs, and the "
+                       "trainer builds its weight sender through them",
 }
 
 # (importing module, imported module), without the package name -> why this crossing is right.
@@ -41,6 +46,10 @@ ALLOWED: dict[tuple[str, str], str] = {
 }
 
 ENGINE_OWNERS = ("rollout/engines/", "launcher/plan.py")
+
+# The modules of the engine package that code outside it may import (without the package name).
+ENGINE_PACKAGE = "rollout.engines"
+ENGINE_API = ("rollout.engines", "rollout.engines.base", "rollout.engines.setup", "rollout.engines.factory")
 
 
 @dataclass
@@ -231,6 +240,16 @@ def engine_name_tests(pkg: Package, owners: tuple[str, ...] = ENGINE_OWNERS) -> 
     return found
 
 
+def engine_module_imports(pkg: Package, api: tuple[str, ...] = ENGINE_API) -> list[Edge]:
+    """Imports of an engine package module outside ``api`` from a module outside the package."""
+    def inside(module: str) -> bool:
+        rest = module.split(".", 1)[1] if "." in module else ""
+        return rest == ENGINE_PACKAGE or rest.startswith(ENGINE_PACKAGE + ".")
+
+    return [e for e in pkg.edges if inside(e.target) and not inside(e.source)
+            and e.target.split(".", 1)[1] not in api]
+
+
 def _mentions_vllm(node: ast.Compare) -> bool:
     for operand in [node.left, *node.comparators]:
         items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
@@ -273,6 +292,9 @@ def problems(root: Path) -> list[str]:
     for rel, line in engine_name_tests(pkg):
         out.append(f'{rel}:{line}: compares an engine name with "vllm"; ask the engine\'s spec '
                    "(areal_cli.rollout.engines.spec) instead")
+    for e in engine_module_imports(pkg):
+        out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build engines "
+                   "with rollout.engines.factory.make_engine (weight senders with make_sender)")
     for name in unlisted_packages(root):
         out.append(f'pyproject.toml: package {name} is not in [tool.setuptools] packages; add "{name}" '
                    "there, or a wheel leaves it out")

@@ -89,6 +89,22 @@ def test_vllm_comparisons_are_found_outside_the_engine_package_and_the_plan(tmp_
                                                  "pkg/trainer/main.py:3"]
 
 
+def test_engine_modules_are_imported_only_inside_the_engine_package(tmp_path):
+    root = plant(tmp_path, {
+        "rollout/engines/__init__.py": "spec = None\n",
+        "rollout/engines/base.py": "Engine = None\n",
+        "rollout/engines/factory.py": "make_engine = None\n",
+        "rollout/engines/setup.py": "from pkg.rollout.engines.base import Engine\n",
+        "rollout/engines/hf.py": "from pkg.rollout.engines.setup import Engine\n",
+        "rollout/main.py": "from pkg.rollout.engines.factory import make_engine\n",
+        "evaluator/runner.py": "from pkg.rollout.engines.base import Engine\nfrom pkg.rollout.engines.hf import X\n",
+        "trainer/main.py": "import pkg.rollout.engines.hf\n",
+    })
+    found = lint_structure.problems(root)
+    assert [f.split(": ")[0] for f in found] == ["pkg/evaluator/runner.py:2", "pkg/trainer/main.py:1"]
+    assert "make_engine" in found[0]
+
+
 def test_areal_cli_passes_and_make_lint_fails_on_a_finding(tmp_path):
     assert lint_structure.problems(ROOT / "areal_cli") == []
     bad = plant(tmp_path, {"a.py": "import pkg.b\n", "b.py": "import pkg.a\n"})

@@ -300,8 +300,13 @@ def wire_dtype_name(cfg: RootConfig) -> str:
 
 def lm_head_fp32(cfg: RootConfig) -> bool:
     """engine.lm_head_fp32 resolved: "auto" = on where the engine's logits are float32 (vllm)."""
-    v = str(cfg.engine.lm_head_fp32).lower()
-    return spec(cfg.engine.name).fp32_logits if v == "auto" else v == "true"
+    return engine_lm_head_fp32(cfg.engine)
+
+
+def engine_lm_head_fp32(e: EngineConfig) -> bool:
+    """``lm_head_fp32`` of one engine config (a run's or ``areal eval``'s)."""
+    v = str(e.lm_head_fp32).lower()
+    return spec(e.name).fp32_logits if v == "auto" else v == "true"
 
 
 def weights_backend(cfg: RootConfig, on_gpu: bool) -> str:

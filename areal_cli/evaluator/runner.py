@@ -1,9 +1,11 @@
 """Generate and score held-out problems: a greedy pass and/or a sampled pass of k per problem.
 
 Prompts are built as the controller builds them (``tasks.prompt_ids``), tokens
-come from the training engine (HFEngine, or VLLMEngine with engine=vllm; greedy when temperature
-is 0) and every completion is scored by the training reward pool, so an eval number means what a
-training reward means.
+come from the training engine (``engine.name``, built by ``rollout.engines.factory.make_engine`` as a
+rollout worker's is, with no weight source; greedy when temperature is 0) and every completion is
+scored by the training reward pool, so an eval number means what a training reward means. One
+engine serves every pass of a model: ``Engine.configure`` sets each pass's sampling (and, hf, its
+KV cache).
 
 Nothing waits forever: a pass in which no sequence finishes, or no completion is scored, for
 ``timeout_s`` raises ``EvalStalled`` naming what it waited for.
@@ -13,20 +15,19 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
-from areal_cli.evaluator.engine import EvalEngine, VLLMEvalEngine
 from areal_cli.evaluator.metrics import summarize
 from areal_cli.models import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
-from areal_cli.rollout.engines import spec
-from areal_cli.rollout.engines.base import Sequence
+from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.rollout.engines.factory import make_engine
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
 
 
@@ -55,8 +56,8 @@ def eval_problems(task_cfg: TaskConfig, size: int = 0) -> list[Problem]:
 class Evaluator:
     """One model, loaded once, with its tokenizer and a reward pool; ``run`` measures one task.
 
-    ``engine_cfg.name``: "hf" (the model is loaded here, one engine per pass) or "vllm" (one
-    vLLM engine for every pass; ``seed`` seeds its sampling).
+    ``engine_cfg``: the engine (engine.* of ``areal eval``; default hf), built once and configured
+    per pass; ``seed`` seeds vLLM's sampling.
     """
 
     def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
@@ -65,7 +66,7 @@ class Evaluator:
         self.timeout_s = timeout_s  # longest wait for a sequence or a score; 0 = no limit
         self._own_pool = pool is None  # started first: its workers warm up while the model loads
         self.pool = pool or RewardPool(reward_cfg, reward_cfg.workers)
-        self.vllm: VLLMEvalEngine | None = None
+        self.engine: Engine | None = None
         self._passes = 0
         try:
             self._load(model_path, engine_cfg or EngineConfig(), threads, max_concurrent, seed)
@@ -76,9 +77,6 @@ class Evaluator:
     def _load(self, model_path, engine_cfg: EngineConfig, threads: int | None, max_concurrent: int,
               seed: int) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
-
-        from areal_cli.rollout.engines.hf import engine_dtype
 
         if threads:
             torch.set_num_threads(threads)
@@ -86,14 +84,9 @@ class Evaluator:
         self.max_concurrent = max_concurrent
         self.model_path = str(model_path)
         self.tok = load_tokenizer(model_path)
-        if spec(engine_cfg.name).loads_model:  # vLLM: its own workers load the checkpoint
-            self.model = None
-            self.vllm = VLLMEvalEngine(model_path, engine_cfg, seed)
-            return
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=engine_dtype(self.engine_cfg.dtype, device), attn_implementation="sdpa").to(device)
-        self.model.requires_grad_(False)
+        # greedy until a pass says otherwise; each pass sizes the KV cache for its own context
+        self.engine = make_engine(EngineSetup(engine_cfg, model_path, self.tok.eos_token_id, Sampling(0.0),
+                                              sequences=max_concurrent, seed=seed))
 
     def run(self, task_cfg: TaskConfig, *, n_samples: int = 1, temperature: float = 0.0,
             max_new_tokens: int = 64, size: int = 0, greedy: bool = True, top_p: float = 1.0,
@@ -124,46 +117,24 @@ class Evaluator:
 
     def _pass(self, name: str, problems: list[Problem], prompts: list[list[int]], n: int,
               temperature: float, top_p: float, max_new_tokens: int) -> list[dict]:
-        self._passes += 1  # request ids unique over the passes of a vLLM engine that every pass reuses
+        self._passes += 1  # request ids unique over the passes of the engine that every pass reuses
         requests = [Sequence(EvalId(self._passes, i, j), prompts[i], max_new_tokens) for i in range(len(problems))
                     for j in range(n)]
         scored = {}
-        with self._engine_for(temperature, top_p, max(map(len, prompts), default=1) + max_new_tokens) as engine:
-            for seq in generate(engine, requests, self.max_concurrent, self.timeout_s):
-                i, j = seq.rid.problem, seq.rid.sample
-                text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
-                scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
+        self.engine.configure(Sampling(temperature, top_p), max(map(len, prompts), default=1) + max_new_tokens)
+        for seq in generate(self.engine, requests, self.max_concurrent, self.timeout_s):
+            i, j = seq.rid.problem, seq.rid.sample
+            text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
+            scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
         wait_scores([f for _, _, f in scored.values()], self.timeout_s)
         return [_record(name, problems[i], j, seq, text, future.result())
                 for (i, j), (seq, text, future) in sorted(scored.items())]
 
-    @contextlib.contextmanager
-    def _engine_for(self, temperature: float, top_p: float, context: int):
-        """The engine of one pass: the model's vLLM engine set to this sampling, or a new hf
-        engine on the loaded model, closed after the pass."""
-        if self.vllm is not None:
-            self.vllm.sampling(temperature, top_p)
-            yield self.vllm
-            return
-        engine = self._engine(temperature, top_p, context)
-        try:
-            yield engine
-        finally:
-            engine.close()
-
-    def _engine(self, temperature: float, top_p: float, context: int) -> EvalEngine:
-        e = self.engine_cfg
-        pages = -(-context // e.page_size) + 1
-        kv = e.kv_cache_tokens or self.max_concurrent * pages * e.page_size
-        return EvalEngine(self.model, temperature=temperature, top_p=top_p,
-                          max_batch_tokens=e.max_batch_tokens, kv_cache_tokens=kv,
-                          page_size=e.page_size, eos_token_id=self.tok.eos_token_id)
-
     def close(self) -> None:
         try:
-            if self.vllm is not None:
-                self.vllm.close()
-                self.vllm = None
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
         finally:
             if self._own_pool:
                 self.pool.close()

@@ -1,8 +1,9 @@
 """Rollout worker: pulls prompt groups, generates with its engine, scores, pushes trajectories.
 
 ``python -m areal_cli.rollout.main <run_dir> <index>``. Weight updates arrive as
-``UpdateWeights(v)`` on the control channel: the worker pauses its engine, joins the
-broadcast of trainer rank 0, loads in place and resumes every unfinished sequence under v.
+``UpdateWeights(v)`` on the control channel: the worker asks its engine to update, and the
+engine pauses, receives trainer rank 0's broadcast through its own receiver, loads in place and
+resumes every unfinished sequence under v.
 """
 
 from __future__ import annotations
@@ -16,16 +17,11 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import (
-    RootConfig,
-    weights_backend,
-    weights_layout,
-    wire_dtype_name,
-    worker_concurrency,
-)
+from areal_cli.config.schema import RootConfig, worker_concurrency
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.engines import spec
+from areal_cli.rollout.engines.factory import make_engine
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.rundir import RunDir
@@ -36,45 +32,17 @@ from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
 from areal_cli.transport.messages import Hello, Stop, UpdateWeights, WeightsLoaded
 
 
-def build_engine(cfg: RootConfig, index: int, tokenizer):
-    import torch
-
-    model_path = resolve_model(cfg.model)
-    if spec(cfg.engine.name).loads_model:
-        from areal_cli.rollout.engines.vllm import VLLMEngine
-
-        return VLLMEngine(model_path, cfg, index)
-    from areal_cli.rollout.engines.hf import HFEngine, engine_dtype
-
-    device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
+    """Rollout worker ``index``'s engine: sampling at rollout.temperature / top_p, a KV cache for its
+    concurrent groups, joined to trainer rank 0's weight group."""
+    # areal train resolves engine.kv_cache_tokens from the longest prompt; this context is for a
+    # worker started some other way
     context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
                   ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
-    # areal train resolves engine.kv_cache_tokens from the longest prompt; the estimate is for a
-    # worker started some other way
-    kv = cfg.engine.kv_cache_tokens or concurrency(cfg) * cfg.rollout.group_size * context
-    if device.type == "cuda":
-        kv = min(kv, kv_tokens_that_fit(model_path, device, engine_dtype(cfg.engine.dtype, device),
-                                        cfg.engine.gpu_memory_utilization))
-    return HFEngine(model_path, device, engine_dtype(cfg.engine.dtype, device),
-                    temperature=cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                    max_batch_tokens=cfg.engine.max_batch_tokens, kv_cache_tokens=kv,
-                    page_size=cfg.engine.page_size, eos_token_id=tokenizer.eos_token_id)
-
-
-def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
-    """KV cache tokens that fit in ``fraction`` of the GPU's free memory, less the weights (estimated
-    from the config: the model is not loaded yet); on a shared GPU the trainer keeps the rest."""
-    import torch
-    from transformers import AutoConfig
-
-    c = AutoConfig.from_pretrained(model_path)
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    elem = torch.tensor([], dtype=dtype).element_size()
-    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * elem
-    free, _total = torch.cuda.mem_get_info(device)
-    weights = 12 * c.num_hidden_layers * c.hidden_size ** 2 * elem + c.vocab_size * c.hidden_size * elem
-    return max(4096, int((free * fraction - weights) // per_token))
+    return EngineSetup(cfg.engine, resolve_model(cfg.model), tokenizer.eos_token_id,
+                       Sampling(cfg.rollout.temperature, cfg.rollout.top_p),
+                       sequences=concurrency(cfg) * cfg.rollout.group_size, context=context, seed=cfg.seed,
+                       index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port))
 
 
 def concurrency(cfg: RootConfig) -> int:
@@ -98,9 +66,7 @@ class Worker:
         torch.manual_seed(self.cfg.seed * 1000 + index)
         self.hb.doing = "loading the model"
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
-        self.engine = build_engine(self.cfg, index, self.tok)
-        self.hb.doing = "joining the weight broadcast group"
-        self.receiver = self._weight_receiver(ep)
+        self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
         self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
         self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index,
                              load_profile(self.cfg.rollout.length_profile, self.cfg.seed))
@@ -114,34 +80,8 @@ class Worker:
         self.hb.send(Hello(self.name))
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
-    def _weight_receiver(self, ep):
-        if spec(self.cfg.engine.name).weight_transfer == "engine":
-            import torch
-
-            from areal_cli.transport.vllm_weights import (
-                VLLMWeightReceiver,
-                group_size,
-                rank_offset,
-                wire_spec,
-            )
-
-            e = self.cfg.engine
-            wire = getattr(torch, wire_dtype_name(self.cfg))
-            return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
-                                      ep.weights_host, ep.weights_port, rank_offset(self.index, e.tensor_parallel_size),
-                                      group_size(self.cfg.rollout.workers, e.tensor_parallel_size),
-                                      mode=e.weight_update)
-        if self.engine.model is None:
-            return None
-        import torch
-
-        from areal_cli.transport.weights import WeightReceiver
-
-        backend = weights_backend(self.cfg, self.engine.model.device.type == "cuda")
-        wire = self.engine.model.dtype if self.cfg.weights.dtype == "auto" else getattr(torch, self.cfg.weights.dtype)
-        return WeightReceiver(self.engine.model, ep.weights_host, ep.weights_port, 1 + self.index,
-                              1 + self.cfg.rollout.workers, backend, wire, weights_layout(self.cfg, backend)[1],
-                              timeout_s=self.cfg.launcher.peer_timeout_s)
+    def _doing(self, what: str) -> None:
+        self.hb.doing = what
 
     def _on_signal(self, signum, _frame) -> None:
         # keep serving weight updates so the trainer can finish its step and checkpoint;
@@ -189,17 +129,14 @@ class Worker:
         self.hb.doing = f"receiving weights of version {version} from trainer rank 0"
         faults.point("weights", version, self.run_dir)
         t0 = time.perf_counter()
-        timings = self.engine.update_weights(version, self._load)
+        timings = self.engine.update_weights(version)
         timings["pause_total_s"] = time.perf_counter() - t0
-        if self.cfg.weights.verify and self.receiver is not None:
-            timings["weights_sha"] = self.receiver.digest()
+        if self.cfg.weights.verify:
+            timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
         self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
                       timings["pause_total_s"], timings.get("interrupted", 0))
         self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
-
-    def _load(self) -> dict:
-        return self.receiver.receive() if self.receiver is not None else {}
 
     def close(self) -> None:
         self.engine.close()

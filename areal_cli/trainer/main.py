@@ -20,15 +20,9 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import (
-    dtype_name,
-    lm_head_fp32,
-    weights_backend,
-    weights_layout,
-    wire_dtype_name,
-)
+from areal_cli.config.schema import dtype_name, lm_head_fp32
 from areal_cli.models import resolve_model
-from areal_cli.rollout.engines import spec
+from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.trainer.model import build_policy, full_parameters, save_hf
@@ -84,32 +78,14 @@ class Trainer:
         if self.rank == 0:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
-            self.sender = self._weight_sender(ep)
+            # the sender of the run's engine (areal's bucketed broadcast, or vLLM's own NCCL transfer)
+            self.sender = make_sender(cfg, ep.weights_host, ep.weights_port, self.model, self.device)
             self.status.send(Hello(self.name))
         self.log.info("ready: %d rank(s), device %s", self.world, self.device)
 
     def _doing(self, what: str) -> None:
         if self.status is not None:
             self.status.doing = what
-
-    def _weight_sender(self, ep):
-        from areal_cli.transport.weights import WeightSender, param_specs
-
-        cfg = self.cfg
-        wire = wire_dtype_name(cfg)
-        if spec(cfg.engine.name).weight_transfer == "engine":  # vLLM's own NCCL transfer; its ranks follow rank 0
-            from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
-
-            return VLLMWeightSender(ep.weights_host, ep.weights_port,
-                                    group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                                    getattr(torch, wire), mode=cfg.engine.weight_update)
-        backend = weights_backend(cfg, self.device.type == "cuda")
-        staged, bucket_bytes = weights_layout(cfg, backend)
-        return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
-                            1 + cfg.rollout.workers, backend, self.device, getattr(torch, wire), bucket_bytes,
-                            # twice the heartbeat limit: a rollout worker that stopped answering is named
-                            # by the controller (no heartbeat), not reported as this broadcast's timeout
-                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
@@ -242,6 +218,8 @@ class Trainer:
                 self.log.info("checkpoint written to %s", self.rd.final)
         dist.barrier()
         dist.destroy_process_group()
+        if self.sender is not None:
+            self.sender.close()
 
     def _sync_weights(self, version: int) -> dict:
         """Gather the new weights into the wire buffers, then tell the controller they are

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from areal_cli.transport.weights import clean_name
+from areal_cli.transport.weights import WeightSenderBase, clean_name
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def rank_offset(index: int, tensor_parallel_size: int) -> int:
     return 1 + index * tensor_parallel_size
 
 
-class VLLMWeightSender:
+class VLLMWeightSender(WeightSenderBase):
     """Trainer rank 0's end: ``prepare`` takes (name, full tensor) pairs of every parameter and
     casts them into wire buffers kept between updates; ``broadcast`` sends them."""
 
@@ -182,6 +182,11 @@ class VLLMWeightSender:
         torch.cuda.synchronize()
         return {"weight_transfer_s": time.perf_counter() - t0}
 
+    def close(self) -> None:
+        self._buffers.clear()
+        self._indices.clear()
+        self.group = None
+
 
 class VLLMWeightReceiver:
     """A rollout worker's end: joins the group through the engine, loads each update."""
@@ -207,3 +212,6 @@ class VLLMWeightReceiver:
 
     def digest(self) -> str:
         return ""  # the weights live inside vLLM's worker processes
+
+    def close(self) -> None:
+        pass  # the group lives inside vLLM's workers, which the engine shuts down

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -143,8 +144,28 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class WeightSender:
-    """Trainer rank 0's end.
+class WeightSenderBase(ABC):
+    """Trainer rank 0's end of a weight transfer to every rollout worker, whatever carries it (this
+    module's bucketed broadcast, or vLLM's own NCCL transfer in vllm_weights.py). Built through
+    ``rollout.engines.factory.make_sender``, which picks the one the run's engine receives."""
+
+    @abstractmethod
+    def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:
+        """Take every (name, full tensor) pair of the update into the sender's wire buffers, before
+        the rollout workers pause; returns timings (``weight_gather_s``)."""
+
+    @abstractmethod
+    def broadcast(self, digest: bool = False) -> dict:
+        """Put the prepared update on the wire to every worker; returns timings (``weight_transfer_s``,
+        and ``weights_sha`` where ``digest`` asks for it and the sender can compute one)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Free the wire buffers and leave the group."""
+
+
+class WeightSender(WeightSenderBase):
+    """Trainer rank 0's end of the bucketed broadcast.
 
     ``prepare(named)`` casts every (name, full tensor) pair, in plan order, into wire buffers
     that live as long as the sender; ``broadcast()`` then puts every bucket on the wire back to
@@ -225,6 +246,11 @@ class WeightSender:
             out["weights_sha"] = sha.hexdigest()
         return out
 
+    def close(self) -> None:
+        self._flats.clear()
+        self._named = None
+        self.pg = self.store = None
+
 
 class WeightReceiver:
     """A rollout worker's end: receives the buckets into two buffers in turn and copies each into
@@ -263,6 +289,10 @@ class WeightReceiver:
                 works[k + len(self.slots)] = _broadcast(self.pg, self._flat(k + len(self.slots)))
         _sync(self.device)  # NCCL waits only order the stream: the times cover the finished copies
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
+
+    def close(self) -> None:
+        self.slots = []
+        self.pg = self.store = None
 
     def digest(self) -> str:
         sha = hashlib.sha256()

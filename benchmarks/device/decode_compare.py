@@ -14,22 +14,20 @@ import time
 
 import torch
 
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import EngineConfig
 from areal_cli.rollout.engines.base import Sequence
+from areal_cli.rollout.engines.factory import make_engine
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling
 
 
 def build(kind: str, model_dir: str, tok):
     if kind == "vllm":
-        from areal_cli.rollout.engines.vllm import VLLMEngine
-
-        cfg = RootConfig()
-        cfg.engine.name = "vllm"
-        return VLLMEngine(model_dir, cfg, 0)
-    from areal_cli.rollout.engines.hf import HFEngine
-
-    return HFEngine(model_dir, torch.device("cuda:0"), torch.bfloat16, temperature=1.0, top_p=1.0,
-                    max_batch_tokens=8192, kv_cache_tokens=300 * 320, page_size=64,
-                    eos_token_id=tok.eos_token_id)
+        engine = EngineConfig(name="vllm")
+    else:
+        engine = EngineConfig(name="hf", dtype="bfloat16", max_batch_tokens=8192, kv_cache_tokens=300 * 320,
+                              page_size=64)
+    return make_engine(EngineSetup(engine, model_dir, tok.eos_token_id, Sampling(1.0), sequences=300,
+                                   device="cuda:0" if kind == "hf" else ""))
 
 
 def main() -> None:

@@ -85,7 +85,7 @@ def _gen_vllm(model_dir, fams, variant, max_tokens):
 
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.35
-    kw = llm_kwargs(cfg, 0)
+    kw = llm_kwargs(cfg.engine, cfg.seed, 0)
     kw.pop("weight_transfer_config")
     kw.update(VLLM_VARIANTS[variant][0])
     llm = vllm.LLM(model=model_dir, **kw)

@@ -3,8 +3,9 @@
     python3 benchmarks/device/vllm_check.py MODEL_DIR OUT.json [--weight-update reload|inplace]
         [--pause-mode abort|keep] [--lm-head-fp32 auto|true|false] [--dtype bfloat16|float32]
 
-1. ``VLLMEngine`` on GPU 0, a "trainer" (transformers, fp32) on GPU 1 in a thread; the weights
-   are perturbed on the trainer and sent with ``VLLMWeightSender`` → ``VLLMWeightReceiver``
+1. The vLLM engine (``make_engine``) on GPU 0, a "trainer" (transformers, fp32) on GPU 1 in a
+   thread; the weights are perturbed on the trainer and sent with ``make_sender``'s sender
+   (``VLLMWeightSender``) into the engine's own ``update_weights`` (its ``VLLMWeightReceiver``)
    *while 64 sequences are generating* (abort, update, re-prefill, resume).
 2. Logprob agreement: the engine's behaviour logprobs of fresh sequences made under the new
    weights vs a trainer recomputation (log_softmax(logits / T)) of the same weights: a bf16
@@ -23,8 +24,8 @@ import torch
 
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.vllm import VLLMEngine
-from areal_cli.transport.vllm_weights import VLLMWeightReceiver, VLLMWeightSender, wire_spec
+from areal_cli.rollout.engines.factory import make_engine, make_sender
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
 TOPICS = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot", "autumn", "bread",
           "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon", "a bridge", "jazz"]
@@ -106,20 +107,18 @@ def main() -> None:
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
     cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
     cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
-    wire = getattr(torch, args.dtype)
+    cfg.rollout.workers, cfg.launcher.peer_timeout_s = 1, 600  # one engine: weight group ranks 0 and 1
     result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
-    t = time.perf_counter()
-    engine = VLLMEngine(model_dir, cfg, 0)
-    result["vllm_engine_start_s"] = time.perf_counter() - t
-    torch.cuda.set_device(1)
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda:1").eval()
     box = {}
     port = 29611
-    th = on_gpu1(lambda: box.update(sender=VLLMWeightSender("127.0.0.1", port, 2, wire,
-                                                            mode=args.weight_update)))
+    # the engine joins the weight group as it is built: the trainer's end waits for it meanwhile
+    th = on_gpu1(lambda: box.update(sender=make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cuda:1"))))
     th.start()
-    receiver = VLLMWeightReceiver(engine.llm, wire_spec(model_dir, wire), "127.0.0.1", port, 1, 2,
-                                  mode=args.weight_update)
+    t = time.perf_counter()
+    engine = make_engine(EngineSetup(cfg.engine, model_dir, tok.eos_token_id, Sampling(1.0), sequences=64,
+                                     seed=cfg.seed, weights=WeightSource(cfg, "127.0.0.1", port)))
+    result["vllm_engine_start_s"] = time.perf_counter() - t  # with joining the weight group
     th.join()
     sender = box["sender"]
 
@@ -137,7 +136,7 @@ def main() -> None:
             th.join()
             th = on_gpu1(lambda: box.update(sent=sender.broadcast()))
             th.start()
-            timings = engine.update_weights(version, receiver.receive)
+            timings = engine.update_weights(version)
             th.join()
             return {**timings, **box["prep"], **box["sent"]}
         return go
@@ -167,7 +166,7 @@ def main() -> None:
         pauses.append(tm)
     result["update_pauses"] = pauses
     result["pause_s_median"] = sorted(p["pause_s"] for p in pauses)[len(pauses) // 2]
-    cfg.rollout.temperature = 0.7
+    engine.configure(Sampling(0.7), 0)  # the sampling of the requests from now on
     bf16_head32 = copy.deepcopy(trainer).to(torch.bfloat16)
     float32_head(bf16_head32)
     seqs = [Sequence(f"t{i}", p, 128) for i, p in enumerate(ps)]

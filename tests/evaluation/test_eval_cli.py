@@ -108,16 +108,15 @@ def test_greedy_engine_is_argmax_decoding(tiny_model):
     from areal_cli.config.task import RewardConfig
     from areal_cli.evaluator.runner import Evaluator, generate
     from areal_cli.rollout.engines.base import Sequence
+    from areal_cli.rollout.engines.setup import Sampling
 
     with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"), max_concurrent=4) as ev:
         prompts = [ev.tok("What is 2 + 3?")["input_ids"], ev.tok("Count: 1 2 3")["input_ids"]]
-        engine = ev._engine(0.0, 1.0, 64)
-        try:
-            got = {s.rid: s.output_ids for s in generate(engine, [Sequence(str(i), p, 12) for i, p in enumerate(prompts)], 4)}
-        finally:
-            engine.close()
+        ev.engine.configure(Sampling(1.0), 64)  # a sampled pass first: the greedy one must switch back
+        ev.engine.configure(Sampling(0.0), 64)
+        got = {s.rid: s.output_ids for s in generate(ev.engine, [Sequence(str(i), p, 12) for i, p in enumerate(prompts)], 4)}
         for i, p in enumerate(prompts):
-            ref = ev.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=12,
+            ref = ev.engine.model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=12,
                                     pad_token_id=ev.tok.eos_token_id)[0, len(p):].tolist()
             assert got[str(i)] == ref
 

@@ -6,14 +6,13 @@ from __future__ import annotations
 import time
 
 import torch
+from conftest import hf_engine
 
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine
 
 
 def _engine(path):
-    return HFEngine(path, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
-                    max_batch_tokens=512, kv_cache_tokens=4096, page_size=32, eos_token_id=2)
+    return hf_engine(path)
 
 
 def _teacher_forced(model, prompt, out):
@@ -40,11 +39,8 @@ def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model):
     while not any(len(s.output_ids) >= 4 for s in eng.seqs.values()) and time.monotonic() < deadline:
         done += eng.poll(0.005)
 
-    def load():
+    with eng.paused(1) as stats:
         eng.model.load_state_dict(new.state_dict())
-        return {}
-
-    stats = eng.update_weights(1, load)
     assert stats["interrupted"] >= 1
     while len(done) < 4 and time.monotonic() < deadline:
         done += eng.poll(0.5)
@@ -81,7 +77,7 @@ def test_logprobs_match_forward_without_interruption(tiny_model):
 def test_kv_cache_on_a_gpu_fits_the_given_share_of_free_memory(tiny_model, monkeypatch):
     from transformers import AutoConfig
 
-    from areal_cli.rollout.main import kv_tokens_that_fit
+    from areal_cli.rollout.engines.hf import kv_tokens_that_fit
 
     free = 8 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))

@@ -10,15 +10,13 @@ import time
 
 import pytest
 import torch
+from conftest import hf_engine
 
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine
 
 
 def _engine(path, **kw):
-    engine = dict(temperature=1.0, top_p=1.0, max_batch_tokens=512, kv_cache_tokens=4096, page_size=32,
-                  eos_token_id=2)
-    return HFEngine(path, torch.device("cpu"), torch.float32, **(engine | kw))
+    return hf_engine(path, **kw)
 
 
 def _processor(eng):
@@ -48,7 +46,8 @@ def test_update_while_the_scheduler_holds_back_new_requests_does_not_stall(tiny_
     scheduler = _processor(eng).scheduler
     done = _poll_until(eng, lambda _: scheduler.block_new_requests, 30)
     held_back = []
-    stats = eng.update_weights(1, lambda: held_back.append(scheduler.block_new_requests) or {})
+    with eng.paused(1) as stats:
+        held_back.append(scheduler.block_new_requests)
     assert held_back == [True] and not done and stats["interrupted"] == 12
     _poll_until(eng, lambda d: len(d) == 12, 30, done)
     eng.close()
@@ -64,13 +63,8 @@ def test_nonfinite_weights_stop_generation_with_a_named_error(tiny_model):
     _poll_until(eng, lambda _: any(len(s.output_ids) >= 2 for s in eng.seqs.values()), 30)
     name = "model.layers.0.mlp.down_proj.weight"
 
-    def load():
-        with torch.no_grad():
-            eng.model.get_parameter(name)[0, 0] = float("nan")
-        return {}
-
-    with pytest.raises(RuntimeError, match=f"version 1 are not finite.*{name}"):
-        eng.update_weights(1, load)
+    with pytest.raises(RuntimeError, match=f"version 1 are not finite.*{name}"), eng.paused(1), torch.no_grad():
+        eng.model.get_parameter(name)[0, 0] = float("nan")
     time.sleep(0.3)  # the loop must not have sampled from the NaN weights
     assert eng.manager.is_running() and eng.manager.background_thread_status.fatal_error is None
     with pytest.raises(RuntimeError, match="not finite"):
@@ -85,13 +79,10 @@ def test_a_sequence_with_no_budget_left_is_finished_not_resubmitted(tiny_model):
     _poll_until(eng, lambda _: all(len(s.output_ids) >= 3 for s in eng.seqs.values()), 30)
     spent = {}
 
-    def load():  # as if s0 had just generated its last token
+    with eng.paused(1):  # as if s0 had just generated its last token
         seq = eng.seqs["s0"]
         seq.max_new_tokens = len(seq.output_ids)
         spent["tokens"] = list(seq.output_ids)
-        return {}
-
-    eng.update_weights(1, load)
     done = eng.poll(0.0)
     eng.close()
     assert [s.rid for s in done] == ["s0"]
@@ -143,7 +134,9 @@ def test_garbage_in_the_kv_cache_and_input_buffers_is_never_read(tiny_model, mon
     for version in range(1, 4):
         _poll_until(eng, lambda _: False, 0.05 * version, done)
         submit(5, 25 + 5 * version)
-        interrupted += eng.update_weights(version, dict)["interrupted"]
+        with eng.paused(version) as stats:
+            pass
+        interrupted += stats["interrupted"]
     _poll_until(eng, lambda d: len(d) == 45, 60, done)
     eng.close()
     assert len(done) == 45 and interrupted > 0

@@ -10,15 +10,13 @@ import time
 
 import numpy as np
 import pytest
-import torch
-from conftest import drive_workflow
+from conftest import drive_workflow, hf_engine
 from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.tasks import Problem
@@ -57,8 +55,7 @@ def test_profile_files_and_their_errors(tmp_path):
 
 
 def _engine(tiny_model, eos):
-    return HFEngine(tiny_model, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
-                    max_batch_tokens=512, kv_cache_tokens=4096, page_size=32, eos_token_id=eos, greedy=True)
+    return hf_engine(tiny_model, temperature=0.0, eos_token_id=eos)  # greedy
 
 
 def _generate(eng, seqs):
@@ -84,8 +81,7 @@ def test_hf_engine_generates_past_eos_when_told_to_ignore_it(tiny_model):
 
 def test_workflow_draws_each_samples_length(tiny_model):
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    eng = HFEngine(tiny_model, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
-                   max_batch_tokens=512, kv_cache_tokens=8192, page_size=32, eos_token_id=2)
+    eng = hf_engine(tiny_model, kv_cache_tokens=8192)
     pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
     profile = load_profile("arithmetic_long", seed=0)
     flow = Workflow(WorkflowConfig(), eng, pool, tok, worker=0, lengths=profile)

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from areal_cli.config.schema import RootConfig
+from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
 
@@ -44,7 +44,7 @@ class FakeCore:
 
 def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
-    eng.cfg, eng.core = RootConfig(), FakeCore()
+    eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
     eng.llm = types.SimpleNamespace(reset_prefix_cache=lambda: True)
     eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
@@ -60,7 +60,8 @@ def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
             assert eng._apply(out) is None
     made = len(eng.seqs["a"].output_ids)
     assert made == 2
-    timings = eng.update_weights(1, lambda: (setattr(eng.core, "version", 1), {"weight_recv_s": 0.0})[1])
+    with eng.paused(1) as timings:
+        eng.core.version = 1
     assert eng.core.aborted == ["a#1"] and timings["interrupted"] == 1
     # resubmitted as prompt + tokens so far, with the remaining budget
     ids, budget, _ = eng.core.requests["a#2"]
@@ -79,7 +80,8 @@ def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
     eng = fake_engine()
     seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0])
     eng.seqs["b"], eng.segment["b#1"] = seq, "b"
-    eng.update_weights(1, dict)
+    with eng.paused(1):
+        pass
     assert "b#2" not in eng.core.requests
     assert eng.poll(0.0) == [seq] and seq.finish_reason == "stop"
 
@@ -91,7 +93,8 @@ def test_ignore_eos_sequence_continues_past_eos_after_an_update():
     seq = Sequence("c", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0],
                    ignore_eos=True)
     eng.seqs["c"], eng.segment["c#1"] = seq, "c"
-    eng.update_weights(1, dict)
+    with eng.paused(1):
+        pass
     ids, budget, _ = eng.core.requests["c#2"]
     assert ids == [1, 5, 0] and budget == 6 and eng.core.params["c#2"].ignore_eos
     assert eng.poll(0.0) == []
@@ -115,7 +118,7 @@ def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
-    kw = llm_kwargs(cfg, 1)
+    kw = llm_kwargs(cfg.engine, cfg.seed, 1)
     assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
     assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
@@ -124,7 +127,7 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
 def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
     cfg = RootConfig()
     cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
-    kw = llm_kwargs(cfg, 0)
+    kw = llm_kwargs(cfg.engine, cfg.seed, 0)
     assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
 
 
@@ -158,8 +161,12 @@ def _gpu_vllm() -> str:
 @pytest.mark.skipif(bool(_gpu_vllm()), reason=_gpu_vllm() or "runs")
 def test_real_vllm_generates_with_logprobs(tiny_model):
     cfg = RootConfig()
+    cfg.engine.name = "vllm"
     cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
-    eng = VLLMEngine(tiny_model, cfg, 0)
+    from areal_cli.rollout.engines.factory import make_engine
+    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+
+    eng = make_engine(EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8))
     try:
         eng.submit(Sequence("x", [1, 2, 3], max_new_tokens=8))
         done = []

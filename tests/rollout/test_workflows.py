@@ -6,15 +6,13 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import torch
-from conftest import drive_workflow
+from conftest import drive_workflow, hf_engine
 from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine
 from areal_cli.rollout.workflows.episodes import Episode, Group, TurnId, Workflow
 from areal_cli.tasks import Problem, prompt_ids
 from areal_cli.transport.messages import WorkItem
@@ -22,8 +20,7 @@ from areal_cli.transport.messages import WorkItem
 
 def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
     tok = AutoTokenizer.from_pretrained(tiny_model)
-    eng = HFEngine(tiny_model, torch.device("cpu"), torch.float32, temperature=1.0, top_p=1.0,
-                   max_batch_tokens=512, kv_cache_tokens=4096, page_size=32, eos_token_id=2)
+    eng = hf_engine(tiny_model)
     pool = RewardPool(reward or RewardConfig(fn="exact", timeout_s=5.0), 1)
     flow = Workflow(cfg, eng, pool, tok, worker=0)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})

@@ -1,8 +1,15 @@
 """The generation engines (``hf``, ``vllm``) and what tells them apart, in one place.
 
-Code outside this package never tests an engine's name: it asks ``spec(cfg.engine.name)`` (a
-``structure`` check in ``make lint`` holds every other file to that). Importing this module
-imports no engine, no torch: configs validate with it.
+Code outside this package never tests an engine's name: it asks ``spec(cfg.engine.name)``, and
+never imports an engine's module: it gets an engine from ``factory.make_engine`` and the trainer's
+end of the engine's weight transfer from ``factory.make_sender`` (``make lint``'s ``structure``
+checks hold every other file to both). Importing this module imports no engine, no torch:
+configs validate with it.
+
+Adding an engine is one module here and one ``ENGINES`` entry naming it. The module defines
+``ENGINE``, its ``base.Engine`` class, built as ``ENGINE(setup)`` from a ``setup.EngineSetup``
+(it owns its model, its KV cache sizing, its sampling and its weight intake), and
+``make_sender(cfg, host, port, model, device)``: trainer rank 0's end of its weight transfer.
 
 The engines themselves are shared, not the rollout worker's alone: the evaluator generates with
 them too, and the trainer and the launcher read their specs.
@@ -32,6 +39,8 @@ class EngineSpec:
     fp32_logits: bool
     """``engine.lm_head_fp32=auto`` means on: the engine's logprobs come from a float32 head, so
     the trainer's must too."""
+    module: str = ""
+    """Its module in this package (``areal_cli.rollout.engines.<module>``); "" = ``name``."""
     package: str = ""
     """A package the engine imports that the core install lacks ("" = none)."""
     install: str = ""
@@ -46,6 +55,10 @@ class EngineSpec:
         except ImportError as err:
             raise ValueError(f"engine={self.name} needs {self.package} ({err}): {self.install}, "
                              "or use engine=hf") from None
+
+    def load(self):
+        """The engine's module (``ENGINE``, ``make_sender``); importing it imports no optional package."""
+        return importlib.import_module(f"{__name__}.{self.module or self.name}")
 
 
 ENGINES = {

@@ -3,13 +3,18 @@
 Token in, token out: an engine takes prompt token ids and returns generated token ids with
 the behaviour logprob and the policy version of every token. A weight update interrupts
 generation: unfinished sequences continue under the new weights from the tokens they have.
+An engine owns its weight intake: built with a ``WeightSource`` it holds the receiving end of
+its weight transfer, and ``update_weights(version)`` receives the trainer's next broadcast.
 """
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+from areal_cli.rollout.engines.setup import Sampling
 
 
 @dataclass
@@ -34,10 +39,11 @@ class Sequence:
 
 
 class Engine(ABC):
-    """What a rollout worker needs from a generation engine."""
+    """What a rollout worker and the evaluator need from a generation engine."""
 
     version: int = 0  # policy version of the weights now loaded
     seqs: dict  # rid → Sequence, for every sequence not finished yet
+    receiver = None  # the receiving end of the weight transfer (None: the weights never change)
 
     def submit(self, seq: Sequence) -> None:
         """Start generating ``seq`` (non-blocking)."""
@@ -53,19 +59,33 @@ class Engine(ABC):
         """Sequences finished since the last call; waits at most ``timeout_s`` for the first."""
 
     @abstractmethod
-    def update_weights(self, version: int, load: Callable[[], dict]) -> dict:
-        """Pause, run ``load()`` (which fills the weights in place), drop KV computed under the old
-        weights, continue unfinished sequences under ``version``; returns timings."""
+    def configure(self, sampling: Sampling, context: int) -> None:
+        """Sample the requests submitted from now on with ``sampling``, for sequences of up to
+        ``context`` tokens (hf sizes its KV cache for them); only while no sequence is in flight."""
 
-    @property
     @abstractmethod
-    def model(self):
-        """The torch module whose parameters ``load()`` fills (hf); None for engines that
-        receive weights themselves (vllm)."""
+    def paused(self, version: int) -> contextlib.AbstractContextManager[dict]:
+        """Pause generation; the body loads new weights (in place) and may add its timings to the
+        dict it is given; on exit drop KV computed under the old weights and continue unfinished
+        sequences under ``version``, adding the pause's own timings."""
+
+    def update_weights(self, version: int) -> dict:
+        """Receive the trainer's broadcast of ``version`` through this engine's receiver, paused;
+        returns timings (weight_recv_s, weight_load_s, pause_s, pause_wait_s, interrupted, ...)."""
+        if self.receiver is None:
+            raise RuntimeError("this engine was built without a weight source (EngineSetup.weights): "
+                               "it has no weights to receive")
+        with self.paused(version) as timings:
+            timings.update(self.receiver.receive())
+        return timings
+
+    def weights_digest(self) -> str:
+        """sha256 of the weights as received (weights.verify); "" where they cannot be read here."""
+        return self.receiver.digest() if self.receiver is not None else ""
 
     @abstractmethod
     def close(self) -> None:
-        """Stop generating and free the engine."""
+        """Stop generating and free the engine (and its receiver)."""
 
     def in_flight(self) -> int:
         return len(self.seqs)

@@ -6,17 +6,22 @@ under the old weights) and resubmitted with its prompt plus the tokens it has so
 continues — re-prefilled — under the new version. Block (prefix) sharing is off so no KV of
 old weights is ever reused.
 
-Around the load: on an accelerator the loop computes on a stream of its own while ``load()``
-fills the weights on the caller's, so the device is synchronized before the loop resumes; the
+Weights arrive through areal's bucketed broadcast (transport/weights.py ``WeightReceiver``, built
+here when the engine has a weight source). Around the load: on an accelerator the loop computes
+on a stream of its own while the receiver fills the weights on the caller's, so the device is synchronized before the loop resumes; the
 new weights are checked to be finite (a NaN weight otherwise surfaces as a device-side assert
 in sampling, which kills the process without naming the cause). Every unfinished request is
 cancelled, so the scheduler's "block new requests" flag (set when it offloads a request under
 cache pressure, cleared only when some request finishes) is cleared: with no active request
 left nothing would ever clear it and the resubmitted requests would wait forever.
+
+The KV cache is sized here (``kv_cache_tokens``): transformers fixes it, and the sampling, when
+its batching loop starts, so ``configure`` starts a new loop on the same model when either changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -24,54 +29,111 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.config.schema import dtype_name
+from areal_cli.config.schema import (
+    EngineConfig,
+    RootConfig,
+    dtype_name,
+    weights_backend,
+    weights_layout,
+    wire_dtype_name,
+)
 from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
 log = logging.getLogger(__name__)
 
 
-def engine_dtype(name: str, device: torch.device) -> torch.dtype:
+def engine_dtype(name: str) -> torch.dtype:
     return getattr(torch, dtype_name(name))
 
 
+def engine_device(name: str) -> torch.device:
+    """``EngineSetup.device`` resolved: "" = the current GPU if there is one, else the CPU."""
+    if name:
+        return torch.device(name)
+    return torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+
+
+def kv_cache_tokens(e: EngineConfig, sequences: int, context: int, limit: int | None) -> int:
+    """The KV cache in tokens: engine.kv_cache_tokens, or ``sequences`` × the pages of ``context``
+    tokens plus one; at most ``limit`` (on a GPU: ``kv_tokens_that_fit``)."""
+    kv = e.kv_cache_tokens or sequences * (-(-context // e.page_size) + 1) * e.page_size
+    return kv if limit is None else min(kv, limit)
+
+
+def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
+    """KV cache tokens that fit in ``fraction`` of the GPU's free memory, less the weights (estimated
+    from the config: on a shared GPU the trainer keeps the rest)."""
+    from transformers import AutoConfig
+
+    c = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
+    elem = torch.tensor([], dtype=dtype).element_size()
+    per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * elem
+    free, _total = torch.cuda.mem_get_info(device)
+    weights = 12 * c.num_hidden_layers * c.hidden_size ** 2 * elem + c.vocab_size * c.hidden_size * elem
+    return max(4096, int((free * fraction - weights) // per_token))
+
+
 class HFEngine(Engine):
-    def __init__(self, model_path, device: torch.device, dtype: torch.dtype, **engine):
+    def __init__(self, setup: EngineSetup, doing: Callable[[str], None]):
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype,
-                                                     attn_implementation="sdpa").to(device)
+        doing("loading the model")
+        e = setup.engine
+        self.setup, self.device = setup, engine_device(setup.device)
+        # measured before the model loads: a share of the GPU's free memory, less the weights
+        self._kv_limit = (kv_tokens_that_fit(setup.model_path, self.device, engine_dtype(e.dtype),
+                                             e.gpu_memory_utilization) if self.device.type == "cuda" else None)
+        model = AutoModelForCausalLM.from_pretrained(setup.model_path, dtype=engine_dtype(e.dtype),
+                                                     attn_implementation="sdpa").to(self.device)
         model.requires_grad_(False)
-        self._start(model, **engine)
-
-    def _start(self, model, *, temperature: float, top_p: float, max_batch_tokens: int,
-               kv_cache_tokens: int, page_size: int, eos_token_id, greedy: bool = False) -> None:
-        """Start the continuous-batching loop on ``model``: sampling at ``temperature`` (rollouts),
-        or argmax when ``greedy`` (evaluation; a tiny temperature is not greedy)."""
-        from transformers import GenerationConfig
-        from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-        self.device, self._model = model.device, model
-        if greedy:
-            sampling = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
-        else:
-            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        gen = GenerationConfig(**sampling, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
-                               max_new_tokens=1 << 20)
-        cb = ContinuousBatchingConfig(
-            num_blocks=max(16, math.ceil(kv_cache_tokens / page_size)), page_size=page_size,
-            max_batch_tokens=max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
-        self.eos = set([eos_token_id] if isinstance(eos_token_id, int) else eos_token_id)
-        self.manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-        self.manager.start()
+        self._model, self.manager, self._running = model, None, None
+        eos = setup.eos_token_id
+        self.eos = set([eos] if isinstance(eos, int) else eos)
         self.seqs: dict = {}  # rid → sequence
         self.segment: dict[str, tuple] = {}  # engine request id (Sequence.segment_id) → (rid, output length at start)
         self.version = 0
         self._finished_during_pause: list[Sequence] = []
         self._failed: str | None = None  # why generation was stopped (non-finite weights)
+        self._start(setup.sampling, kv_cache_tokens(e, setup.sequences, setup.context, self._kv_limit))
+        if setup.weights is not None:
+            doing("joining the weight broadcast group")
+            self.receiver = weight_receiver(model, setup.weights, setup.index)
 
     @property
     def model(self):
+        """The torch module generating (its parameters are what the receiver fills)."""
         return self._model
+
+    def configure(self, sampling: Sampling, context: int) -> None:
+        """A new batching loop when the sampling or the KV cache size changes (transformers fixes both
+        when its loop starts); the model stays loaded."""
+        if self.seqs:
+            raise RuntimeError(f"configure() with {len(self.seqs)} sequences in flight")
+        kv = kv_cache_tokens(self.setup.engine, self.setup.sequences, context, self._kv_limit)
+        if self._running != (sampling, kv):
+            self._stop()
+            self._start(sampling, kv)
+
+    def _start(self, sampling: Sampling, kv_tokens: int) -> None:
+        """Start the continuous-batching loop: sampling at its temperature, or argmax when greedy."""
+        from transformers import GenerationConfig
+        from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+        e, eos = self.setup.engine, self.setup.eos_token_id
+        if sampling.greedy:
+            params = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
+        else:
+            params = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+        gen = GenerationConfig(**params, eos_token_id=eos, pad_token_id=eos, max_new_tokens=1 << 20)
+        cb = ContinuousBatchingConfig(
+            num_blocks=max(16, math.ceil(kv_tokens / e.page_size)), page_size=e.page_size,
+            max_batch_tokens=e.max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
+        self.manager = self._model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        self.manager.start()
+        self._running = (sampling, kv_tokens)
 
     def _submit_segment(self, seq: Sequence) -> None:
         req = seq.segment_id()
@@ -123,7 +185,8 @@ class HFEngine(Engine):
         seq.finish_reason = "stop" if last in self.eos and not seq.ignore_eos else "length"
         return seq
 
-    def update_weights(self, version: int, load: Callable[[], dict]) -> dict:
+    @contextlib.contextmanager
+    def paused(self, version: int):
         self._check_alive()
         t0 = time.perf_counter()
         with self.manager.pause():
@@ -132,7 +195,8 @@ class HFEngine(Engine):
                 seq = self._apply(out)
                 if seq is not None:
                     self._finished_during_pause.append(seq)
-            timings = load()
+            timings: dict = {}
+            yield timings  # the caller loads the weights
             self._synchronize()  # the loop's compute stream must see the whole load
             scheduler = self.manager.batch_processor.scheduler
             for req in list(self.segment):
@@ -155,7 +219,6 @@ class HFEngine(Engine):
                 self._submit_segment(seq)
         timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=paused - t0,
                        interrupted=len(self.seqs))
-        return timings
 
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
@@ -184,8 +247,44 @@ class HFEngine(Engine):
         if err is not None or not self.manager.is_running():
             raise RuntimeError(f"the generation loop stopped: {err!r}")
 
-    def close(self) -> None:
+    def _stop(self) -> None:
+        if self.manager is None:
+            return
         try:
             self.manager.stop(block=True, timeout=5, hard_stop=True)
         except RuntimeError as err:
             log.warning("engine stop: %s", err)
+        self.manager, self._running = None, None
+
+    def close(self) -> None:
+        self._stop()
+        if self.receiver is not None:
+            self.receiver.close()
+
+
+def weight_receiver(model, source: WeightSource, index: int):
+    """This rollout worker's end of areal's bucketed broadcast (transport/weights.py): rank 1 + index
+    of the trainer's weight group, loading into ``model`` in place."""
+    from areal_cli.transport.weights import WeightReceiver
+
+    cfg = source.cfg
+    backend = weights_backend(cfg, model.device.type == "cuda")
+    return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, backend,
+                          getattr(torch, wire_dtype_name(cfg)), weights_layout(cfg, backend)[1],
+                          timeout_s=cfg.launcher.peer_timeout_s)
+
+
+def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device):
+    """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers."""
+    from areal_cli.transport.weights import WeightSender, param_specs
+
+    backend = weights_backend(cfg, device.type == "cuda")
+    staged, bucket_bytes = weights_layout(cfg, backend)
+    return WeightSender(param_specs(model), host, port, 1 + cfg.rollout.workers, backend, device,
+                        getattr(torch, wire_dtype_name(cfg)), bucket_bytes,
+                        # twice the heartbeat limit: a rollout worker that stopped answering is named
+                        # by the controller (no heartbeat), not reported as this broadcast's timeout
+                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
+
+
+ENGINE = HFEngine

@@ -13,18 +13,28 @@ Interruptible: on a weight update every unfinished request is aborted, the new w
 arrive through vLLM's own NCCL weight transfer (``transport/vllm_weights.py``), the prefix
 cache (KV of the old weights) is reset, and each sequence is resubmitted as prompt + the
 tokens it has so far — re-prefilled under the new version, exactly as the hf engine does.
-``engine.pause_mode=keep`` skips the abort: sequences keep their old-weight KV.
+``engine.pause_mode=keep`` skips the abort: sequences keep their old-weight KV. The receiving
+end (``VLLMWeightReceiver``) is built here when the engine has a weight source; the trainer's end
+is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 
-from areal_cli.config.schema import RootConfig, dtype_name, lm_head_fp32
+from areal_cli.config.schema import (
+    EngineConfig,
+    RootConfig,
+    dtype_name,
+    engine_lm_head_fp32,
+    wire_dtype_name,
+)
 from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +47,13 @@ def import_vllm():
     return vllm
 
 
-def llm_kwargs(cfg: RootConfig, index: int) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index``."""
-    e = cfg.engine
-    kw = dict(dtype=dtype_name(e.dtype), seed=cfg.seed * 1000 + index,
+def llm_kwargs(e: EngineConfig, seed: int, index: int) -> dict:
+    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed``."""
+    kw = dict(dtype=dtype_name(e.dtype), seed=seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
               enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
               weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == "inplace" else "nccl"))
-    if lm_head_fp32(cfg):
+    if engine_lm_head_fp32(e):
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if e.max_num_seqs:
         kw["max_num_seqs"] = e.max_num_seqs
@@ -54,13 +63,14 @@ def llm_kwargs(cfg: RootConfig, index: int) -> dict:
 
 
 class VLLMEngine(Engine):
-    def __init__(self, model_path, cfg: RootConfig, index: int):
+    def __init__(self, setup: EngineSetup, doing: Callable[[str], None]):
         vllm = import_vllm()
 
-        self.cfg = cfg
-        self.llm = vllm.LLM(model=str(model_path), **llm_kwargs(cfg, index))
+        doing("loading the model")
+        self.engine_cfg = setup.engine
+        self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index))
         self.core = self.llm.llm_engine
-        self._sampling(cfg.rollout.temperature, cfg.rollout.top_p)
+        self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
         eos = self.llm.llm_engine.model_config.hf_config.eos_token_id
         self.eos = {tok.eos_token_id} | set([eos] if isinstance(eos, int) else (eos or []))
@@ -69,21 +79,22 @@ class VLLMEngine(Engine):
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
         self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
+        if setup.weights is not None:
+            doing("joining the weight broadcast group")
+            self.receiver = weight_receiver(self.llm, setup.model_path, setup.weights, setup.index)
 
-    def _sampling(self, temperature: float, top_p: float) -> None:
+    def configure(self, sampling: Sampling, context: int) -> None:
         """The SamplingParams of the next requests (``max_tokens`` and ``ignore_eos`` per request):
         one sample, its processed logprob, token ids only (random-weight benchmarks sample ids that
-        a smaller tokenizer cannot decode; nothing here decodes), output as deltas."""
+        a smaller tokenizer cannot decode; nothing here decodes), output as deltas. Greedy is
+        temperature 0 (vLLM then decodes argmax, ignoring top_p). ``context``: vLLM sizes its own KV."""
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
+        temperature, top_p = (0.0, 1.0) if sampling.greedy else (sampling.temperature, sampling.top_p)
         self._params = lambda n, ignore_eos=False: vllm.SamplingParams(
             n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
-
-    @property
-    def model(self):
-        return None  # vLLM receives its weights itself (VLLMWeightReceiver)
 
     def _submit_segment(self, seq: Sequence) -> None:
         remaining = seq.max_new_tokens - len(seq.output_ids)
@@ -144,15 +155,17 @@ class VLLMEngine(Engine):
             self._busy_s += time.perf_counter() - self._busy_since
             self._busy_since = None
 
-    def update_weights(self, version: int, load: Callable[[], dict]) -> dict:
+    @contextlib.contextmanager
+    def paused(self, version: int):
         t0 = time.perf_counter()
-        abort = self.cfg.engine.pause_mode == "abort"
+        abort = self.engine_cfg.pause_mode == "abort"
         if abort and self.segment:
             self.core.abort_request(list(self.segment))
             self.segment.clear()
         self._mark_idle()
         paused = time.perf_counter()
-        timings = load()
+        timings: dict = {}
+        yield timings  # the caller loads the weights
         loaded = time.perf_counter()
         if abort and not self.llm.reset_prefix_cache():
             log.warning("vLLM refused to reset its prefix cache: KV of old weights may be reused")
@@ -165,7 +178,6 @@ class VLLMEngine(Engine):
                        resume_s=time.perf_counter() - loaded, interrupted=len(self.seqs),
                        gen_busy_s=self._busy_s)
         self._busy_s = 0.0
-        return timings
 
     def close(self) -> None:
         if self.segment:
@@ -173,3 +185,37 @@ class VLLMEngine(Engine):
         shutdown = getattr(self.core, "engine_core", None)
         if shutdown is not None and hasattr(shutdown, "shutdown"):
             shutdown.shutdown()
+        if self.receiver is not None:
+            self.receiver.close()
+
+
+def weight_receiver(llm, model_path, source: WeightSource, index: int):
+    """This rollout worker's end of vLLM's own NCCL weight transfer (transport/vllm_weights.py): its
+    GPU ranks follow trainer rank 0 at ``rank_offset``."""
+    import torch
+
+    from areal_cli.transport.vllm_weights import (
+        VLLMWeightReceiver,
+        group_size,
+        rank_offset,
+        wire_spec,
+    )
+
+    cfg, e = source.cfg, source.cfg.engine
+    wire = getattr(torch, wire_dtype_name(cfg))
+    return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port,
+                              rank_offset(index, e.tensor_parallel_size),
+                              group_size(cfg.rollout.workers, e.tensor_parallel_size), mode=e.weight_update)
+
+
+def make_sender(cfg: RootConfig, host: str, port: int, model, device):
+    """Trainer rank 0's end of vLLM's NCCL weight transfer: rank 0, every worker's GPU ranks after it."""
+    import torch
+
+    from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
+
+    return VLLMWeightSender(host, port, group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
+                            getattr(torch, wire_dtype_name(cfg)), mode=cfg.engine.weight_update)
+
+
+ENGINE = VLLMEngine
