@@ -16,13 +16,8 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import (
-    RootConfig,
-    weights_backend,
-    weights_layout,
-    wire_dtype_name,
-    worker_concurrency,
-)
+from areal_cli.config.resolve import require_resolved
+from areal_cli.config.schema import RootConfig, worker_concurrency
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.engines import spec
@@ -86,7 +81,7 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = load_yaml(RunDir(run_dir).config, check=False)
+        self.cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
         self.index = index
         self.run_dir = run_dir
         ep = Endpoints.load(run_dir)
@@ -126,7 +121,7 @@ class Worker:
             )
 
             e = self.cfg.engine
-            wire = getattr(torch, wire_dtype_name(self.cfg))
+            wire = getattr(torch, self.cfg.weights.dtype)
             return VLLMWeightReceiver(self.engine.llm, wire_spec(resolve_model(self.cfg.model), wire),
                                       ep.weights_host, ep.weights_port, rank_offset(self.index, e.tensor_parallel_size),
                                       group_size(self.cfg.rollout.workers, e.tensor_parallel_size),
@@ -137,10 +132,9 @@ class Worker:
 
         from areal_cli.transport.weights import WeightReceiver
 
-        backend = weights_backend(self.cfg, self.engine.model.device.type == "cuda")
-        wire = self.engine.model.dtype if self.cfg.weights.dtype == "auto" else getattr(torch, self.cfg.weights.dtype)
+        w = self.cfg.weights  # resolved when the run was planned
         return WeightReceiver(self.engine.model, ep.weights_host, ep.weights_port, 1 + self.index,
-                              1 + self.cfg.rollout.workers, backend, wire, weights_layout(self.cfg, backend)[1],
+                              1 + self.cfg.rollout.workers, str(w.backend), getattr(torch, w.dtype), w.bucket_mb << 20,
                               timeout_s=self.cfg.launcher.peer_timeout_s)
 
     def _on_signal(self, signum, _frame) -> None:

@@ -19,14 +19,9 @@ import torch.distributed as dist
 import zmq
 
 from areal_cli import faults
+from areal_cli.config.choices import Switch
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import (
-    dtype_name,
-    lm_head_fp32,
-    weights_backend,
-    weights_layout,
-    wire_dtype_name,
-)
+from areal_cli.config.resolve import require_resolved
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines import spec
 from areal_cli.rundir import RunDir
@@ -55,7 +50,8 @@ class Trainer:
         self.name = f"trainer-{self.rank}"
         redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
-        self.cfg = cfg = load_yaml(self.rd.config, check=False)
+        # resolved when the run was planned: read here, never resolved or changed
+        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -74,9 +70,9 @@ class Trainer:
         self.status = StatusLink(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
-        dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
+        dtype = getattr(torch, cfg.trainer.dtype)
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
-                                  fp32_head=lm_head_fp32(cfg))
+                                  fp32_head=cfg.engine.lm_head_fp32 == Switch.true)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
@@ -95,21 +91,19 @@ class Trainer:
     def _weight_sender(self, ep):
         from areal_cli.transport.weights import WeightSender, param_specs
 
-        cfg = self.cfg
-        wire = wire_dtype_name(cfg)
+        cfg, w = self.cfg, self.cfg.weights
+        wire = getattr(torch, w.dtype)
         if spec(cfg.engine.name).weight_transfer == "engine":  # vLLM's own NCCL transfer; its ranks follow rank 0
             from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 
             return VLLMWeightSender(ep.weights_host, ep.weights_port,
                                     group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                                    getattr(torch, wire), mode=cfg.engine.weight_update)
-        backend = weights_backend(cfg, self.device.type == "cuda")
-        staged, bucket_bytes = weights_layout(cfg, backend)
+                                    wire, mode=cfg.engine.weight_update)
         return WeightSender(param_specs(self.model), ep.weights_host, ep.weights_port,
-                            1 + cfg.rollout.workers, backend, self.device, getattr(torch, wire), bucket_bytes,
+                            1 + cfg.rollout.workers, str(w.backend), self.device, wire, w.bucket_mb << 20,
                             # twice the heartbeat limit: a rollout worker that stopped answering is named
                             # by the controller (no heartbeat), not reported as this broadcast's timeout
-                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
+                            timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).

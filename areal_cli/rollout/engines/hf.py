@@ -24,14 +24,16 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.config.schema import dtype_name
 from areal_cli.rollout.engines.base import Engine, Sequence
 
 log = logging.getLogger(__name__)
 
 
 def engine_dtype(name: str, device: torch.device) -> torch.dtype:
-    return getattr(torch, dtype_name(name))
+    """The torch dtype of a resolved engine.dtype (config/resolve.py made "auto" concrete)."""
+    if name == "auto":
+        raise ValueError("engine.dtype=auto: resolve the config first (areal_cli.config.resolve)")
+    return getattr(torch, name)
 
 
 class HFEngine(Engine):

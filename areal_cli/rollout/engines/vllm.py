@@ -22,7 +22,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from areal_cli.config.schema import RootConfig, dtype_name, lm_head_fp32
+from areal_cli.config.choices import Switch, WeightUpdate
+from areal_cli.config.resolve import unresolved
+from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine, Sequence
 
@@ -38,13 +40,16 @@ def import_vllm():
 
 
 def llm_kwargs(cfg: RootConfig, index: int) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index``."""
+    """Arguments of ``vllm.LLM`` for rollout worker ``index`` (``cfg.engine`` resolved)."""
     e = cfg.engine
-    kw = dict(dtype=dtype_name(e.dtype), seed=cfg.seed * 1000 + index,
+    if unresolved(e):
+        raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
+                         "(areal_cli.config.resolve)")
+    kw = dict(dtype=str(e.dtype), seed=cfg.seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
               enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-              weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == "inplace" else "nccl"))
-    if lm_head_fp32(cfg):
+              weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == WeightUpdate.inplace else "nccl"))
+    if e.lm_head_fp32 == Switch.true:
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if e.max_num_seqs:
         kw["max_num_seqs"] = e.max_num_seqs
