@@ -109,7 +109,7 @@ def quote_choices(overrides: list[str], root: type = RootConfig) -> list[str]:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def choice_at(root: type, key: str) -> type[Enum] | None:
     """The enum type of dotted ``key`` in the config dataclass ``root``; None if it is no choice."""
     t = root

@@ -52,6 +52,8 @@ class StepRunner:
         t = cfg.trainer
         # fused: one pass over each tensor (the foreach AdamW took ~8 s of CPU per step for 135M
         # parameters on the 2-core CPU, fused ~1 s); the same update
+        if t.optim_state == OptimState.auto:
+            raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
         if t.optim_state == OptimState.bfloat16:  # resolved for this device when the run was planned
             from areal_cli.trainer.optim import AdamWBF16State
 

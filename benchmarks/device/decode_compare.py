@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.base import Sequence
 
@@ -24,6 +25,7 @@ def build(kind: str, model_dir: str, tok):
 
         cfg = RootConfig()
         cfg.engine.name = "vllm"
+        cfg.engine = resolve_engine(cfg.engine, updates=False)
         return VLLMEngine(model_dir, cfg, 0)
     from areal_cli.rollout.engines.hf import HFEngine
 

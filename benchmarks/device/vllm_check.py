@@ -18,9 +18,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import torch
 
+from areal_cli.config.resolve import Placement, resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.vllm import VLLMEngine
@@ -106,6 +108,7 @@ def main() -> None:
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
     cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
     cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
+    cfg = resolve(cfg, Placement(trainer_gpu=True, model_path=Path(model_dir)))  # lm_head_fp32=auto: on with vllm
     wire = getattr(torch, args.dtype)
     result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
     t = time.perf_counter()

@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
@@ -100,6 +101,9 @@ def test_ignore_eos_sequence_continues_past_eos_after_an_update():
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
+    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lm_head_fp32=auto: resolve"):
+        llm_kwargs(cfg, 1)
+    cfg.engine = resolve_engine(cfg.engine, updates=False)  # an engine no weights reach: reload
     kw = llm_kwargs(cfg, 1)
     assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
@@ -109,6 +113,7 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
 def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
     cfg = RootConfig()
     cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
+    cfg.engine = resolve_engine(cfg.engine)
     kw = llm_kwargs(cfg, 0)
     assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
 
