@@ -187,8 +187,9 @@ class LauncherConfig:
     """"local" | "slurm"."""
     allocator: Allocator = Allocator.auto
     """malloc of the trainer and rollout processes on the CPU: "auto" (tcmalloc, else jemalloc, else the
-    system's) | "tcmalloc" | "jemalloc" | "system". tcmalloc: ~0.8 GB less trainer memory and faster steps
-    than glibc's malloc (apt-get install libtcmalloc-minimal4); GPU processes keep the system's."""
+    system's: what is installed where `areal train` plans the run) | "tcmalloc" | "jemalloc" | "system".
+    tcmalloc: ~0.8 GB less trainer memory and faster steps than glibc's malloc (apt-get install
+    libtcmalloc-minimal4); GPU processes keep the system's."""
     host: str = "127.0.0.1"
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
     port_base: int = 0

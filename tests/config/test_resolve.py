@@ -156,3 +156,16 @@ def test_wandb_mode_follows_the_environment_where_the_run_is_planned(monkeypatch
     cfg = RootConfig()
     cfg.logging.wandb_mode = "disabled"
     assert resolve(cfg).logging.wandb_mode == "disabled"  # set in the config: the environment is not read
+
+
+def test_a_slurm_plan_resolves_for_the_nodes_gpus_not_the_login_nodes(tmp_path):
+    from areal_cli.launcher.slurm import build
+
+    def planned(*overrides):
+        cfg = compose(["launcher=slurm", f"run_dir={tmp_path / 'run'}", *overrides])
+        return build(cfg, python="/opt/venv/bin/python")[0].cfg
+
+    gpu = planned("launcher.nodes=2", "launcher.gpus_per_node=8")
+    assert (gpu.weights.backend, gpu.weights.staged, gpu.trainer.optim_state) == ("nccl", "true", "float32")
+    cpu = planned("launcher.nodes=2", "launcher.gpus_per_node=0")
+    assert (cpu.weights.backend, cpu.weights.staged, cpu.trainer.optim_state) == ("gloo", "false", "bfloat16")
