@@ -28,6 +28,7 @@ import copy
 import ctypes.util
 import netrc
 import os
+import typing
 from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
@@ -93,12 +94,12 @@ def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates
 
 def unresolved(cfg) -> list[str]:
     """The keys of ``cfg`` (a config dataclass) still ``auto``: [] once resolved."""
-    out = []
+    out, hints = [], typing.get_type_hints(type(cfg))
     for f in fields(cfg):
-        v = getattr(cfg, f.name)
+        v, t = getattr(cfg, f.name), hints[f.name]
         if is_dataclass(v):
             out += [f"{f.name}.{k}" for k in unresolved(v)]
-        elif isinstance(v, Enum) and v.value == "auto":
+        elif isinstance(t, type) and issubclass(t, Enum) and str(v) == "auto":  # reward.fn's auto is no choice
             out.append(f.name)
     return out
 
