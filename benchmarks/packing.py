@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 from areal_cli.config.load import compose
+from areal_cli.config.resolve import Placement, resolve
 from areal_cli.models import resolve_model
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
@@ -122,6 +123,7 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
 
     cfg = compose([f"trainer.packing={packing}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
                    f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.response[1]}"])
+    cfg = resolve(cfg, Placement(trainer_gpu=device.type == "cuda"))
     dtype = torch.bfloat16
     torch.manual_seed(0)
     saved_row, saved_inputs = step.PACKED_ROW_TOKENS_CUDA, step.model_inputs

@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"
 from helpers import default_shaped_batch  # noqa: E402
 
 from areal_cli.config.load import compose  # noqa: E402
-from areal_cli.config.schema import dtype_name  # noqa: E402
+from areal_cli.config.resolve import resolve  # noqa: E402
 from areal_cli.models import resolve_model  # noqa: E402
 from areal_cli.runtime import set_threads  # noqa: E402
 from areal_cli.trainer.model import build_policy  # noqa: E402
@@ -48,10 +48,10 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.threads=1")
     args = ap.parse_args()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    cfg = compose(args.overrides)
+    cfg = resolve(compose(args.overrides))  # the CPU's values, as `areal train` plans them here
     set_threads(cfg.trainer.threads)
     path = resolve_model(cfg.model)
-    dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
+    dtype = getattr(torch, cfg.trainer.dtype)
     device = torch.device("cpu")
     model = build_policy(path, device, dtype, cfg.trainer.activation_checkpointing)
     runner = StepRunner.build(model, path, cfg, device, dtype, rank=0, world=1)

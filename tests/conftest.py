@@ -93,12 +93,15 @@ def drive_workflow(flow, engine, timeout_s: float) -> list:
 def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int = 8, context: int = 0,
               weights=None, index: int = 0, **engine):
     """An hf engine on the CPU from ``make_engine`` (the factory every caller uses): float32, 512
-    tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise."""
+    tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise; its
+    ``auto`` values resolved once here, as a planned run's are."""
+    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import EngineConfig
     from areal_cli.rollout.engines.factory import make_engine
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling
 
     fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096, page_size=32) | engine
-    return make_engine(EngineSetup(EngineConfig(name="hf", **fields), path, eos_token_id, Sampling(temperature),
+    e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)
+    return make_engine(EngineSetup(e, path, eos_token_id, Sampling(temperature),
                                    sequences=sequences, context=context, index=index, device="cpu",
                                    weights=weights))

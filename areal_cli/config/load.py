@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.resources
 import os
+import re
+import typing
+from dataclasses import is_dataclass
+from enum import Enum
 from pathlib import Path
 
+from areal_cli.config.choices import listed
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
@@ -47,7 +53,7 @@ def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     _register_schema()
-    rest, params = split_task_params(overrides)
+    rest, params = split_task_params(quote_choices(overrides))
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):
             cfg = hydra_compose(config_name=config_name, overrides=rest)
@@ -91,6 +97,43 @@ def apply_task_params(cfg, rest: list[str], params: list[str], config_name: str)
                 OmegaConf.update(cfg, o.key_or_group, o.value(), force_add=True)
 
 
+def quote_choices(overrides: list[str], root: type = RootConfig) -> list[str]:
+    """The overrides, each value of a choice (an enum field) quoted: Hydra would read
+    `engine.lm_head_fp32=true` (or True) as YAML's boolean, which is no member of the enum."""
+    out = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if eq and value and value[0] not in "'\"$[{" and choice_at(root, key.lstrip("+~")):
+            o = f"{key}='{value.lower() if value.lower() in ('true', 'false') else value}'"
+        out.append(o)
+    return out
+
+
+@functools.cache
+def choice_at(root: type, key: str) -> type[Enum] | None:
+    """The enum type of dotted ``key`` in the config dataclass ``root``; None if it is no choice."""
+    t = root
+    for part in key.split("."):
+        hints = typing.get_type_hints(t) if is_dataclass(t) else {}
+        if part not in hints:
+            return None
+        t = hints[part]
+    return t if isinstance(t, type) and issubclass(t, Enum) else None
+
+
+def _choice_message(err: BaseException | None) -> str:
+    """"key=value: use a, b or c" for a value outside a choice anywhere in ``err``'s chain; "" if none."""
+    while err is not None:
+        key = getattr(err, "full_key", None) or ""
+        found = re.search(r"Invalid value '(.*)', expected one of", str(getattr(err, "msg", "") or err))
+        choices = choice_at(RootConfig, key) if key else None
+        if found and choices:
+            quote = " (in YAML quoted: 'true', 'false')" if found.group(1) in ("True", "False") else ""
+            return f"{key}={found.group(1)}: use {listed(choices)}{quote}"
+        err = err.__cause__ or err.__context__
+    return ""
+
+
 def _preset(overrides: list[str], config_name: str) -> dict:
     """The task preset file chosen (`task=` or the config's default), as a dict; {} if none."""
     from omegaconf import OmegaConf
@@ -111,6 +154,8 @@ def _register_schema() -> None:
 
 
 def _hydra_message(err: Exception) -> str:
+    if _choice_message(err):
+        return _choice_message(err)
     lines = [x.strip() for x in str(err).strip().splitlines() if x.strip()]
     text = lines[0]
     if text.startswith("Error merging override"):
@@ -140,6 +185,8 @@ def from_dictconfig(cfg, check: bool = True) -> RootConfig:
 
 
 def _schema_message(err: Exception) -> str:
+    if _choice_message(err):
+        return _choice_message(err)
     key = getattr(err, "full_key", None) or ""
     msg = getattr(err, "msg", None) or str(err).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
@@ -202,33 +249,11 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if (cfg.eval.every or cfg.eval.at_end) and not 0 <= cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
         problems.append(f"eval.size={cfg.eval.size} must be in 0..task.eval_size={cfg.task.eval_size} "
                         "(0 = the whole eval split): lower eval.size or raise task.eval_size")
-    if r.batch_order not in ("finished", "admission"):
-        problems.append(f"rollout.batch_order={r.batch_order!r}: use finished or admission")
     if unknown_engine(cfg.engine.name):
         problems.append(unknown_engine(cfg.engine.name))
-    if cfg.launcher.name not in ("local", "slurm"):
-        problems.append(f"launcher={cfg.launcher.name!r}: use launcher=local or launcher=slurm")
-    if cfg.trainer.dtype not in ("auto", "bfloat16", "float16", "float32"):
-        problems.append("trainer.dtype: use auto, bfloat16, float16 or float32")
-    if cfg.engine.dtype not in ("auto", "bfloat16", "float16", "float32"):
-        problems.append("engine.dtype: use auto, bfloat16, float16 or float32")
     e = cfg.engine
-    if e.pause_mode not in ("abort", "keep"):
-        problems.append(f"engine.pause_mode={e.pause_mode!r}: use abort or keep")
-    if e.weight_update not in ("auto", "reload", "inplace"):
-        problems.append(f"engine.weight_update={e.weight_update!r}: use auto, reload or inplace")
     if e.weight_update == "inplace" and e.tensor_parallel_size != 1:
         problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
-    if str(e.lm_head_fp32).lower() not in ("auto", "true", "false"):
-        problems.append(f"engine.lm_head_fp32={e.lm_head_fp32!r}: use auto, true or false")
-    if cfg.trainer.optim_state not in ("auto", "float32", "bfloat16"):
-        problems.append(f"trainer.optim_state={cfg.trainer.optim_state!r}: use auto, float32 or bfloat16")
-    if cfg.launcher.allocator not in ("auto", "tcmalloc", "jemalloc", "system"):
-        problems.append(f"launcher.allocator={cfg.launcher.allocator!r}: use auto, tcmalloc, jemalloc or system")
-    if str(cfg.weights.staged).lower() not in ("auto", "true", "false"):
-        problems.append(f"weights.staged={cfg.weights.staged!r}: use auto, true or false")
-    if cfg.weights.backend not in ("auto", "nccl", "gloo"):
-        problems.append(f"weights.backend={cfg.weights.backend!r}: use auto, nccl or gloo")
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")

@@ -2,7 +2,10 @@
 
 ``conf/`` holds values only; Hydra composes it with the user's ``key=value`` overrides and
 ``areal_cli.config.load`` merges the result into ``RootConfig``, so unknown keys and wrong
-types are errors. No torch import here: ``areal --help`` stays instant.
+types are errors; a closed choice is an enum (``choices.py``), so a value outside it is an error
+naming the valid ones. Every ``auto`` is resolved once, when the launcher plans the run
+(``resolve.py``): the run's config.yaml holds concrete values only. No torch import here:
+``areal --help`` stays instant.
 """
 
 from __future__ import annotations
@@ -10,8 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from areal_cli.config.algorithm import AlgorithmConfig
+from areal_cli.config.choices import (
+    Allocator,
+    BatchOrder,
+    Dtype,
+    LauncherName,
+    OptimState,
+    PauseMode,
+    Switch,
+    WandbMode,
+    WeightsBackend,
+    WeightUpdate,
+)
 from areal_cli.config.task import RewardConfig, TaskConfig
-from areal_cli.rollout.engines import spec
 
 
 @dataclass
@@ -20,7 +34,7 @@ class EngineConfig:
 
     name: str = "hf"
     """"hf" (transformers continuous batching, CPU or GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
-    dtype: str = "auto"
+    dtype: Dtype = Dtype.auto
     """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
     trainer.dtype=float16 brings the behaviour and trainer logprobs 8x closer than bfloat16 (docs/gpu.md)."""
     max_batch_tokens: int = 2048
@@ -37,7 +51,7 @@ class EngineConfig:
     """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for the KV cache)."""
     tensor_parallel_size: int = 1
     """vLLM: GPUs per rollout worker."""
-    pause_mode: str = "abort"
+    pause_mode: PauseMode = PauseMode.abort
     """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their KV)."""
     enforce_eager: bool = False
     """vLLM: no torch.compile / CUDA graphs (starts ~40 s sooner, decodes slower)."""
@@ -46,12 +60,13 @@ class EngineConfig:
     max_num_seqs: int = 0
     """vLLM: most sequences decoded at once; 0 = vLLM's default (raise it for asynchronous runs, where
     up to (max_staleness + 1) × batch_size groups are in flight)."""
-    weight_update: str = "auto"
+    weight_update: WeightUpdate = WeightUpdate.auto
     """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
     layer-wise reload (any model); "inplace" = vLLM's sparse NCCL transfer, written straight into the
     engine's fused parameters (Llama/Mistral/Qwen2/Qwen3 layouts, tensor_parallel_size 1): no reload,
-    a pause of ~40 ms instead of ~100 ms for 135M; "auto" = inplace where it applies, else reload."""
-    lm_head_fp32: str = "auto"
+    a pause of ~40 ms instead of ~100 ms for 135M; "auto" = inplace where it applies, else reload (hf:
+    inplace, its only way)."""
+    lm_head_fp32: Switch = Switch.auto
     """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
     behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
     on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
@@ -91,7 +106,7 @@ class RolloutConfig:
     """Nucleus sampling (1.0 = off; behaviour logprobs are then of the truncated distribution)."""
     gpus: list = field(default_factory=list)
     """GPU ids for generation (one worker per GPU); [] = from cluster.gpus."""
-    batch_order: str = "finished"
+    batch_order: BatchOrder = BatchOrder.finished
     """"finished": a batch is the B oldest finished groups (training never waits for a slow group) |
     "admission": the B oldest admitted prompts, waiting for them (reproducible prompt sets, exact resume)."""
     length_profile: str = ""
@@ -112,7 +127,7 @@ class TrainerConfig:
     """B: prompt groups per step."""
     lr: float = 2e-5
     """AdamW learning rate."""
-    optim_state: str = "auto"
+    optim_state: OptimState = OptimState.auto
     """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less, 540 MB
     for 135M, ~0.5 s more per step on one CPU core) | "auto" (bfloat16 on the CPU, float32 on GPUs)."""
     weight_decay: float = 0.0
@@ -125,7 +140,7 @@ class TrainerConfig:
     """Token budget of one forward/backward micro-batch (sequences are packed up to it)."""
     packing: bool = True
     """Pack sequences into micro-batches without padding (False = pad each micro-batch)."""
-    dtype: str = "auto"
+    dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""
     activation_checkpointing: bool = False
@@ -151,15 +166,15 @@ class WeightsConfig:
     bucket_mb: int = 0
     """Bucket size in MiB; the next bucket is gathered while the previous one is on the wire. 0 = 1024
     with NCCL, 32 with gloo (host memory: a rollout worker holds two buckets while it receives)."""
-    dtype: str = "auto"
+    dtype: Dtype = Dtype.auto
     """Wire dtype: "auto" = the engine's dtype."""
     verify: bool = False
     """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
-    staged: str = "auto"
+    staged: Switch = Switch.auto
     """"true": cast the whole update into wire buffers before the workers pause (shorter pause; trainer
     rank 0 keeps one extra copy of the weights in the wire dtype). "false": two bucket buffers, gathered
     while the previous bucket is on the wire. "auto": true with NCCL, false with gloo (host memory)."""
-    backend: str = "auto"
+    backend: WeightsBackend = WeightsBackend.auto
     """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
     rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
 
@@ -168,12 +183,13 @@ class WeightsConfig:
 class LauncherConfig:
     """Process start, watching and teardown."""
 
-    name: str = "local"
+    name: LauncherName = LauncherName.local
     """"local" | "slurm"."""
-    allocator: str = "auto"
+    allocator: Allocator = Allocator.auto
     """malloc of the trainer and rollout processes on the CPU: "auto" (tcmalloc, else jemalloc, else the
-    system's) | "tcmalloc" | "jemalloc" | "system". tcmalloc: ~0.8 GB less trainer memory and faster steps
-    than glibc's malloc (apt-get install libtcmalloc-minimal4); GPU processes keep the system's."""
+    system's: what is installed where `areal train` plans the run) | "tcmalloc" | "jemalloc" | "system".
+    tcmalloc: ~0.8 GB less trainer memory and faster steps than glibc's malloc (apt-get install
+    libtcmalloc-minimal4); GPU processes keep the system's."""
     host: str = "127.0.0.1"
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
     port_base: int = 0
@@ -252,8 +268,9 @@ class LoggingConfig:
     """Log a table of sample completions every N steps (0 = never)."""
     samples: int = 8
     """Completions per sample table."""
-    wandb_mode: str = "auto"
-    """"online" | "offline" | "auto" (= WANDB_MODE if set, else online where a W&B API key is configured)."""
+    wandb_mode: WandbMode = WandbMode.auto
+    """"online" | "offline" | "disabled" | "auto" (= WANDB_MODE if set, else online where a W&B API key is
+    configured, else offline; decided where `areal train` runs)."""
     mlflow_uri: str = ""
     """MLflow tracking URI; "" = a file store in <run_dir>/mlruns (no server, no network)."""
 
@@ -287,44 +304,6 @@ class RootConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
 
-def dtype_name(name: str) -> str:
-    """A dtype key (engine.dtype, trainer.dtype, weights.dtype) resolved: "auto" = bfloat16 (bf16 decodes
-    ~1.7x faster than fp32 even on AVX512-BF16/AMX CPUs)."""
-    return "bfloat16" if name == "auto" else name
-
-
-def wire_dtype_name(cfg: RootConfig) -> str:
-    """weights.dtype resolved: "auto" = the engine's dtype."""
-    return dtype_name(cfg.engine.dtype if cfg.weights.dtype == "auto" else cfg.weights.dtype)
-
-
-def lm_head_fp32(cfg: RootConfig) -> bool:
-    """engine.lm_head_fp32 resolved: "auto" = on where the engine's logits are float32 (vllm)."""
-    return engine_lm_head_fp32(cfg.engine)
-
-
-def engine_lm_head_fp32(e: EngineConfig) -> bool:
-    """``lm_head_fp32`` of one engine config (a run's or ``areal eval``'s)."""
-    v = str(e.lm_head_fp32).lower()
-    return spec(e.name).fp32_logits if v == "auto" else v == "true"
-
-
-def weights_backend(cfg: RootConfig, on_gpu: bool) -> str:
-    """weights.backend resolved for a process on a GPU or not (the launcher resolves colocation)."""
-    if cfg.weights.backend != "auto":
-        return cfg.weights.backend
-    return "nccl" if on_gpu else "gloo"
-
-
-def weights_layout(cfg: RootConfig, backend: str) -> tuple[bool, int]:
-    """(staged, bucket bytes) of the weight broadcast over ``backend``; both ends must agree."""
-    w = cfg.weights
-    staged = str(w.staged).lower()
-    staged = staged == "true" or (staged == "auto" and backend == "nccl")
-    mb = w.bucket_mb or (1024 if backend == "nccl" else 32)
-    return staged, mb << 20
-
-
 def worker_concurrency(cfg: RootConfig) -> int:
     """Prompt groups one rollout worker generates at once."""
     total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
@@ -339,10 +318,3 @@ def kv_cache_tokens_needed(cfg: RootConfig, longest_prompt: int) -> int:
     per_seq = longest_prompt + cfg.rollout.max_new_tokens * turns + 128 * (turns - 1)
     pages = -(-per_seq // cfg.engine.page_size)
     return worker_concurrency(cfg) * cfg.rollout.group_size * pages * cfg.engine.page_size
-
-
-def optim_state_dtype(choice: str, device) -> str:
-    """trainer.optim_state resolved for a trainer on ``device``."""
-    if choice != "auto":
-        return choice
-    return "float32" if getattr(device, "type", str(device)) == "cuda" else "bfloat16"

@@ -21,6 +21,7 @@ import numpy as np
 import zmq
 
 from areal_cli.config.load import load_yaml
+from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.liveness import ProgressWatch, culprits
@@ -88,7 +89,7 @@ class Controller:
         self.run_dir = Path(run_dir)
         self.rd = RunDir(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = load_yaml(self.rd.config, check=False)
+        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
         ep = planned_endpoints(cfg, self.rd)
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals

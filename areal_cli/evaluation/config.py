@@ -15,9 +15,11 @@ from areal_cli.config.load import (
     _schema_message,
     apply_task_params,
     conf_dir,
+    quote_choices,
     split_task_params,
 )
 from areal_cli.config.ranges import check_ranges, drop_repeats
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
 from areal_cli.rollout.engines import ENGINES
@@ -160,7 +162,7 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    rest, params = split_task_params(list(overrides))
+    rest, params = split_task_params(quote_choices(list(overrides), EvalRunConfig))
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):
             raw = hydra_compose(config_name="eval", overrides=rest)
@@ -174,7 +176,7 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     problems = cfg.validate()
     if problems:
         raise ConfigError(problems)
-    return cfg
+    return replace(cfg, engine=resolve_engine(cfg.engine, updates=False))  # no launcher plans an evaluation
 
 
 def _for_eval(message: str) -> str:

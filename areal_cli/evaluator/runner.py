@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.evaluator.metrics import summarize
@@ -69,7 +70,9 @@ class Evaluator:
         self.engine: Engine | None = None
         self._passes = 0
         try:
-            self._load(model_path, engine_cfg or EngineConfig(), threads, max_concurrent, seed)
+            # not planned by a launcher: its engine's auto values are resolved here, once
+            self._load(model_path, resolve_engine(engine_cfg or EngineConfig(), updates=False), threads,
+                       max_concurrent, seed)
         except BaseException:
             self.close()
             raise

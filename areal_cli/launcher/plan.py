@@ -1,8 +1,11 @@
-"""The run plan: run directory, device map and the exact commands — printed by --dry-run."""
+"""The run plan: run directory, device map, the resolved config and the exact commands — printed by
+--dry-run. Planning is where every ``auto`` of the config is resolved (``config/resolve.py``): the
+plan's ``cfg`` is what config.yaml holds and what every process reads."""
 
 from __future__ import annotations
 
-import ctypes.util
+import copy
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -13,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
-from areal_cli.config.schema import RootConfig, weights_backend, weights_layout
+from areal_cli.config.resolve import ALLOCATORS, Placement, find_allocator, resolve
+from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
 from areal_cli.launcher.rundir import check_links
 from areal_cli.rundir import RunDir
@@ -147,13 +151,14 @@ def worker_gpus(cfg: RootConfig, rollout: list[int]) -> list[list[int]]:
     return [[rollout[i % len(rollout)]] for i in range(w)]
 
 
-def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
-    """A rollout worker on trainer rank 0's GPU cannot join an NCCL group with it: the update then
-    goes through host memory (gloo), which only the embedded engine can receive."""
+def shares_rank0_gpu(cfg: RootConfig, devices: dict) -> bool:
+    """Whether a rollout worker runs on trainer rank 0's GPU. It cannot join an NCCL group with rank 0:
+    the update then goes through host memory (gloo), which only the embedded engine can receive;
+    ValueError naming the fix where the config asks for NCCL there."""
     if not devices["trainer"] or not devices["rollout"]:
-        return
+        return False
     if not any(devices["trainer"][0] in gs for gs in worker_gpus(cfg, devices["rollout"])):
-        return
+        return False
     if cfg.engine.name == "vllm":
         raise ValueError(f"engine=vllm cannot share GPU {devices['trainer'][0]} with trainer rank 0: vLLM "
                          "receives weights over NCCL only. Use engine=hf on one GPU, or give the trainer a GPU "
@@ -161,7 +166,7 @@ def resolve_colocation(cfg: RootConfig, devices: dict) -> None:
     if cfg.weights.backend == "nccl":
         raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and NCCL refuses "
                          "two ranks on one GPU; use weights.backend=auto (or gloo)")
-    cfg.weights.backend = "gloo"
+    return True
 
 
 def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
@@ -186,20 +191,20 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     return path, lines
 
 
-def weight_notes(cfg: RootConfig, devices: dict, model_path: Path | None) -> list[str]:
-    """Resolve engine.weight_update (vLLM) and say how weights will reach every rollout worker."""
-    w, tp = cfg.rollout.workers, cfg.engine.tensor_parallel_size
+def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) -> list[str]:
+    """How weights will reach every rollout worker under the resolved ``cfg``, and why
+    engine.weight_update is what it is (``asked``: the config before it was resolved)."""
+    w, tp, wt = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.weights
     if cfg.engine.name != "vllm":
-        backend = weights_backend(cfg, bool(devices["trainer"]))
-        return [f"in place into each hf engine's parameters; one {backend} group of {1 + w} ranks (trainer "
-                f"rank 0 + {w} rollout worker(s)), {weights_layout(cfg, backend)[1] >> 20} MiB buckets"
-                + (", staged" if weights_layout(cfg, backend)[0] else "")]
+        return [f"in place into each hf engine's parameters; one {wt.backend} group of {1 + w} ranks (trainer "
+                f"rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB buckets"
+                + (", staged" if wt.staged == "true" else "")]
     from areal_cli.transport.vllm_weights import choose_weight_update, group_size, rank_offset
 
     if model_path is None:
         why = "decided from config.json once the model is fetched"
     else:
-        cfg.engine.weight_update, why = choose_weight_update(cfg.engine.weight_update, model_path, tp)
+        why = choose_weight_update(asked.engine.weight_update, model_path, tp)[1]
     how = {"inplace": "in place (vLLM sparse_nccl transfer straight into the fused parameters, no reload)",
            "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
            "auto": "inplace or reload"}[cfg.engine.weight_update]
@@ -222,7 +227,11 @@ def length_notes(cfg: RootConfig) -> list[str]:
             f"{q[50]}, p90 {q[90]} of rollout.max_new_tokens={cap}), EOS ignored: synthetic lengths"]
 
 
-def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
+def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placement | None = None) -> Plan:
+    """The plan of ``cfg`` on ``gpus`` (None = the GPUs visible here); its ``cfg`` is ``cfg`` resolved for
+    the device map, or for ``placement`` (its GPUs; the model is found here) where the processes run
+    elsewhere (Slurm's nodes)."""
+    cfg = copy.deepcopy(cfg)  # the caller's stays as asked; the plan's is resolved
     # `areal train` creates a fresh directory before planning (rundir.new_run_dir); this name is
     # what --dry-run shows
     run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
@@ -233,10 +242,12 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     except OSError as err:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
-    resolve_colocation(cfg, devices)
+    shared = shares_rank0_gpu(cfg, devices)
     model_path, model_lines = resolve_model_for_run(cfg)
-    cpu_env, alloc_note = allocator_env(cfg.launcher.allocator)
-    notes = {"model": model_lines, "weights": weight_notes(cfg, devices, model_path),
+    placement = placement or Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared)
+    asked, cfg = cfg, resolve(cfg, dataclasses.replace(placement, model_path=model_path))
+    cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
+    notes = {"model": model_lines, "weights": weight_notes(asked, cfg, model_path),
              "lengths": length_notes(cfg), "memory": [alloc_note]}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
@@ -260,33 +271,22 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None) -> Plan:
     return Plan(cfg, run_dir, devices, procs, notes)
 
 
-ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}
-
-
-def find_allocator(choice: str) -> tuple[str, str] | None:
-    """(name, library) of the malloc ``choice`` ("auto": tcmalloc, else jemalloc) installed here."""
-    for name in ALLOCATORS if choice == "auto" else [choice] if choice in ALLOCATORS else []:
-        lib = ctypes.util.find_library(ALLOCATORS[name][0])
-        if lib:
-            return name, lib
-    return None
-
-
-def allocator_env(choice: str) -> tuple[dict, str]:
-    """The environment that gives CPU processes ``choice``'s malloc (LD_PRELOAD), and a note saying
-    which. Torch on the CPU frees and reallocates gigabytes a step; glibc's malloc keeps much of it."""
+def allocator_env(choice: str, asked: str = "") -> tuple[dict, str]:
+    """The environment that gives CPU processes the resolved launcher.allocator ``choice`` (LD_PRELOAD),
+    and a note saying which (``asked``: the value before it was resolved). Torch on the CPU frees and
+    reallocates gigabytes a step; glibc's malloc keeps much of it."""
     if choice == "system":
+        if asked == "auto":
+            return {}, ("allocator: the system's malloc; apt-get install libtcmalloc-minimal4 for ~0.8 GB less "
+                        "trainer memory and faster CPU steps")
         return {}, "allocator: the system's malloc (launcher.allocator=system)"
     found = find_allocator(choice)
-    if found:
-        name, lib = found
-        preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")]))
-        return {"LD_PRELOAD": preload}, f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU"
-    if choice != "auto":
+    if not found:
         raise ValueError(f"launcher.allocator={choice}: lib{ALLOCATORS[choice][0]} is not installed: "
                          f"apt-get install {ALLOCATORS[choice][1]}, or use launcher.allocator=auto")
-    return {}, ("allocator: the system's malloc; apt-get install libtcmalloc-minimal4 for ~0.8 GB less "
-                "trainer memory and faster CPU steps")
+    name, lib = found
+    preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")]))
+    return {"LD_PRELOAD": preload}, f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU"
 
 
 def child_env(extra: dict) -> dict:

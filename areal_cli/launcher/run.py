@@ -67,6 +67,7 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         cfg.run_dir = str(new_run_dir())
     try:
         plan = make_plan(cfg)
+        cfg = plan.cfg  # resolved: what config.yaml will hold
         if cfg.dry_run:
             print(plan.describe())
             return plan.run_dir

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
 from areal_cli.launcher.preflight import UserError, preflight
@@ -32,8 +33,9 @@ def build(cfg: RootConfig, python: str | None = None):
         raise ValueError(f"launcher.signal_s={cfg.launcher.signal_s}: must be >= 0")
     lay = slurm_layout(cfg)
     notes = apply_layout(cfg, lay)
-    plan = make_plan(cfg, gpus=[])  # run_dir and commands; devices are Slurm's
-    return plan, render_sbatch(cfg, lay, plan.run_dir, python or sys.executable), notes
+    # run_dir and commands; devices are Slurm's: the config is resolved for the nodes' GPUs
+    plan = make_plan(cfg, gpus=[], placement=Placement(trainer_gpu=lay.trainer_gpus > 0))
+    return plan, render_sbatch(plan.cfg, lay, plan.run_dir, python or sys.executable), notes
 
 
 def submit(cfg: RootConfig) -> Path:
@@ -43,6 +45,7 @@ def submit(cfg: RootConfig) -> Path:
         raise UserError(f"  - {err}") from None
     for n in notes:
         print(f"areal: {n}", file=sys.stderr)
+    cfg = plan.cfg
     if cfg.dry_run:
         print(script)
         return plan.run_dir

@@ -17,6 +17,7 @@ import zmq
 
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
+from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
 from areal_cli.models import resolve_model
 from areal_cli.rewards import RewardPool
@@ -54,7 +55,7 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = load_yaml(RunDir(run_dir).config, check=False)
+        self.cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
         self.index = index
         self.run_dir = run_dir
         ep = Endpoints.load(run_dir)

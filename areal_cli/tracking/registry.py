@@ -20,7 +20,6 @@ BACKENDS: dict[str, Backend] = {
     "mlflow": Backend("mlflow_log", "MlflowTracker", "mlflow"),
 }
 ALWAYS = "jsonl"  # metrics.jsonl: written by controller/records.py whatever the list says
-WANDB_MODES = ("auto", "online", "offline", "disabled")
 EXTRA = "tracking"  # pip install 'areal-cli[tracking]' brings every backend's package
 
 
@@ -31,10 +30,8 @@ def chosen(backends: list) -> list[str]:
 
 def problems(cfg) -> list[str]:
     """The ``logging`` config's problems with their fix: an unknown backend name, one whose
-    package is not installed, an unknown W&B mode."""
+    package is not installed (logging.wandb_mode is an enum: config/choices.py)."""
     out = []
-    if cfg.wandb_mode not in WANDB_MODES:
-        out.append(f"logging.wandb_mode={cfg.wandb_mode!r}: use {', '.join(WANDB_MODES)}")
     for name in chosen(cfg.backends):
         b = BACKENDS.get(name)
         if b is None:

@@ -7,29 +7,10 @@ checkpoint and the crash keep the values first logged (fanout.py does not send t
 
 from __future__ import annotations
 
-import netrc
-import os
 import secrets
-from urllib.parse import urlparse
 
 from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import SAMPLE_COLUMNS, RunInfo, Tracker
-
-
-def resolve_mode(mode: str) -> str:
-    """logging.wandb_mode resolved: "auto" = WANDB_MODE if set, else online where a W&B API key
-    is configured (WANDB_API_KEY, or `wandb login`'s netrc entry), else offline."""
-    if mode != "auto":
-        return mode
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return "online" if host and netrc.netrc().authenticators(host) else "offline"
-    except (OSError, netrc.NetrcParseError):
-        return "offline"
 
 
 class WandbTracker(Tracker):
@@ -39,7 +20,7 @@ class WandbTracker(Tracker):
         import wandb
 
         run_id = info.state.get("id") or secrets.token_hex(8)
-        mode = resolve_mode(info.cfg.wandb_mode)
+        mode = str(info.cfg.wandb_mode)  # resolved when the run was planned (config/resolve.py)
         self.run = wandb.init(
             project=info.cfg.project, name=info.name, id=run_id, resume="allow", dir=str(info.run_dir),
             mode=mode, config=None if info.state else info.hparams,

@@ -19,8 +19,9 @@ import torch.distributed as dist
 import zmq
 
 from areal_cli import faults
+from areal_cli.config.choices import Switch
 from areal_cli.config.load import load_yaml
-from areal_cli.config.schema import dtype_name, lm_head_fp32
+from areal_cli.config.resolve import require_resolved
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
@@ -49,7 +50,8 @@ class Trainer:
         self.name = f"trainer-{self.rank}"
         redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
-        self.cfg = cfg = load_yaml(self.rd.config, check=False)
+        # resolved when the run was planned: read here, never resolved or changed
+        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -68,9 +70,9 @@ class Trainer:
         self.status = StatusLink(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
-        dtype = getattr(torch, dtype_name(cfg.trainer.dtype))
+        dtype = getattr(torch, cfg.trainer.dtype)
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
-                                  fp32_head=lm_head_fp32(cfg))
+                                  fp32_head=cfg.engine.lm_head_fp32 == Switch.true)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None

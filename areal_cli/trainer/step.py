@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from areal_cli.config.schema import RootConfig, optim_state_dtype
+from areal_cli.config.choices import OptimState
+from areal_cli.config.schema import RootConfig
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
     Rollouts,
@@ -51,7 +52,9 @@ class StepRunner:
         t = cfg.trainer
         # fused: one pass over each tensor (the foreach AdamW took ~8 s of CPU per step for 135M
         # parameters on the 2-core CPU, fused ~1 s); the same update
-        if optim_state_dtype(t.optim_state, device) == "bfloat16":
+        if t.optim_state == OptimState.auto:
+            raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
+        if t.optim_state == OptimState.bfloat16:  # resolved for this device when the run was planned
             from areal_cli.trainer.optim import AdamWBF16State
 
             self.opt = AdamWBF16State(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,

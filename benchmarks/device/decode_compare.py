@@ -14,6 +14,7 @@ import time
 
 import torch
 
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.factory import make_engine
@@ -26,6 +27,7 @@ def build(kind: str, model_dir: str, tok):
     else:
         engine = EngineConfig(name="hf", dtype="bfloat16", max_batch_tokens=8192, kv_cache_tokens=300 * 320,
                               page_size=64)
+    engine = resolve_engine(engine, updates=False)  # an engine no weights reach
     return make_engine(EngineSetup(engine, model_dir, tok.eos_token_id, Sampling(1.0), sequences=300,
                                    device="cuda:0" if kind == "hf" else ""))
 

@@ -80,11 +80,13 @@ def gen(model_dir: str, out: str, variant: str, n: int, max_tokens: int) -> None
 def _gen_vllm(model_dir, fams, variant, max_tokens):
     import vllm
 
+    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import RootConfig
     from areal_cli.rollout.engines.vllm import llm_kwargs
 
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.35
+    cfg.engine = resolve_engine(cfg.engine, updates=False)
     kw = llm_kwargs(cfg.engine, cfg.seed, 0)
     kw.pop("weight_transfer_config")
     kw.update(VLLM_VARIANTS[variant][0])

@@ -19,9 +19,11 @@ from __future__ import annotations
 import json
 import threading
 import time
+from pathlib import Path
 
 import torch
 
+from areal_cli.config.resolve import Placement, resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.factory import make_engine, make_sender
@@ -108,6 +110,7 @@ def main() -> None:
     cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
     cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
     cfg.rollout.workers, cfg.launcher.peer_timeout_s = 1, 600  # one engine: weight group ranks 0 and 1
+    cfg = resolve(cfg, Placement(trainer_gpu=True, model_path=Path(model_dir)))  # lm_head_fp32=auto: on with vllm
     result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
     trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda:1").eval()
     box = {}

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.config.task import RewardConfig
 from areal_cli.rollout.engines import ENGINES, spec
@@ -36,7 +37,7 @@ def run_cfg(tiny_model) -> RootConfig:
     cfg.engine.dtype, cfg.engine.kv_cache_tokens, cfg.engine.page_size = "float32", 2048, 32
     cfg.rollout.temperature, cfg.rollout.top_p = 0.7, 0.9
     cfg.launcher.peer_timeout_s = 60
-    return cfg
+    return resolve(cfg)  # as the launcher plans a run on the CPU: gloo, float32 on the wire
 
 
 def endpoints(port: int) -> Endpoints:

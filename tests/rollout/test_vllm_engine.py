@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
@@ -118,6 +119,9 @@ def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
+    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lm_head_fp32=auto: resolve"):
+        llm_kwargs(cfg.engine, cfg.seed, 1)
+    cfg.engine = resolve_engine(cfg.engine, updates=False)  # an engine no weights reach: reload
     kw = llm_kwargs(cfg.engine, cfg.seed, 1)
     assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
@@ -127,6 +131,7 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
 def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
     cfg = RootConfig()
     cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
+    cfg.engine = resolve_engine(cfg.engine)
     kw = llm_kwargs(cfg.engine, cfg.seed, 0)
     assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
 
@@ -163,6 +168,7 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
     cfg = RootConfig()
     cfg.engine.name = "vllm"
     cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
+    cfg.engine = resolve_engine(cfg.engine, updates=False)
     from areal_cli.rollout.engines.factory import make_engine
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling
 

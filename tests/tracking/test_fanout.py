@@ -14,6 +14,7 @@ import pytest
 from conftest import ROOT
 from readers import mlflow_client, offline, tensorboard_scalars, wandb_runs
 
+from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
 from areal_cli.tracking.fanout import log_final_eval, open_for_run
@@ -29,9 +30,10 @@ def row(step: int) -> dict:
 
 
 def config(*backends: str) -> RootConfig:
+    """Resolved as `areal train` plans it here (logging.wandb_mode=auto: from the environment)."""
     cfg = RootConfig()
     cfg.logging.backends = ["jsonl", *backends]
-    return cfg
+    return resolve(cfg)
 
 
 def test_names():

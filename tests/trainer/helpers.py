@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 
 from areal_cli.config.load import compose
+from areal_cli.config.resolve import resolve
 from areal_cli.transport.messages import Batch, GroupResult, Sample
 
 
@@ -17,8 +18,9 @@ def init_gloo() -> None:
 
 
 def config(*overrides: str):
-    """The composed config of ``overrides``, float32 compute, no CPU threads setting."""
-    return compose(["trainer.dtype=float32", *overrides])
+    """The composed config of ``overrides``, float32 compute, no CPU threads setting, resolved for
+    the CPU (what `areal train` plans on this machine)."""
+    return resolve(compose(["trainer.dtype=float32", *overrides]))
 
 
 @torch.no_grad()

@@ -10,7 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from areal_cli.launcher.plan import allocator_env, find_allocator
+from areal_cli.config.resolve import resolve
+from areal_cli.config.schema import RootConfig
+from areal_cli.launcher.plan import allocator_env
 
 PEAK_RSS_BOUND_GB = {"tcmalloc": 2.7, "jemalloc": 2.7, "system": 4.0}
 """Measured on the 2-core CPU with the default config: 8.0 GiB before the output layer ran in
@@ -26,11 +28,12 @@ import torch, torch.distributed as dist
 sys.path.insert(0, {helpers!r})
 from helpers import default_shaped_batch
 from areal_cli.config.load import compose
+from areal_cli.config.resolve import resolve
 from areal_cli.models import resolve_model
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-cfg = compose([])
+cfg = resolve(compose([]))  # the CPU's values, as `areal train` plans them here
 torch.set_num_threads(cfg.trainer.threads)
 path = resolve_model(cfg.model)
 model = build_policy(path, torch.device("cpu"), torch.bfloat16, cfg.trainer.activation_checkpointing)
@@ -43,8 +46,8 @@ print(json.dumps(metrics))
 
 def test_trainer_peak_memory_of_two_default_steps():
     here = Path(__file__).parent
-    alloc_env, _ = allocator_env("auto")  # what `areal train` gives the trainer here
-    allocator = (find_allocator("auto") or ("system",))[0]
+    allocator = resolve(RootConfig()).launcher.allocator  # launcher.allocator=auto, as planned here
+    alloc_env, _ = allocator_env(allocator)  # what `areal train` gives the trainer here
     proc = subprocess.run([sys.executable, "-c", SCRIPT.format(helpers=str(here))], capture_output=True,
                           text=True, timeout=900,
                           env={**os.environ, **alloc_env, "PYTHONPATH": str(here.parents[1])})

@@ -172,7 +172,7 @@ def test_precision_fp16_sets_engine_and_trainer_and_validates():
     cfg = compose(["engine=vllm", "precision=fp16"])
     assert (cfg.engine.dtype, cfg.trainer.dtype) == ("float16", "float16") and validate(cfg) == []
     assert compose(["engine=vllm"]).engine.dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="trainer.dtype: use auto, bfloat16, float16 or float32"):
+    with pytest.raises(ConfigError, match="trainer.dtype=float8: use auto, bfloat16, float16 or float32"):
         compose(["trainer.dtype=float8"])
 
 

@@ -8,8 +8,9 @@ import threading
 import pytest
 import torch
 
-from areal_cli.config.schema import RootConfig, lm_head_fp32
-from areal_cli.launcher.plan import device_map, resolve_colocation
+from areal_cli.config.resolve import Placement, resolve, resolve_engine
+from areal_cli.config.schema import RootConfig
+from areal_cli.launcher.plan import device_map, shares_rank0_gpu
 from areal_cli.transport.vllm_weights import WireSpec, fused_plan
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
 
@@ -90,15 +91,15 @@ def test_one_gpu_run_sends_weights_through_host_memory_and_refuses_vllm():
     cfg = RootConfig()
     devices = device_map(cfg, gpus=[0])
     assert devices == {"rollout": [0], "trainer": [0]}
-    resolve_colocation(cfg, devices)
-    assert cfg.weights.backend == "gloo"
+    assert shares_rank0_gpu(cfg, devices)
+    assert resolve(cfg, Placement(trainer_gpu=True, shared_gpu=True)).weights.backend == "gloo"
     cfg = RootConfig()
     cfg.engine.name = "vllm"
     with pytest.raises(ValueError, match="cannot share GPU 0"):
-        resolve_colocation(cfg, device_map(cfg, gpus=[0]))
+        shares_rank0_gpu(cfg, device_map(cfg, gpus=[0]))
     cfg = RootConfig()
-    resolve_colocation(cfg, device_map(cfg, gpus=[0, 1]))
-    assert cfg.weights.backend == "auto"  # NCCL between the two GPUs
+    assert not shares_rank0_gpu(cfg, device_map(cfg, gpus=[0, 1]))
+    assert resolve(cfg, Placement(trainer_gpu=True)).weights.backend == "nccl"  # between the two GPUs
 
 
 def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
@@ -116,9 +117,9 @@ def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
     assert out.logits.dtype == torch.float32
     torch.testing.assert_close(out.logits, want)
     cfg = RootConfig()
-    assert not lm_head_fp32(cfg)
+    assert resolve_engine(cfg.engine).lm_head_fp32 == "false"  # auto: off with hf
     cfg.engine.name = "vllm"
-    assert lm_head_fp32(cfg)
+    assert resolve_engine(cfg.engine).lm_head_fp32 == "true"  # on with vllm
 
 
 def test_auto_weight_update_is_inplace_only_where_the_fused_layout_is_known(tiny_model, tmp_path):

@@ -29,14 +29,9 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.config.schema import (
-    EngineConfig,
-    RootConfig,
-    dtype_name,
-    weights_backend,
-    weights_layout,
-    wire_dtype_name,
-)
+from areal_cli.config.choices import Switch
+from areal_cli.config.resolve import bucket_bytes
+from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
@@ -44,7 +39,10 @@ log = logging.getLogger(__name__)
 
 
 def engine_dtype(name: str) -> torch.dtype:
-    return getattr(torch, dtype_name(name))
+    """The torch dtype of a resolved engine.dtype (config/resolve.py made "auto" concrete)."""
+    if name == "auto":
+        raise ValueError("engine.dtype=auto: resolve the config first (areal_cli.config.resolve)")
+    return getattr(torch, name)
 
 
 def engine_device(name: str) -> torch.device:
@@ -267,24 +265,21 @@ def weight_receiver(model, source: WeightSource, index: int):
     of the trainer's weight group, loading into ``model`` in place."""
     from areal_cli.transport.weights import WeightReceiver
 
-    cfg = source.cfg
-    backend = weights_backend(cfg, model.device.type == "cuda")
-    return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, backend,
-                          getattr(torch, wire_dtype_name(cfg)), weights_layout(cfg, backend)[1],
-                          timeout_s=cfg.launcher.peer_timeout_s)
+    cfg, w = source.cfg, source.cfg.weights  # resolved when the run was planned
+    return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
+                          getattr(torch, w.dtype), bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s)
 
 
 def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device):
     """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers."""
     from areal_cli.transport.weights import WeightSender, param_specs
 
-    backend = weights_backend(cfg, device.type == "cuda")
-    staged, bucket_bytes = weights_layout(cfg, backend)
-    return WeightSender(param_specs(model), host, port, 1 + cfg.rollout.workers, backend, device,
-                        getattr(torch, wire_dtype_name(cfg)), bucket_bytes,
+    w = cfg.weights  # resolved when the run was planned
+    return WeightSender(param_specs(model), host, port, 1 + cfg.rollout.workers, str(w.backend), device,
+                        getattr(torch, w.dtype), bucket_bytes(w),
                         # twice the heartbeat limit: a rollout worker that stopped answering is named
                         # by the controller (no heartbeat), not reported as this broadcast's timeout
-                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged)
+                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true)
 
 
 ENGINE = HFEngine

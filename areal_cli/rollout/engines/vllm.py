@@ -25,13 +25,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from areal_cli.config.schema import (
-    EngineConfig,
-    RootConfig,
-    dtype_name,
-    engine_lm_head_fp32,
-    wire_dtype_name,
-)
+from areal_cli.config.choices import Switch, WeightUpdate
+from areal_cli.config.resolve import unresolved
+from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
@@ -48,12 +44,15 @@ def import_vllm():
 
 
 def llm_kwargs(e: EngineConfig, seed: int, index: int) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed``."""
-    kw = dict(dtype=dtype_name(e.dtype), seed=seed * 1000 + index,
+    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e`` resolved)."""
+    if unresolved(e):
+        raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
+                         "(areal_cli.config.resolve)")
+    kw = dict(dtype=str(e.dtype), seed=seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
               enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-              weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == "inplace" else "nccl"))
-    if engine_lm_head_fp32(e):
+              weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == WeightUpdate.inplace else "nccl"))
+    if e.lm_head_fp32 == Switch.true:
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if e.max_num_seqs:
         kw["max_num_seqs"] = e.max_num_seqs
@@ -202,7 +201,7 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
     )
 
     cfg, e = source.cfg, source.cfg.engine
-    wire = getattr(torch, wire_dtype_name(cfg))
+    wire = getattr(torch, cfg.weights.dtype)  # resolved when the run was planned
     return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port,
                               rank_offset(index, e.tensor_parallel_size),
                               group_size(cfg.rollout.workers, e.tensor_parallel_size), mode=e.weight_update)
@@ -215,7 +214,7 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device):
     from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 
     return VLLMWeightSender(host, port, group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                            getattr(torch, wire_dtype_name(cfg)), mode=cfg.engine.weight_update)
+                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update)
 
 
 ENGINE = VLLMEngine

@@ -1,0 +1,98 @@
+"""The closed choices of the config, as enums: OmegaConf refuses any other value when it merges the
+config, naming the valid ones (``load.py`` turns that into "key=value: use a, b or c").
+
+A field whose enum has ``auto`` is resolved to a concrete member once, when the launcher plans the
+run (``config/resolve.py``); the run's config.yaml and every process see only concrete members.
+StrEnum members compare equal to their strings (``Dtype.bfloat16 == "bfloat16"``). No torch here.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, StrEnum
+
+
+class Dtype(StrEnum):
+    """A torch floating-point dtype by name; auto = bfloat16 (weights.dtype: the engine's)."""
+
+    auto = "auto"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+    float32 = "float32"
+
+
+class OptimState(StrEnum):
+    """dtype of AdamW's moments; auto = bfloat16 on the CPU, float32 on GPUs."""
+
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+
+
+class WeightUpdate(StrEnum):
+    """How a vLLM engine loads new weights; auto = inplace where the layout is known, else reload."""
+
+    auto = "auto"
+    reload = "reload"
+    inplace = "inplace"
+
+
+class Switch(StrEnum):
+    """On, off, or auto (decided from the rest of the config). A CLI ``key=true`` is taken as the
+    word, not YAML's boolean (``load.py`` quotes it)."""
+
+    auto = "auto"
+    true = "true"
+    false = "false"
+
+
+class WeightsBackend(StrEnum):
+    """torch.distributed backend of the weight broadcast; auto = NCCL between GPUs, else gloo."""
+
+    auto = "auto"
+    nccl = "nccl"
+    gloo = "gloo"
+
+
+class Allocator(StrEnum):
+    """malloc of CPU processes; auto = tcmalloc, else jemalloc, else the system's (what is installed)."""
+
+    auto = "auto"
+    tcmalloc = "tcmalloc"
+    jemalloc = "jemalloc"
+    system = "system"
+
+
+class WandbMode(StrEnum):
+    """W&B mode; auto = WANDB_MODE if set, else online where an API key is configured, else offline."""
+
+    auto = "auto"
+    online = "online"
+    offline = "offline"
+    disabled = "disabled"
+
+
+class PauseMode(StrEnum):
+    """vLLM on a weight update: abort (re-prefill unfinished sequences) | keep (keep their KV)."""
+
+    abort = "abort"
+    keep = "keep"
+
+
+class BatchOrder(StrEnum):
+    """Which groups make a batch: the oldest finished | the oldest admitted."""
+
+    finished = "finished"
+    admission = "admission"
+
+
+class LauncherName(StrEnum):
+    """Where the run's processes start: this machine | a Slurm job."""
+
+    local = "local"
+    slurm = "slurm"
+
+
+def listed(choices: type[Enum]) -> str:
+    """``"a, b or c"``: the members of ``choices``, for an error message."""
+    names = [m.value for m in choices]
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
