@@ -18,14 +18,18 @@ from areal_cli.durable import atomic_write
 from areal_cli.rundir import RunDir
 
 
-def evaluate_run(cfg: RootConfig, run_dir: Path, say=print) -> dict | None:
-    """Evaluate the base model and ``run_dir``'s final checkpoint; None when ``eval.at_end`` is off."""
+def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = None) -> dict | None:
+    """Evaluate the base model and ``run_dir``'s final checkpoint; None when ``eval.at_end`` is off.
+    ``gpus``: CUDA_VISIBLE_DEVICES of the run's first generation worker, where the evaluation runs
+    (set before CUDA starts in this process; None = leave the environment as it is)."""
     if not cfg.eval.at_end:
         return None
     final = RunDir(run_dir).final
     if not (final / "config.json").is_file():
         say(f"final evaluation skipped: no checkpoint at {final}")
         return None
+    if gpus:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     from transformers.utils import logging as hf_logging
 
     from areal_cli.evaluator import evaluate

@@ -154,7 +154,9 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
     summarize(plan.run_dir)
     from areal_cli.launcher.final_eval import evaluate_run
 
-    result = evaluate_run(cfg, plan.run_dir)
+    # on the first generation worker's GPUs, as the run had them (not on whatever GPU 0 is)
+    gpus = next((p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.procs if p.name == "rollout-0"), None)
+    result = evaluate_run(cfg, plan.run_dir, gpus=gpus)
     if result:
         import logging
 

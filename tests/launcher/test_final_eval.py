@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 from areal_cli.config.load import compose
@@ -24,8 +25,10 @@ def test_final_eval_reports_both_models_and_caches_the_base(tiny_model, tmp_path
     cached = list((tmp_path / "cache" / "eval").glob("base-*.json"))
     assert len(cached) == 1
     cached[0].write_text(json.dumps({**json.loads(cached[0].read_text()), "accuracy": 0.5}))
-    again = evaluate_run(cfg, run_dir, say=lines.append)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    again = evaluate_run(cfg, run_dir, say=lines.append, gpus="5")
     assert again["base"]["accuracy"] == 0.5  # read from the cache, not measured again
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"  # on the run's generation GPU, not GPU 0
 
 
 def test_final_eval_off_or_without_checkpoint(tmp_path):
