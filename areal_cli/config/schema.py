@@ -153,6 +153,9 @@ class TrainerConfig:
     logprob_chunk_tokens: int = 256
     """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are never held
     for a whole micro-batch)."""
+    shape_buckets: int = 4
+    """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this many
+    sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
     peak_flops: float = 0.0
     """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
     gpus: list = field(default_factory=list)

@@ -6,6 +6,13 @@ at all); or left-padded, one row per sequence, all responses ending at the last 
 Either way only the positions that predict response tokens reach the LM head
 (``logits_to_keep``), and every response token lands at ``[row, k]`` of an ``[n, width]``
 tensor aligned at the response start.
+
+Shape buckets (``trainer.shape_buckets``): a left-padded micro-batch's rows and columns are
+rounded up to a few sizes per doubling (``bucket``), with one-token dummy rows and more left
+padding, so the CPU's oneDNN primitive cache and the allocator see a few recurring shapes
+instead of a new one every step (each new shape kept memory: the trainer grew 1.95 → 2.95 GB
+over 60 steps). The padding is masked and no response token sits in it: the loss and its
+gradient are those of the exact shape.
 """
 
 from __future__ import annotations
@@ -61,20 +68,31 @@ def shard(n: int, rank: int, world: int) -> range:
     return range(rank * per, (rank + 1) * per)
 
 
+def bucket(n: int, per_doubling: int) -> int:
+    """``n`` rounded up to one of ``per_doubling`` evenly spaced sizes in each (2^k, 2^(k+1)]
+    (4: 65–80 → 80, 81–96 → 96, …, 129–160 → 160); ``n`` itself when ``per_doubling`` is 0."""
+    if per_doubling <= 0 or n <= 1:
+        return n
+    step = max(1, (1 << (n - 1).bit_length()) // (2 * per_doubling))
+    return -(-n // step) * step
+
+
 def micro_batches(lengths: list[int], budget: int, count: int | None = None,
-                  packed: bool = False) -> list[list[int]]:
+                  packed: bool = False, buckets: int = 0) -> list[list[int]]:
     """Group row indices into micro-batches of at most ``budget`` tokens, longest first.
 
     Packed micro-batches cost the sum of their lengths; padded ones rows × the longest (the
-    first, as rows come longest first). A sequence longer than the budget gets a micro-batch
-    of its own. ``count`` forces at least that many (ranks must agree).
+    first, as rows come longest first), both rounded up to their ``buckets`` as ``left_pad``
+    will. A sequence longer than the budget gets a micro-batch of its own. ``count`` forces
+    at least that many (ranks must agree).
     """
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
     bins: list[list[int]] = []
     used = 0
     for i in order:
         if bins:
-            cost = used + lengths[i] if packed else (len(bins[-1]) + 1) * lengths[bins[-1][0]]
+            cost = (used + lengths[i] if packed else
+                    bucket(len(bins[-1]) + 1, buckets) * bucket(lengths[bins[-1][0]], buckets))
         if bins and cost <= budget:
             bins[-1].append(i)
             used = cost
@@ -109,15 +127,17 @@ class Inputs:
 
 
 def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
-                 device: torch.device | None = None, row_tokens: int | None = None) -> Inputs:
+                 device: torch.device | None = None, row_tokens: int | None = None,
+                 buckets: int = 0) -> Inputs:
     """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
     ``device`` (the packed mask is built there, never on the host). Packed sequences go into
-    rows of at most ``row_tokens`` tokens (None = one row)."""
+    rows of at most ``row_tokens`` tokens (None = one row); left-padded rows and columns are
+    rounded up to ``buckets`` (see ``bucket``)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     if packed:
         return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device, row_tokens=row_tokens)
-    x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad)
+    x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad, buckets)
     return x if device is None else x.to(device)
 
 
@@ -176,13 +196,17 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     return x
 
 
-def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0) -> Inputs:
+def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
+             buckets: int = 0) -> Inputs:
     """One row per sequence, left-padded so every row ends at the last column: the responses
-    sit in the last columns and ``logits_to_keep = max response + 1`` covers them."""
+    sit in the last columns and ``logits_to_keep = max response + 1`` covers them. With
+    ``buckets``, the columns are rounded up (more left padding) and so are the rows: each
+    added row is a one-token sequence (a pad token in the last column) that no output reads."""
     rows = [p + r for p, r in zip(prompts, resps, strict=True)]
-    n, T = len(rows), max(len(r) for r in rows)
-    ids = torch.full((n, T), pad, dtype=torch.long)
-    att = torch.zeros(n, T, dtype=torch.long)
+    n, T = len(rows), bucket(max(len(r) for r in rows), buckets)
+    ids = torch.full((bucket(n, buckets), T), pad, dtype=torch.long)
+    att = torch.zeros(ids.shape, dtype=torch.long)
+    att[n:, -1] = 1
     for i, r in enumerate(rows):
         ids[i, T - len(r):] = torch.tensor(r)
         att[i, T - len(r):] = 1

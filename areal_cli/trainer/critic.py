@@ -67,7 +67,8 @@ class Critic:
                    compute_dtype, world)
 
     def _values(self, ro: Rollouts, mb: list[int]) -> torch.Tensor:
-        x = model_inputs(ro, mb, self.cfg.trainer.packing).to(self.device)
+        t = self.cfg.trainer
+        x = model_inputs(ro, mb, t.packing, buckets=t.shape_buckets).to(self.device)
         return to_rows(forward(self.model, x, self.dtype)[:, 0], x.valid)
 
     @torch.no_grad()

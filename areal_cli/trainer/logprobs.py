@@ -7,6 +7,11 @@ logits are recomputed in backward from the chunk's hidden states). With SmolLM2'
 vocabulary a 2,000-token micro-batch held ~1.6 GB of logits, log-softmax and their gradients;
 a 256-position chunk holds ~0.2 GB. The numbers are those of one full log-softmax: each row's
 log-softmax only sees its own row.
+
+With ``buckets`` the last, partial chunk is padded with zero rows up to a bucket size
+(``batching.bucket``): the CPU's oneDNN caches keep one output-layer matmul per shape, and the
+number of response tokens (so the last chunk's size) differs in every micro-batch. The padded
+rows' outputs are dropped, so they add nothing to the values or the gradient.
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from areal_cli.trainer.batching import Inputs, autocast, to_rows
+from areal_cli.trainer.batching import Inputs, autocast, bucket, to_rows
 
 
 def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
@@ -32,19 +37,24 @@ def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
 
 
 def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int, buckets: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprob, entropy)`` ``[tokens]`` of ``targets`` under ``softmax(head(hidden) / T)``,
-    ``chunk`` positions at a time (checkpointed when a gradient is needed); the entropy carries
-    no gradient."""
+    ``chunk`` positions at a time (checkpointed when a gradient is needed; the last chunk padded
+    up to its ``buckets`` size); the entropy carries no gradient."""
     if chunk < 1:
         raise ValueError(f"trainer.logprob_chunk_tokens must be at least 1, got {chunk}")
     grad = torch.is_grad_enabled() and hidden.requires_grad
     lps, ents = [], []
     for s in range(0, hidden.shape[0], chunk):
-        args = (head, hidden[s:s + chunk], targets[s:s + chunk], temperature)
+        h, t = hidden[s:s + chunk], targets[s:s + chunk]
+        n = h.shape[0]
+        if bucket(n, buckets) > n:
+            h = torch.cat([h, h.new_zeros(bucket(n, buckets) - n, h.shape[1])])
+            t = torch.cat([t, t.new_zeros(h.shape[0] - n)])
+        args = (head, h, t, temperature)
         lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
-        lps.append(lp)
-        ents.append(ent)
+        lps.append(lp[:n])
+        ents.append(ent[:n])
     if not lps:
         empty = hidden.new_zeros(0, dtype=torch.float32)
         return empty, empty
@@ -52,19 +62,20 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
 
 
 def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
-                     chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int, buckets: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
 
     The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
     its output layer swapped for one that takes the kept hidden states at the response
     positions and returns their ``(logprob, entropy)``; the layer's own forward (e.g. the
-    float32 head) computes each chunk's logits, under the same autocast."""
+    float32 head) computes each chunk's logits, under the same autocast; ``buckets`` pads the
+    last chunk (see the module's docstring)."""
     head = model.get_output_embeddings()
     own = head.__dict__.get("forward")  # an instance override (float32_head) or the class's
     inner = head.forward
 
     def logprob_head(kept: torch.Tensor) -> torch.Tensor:
-        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk)
+        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk, buckets)
         return torch.stack([lp, ent], dim=-1)
 
     head.forward = logprob_head

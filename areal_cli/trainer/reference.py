@@ -14,12 +14,12 @@ from areal_cli.trainer.model import build_policy
 
 class Reference:
     def __init__(self, model_path: Path, device: torch.device, compute_dtype: torch.dtype,
-                 packing: bool, temperature: float, chunk: int):
+                 packing: bool, temperature: float, chunk: int, buckets: int = 0):
         self.model = build_policy(model_path, device, compute_dtype, activation_checkpointing=False)
         self.model.requires_grad_(False)
         self.model.eval()
         self.device, self.dtype = device, compute_dtype
-        self.packing, self.temperature, self.chunk = packing, temperature, chunk
+        self.packing, self.temperature, self.chunk, self.buckets = packing, temperature, chunk, buckets
 
     @torch.no_grad()
     def logprobs(self, ro: Rollouts, mbs: list[list[int]]) -> torch.Tensor:
@@ -30,7 +30,7 @@ class Reference:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=False)
                 continue
-            x = model_inputs(ro, mb, self.packing).to(self.device)
-            lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk)
+            x = model_inputs(ro, mb, self.packing, buckets=self.buckets).to(self.device)
+            lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk, self.buckets)
             out[mb] = lp
         return out

@@ -80,7 +80,7 @@ class StepRunner:
         critic = Critic.load(model_path, cfg, device, compute_dtype, world) if alg.needs_critic else None
         t = cfg.trainer
         reference = (Reference(model_path, device, compute_dtype, t.packing, cfg.rollout.temperature,
-                               t.logprob_chunk_tokens) if alg.needs_reference else None)
+                               t.logprob_chunk_tokens, t.shape_buckets) if alg.needs_reference else None)
         return cls(model, cfg, device, compute_dtype, rank, world, critic=critic, reference=reference)
 
     def train(self, batch, version: int | None = None) -> dict:
@@ -167,9 +167,11 @@ class StepRunner:
             budget = min(budget, PACKED_ROW_TOKENS_CPU)
         rows = [i for i in shard(ro.n, self.rank, self.world) if keep is None or keep[i]]
         lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
-        count = torch.tensor(max(1, len(micro_batches(lens, budget, packed=self.packing))), device=self.device)
+        b = self.cfg.trainer.shape_buckets
+        count = torch.tensor(max(1, len(micro_batches(lens, budget, packed=self.packing, buckets=b))),
+                             device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return [[rows[j] for j in mb] for mb in micro_batches(lens, budget, int(count), self.packing)]
+        return [[rows[j] for j in mb] for mb in micro_batches(lens, budget, int(count), self.packing, b)]
 
     def _all_rows(self, mine: torch.Tensor) -> torch.Tensor:
         """Every rank's rows of an ``[N, L]`` tensor (each rank filled only its own; sum), on CPU."""
@@ -221,10 +223,12 @@ class StepRunner:
         return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
 
     def _forward(self, ro: Rollouts, mb: list[int]):
+        t = self.cfg.trainer
         x = model_inputs(ro, mb, self.packing, device=self.device,
-                         row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None)
+                         row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
+                         buckets=t.shape_buckets)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
-                                self.cfg.trainer.logprob_chunk_tokens)
+                                t.logprob_chunk_tokens, t.shape_buckets)
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
