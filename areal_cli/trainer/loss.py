@@ -19,6 +19,11 @@ from torch import Tensor
 
 from areal_cli.config.algorithm import AlgorithmConfig
 
+POLICY_STATS = ("pg_loss", "approx_kl", "behav_weight_mean", "behav_weight_max", "clip_fraction",
+                "dual_clip_fraction", "masked_fraction", "entropy")
+"""The statistics every policy micro-step reports: a rank that trained no row (all skipped) reports
+them as 0, so every step has the same metrics and every rank all-reduces the same keys."""
+
 STAT_REDUCTIONS = {
     "pg_loss": "sum",
     "clip_fraction": "mean",

@@ -30,7 +30,13 @@ from areal_cli.trainer.batching import (
     shard,
 )
 from areal_cli.trainer.logprobs import forward_logprobs
-from areal_cli.trainer.loss import STAT_REDUCTIONS, kl_penalty, policy_loss, shape_rewards
+from areal_cli.trainer.loss import (
+    POLICY_STATS,
+    STAT_REDUCTIONS,
+    kl_penalty,
+    policy_loss,
+    shape_rewards,
+)
 from areal_cli.trainer.loss_scale import LossScale
 from areal_cli.trainer.metrics import MFU, memory_stats
 
@@ -203,6 +209,8 @@ class StepRunner:
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
             loss_total += loss
             merge_stats(stats, st, STAT_REDUCTIONS)
+        for k in POLICY_STATS:  # no row forwarded on this rank: the same keys, as 0
+            stats.setdefault(k, torch.zeros((), device=self.device))
         self.scale.unscale_(self.model.parameters())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):

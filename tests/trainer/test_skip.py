@@ -80,6 +80,8 @@ def test_every_row_skipped_still_gives_zero_gradients(tiny_model):
     assert out["skipped_rows"] == 4 and out["micro_batches"] == 1 and out["loss"] == 0.0
     assert rows == [1]  # the dummy's one row
     assert all(float(g.abs().max()) == 0.0 for g in _grads(runner.model).values())
+    # the step still reports the loss statistics (as 0), like every other step
+    assert all(out[k] == 0.0 for k in ("approx_kl", "clip_fraction", "entropy", "behav_weight_max")), out
 
 
 def test_no_skipping_with_an_entropy_or_kl_loss_term(tiny_model):
