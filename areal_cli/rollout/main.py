@@ -97,7 +97,6 @@ class Worker:
             if self.stopping and time.monotonic() - self.stopping > 60:
                 self.log.warning("stop signal: no stop from the controller within 60s")
                 break
-            self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             msg = self.control.recv(0)
             if isinstance(msg, Stop):
                 break
@@ -106,6 +105,8 @@ class Worker:
                                  self.engine.version)
             elif isinstance(msg, UpdateWeights):
                 self._update(msg.version)
+            # said after an update too: a worker frozen in _take_work must not still claim to be receiving
+            self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             if not self.stopping:
                 self._take_work()
             for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
@@ -137,7 +138,6 @@ class Worker:
         self.hb.send(WeightsLoaded(self.name, version, timings))
         self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
                       timings["pause_total_s"], timings.get("interrupted", 0))
-        self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
 
     def close(self) -> None:
         self.engine.close()
