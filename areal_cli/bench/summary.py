@@ -196,3 +196,55 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
         "weight_sync_intervals": weight_sync_intervals(rows),
         "generation_intervals": generation_intervals(run_dir),
     }
+
+
+def trailing_means(xs: list[float | None], w: int) -> list[float | None]:
+    """Mean of each window of ``w`` steps ending at each step (None before the first full window
+    and where a step has no reward)."""
+    out: list[float | None] = []
+    for i in range(len(xs)):
+        window = xs[i - w + 1: i + 1] if i >= w - 1 else []
+        out.append(statistics.fmean(window) if window and None not in window else None)
+    return out
+
+
+def reward_reach(sync: dict, asyn: dict) -> dict:
+    """When the async run's mean reward first reaches the sync run's final mean reward.
+
+    The sync run's final mean reward is the mean batch reward of its last quarter of steps
+    (``window_steps`` of them). The async run reaches it at the end of its first step whose mean
+    over the ``window_steps`` steps ending there is at least that; the time is that step's
+    ``wall_time_s`` (seconds since the run started, counted the same way in both runs), also as a
+    fraction of the sync run's whole wall time. ``heldout_gap_points``: async minus sync held-out
+    greedy accuracy, in points, where both were measured."""
+    w = max(1, len(sync["reward_curve"]) // 4)
+    target = statistics.fmean(x for x in sync["reward_curve"][-w:] if x is not None)
+    means = trailing_means(asyn["reward_curve"], w)
+    hit = next((i for i, m in enumerate(means) if m is not None and m >= target), None)
+    known = [m for m in means if m is not None]
+    out = {"window_steps": w, "sync_final_reward": target, "async_final_reward": known[-1] if known else None,
+           "async_best_reward": max(known) if known else None,
+           "reached_at_step": hit,
+           "reached_at_s": None if hit is None else asyn["reward_wall_s"][hit],
+           "reached_at_fraction_of_sync_wall": None, "heldout_gap_points": None}
+    if hit is not None:
+        out["reached_at_fraction_of_sync_wall"] = asyn["reward_wall_s"][hit] / sync["wall_time_s"]
+    if "heldout" in sync and "heldout" in asyn:
+        out["heldout_gap_points"] = 100 * (asyn["heldout"]["accuracy"] - sync["heldout"]["accuracy"])
+    return out
+
+
+def reach_lines(reach: dict) -> list[str]:
+    """The report's lines on ``reward_reach``."""
+    w, target = reach["window_steps"], reach["sync_final_reward"]
+    lines = [f"sync final mean reward (its last {w} steps): {target:.3f}"]
+    if reach["reached_at_s"] is None:
+        lines.append(f"async did not reach it within its steps (its best {w}-step mean "
+                     f"{reach['async_best_reward']:.3f}, final {reach['async_final_reward']:.3f})")
+    else:
+        lines.append(f"async reached it at step {reach['reached_at_step']}, {reach['reached_at_s']:.1f} s = "
+                     f"{reach['reached_at_fraction_of_sync_wall']:.2f}x sync's wall time "
+                     f"(its final {w}-step mean {reach['async_final_reward']:.3f})")
+    if reach["heldout_gap_points"] is not None:
+        lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} points")
+    return lines

@@ -120,6 +120,10 @@ DEFINITIONS = {
         "model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, samples",
     "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the token "
         "limit (finish_reason == 'length', i.e. max_new_tokens)",
+    "reward_reach": "the sync run's final mean reward (mean batch reward of its last quarter of steps, "
+        "window_steps) and the first step of the async run whose mean over window_steps steps ending "
+        "there reaches it: its wall_time_s and that / the sync run's wall time; heldout_gap_points = "
+        "async - sync held-out greedy accuracy",
     "reward_wall_s": "per mode: wall_time_s of each step's end; reward.png plots reward_curve (mean "
         "reward of the step's batch) against it",
 }
@@ -131,7 +135,7 @@ def step_speedup(sync: dict, asyn: dict) -> float | None:
 
 
 def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
-    from areal_cli.bench.summary import standalone_rates
+    from areal_cli.bench.summary import reward_reach, standalone_rates
 
     sync, asyn = modes["sync"], modes["async"]
     speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
@@ -149,7 +153,7 @@ def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
         "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
         "speedup": speedup, "step_speedup": step_speedup(sync, asyn),
         "standalone": alone, "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck,
-        "async_vs_ideal": ratio,
+        "async_vs_ideal": ratio, "reward_reach": reward_reach(sync, asyn),
         "definitions": DEFINITIONS,
         "modes": modes,
     }
@@ -203,6 +207,10 @@ def report(result: dict) -> str:
         if "heldout" in mode:
             lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): {mode['heldout']['accuracy']:.3f} "
                          f"on {mode['heldout']['problems']} problems")
+    if result.get("reward_reach"):
+        from areal_cli.bench.summary import reach_lines
+
+        lines.extend(reach_lines(result["reward_reach"]))
     lines.append(f"speedup (effective trained tokens/s, async / sync): {result['speedup']:.2f}x")
     if result.get("step_speedup"):
         lines.append(f"speedup in steps per second (median step time, sync / async): {result['step_speedup']:.2f}x"

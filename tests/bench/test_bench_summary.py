@@ -12,9 +12,12 @@ import pytest
 from areal_cli.bench.summary import (
     merge,
     nearest_rank,
+    reach_lines,
     response_lengths,
+    reward_reach,
     standalone_rates,
     summarize_run,
+    trailing_means,
 )
 from areal_cli.bench.sync_vs_async import compare, plot, report
 
@@ -118,7 +121,8 @@ def test_compare_ideal_and_bench_json(tmp_path):
     # async: a step every 1.2 s → 83.3 tokens/s, above the generation-bound ideal of this synthetic run
     assert modes["async"]["effective_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
     assert result["async_vs_ideal"] == pytest.approx((TOKENS / 1.2) / 50.0)
-    for key in ("ideal_trained_tokens_per_s", "async_vs_ideal", "response_length",
+    assert result["reward_reach"]["reached_at_step"] == 4  # both runs: reward 0.1 * step
+    for key in ("ideal_trained_tokens_per_s", "async_vs_ideal", "response_length", "reward_reach",
                 "standalone.generation_trained_tokens_per_s", "standalone.training_trained_tokens_per_s"):
         assert key in result["definitions"]
     for m in modes.values():
@@ -131,7 +135,8 @@ def test_compare_ideal_and_bench_json(tmp_path):
     assert result["step_speedup"] == pytest.approx(sync_step / async_step) and "step_speedup" in result["definitions"]
     table = report(result)
     for text in ("generation alone", "training alone", "ideal async", "async / ideal", "steps per second",
-                 "response tokens p10/p50/p90/max", "10/50/90/100", "truncated at max_new_tokens"):
+                 "response tokens p10/p50/p90/max", "10/50/90/100", "truncated at max_new_tokens",
+                 "sync final mean reward", "async reached it at step 4"):
         assert text in table
 
 
@@ -167,3 +172,32 @@ def test_reward_plot_is_against_wall_time(tmp_path, monkeypatch):
     assert timeline.axes[-1].get_xlabel() == "wall time (s)"
     for fig in figures:
         plt.close(fig)
+
+
+def _curve(rewards: list[float], step_s: float) -> dict:
+    return {"reward_curve": rewards, "reward_wall_s": [step_s * (k + 1) for k in range(len(rewards))],
+            "wall_time_s": step_s * len(rewards)}
+
+
+def test_trailing_means():
+    assert trailing_means([1.0, 2.0, 3.0, None, 5.0], 2) == [None, 1.5, 2.5, None, None]
+
+
+def test_reward_reach_when_and_when_not():
+    sync = _curve([0.0, 0.2, 0.4, 0.6, 0.6, 0.8, 0.8, 0.8], step_s=10.0)  # last quarter: 0.8
+    sync["heldout"] = {"accuracy": 0.40}
+    # async: twice as fast per step, one step behind; reaches a 2-step mean of 0.8 at its step 7
+    asyn = _curve([0.0, 0.0, 0.2, 0.4, 0.6, 0.6, 0.8, 0.8], step_s=5.0)
+    asyn["heldout"] = {"accuracy": 0.42}
+    r = reward_reach(sync, asyn)
+    assert r["window_steps"] == 2 and r["sync_final_reward"] == pytest.approx(0.8)
+    assert r["reached_at_step"] == 7 and r["reached_at_s"] == pytest.approx(40.0)
+    assert r["reached_at_fraction_of_sync_wall"] == pytest.approx(0.5)
+    assert r["heldout_gap_points"] == pytest.approx(2.0)
+    assert "0.50x sync's wall time" in "\n".join(reach_lines(r))
+    # one batch at the target is not enough: the window's mean must reach it
+    slow = _curve([0.0, 0.0, 0.2, 0.4, 0.6, 0.6, 0.6, 0.8], step_s=5.0)
+    r = reward_reach(sync, slow)
+    assert r["reached_at_s"] is None and r["async_best_reward"] == pytest.approx(0.7)
+    assert r["heldout_gap_points"] is None
+    assert "did not reach it" in "\n".join(reach_lines(r))
