@@ -65,7 +65,7 @@ def synthetic_batch(seqs: int, group: int, prompt: tuple[int, int], resp: tuple[
                                   finish_reason="stop", num_turns=1, completion=""))
         groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
                                   gen_tokens=0))
-    return Batch(step=0, trained_version=0, groups=groups)
+    return Batch(step=0, groups=groups)
 
 
 def model_path(name: str):

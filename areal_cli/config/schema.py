@@ -140,6 +140,9 @@ class TrainerConfig:
     """Token budget of one forward/backward micro-batch (sequences are packed up to it)."""
     packing: bool = True
     """Pack sequences into micro-batches without padding (False = pad each micro-batch)."""
+    varlen: bool = True
+    """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead of
+    SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""
     dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""

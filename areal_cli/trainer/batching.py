@@ -113,30 +113,44 @@ class Inputs:
     """Model inputs of one micro-batch and where its response tokens sit in the kept logits."""
 
     ids: torch.Tensor  # [rows, T]
-    attention_mask: torch.Tensor  # [rows, T] (padded) or [1, 1, T, T] bool block-diagonal (packed)
+    attention_mask: torch.Tensor | None  # [rows, T] (padded), [rows, 1, T, T] bool block-diagonal
+    # (packed), or None (packed, varlen: the segments below)
     position_ids: torch.Tensor  # [rows, T]
     keep: int | torch.Tensor  # logits_to_keep: last K columns (padded) or the positions (packed)
     rows: torch.Tensor  # [tokens] row in the kept logits of each response token
     cols: torch.Tensor  # [tokens] column in the kept logits (the position predicting it)
     targets: torch.Tensor  # [tokens] the response token ids
     valid: torch.Tensor  # [n, width] bool: response token k of sequence j exists
+    cu_seqlens: torch.Tensor | None = None  # varlen: segment offsets over the rows flattened
+    max_seqlen: int = 0  # varlen: the longest segment
 
     def to(self, device: torch.device) -> Inputs:
         move = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in vars(self).items()}
         return Inputs(**move)
 
+    def model_kwargs(self) -> dict:
+        """The model's forward keywords for these inputs (``logits_to_keep`` included)."""
+        kw = dict(input_ids=self.ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
+                  logits_to_keep=self.keep)
+        if self.cu_seqlens is not None:  # read by trainer.varlen.varlen_attention
+            kw.update(cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens,
+                      max_length_q=self.max_seqlen, max_length_k=self.max_seqlen)
+        return kw
+
 
 def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
                  device: torch.device | None = None, row_tokens: int | None = None,
-                 buckets: int = 0) -> Inputs:
+                 buckets: int = 0, varlen: bool = False) -> Inputs:
     """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
     ``device`` (the packed mask is built there, never on the host). Packed sequences go into
-    rows of at most ``row_tokens`` tokens (None = one row); left-padded rows and columns are
-    rounded up to ``buckets`` (see ``bucket``)."""
+    rows of at most ``row_tokens`` tokens (None = one row), kept apart by segment offsets instead
+    of a mask with ``varlen`` (``trainer.varlen``); left-padded rows and columns are rounded up to
+    ``buckets`` (see ``bucket``)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     if packed:
-        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device, row_tokens=row_tokens)
+        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device, row_tokens=row_tokens,
+                    varlen=varlen)
     x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad, buckets)
     return x if device is None else x.to(device)
 
@@ -146,7 +160,7 @@ def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
 
 
 def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
-         device: torch.device | None = None, row_tokens: int | None = None) -> Inputs:
+         device: torch.device | None = None, row_tokens: int | None = None, varlen: bool = False) -> Inputs:
     """Sequence after sequence in a row, positions restarting at 0, attention only within a
     sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit).
 
@@ -155,7 +169,9 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     costs its length squared whatever the mask, so k rows of T/k tokens cost 1/k of one row
     of T. None = one row. The ``[rows, 1, T, T]`` mask is built on ``device`` from the segment
     ids (a 16k-token row's mask is 256 MiB: built on the host and copied, it cost more than
-    the step). Response tokens come out in (sequence, position) order, as ``valid`` expects."""
+    the step). With ``varlen`` there is no mask: ``cu_seqlens`` mark each sequence and each row's
+    trailing padding over the rows flattened (``trainer.varlen``). Response tokens come out in
+    (sequence, position) order, as ``valid`` expects."""
     lens = [len(p) + len(r) for p, r in zip(prompts, resps, strict=True)]
     cap = row_tokens or sum(lens)
     fill: list[int] = []  # tokens in each row
@@ -189,6 +205,13 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
                targets=ids[rows_t, keep_pos_t + 1], valid=_valid([len(r) for r in resps], width))
     if device is not None:
         x = x.to(device)
+    if varlen:
+        from areal_cli.trainer.varlen import segments
+
+        starts = [[s for (r, s) in where if r == k] for k in range(R)]
+        x.cu_seqlens, x.max_seqlen = segments(fill, starts, T, x.ids.device)
+        x.attention_mask = None
+        return x
     seg_t = x.attention_mask
     mask = torch.ones(T, T, dtype=torch.bool, device=seg_t.device).tril_()[None]
     mask = mask & (seg_t[:, :, None] == seg_t[:, None, :])
@@ -233,8 +256,7 @@ def forward(model, x: Inputs, dtype: torch.dtype) -> torch.Tensor:
     """The kept head outputs ``[tokens, out]`` at the positions predicting response tokens
     (vocabulary logits for a policy, one value for the critic)."""
     with autocast(x.ids.device, dtype):
-        out = model(input_ids=x.ids, attention_mask=x.attention_mask, position_ids=x.position_ids,
-                    logits_to_keep=x.keep).logits
+        out = model(**x.model_kwargs()).logits
     return out[x.rows, x.cols]
 
 

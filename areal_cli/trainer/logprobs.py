@@ -81,8 +81,7 @@ def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
     head.forward = logprob_head
     try:
         with autocast(x.ids.device, dtype):
-            out = model(input_ids=x.ids, attention_mask=x.attention_mask, position_ids=x.position_ids,
-                        logits_to_keep=x.keep).logits
+            out = model(**x.model_kwargs()).logits
     finally:
         if own is None:
             del head.forward

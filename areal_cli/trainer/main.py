@@ -72,7 +72,8 @@ class Trainer:
         self.model_path = resolve_model(cfg.model)
         dtype = getattr(torch, cfg.trainer.dtype)
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
-                                  fp32_head=cfg.engine.lm_head_fp32 == Switch.true)
+                                  fp32_head=cfg.engine.lm_head_fp32 == Switch.true,
+                                  varlen=cfg.trainer.packing and cfg.trainer.varlen)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None

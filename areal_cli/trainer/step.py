@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from areal_cli.config.choices import OptimState
 from areal_cli.config.schema import RootConfig
+from areal_cli.trainer import varlen as varlen_attention
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
     Rollouts,
@@ -71,6 +72,7 @@ class StepRunner:
         warm = max(1, t.warmup_steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
         self.packing = t.packing
+        self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
         self.mfu = MFU(model.config, device, t.peak_flops, world)
@@ -234,7 +236,7 @@ class StepRunner:
         t = self.cfg.trainer
         x = model_inputs(ro, mb, self.packing, device=self.device,
                          row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
-                         buckets=t.shape_buckets)
+                         buckets=t.shape_buckets, varlen=self.varlen)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets)
 

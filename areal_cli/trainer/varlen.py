@@ -1,0 +1,104 @@
+"""Packed attention on CUDA as FlashAttention over variable-length segments.
+
+A packed micro-batch (``batching.pack``) holds several sequences per row. With SDPA they are kept
+apart by an explicit ``[rows, 1, T, T]`` block-diagonal mask, and an explicit mask rules out SDPA's
+FlashAttention kernel: the memory-efficient kernel then computes every one of the T × T scores,
+the masked half included. Here the rows are flattened into one token axis and each segment (a
+sequence, or a row's trailing padding) attends causally to itself through torch's
+``varlen_attn`` (FlashAttention with cumulative segment offsets), with no mask at all.
+
+The model is loaded with ``attn_implementation=NAME``; transformers builds no mask for an
+implementation it has no mask function for, and passes the forward's ``cu_seq_lens_q`` /
+``max_length_q`` keywords through to each attention call.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+NAME = "areal_varlen"
+
+
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def available(device: torch.device) -> bool:
+    """Whether this torch has ``varlen_attn`` and ``device`` is a CUDA device."""
+    return device.type == "cuda" and _varlen_attn() is not None
+
+
+def _causal_kwargs(fn, scale: float | None, gqa: bool) -> dict:
+    """Keywords for causal attention in whichever ``varlen_attn`` signature this torch has."""
+    params = inspect.signature(fn).parameters
+    kw = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    if scale is not None and "scale" in params:
+        kw["scale"] = scale
+    if gqa and "enable_gqa" in params:
+        kw["enable_gqa"] = True
+    return kw
+
+
+def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                     attention_mask, scaling: float | None = None, dropout: float = 0.0, **kwargs):
+    """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``,
+    segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
+    ``([B, T, Hq, D], None)``. Without segments it is transformers' SDPA attention."""
+    fn = _varlen_attn()
+    cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
+    if cu is None or longest is None:  # inputs without segments (a rank's empty micro-batch): SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if dropout:
+        raise ValueError(f"attention '{NAME}' has no dropout; the trainer sets every dropout to 0")
+    b, hq, t, d = query.shape
+    hkv = key.shape[1]
+    kw = _causal_kwargs(fn, scaling, gqa=hkv != hq)
+    if hkv != hq and "enable_gqa" not in kw:  # an older varlen_attn: repeat the key/value heads
+        key, value = (x.repeat_interleave(hq // hkv, dim=1) for x in (key, value))
+        hkv = hq
+    if scaling is not None and "scale" not in kw and abs(scaling - d ** -0.5) > 1e-6:
+        raise ValueError(f"attention '{NAME}': this torch's varlen_attn has no scale argument "
+                         f"(model scale {scaling}); set trainer.varlen_attention=false")
+    q = query.transpose(1, 2).reshape(b * t, hq, d)
+    k = key.transpose(1, 2).reshape(b * t, hkv, d)
+    v = value.transpose(1, 2).reshape(b * t, hkv, d)
+    out = fn(q, k, v, cu, cu, longest, longest, **kw)
+    return out.reshape(b, t, hq, d), None
+
+
+def register() -> str:
+    """Make ``varlen_attention`` an attention implementation of transformers; its name."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(NAME, varlen_attention)
+    return NAME
+
+
+def uses(model) -> bool:
+    """Whether ``model`` runs its attention through ``varlen_attention``."""
+    return getattr(model.config, "_attn_implementation", None) == NAME
+
+
+def segments(fill: list[int], starts: list[list[int]], width: int, device) -> tuple[torch.Tensor, int]:
+    """``(cu_seqlens int32 [segments + 1], longest segment)`` of rows of ``width`` tokens
+    flattened end to end: row r holds sequences starting at ``starts[r]`` and ``fill[r]`` tokens
+    in all, then padding to ``width`` (a segment of its own)."""
+    bounds, longest = [0], 0
+    for r, (used, row) in enumerate(zip(fill, starts, strict=True)):
+        base = r * width
+        for a, b in zip(row, row[1:] + [used], strict=True):
+            bounds.append(base + b)
+            longest = max(longest, b - a)
+        if used < width:
+            bounds.append(base + width)
+            longest = max(longest, width - used)
+    return torch.tensor(bounds, dtype=torch.int32, device=device), longest
