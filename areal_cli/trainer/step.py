@@ -234,9 +234,12 @@ class StepRunner:
 
     def _forward(self, ro: Rollouts, mb: list[int]):
         t = self.cfg.trainer
+        # varlen only where a row holds a sequence longer than a packed row: there FlashAttention's
+        # causal skipping pays; rows of short sequences run faster through masked SDPA
+        longest = max((len(ro.prompts[i]) + len(ro.responses[i]) for i in mb), default=0)
         x = model_inputs(ro, mb, self.packing, device=self.device,
                          row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
-                         buckets=t.shape_buckets, varlen=self.varlen)
+                         buckets=t.shape_buckets, varlen=self.varlen and longest > PACKED_ROW_TOKENS_CUDA)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets)
 

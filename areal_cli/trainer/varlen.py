@@ -9,11 +9,19 @@ sequence, or a row's trailing padding) attends causally to itself through torch'
 
 The model is loaded with ``attn_implementation=NAME``; transformers builds no mask for an
 implementation it has no mask function for, and passes the forward's ``cu_seq_lens_q`` /
-``max_length_q`` keywords through to each attention call.
+``max_length_q`` keywords through to each attention call. Inputs without them (a micro-batch of
+short sequences, see ``StepRunner._forward``, or a rank's empty one) go to transformers' SDPA
+with the mask they carry.
+
+Measured on one H100 (benchmarks/trainer_variants.py, BENCHMARKS.md): rows of one 8,256-token
+sequence, a step 10% faster than masked SDPA; rows of up to 2,048 tokens packed with 112-token
+sequences, 5-15% slower (the step is bound by launching kernels there), hence varlen only for
+rows longer than a packed row.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 import torch
@@ -34,6 +42,7 @@ def available(device: torch.device) -> bool:
     return device.type == "cuda" and _varlen_attn() is not None
 
 
+@functools.lru_cache(maxsize=16)
 def _causal_kwargs(fn, scale: float | None, gqa: bool) -> dict:
     """Keywords for causal attention in whichever ``varlen_attn`` signature this torch has."""
     params = inspect.signature(fn).parameters
@@ -50,7 +59,6 @@ def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``,
     segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
     ``([B, T, Hq, D], None)``. Without segments it is transformers' SDPA attention."""
-    fn = _varlen_attn()
     cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu is None or longest is None:  # inputs without segments (a rank's empty micro-batch): SDPA
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -59,9 +67,10 @@ def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
                                       scaling=scaling, **kwargs)
     if dropout:
         raise ValueError(f"attention '{NAME}' has no dropout; the trainer sets every dropout to 0")
+    fn = _varlen_attn()
     b, hq, t, d = query.shape
     hkv = key.shape[1]
-    kw = _causal_kwargs(fn, scaling, gqa=hkv != hq)
+    kw = dict(_causal_kwargs(fn, scaling, gqa=hkv != hq))
     if hkv != hq and "enable_gqa" not in kw:  # an older varlen_attn: repeat the key/value heads
         key, value = (x.repeat_interleave(hq // hkv, dim=1) for x in (key, value))
         hkv = hq

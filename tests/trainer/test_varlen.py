@@ -73,13 +73,23 @@ def test_varlen_path_equals_masked_path(tiny_model, monkeypatch, row_tokens, ker
 
 
 def test_without_segments_it_is_sdpa(tiny_model, monkeypatch):
-    # a rank's empty micro-batch runs a plain two-token forward: no segments, causal SDPA
+    # a rank's empty micro-batch (a plain forward) and a micro-batch of short sequences (packed
+    # with the block mask) run through SDPA with their mask on a model loaded for varlen
     from transformers import AutoModelForCausalLM
 
-    monkeypatch.setattr(varlen, "_varlen_attn", lambda: sdpa_by_segment)
+    def no_kernel():
+        raise AssertionError("varlen_attn called for inputs without segments")
+
+    monkeypatch.setattr(varlen, "_varlen_attn", no_kernel)
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=F64, attn_implementation=a)
+              for a in ("sdpa", varlen.register())]
     ids = torch.tensor([[7, 8, 9]])
-    outs = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=F64, attn_implementation=a)(input_ids=ids).logits
-            for a in ("sdpa", varlen.register())]
+    outs = [m(input_ids=ids).logits for m in models]
+    assert torch.allclose(outs[0], outs[1], rtol=0, atol=1e-10)
+    ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=3, seed=3))
+    x = model_inputs(ro, list(range(ro.n)), True, row_tokens=12)
+    assert x.attention_mask.ndim == 4 and x.cu_seqlens is None
+    outs = [forward_logprobs(m, x, torch.float32, 1.0, chunk=4)[0] for m in models]
     assert torch.allclose(outs[0], outs[1], rtol=0, atol=1e-10)
 
 
