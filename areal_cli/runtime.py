@@ -14,7 +14,7 @@ from pathlib import Path
 
 from areal_cli.transport.auth import Keys
 from areal_cli.transport.channels import Endpoints, status_sender
-from areal_cli.transport.messages import Heartbeat
+from areal_cli.transport.messages import Heartbeat, Phase
 
 
 def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
@@ -76,16 +76,19 @@ class StatusLink:
     (``transport.messages.SENDERS`` lists them), and a daemon thread sends a ``Heartbeat``
     every ``period_s``.
 
-    ``doing`` is what the process is busy with or waiting for: the controller names it when the
-    heartbeats stop. A beat proves only that the thread runs, so it also carries ``progress``, a
-    counter of the main loop (advanced by ``advance()`` and by every new ``doing``), and, when the
-    process sets ``busy`` (a callable: how much work it holds), that amount: the controller stops a
-    run whose process holds work while its counter stands still (launcher.progress_timeout_s).
+    ``doing`` is what the process is busy with or waiting for, in words: the controller names it when
+    the heartbeats stop. Where the controller acts on what a process does (a weight broadcast),
+    ``set_doing`` also gives it as a ``Phase`` and the version it concerns; the words are never parsed.
+    A beat proves only that the thread runs, so it also carries ``progress``, a counter of the main
+    loop (advanced by ``advance()`` and by every new ``doing``), and, when the process sets ``busy``
+    (a callable: how much work it holds), that amount: the controller stops a run whose process
+    holds work while its counter stands still (launcher.progress_timeout_s).
     The thread cannot die quietly: the launcher gone or the controller unreachable ends the process.
     """
 
     def __init__(self, endpoints: Endpoints, keys: Keys, name: str, period_s: float, max_frame: int):
-        self.name, self.period_s, self._doing, self.progress = name, period_s, "starting", 0
+        self.name, self.period_s, self.progress = name, period_s, 0
+        self._now: tuple[str, Phase, int] = ("starting", Phase.other, -1)  # one tuple: a beat reads it whole
         self.busy: Callable[[], int] | None = None
         self.sock = status_sender(endpoints.status, name, keys, max_frame)
         self.lock = threading.Lock()
@@ -94,12 +97,16 @@ class StatusLink:
 
     @property
     def doing(self) -> str:
-        return self._doing
+        return self._now[0]
 
     @doing.setter
     def doing(self, what: str) -> None:
-        if what != self._doing:
-            self._doing = what
+        self.set_doing(what)
+
+    def set_doing(self, what: str, phase: Phase = Phase.other, version: int = -1) -> None:
+        """Now doing ``what`` (words for people), which is ``phase`` of weight ``version`` (for the controller)."""
+        if (what, phase, version) != self._now:
+            self._now = (what, phase, version)
             self.progress += 1
 
     def advance(self) -> None:
@@ -118,7 +125,8 @@ class StatusLink:
                 busy = int(self.busy())
             except Exception:  # noqa: BLE001 — a racy read of the main loop's state: say busy
                 busy = 1
-        return Heartbeat(self.name, self._doing, self.progress, busy)
+        what, phase, version = self._now
+        return Heartbeat(self.name, what, self.progress, busy, phase, version)
 
     def _run(self) -> None:
         log = logging.getLogger(self.name)

@@ -11,6 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from areal_cli.transport.messages import Phase
+
+_OTHER = (Phase.other, -1)
+
 
 @dataclass
 class _Peer:
@@ -49,17 +53,18 @@ class ProgressWatch:
                 if p.busy and now - p.since > self.deadline_s]
 
 
-def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, doing: dict[str, str],
+def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, phase: dict[str, tuple[Phase, int]],
              loaded: dict[str, int], peers: set[str], version: int, now: float) -> list[tuple[str, float, str]]:
-    """(peer, idle seconds, why) of the processes to name for ``stalled``. A trainer stuck sending
-    the weights of ``version`` waits in a collective for the rollout workers that have neither
-    loaded them nor begun to receive them: those are named instead of it."""
+    """(peer, idle seconds, why) of the processes to name for ``stalled``. ``phase`` is each peer's last
+    (``Heartbeat.phase``, ``Heartbeat.version``); a peer not in it does something else. A trainer stuck
+    in phase sending_weights waits in a collective for the rollout workers that have neither loaded the
+    weights of ``version`` nor begun to receive them (phase receiving_weights of ``version``): those are
+    named instead of it."""
     out = [(peer, idle, "") for peer, idle in stalled]
-    if "trainer-0" not in dict(stalled) or not doing.get("trainer-0", "").startswith("sending weights"):
+    if "trainer-0" not in dict(stalled) or phase.get("trainer-0", _OTHER)[0] != Phase.sending_weights:
         return out
-    joined = f"receiving weights of version {version} "  # the rollout worker's own words (rollout/main.py)
-    waited = sorted(r for r in peers - {"trainer-0"}
-                    if loaded.get(r, -1) < version and not doing.get(r, "").startswith(joined))
+    joined = (Phase.receiving_weights, version)
+    waited = sorted(r for r in peers - {"trainer-0"} if loaded.get(r, -1) < version and phase.get(r) != joined)
     if not waited:
         return out
     note = f"; trainer-0 waits for it to join the weight update of version {version}"

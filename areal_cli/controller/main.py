@@ -47,6 +47,7 @@ from areal_cli.transport.messages import (
     GroupResult,
     Heartbeat,
     Hello,
+    Phase,
     StepDone,
     Stop,
     UpdateWeights,
@@ -117,7 +118,8 @@ class Controller:
         self.pending_update: int | None = None
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
-        self.doing: dict[str, str] = {}
+        self.doing: dict[str, str] = {}  # peer → its last words (for people)
+        self.phase: dict[str, tuple[Phase, int]] = {}  # peer → its last (phase, version) (for culprits())
         self.loaded: dict[str, int] = {}  # rollout → the weight version it last reported loaded
         self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
         self.rec = StepRecorder(self.run_dir, cfg)
@@ -313,6 +315,7 @@ class Controller:
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
+        self.phase[msg.sender] = (msg.phase, msg.version)
         self.watch.update(msg.sender, time.monotonic(), msg.progress, None if msg.busy < 0 else msg.busy > 0)
 
     def _on_weights_ready(self, msg: WeightsReady) -> None:
@@ -367,7 +370,7 @@ class Controller:
                 f"{peer} made no progress for {idle:.0f}s while it had work (launcher.progress_timeout_s="
                 f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log "
                 "for its stack)" for peer, idle, why in culprits(
-                    stalled, self.watch, self.doing, self.loaded, self.peers, self.adm.version, now)))
+                    stalled, self.watch, self.phase, self.loaded, self.peers, self.adm.version, now)))
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
-from areal_cli.transport.messages import Hello, Stop, UpdateWeights, WeightsLoaded
+from areal_cli.transport.messages import Hello, Phase, Stop, UpdateWeights, WeightsLoaded
 
 
 def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
@@ -128,7 +128,8 @@ class Worker:
             self.flow.start(self.held.popleft())
 
     def _update(self, version: int) -> None:
-        self.hb.doing = f"receiving weights of version {version} from trainer rank 0"
+        self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0", Phase.receiving_weights,
+                          version)
         faults.point("weights", version, self.run_dir)
         t0 = time.perf_counter()
         timings = self.engine.update_weights(version)

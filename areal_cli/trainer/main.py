@@ -35,6 +35,7 @@ from areal_cli.transport.messages import (
     Bye,
     CheckpointWritten,
     Hello,
+    Phase,
     StepDone,
     Stop,
     WeightsReady,
@@ -86,9 +87,9 @@ class Trainer:
             self.status.send(Hello(self.name))
         self.log.info("ready: %d rank(s), device %s", self.world, self.device)
 
-    def _doing(self, what: str) -> None:
+    def _doing(self, what: str, phase: Phase = Phase.other, version: int = -1) -> None:
         if self.status is not None:
-            self.status.doing = what
+            self.status.set_doing(what, phase, version)
 
     def _receive_batch(self, step: int):
         """The next batch, shared with every rank; None when a stop was requested (SIGTERM).
@@ -185,7 +186,7 @@ class Trainer:
             t0 = time.perf_counter()
             metrics = self.runner.train(batch, version=step)
             metrics["step_time_s"] = time.perf_counter() - t0
-            self._doing(f"sending weights of version {step + 1}")
+            self._doing(f"sending weights of version {step + 1}", Phase.sending_weights, step + 1)
             metrics.update(self._sync_weights(step + 1))
             if self._eval_due(step + 1):
                 metrics.update(self._evaluate(step + 1))

@@ -16,6 +16,7 @@ values (a version, a step).
 from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, fields
+from enum import StrEnum
 
 import msgpack
 import numpy as np
@@ -27,16 +28,28 @@ _SCALARS = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)
             "np.ndarray": (np.ndarray,)}
 
 
+class Phase(StrEnum):
+    """What a process does, where the controller acts on it (``Heartbeat.phase``): something else |
+    trainer rank 0 sending the weights of ``Heartbeat.version`` | a rollout worker receiving them."""
+
+    other = "other"
+    sending_weights = "sending_weights"
+    receiving_weights = "receiving_weights"
+
+
+_ENUMS: dict[str, type[StrEnum]] = {"Phase": Phase}  # closed sets of words: travel as str, decoded to members
+
+
 class BadFrame(ValueError):
     """A frame that is not a well-formed message of a type its channel accepts."""
 
 
 def message(cls):
     """Register a dataclass as a wire message under its class name (its fields' types must be
-    ones ``decode`` checks: those in ``_SCALARS``, or list[<an earlier message>])."""
+    ones ``decode`` checks: those in ``_SCALARS`` or ``_ENUMS``, or list[<an earlier message>])."""
     cls = dataclass(cls)
     for f in fields(cls):
-        known = f.type in _SCALARS or (f.type.startswith("list[") and f.type[5:-1] in REGISTRY)
+        known = f.type in _SCALARS or f.type in _ENUMS or (f.type.startswith("list[") and f.type[5:-1] in REGISTRY)
         assert known, f"{cls.__name__}.{f.name}: decode cannot check a field of type {f.type}"
     REGISTRY[cls.__name__] = cls
     return cls
@@ -111,6 +124,11 @@ def _check(owner: str, name: str, annotation: str, value):
         if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
             raise BadFrame(f"{owner}.{name}: expected a list of {item.__name__}")
         return [_build(item, v) for v in value]
+    if annotation in _ENUMS:
+        words = _ENUMS[annotation]
+        if not isinstance(value, str) or value not in {m.value for m in words}:
+            raise BadFrame(f"{owner}.{name}: expected one of {', '.join(words)}")
+        return words(value)
     types = _SCALARS[annotation]
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise BadFrame(f"{owner}.{name}: expected {annotation}, got {type(value).__name__}")
@@ -216,6 +234,8 @@ class Heartbeat:
     doing: str  # what the process is busy with or waiting for (named when it stalls)
     progress: int  # a counter its main loop advances: a busy peer whose counter stands still is stuck
     busy: int = -1  # work the process holds (groups); -1: it does not say (the trainer's is known)
+    phase: Phase = Phase.other  # ``doing`` as the controller reads it (liveness.culprits); older peers: other
+    version: int = -1  # the weight version ``phase`` concerns (-1 with Phase.other)
 
 
 @message

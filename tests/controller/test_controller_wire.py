@@ -114,15 +114,16 @@ def test_malformed_and_unknown_results_are_dropped(ctl):
 
 def test_every_status_message_has_a_handler_and_acts(ctl):
     """The dispatch table covers the status channel's types; each message does what it says."""
-    from areal_cli.transport.messages import CHANNELS, Heartbeat, WeightsLoaded
+    from areal_cli.transport.messages import CHANNELS, Heartbeat, Phase, WeightsLoaded
 
     assert set(ctl.on) == set(CHANNELS["status"])
     trainer, rollout = client(ctl, "trainer-0"), client(ctl, "rollout-0")
     rollout.send(Hello("rollout-0"))
     rollout.send(Heartbeat("rollout-0", "generating (3 groups)", progress=5, busy=3))
-    trainer.send(Heartbeat("trainer-0", "waiting for batch 0", progress=1))
+    trainer.send(Heartbeat("trainer-0", "sending weights", progress=1, phase=Phase.sending_weights, version=1))
     pump(ctl, lambda: "trainer-0" in ctl.doing)
     assert ctl.rollouts_up == {"rollout-0"} and ctl.doing["rollout-0"] == "generating (3 groups)"
+    assert ctl.phase == {"rollout-0": (Phase.other, -1), "trainer-0": (Phase.sending_weights, 1)}  # culprits() reads
     assert ctl.watch.peers["rollout-0"].busy and ctl.watch.peers["rollout-0"].progress == 5
     assert not ctl.watch.peers["trainer-0"].busy  # busy -1: the trainer does not say; unchanged
     trainer.send(WeightsReady("trainer-0", 0))  # resume at version 0

@@ -6,7 +6,7 @@ import numpy as np
 
 from areal_cli.controller.liveness import ProgressWatch, culprits
 from areal_cli.controller.records import zero_nonfinite_rewards
-from areal_cli.transport.messages import GroupResult, Sample
+from areal_cli.transport.messages import GroupResult, Phase, Sample
 
 
 def test_a_busy_peer_without_progress_is_stalled_after_the_deadline():
@@ -59,21 +59,26 @@ def test_a_trainer_stuck_sending_weights_names_the_worker_that_never_joined():
     peers = {"trainer-0", "rollout-0", "rollout-1"}
     stalled = watch.stalled(10.0)
     assert [p for p, _ in stalled] == ["rollout-0", "rollout-1", "trainer-0"]
-    doing = {"trainer-0": "sending weights of version 2", "rollout-0": "generating (4 groups, version 1)",
-             "rollout-1": "generating (4 groups, version 1)"}
-    named = culprits([("trainer-0", 9.0)], watch, doing, {"rollout-1": 2}, peers, 2, 10.0)
+    phase = {"trainer-0": (Phase.sending_weights, 2), "rollout-0": (Phase.other, -1),
+             "rollout-1": (Phase.other, -1)}
+    named = culprits([("trainer-0", 9.0)], watch, phase, {"rollout-1": 2}, peers, 2, 10.0)
     assert [(p, why) for p, _, why in named] == [
         ("rollout-0", "; trainer-0 waits for it to join the weight update of version 2")]
     assert named[0][1] == 10.0
-    doing["rollout-0"] = "receiving weights of version 2 from trainer rank 0"
-    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {}, peers, 2, 10.0)] == [
+    phase["rollout-0"] = (Phase.receiving_weights, 2)
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, phase, {}, peers, 2, 10.0)] == [
         "rollout-1"]
-    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {"rollout-1": 2}, peers, 2,
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, phase, {"rollout-1": 2}, peers, 2,
                                       10.0)] == ["trainer-0"]
     # A worker that froze right after loading version 1 still says it was receiving version 1: it
     # has not joined version 2's update, so it is the one named.
-    doing["rollout-0"] = "receiving weights of version 1 from trainer rank 0"
-    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {"rollout-0": 1, "rollout-1": 2},
+    phase["rollout-0"] = (Phase.receiving_weights, 1)
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, phase, {"rollout-0": 1, "rollout-1": 2},
                                       peers, 2, 10.0)] == ["rollout-0"]
-    doing["trainer-0"] = "training step 3"
-    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, doing, {}, peers, 2, 10.0)] == ["trainer-0"]
+    # A worker that has sent no heartbeat yet (or an older one without a phase) has not joined either.
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, {"trainer-0": (Phase.sending_weights, 2)},
+                                      {"rollout-1": 2}, peers, 2, 10.0)] == ["rollout-0"]
+    phase["trainer-0"] = (Phase.other, -1)  # training step 3: the trainer itself is stuck
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, phase, {}, peers, 2, 10.0)] == ["trainer-0"]
+    del phase["trainer-0"]  # nothing heard from the trainer's phase: the same
+    assert [p for p, _, _ in culprits([("trainer-0", 9.0)], watch, phase, {}, peers, 2, 10.0)] == ["trainer-0"]

@@ -22,6 +22,7 @@ from areal_cli.transport.messages import (
     GroupResult,
     Heartbeat,
     Hello,
+    Phase,
     Sample,
     StepDone,
     Stop,
@@ -91,7 +92,7 @@ EXAMPLES = {  # one well-formed message of every registered type
     UpdateWeights: UpdateWeights(3),
     Stop: Stop(),
     Hello: Hello("rollout-0"),
-    Heartbeat: Heartbeat("trainer-0", "training step 2", 7),
+    Heartbeat: Heartbeat("trainer-0", "sending weights of version 3", 7, phase=Phase.sending_weights, version=3),
     WeightsReady: WeightsReady("trainer-0", 3),
     StepDone: StepDone("trainer-0", 3, {"loss": 0.5, "note": "x"}, checkpoint=True),
     CheckpointWritten: CheckpointWritten("trainer-0", 3),
@@ -151,6 +152,19 @@ def test_status_messages_are_checked_field_by_field():
                CHANNELS["status"])
     b = decode(encode(Batch(0, [result(3)])), CHANNELS["batches"])
     assert isinstance(b.groups[0], GroupResult) and b.groups[0].samples[0].logprobs.dtype == np.float32
+
+
+def test_a_heartbeat_phase_is_one_of_its_words_and_older_peers_default_to_other():
+    back = decode(encode(Heartbeat("rollout-1", "receiving", 3, 2, Phase.receiving_weights, 4)), CHANNELS["status"])
+    assert back.phase is Phase.receiving_weights and back.version == 4  # a member, not a bare string
+    old = msgpack.packb({"type": "Heartbeat", "body": {"sender": "rollout-1", "doing": "x", "progress": 3}})
+    back = decode(old, CHANNELS["status"])  # sent before heartbeats had a phase
+    assert (back.phase, back.version, back.busy) == (Phase.other, -1, -1)
+    for phase in ("sending weights", 1):
+        frame = msgpack.packb({"type": "Heartbeat", "body": {"sender": "rollout-1", "doing": "x", "progress": 3,
+                                                             "phase": phase}})
+        with pytest.raises(BadFrame, match="Heartbeat.phase: expected one of other, sending_weights"):
+            decode(frame, CHANNELS["status"])
 
 
 def test_malformed_and_misrouted_frames_are_dropped_and_counted(keys, gate, caplog):
