@@ -28,7 +28,7 @@ for k in ("steps", "wall_time_s", "step_wall_s_median", "weight_sync_s_median", 
     print(f"{k:32s} {s.get(k)}")
 PY
 cp /tmp/runs/vllm/eval_final.json "$OUT/" 2>/dev/null || echo "no eval_final.json: the closing evaluation did not finish" | tee -a $S
-TAIL=8 step eval_dp 120 python3 -m areal_cli.cli eval engine=vllm gpus=[0,1] \
+TAIL=8 step eval_dp 240 python3 -m areal_cli.cli eval engine=vllm gpus=[0,1] \
   "models=[$M,/tmp/runs/vllm/checkpoints/final]" size=200 task.eval_size=200 max_new_tokens=128 \
   max_concurrent=256 out_dir=/tmp/runs/eval_dp
 cp /tmp/runs/eval_dp/*.json "$OUT/" 2>/dev/null
