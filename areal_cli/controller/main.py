@@ -85,6 +85,10 @@ def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
     atomic_write(rd.controller_ready, "ok\n")
 
 
+UPDATE_REPEAT_S = 2.0
+"""Seconds after a weight-update order before it is repeated to a worker that has neither loaded
+the weights nor begun to receive them (its heartbeat, every launcher.heartbeat_s, says which)."""
+
 class Controller:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
@@ -116,6 +120,9 @@ class Controller:
         self.trainer_ready = False
         self.rollouts_up: set[str] = set()
         self.pending_update: int | None = None
+        self.sent_update: int | None = None  # the last version ordered, until every worker has it
+        self.sent_update_at = 0.0
+        self.update_repeats: dict[int, int] = {}  # version → orders repeated (a lost first order)
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}  # peer → its last words (for people)
@@ -283,9 +290,32 @@ class Controller:
                 self.on[type(msg)](msg)
             msg = self.status.recv(0)
         if self.pending_update is not None and len(self.rollouts_up) == self.cfg.rollout.workers:
-            # only once every worker is subscribed: a PUB sent earlier would be lost
+            # only once every worker said hello; its subscription may still be on the way, so the
+            # order is repeated until every worker has joined the broadcast (``_repeat_update``)
             self.control.send(UpdateWeights(self.pending_update))
+            self.sent_update, self.sent_update_at = self.pending_update, time.monotonic()
             self.pending_update = None
+        self._repeat_update()
+
+    def _repeat_update(self) -> None:
+        """Send ``UpdateWeights`` again while a worker has neither loaded nor begun to receive the
+        version last ordered: a PUB message sent before a new subscriber's subscription reached this
+        socket is lost (ZeroMQ's slow joiner), and the trainer would wait in its broadcast for that
+        worker until the collective times out. A worker ignores an order for the version it has."""
+        v = self.sent_update
+        if v is None or time.monotonic() - self.sent_update_at < UPDATE_REPEAT_S:
+            return
+        joined = (Phase.receiving_weights, v)
+        missing = sorted(r for r in self.rollouts_up if self.loaded.get(r, -1) < v and self.phase.get(r) != joined)
+        if not missing:
+            self.sent_update = None
+            return
+        if not self.update_repeats.get(v):
+            self.log.info("weights of version %d: no word from %s yet; ordering the update again every "
+                          "%gs until each has joined", v, ", ".join(missing), UPDATE_REPEAT_S)
+        self.update_repeats[v] = self.update_repeats.get(v, 0) + 1
+        self.control.send(UpdateWeights(v))
+        self.sent_update_at = time.monotonic()
 
     def _unexpected(self, msg) -> str:
         """Why ``msg`` cannot be a legitimate status message now ("" if it can). Versions are

@@ -100,9 +100,11 @@ class Worker:
             msg = self.control.recv(0)
             if isinstance(msg, Stop):
                 break
-            if isinstance(msg, UpdateWeights) and msg.version <= self.engine.version:
+            if isinstance(msg, UpdateWeights) and msg.version < self.engine.version:
                 self.log.warning("ignored an update to version %d: the weights are at %d", msg.version,
                                  self.engine.version)
+            elif isinstance(msg, UpdateWeights) and msg.version == self.engine.version:
+                pass  # the controller repeats an order until it hears that the worker has joined
             elif isinstance(msg, UpdateWeights):
                 self._update(msg.version)
             # said after an update too: a worker frozen in _take_work must not still claim to be receiving

@@ -147,3 +147,41 @@ def test_endpoints_json_is_the_bound_addresses_and_work_items_carry_no_sampling(
     assert (ctl.run_dir / "controller.ready").is_file()
     assert {f for f in WorkItem.__dataclass_fields__} == {
         "group_id", "prompt_id", "prompt_ids", "group_size", "max_new_tokens", "problem", "min_version"}
+
+
+def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkeypatch):
+    """A PUB frame sent before a subscriber's subscription arrives is lost; the rollout worker then
+    never joins the broadcast and the trainer waits in it until the collective times out. The
+    controller repeats the order until the worker has begun to receive (its heartbeat) or loaded."""
+    import areal_cli.controller.main as controller_main
+    from areal_cli.transport.messages import Heartbeat, Phase, UpdateWeights, WeightsLoaded
+
+    monkeypatch.setattr(controller_main, "UPDATE_REPEAT_S", 0.2)
+    trainer, rollout = client(ctl, "trainer-0"), client(ctl, "rollout-0")
+    rollout.send(Hello("rollout-0"))  # said hello; its control subscription is not there yet
+    trainer.send(WeightsReady("trainer-0", 0))  # the resumed weights, version 0
+    pump(ctl, lambda: ctl.sent_update == 0)
+    assert ctl.sent_update == 0  # the first order went out to no subscriber
+    ep, keys = Endpoints.load(ctl.run_dir), load_keys(ctl.run_dir)
+    sub = Channel(zmq.SUB, ep.control, name="control", bind=False, keys=keys, max_frame=MIB)
+    got = []
+
+    def heard():
+        msg = sub.recv(0)
+        if msg is not None:
+            got.append(msg)
+        return bool(got)
+
+    pump(ctl, heard)
+    assert isinstance(got[0], UpdateWeights) and got[0].version == 0 and ctl.update_repeats[0] >= 1
+    rollout.send(Heartbeat("rollout-0", "receiving weights", progress=1, phase=Phase.receiving_weights, version=0))
+    pump(ctl, lambda: ctl.sent_update is None)
+    assert ctl.sent_update is None  # joined: no more orders
+    repeats = ctl.update_repeats[0]
+    rollout.send(WeightsLoaded("rollout-0", 0, {"pause_total_s": 0.1}))
+    pump(ctl, lambda: ctl.loaded.get("rollout-0") == 0)
+    time.sleep(0.3)
+    ctl._handle_status()
+    assert ctl.update_repeats[0] == repeats and ctl.unexpected == 0
+    for c in (trainer, rollout, sub):
+        c.close()
