@@ -12,8 +12,8 @@ trained response tokens) of each layout, median over the timed steps after one w
 ``--model random-135m`` uses SmolLM2-135M's shape with random weights (no files needed).
 On GPU, ``--packed-rows`` lists the longest packed rows to try (``PACKED_ROW_TOKENS_CUDA``),
 ``--host-mask`` adds the packed layout with its mask built on the host (the code before the
-fix), ``--phases`` times one more step with a sync around each phase (inputs, forward,
-log-softmax, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler table of one
+fix), ``--phases`` times one more step with a sync around each phase (inputs, forward with the
+chunked log-softmax, loss, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler table of one
 step per layout. ``--json`` writes every figure.
 """
 
@@ -103,11 +103,11 @@ def phase_timers(device, into: dict):
             return out
         return wrapper
 
-    saved = {n: getattr(step, n) for n in ("model_inputs", "forward", "token_logprobs", "policy_loss")}
+    saved = {n: getattr(step, n) for n in ("model_inputs", "forward_logprobs", "policy_loss")}
     clip = torch.nn.utils.clip_grad_norm_
     for n, f in saved.items():
-        setattr(step, n, timed({"model_inputs": "inputs_s", "forward": "forward_s",
-                                "token_logprobs": "logprob_s", "policy_loss": "loss_s"}[n], f))
+        setattr(step, n, timed({"model_inputs": "inputs_s", "forward_logprobs": "forward_s",
+                                "policy_loss": "loss_s"}[n], f))
     torch.nn.utils.clip_grad_norm_ = timed("clip_s", clip)
     try:
         yield
@@ -130,8 +130,8 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
     if packed_row:
         step.PACKED_ROW_TOKENS_CUDA = packed_row
     if host_mask:  # the mask built on the host and copied over, as before
-        step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None:
-                             saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens).to(device))
+        step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None, buckets=0, varlen=False:
+                             saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens, buckets=buckets).to(device))
     try:
         model = build_policy(model_path(args.model), device, dtype, activation_checkpointing=False)
         runner = StepRunner(model, cfg, device, dtype, rank=0, world=1)
