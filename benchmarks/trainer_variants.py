@@ -112,7 +112,7 @@ def run(args, path: Path, attention: str, head: str, b: Batch, device) -> dict:
             torch.cuda.synchronize(device)
             times.append(time.perf_counter() - t0)
         out = {"attention": attention, "head": head, "varlen_used": runner.varlen,
-               "half_head_used": head == "half" and "dtype" in torch.ops.aten.mm.overloads(),
+               "half_head_used": head == "half" and policy_model.MM_FLOAT32_OUT,
                "step_s": statistics.median(times[1:]), "step_s_all": times, "mfu": metrics.get("mfu"),
                "model_tflops_per_s": metrics.get("model_tflops_per_s"),
                "peak_gpu_GiB": torch.cuda.max_memory_allocated(device) / 2**30, "logprobs": lp[0].float().cpu()}

@@ -63,8 +63,7 @@ def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, phase: dict
     out = [(peer, idle, "") for peer, idle in stalled]
     if "trainer-0" not in dict(stalled) or phase.get("trainer-0", _OTHER)[0] != Phase.sending_weights:
         return out
-    joined = (Phase.receiving_weights, version)
-    waited = sorted(r for r in peers - {"trainer-0"} if loaded.get(r, -1) < version and phase.get(r) != joined)
+    waited = not_joined(peers - {"trainer-0"}, phase, loaded, version)
     if not waited:
         return out
     note = f"; trainer-0 waits for it to join the weight update of version {version}"
@@ -72,3 +71,10 @@ def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, phase: dict
     out = [o for o in out if o[0] != "trainer-0"]
     out += [(r, now - watch.peers[r].since if r in watch.peers else 0.0, note) for r in waited if r not in named]
     return sorted(out)
+
+
+def not_joined(workers, phase: dict[str, tuple[Phase, int]], loaded: dict[str, int], version: int) -> list[str]:
+    """The rollout workers, sorted, that have neither loaded the weights of ``version`` nor begun to
+    receive them (their last heartbeat's phase)."""
+    joined = (Phase.receiving_weights, version)
+    return sorted(r for r in workers if loaded.get(r, -1) < version and phase.get(r) != joined)

@@ -24,7 +24,7 @@ from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
-from areal_cli.controller.liveness import ProgressWatch, culprits
+from areal_cli.controller.liveness import ProgressWatch, culprits, not_joined
 from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
@@ -88,6 +88,7 @@ def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
 UPDATE_REPEAT_S = 2.0
 """Seconds after a weight-update order before it is repeated to a worker that has neither loaded
 the weights nor begun to receive them (its heartbeat, every launcher.heartbeat_s, says which)."""
+
 
 class Controller:
     def __init__(self, run_dir: str):
@@ -305,8 +306,7 @@ class Controller:
         v = self.sent_update
         if v is None or time.monotonic() - self.sent_update_at < UPDATE_REPEAT_S:
             return
-        joined = (Phase.receiving_weights, v)
-        missing = sorted(r for r in self.rollouts_up if self.loaded.get(r, -1) < v and self.phase.get(r) != joined)
+        missing = not_joined(self.rollouts_up, self.phase, self.loaded, v)
         if not missing:
             self.sent_update = None
             return

@@ -82,11 +82,14 @@ def float32_head(model) -> None:
     head.forward = forward
 
 
+MM_FLOAT32_OUT = "dtype" in torch.ops.aten.mm.overloads()
+"""Whether this torch has ``aten::mm.dtype`` (a half-precision GEMM with a float32 output)."""
+
+
 def half_gemm_float32_out(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``HalfGemmFloat32Out`` runs for these operands: CUDA, bf16/fp16, and a torch
     with ``aten::mm.dtype``."""
-    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype
-            and "dtype" in torch.ops.aten.mm.overloads())
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and MM_FLOAT32_OUT
 
 
 class HalfGemmFloat32Out(torch.autograd.Function):

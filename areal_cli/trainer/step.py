@@ -236,10 +236,10 @@ class StepRunner:
         t = self.cfg.trainer
         # varlen only where a row holds a sequence longer than a packed row: there FlashAttention's
         # causal skipping pays; rows of short sequences run faster through masked SDPA
-        longest = max((len(ro.prompts[i]) + len(ro.responses[i]) for i in mb), default=0)
+        varlen = self.varlen and any(len(ro.prompts[i]) + len(ro.responses[i]) > PACKED_ROW_TOKENS_CUDA for i in mb)
         x = model_inputs(ro, mb, self.packing, device=self.device,
                          row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
-                         buckets=t.shape_buckets, varlen=self.varlen and longest > PACKED_ROW_TOKENS_CUDA)
+                         buckets=t.shape_buckets, varlen=varlen)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets)
 
