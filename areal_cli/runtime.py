@@ -62,11 +62,20 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         os._exit(3)
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, Slurm's --cpus-per-task,
+    a cpuset), not the machine's count, which oversubscribes a process pinned to a few cores."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity API (macOS)
+        return os.cpu_count() or 1
+
+
 def set_threads(requested: int, share: int = 2) -> int:
-    """torch CPU threads: ``requested`` or the cores divided among ``share`` processes."""
+    """torch CPU threads: ``requested`` or the usable cores divided among ``share`` processes."""
     import torch
 
-    n = requested or max(1, (os.cpu_count() or 2) // share)
+    n = requested or max(1, usable_cores() // share)
     torch.set_num_threads(n)
     return n
 

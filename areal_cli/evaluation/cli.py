@@ -8,7 +8,6 @@ worker processes (evaluation/parallel.py); a worker that fails is exit code 1, n
 
 from __future__ import annotations
 
-import os
 import secrets
 import sys
 import time
@@ -20,6 +19,7 @@ from areal_cli.evaluation.config import EvalRunConfig, compose_eval
 from areal_cli.evaluation.sweep import EvalError, evaluate_model, say
 from areal_cli.models import ModelError, resolve_eval_model
 from areal_cli.rundir import RunDir
+from areal_cli.runtime import usable_cores
 
 
 def run_eval(overrides: list[str]) -> None:
@@ -54,7 +54,7 @@ def _run(overrides: list[str]) -> None:
     else:
         results = []
         for name, path in models:
-            results += evaluate_model(name, path, cfgs, problems, head.threads or os.cpu_count())
+            results += evaluate_model(name, path, cfgs, problems, head.threads or usable_cores())
     from areal_cli.evaluation import report
 
     run = _run_info(head, cfgs, models, time.perf_counter() - t0)

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from areal_cli.durable import atomic_write
 from areal_cli.evaluator.metrics import summarize
+from areal_cli.runtime import usable_cores
 
 PASSES = ("greedy", "sample")
 
@@ -82,7 +83,7 @@ def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]]
     n = head.worker_count()
     shard_dir = out_dir / "shards"
     shard_dir.mkdir(parents=True, exist_ok=True)
-    threads = head.threads or max(1, (os.cpu_count() or 1) // n)
+    threads = head.threads or max(1, usable_cores() // n)
     workers = []
     try:
         for k in range(n):

@@ -16,6 +16,7 @@ from pathlib import Path
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
 from areal_cli.rundir import RunDir
+from areal_cli.runtime import usable_cores
 
 
 def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = None) -> dict | None:
@@ -42,7 +43,7 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     say(f"evaluating base and trained model on {len(problems)} held-out problems "
         f"({cfg.task.name} eval split, greedy, ≤ {cfg.rollout.max_new_tokens} new tokens) ...")
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
-                   engine_cfg=cfg.engine, threads=os.cpu_count() or 1, problems=problems)
+                   engine_cfg=cfg.engine, threads=usable_cores(), problems=problems)
     base_path = resolve_model(cfg.model)
     cache = _cache_path(cfg, base_path, problems)
     if cache.is_file():
