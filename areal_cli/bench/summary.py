@@ -216,7 +216,9 @@ def reward_reach(sync: dict, asyn: dict) -> dict:
     over the ``window_steps`` steps ending there is at least that; the time is that step's
     ``wall_time_s`` (seconds since the run started, counted the same way in both runs), also as a
     fraction of the sync run's whole wall time. ``heldout_gap_points``: async minus sync held-out
-    greedy accuracy, in points, where both were measured."""
+    greedy accuracy, in points, where both were measured; ``heldout_gap_se_points`` its standard
+    error from the two evaluations' sizes alone (two independent proportions), which says how large
+    a gap the held-out set can tell from none."""
     w = max(1, len(sync["reward_curve"]) // 4)
     target = statistics.fmean(x for x in sync["reward_curve"][-w:] if x is not None)
     means = trailing_means(asyn["reward_curve"], w)
@@ -226,11 +228,15 @@ def reward_reach(sync: dict, asyn: dict) -> dict:
            "async_best_reward": max(known) if known else None,
            "reached_at_step": hit,
            "reached_at_s": None if hit is None else asyn["reward_wall_s"][hit],
-           "reached_at_fraction_of_sync_wall": None, "heldout_gap_points": None}
+           "reached_at_fraction_of_sync_wall": None, "heldout_gap_points": None, "heldout_gap_se_points": None}
     if hit is not None:
         out["reached_at_fraction_of_sync_wall"] = asyn["reward_wall_s"][hit] / sync["wall_time_s"]
     if "heldout" in sync and "heldout" in asyn:
-        out["heldout_gap_points"] = 100 * (asyn["heldout"]["accuracy"] - sync["heldout"]["accuracy"])
+        a, b = asyn["heldout"], sync["heldout"]
+        out["heldout_gap_points"] = 100 * (a["accuracy"] - b["accuracy"])
+        if a.get("problems") and b.get("problems"):
+            var = sum(h["accuracy"] * (1 - h["accuracy"]) / h["problems"] for h in (a, b))
+            out["heldout_gap_se_points"] = 100 * var ** 0.5
     return out
 
 
@@ -246,5 +252,7 @@ def reach_lines(reach: dict) -> list[str]:
                      f"{reach['reached_at_fraction_of_sync_wall']:.2f}x sync's wall time "
                      f"(its final {w}-step mean {reach['async_final_reward']:.3f})")
     if reach["heldout_gap_points"] is not None:
-        lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} points")
+        se = reach.get("heldout_gap_se_points")
+        lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} points"
+                     + (f" (standard error of a difference this size: {se:.1f} points)" if se is not None else ""))
     return lines

@@ -24,7 +24,9 @@ after warm-up: p10 / p50 / p90 / max, and the fraction truncated at max_new_toke
 Bench options are overrides too, stripped before composing the run config:
 ``bench.eta=4`` (default: rollout.max_staleness, or 4 where that is 0), ``bench.warmup=2``
 (steps left out of the rates), ``bench.heldout=true`` (greedy accuracy of both final
-checkpoints on the task's eval split, ``eval.size`` problems). ``run_dir=`` names ``<out>``.
+checkpoints on the task's eval split), ``bench.heldout_size=1000`` (problems of that split, so that
+a gap of a few points is not lost in the noise of a small set; 0 = ``eval.size``; a split that
+cannot hold that many falls back to ``eval.size``). ``run_dir=`` names ``<out>``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from areal_cli.rundir import RunDir
 
-BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True}
+BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000}
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
@@ -90,10 +92,30 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
     summary = summarize_run(run_dir, opts["warmup"])
     summary["max_staleness"] = staleness
     if opts["heldout"]:
-        from areal_cli.bench.heldout import greedy_accuracy
-
-        summary["heldout"] = greedy_accuracy(RunDir(run_dir).final, cfg)
+        summary["heldout"] = heldout(RunDir(run_dir).final, cfg, opts["heldout_size"])
     return summary
+
+
+def heldout(model_path: Path, cfg, size: int) -> dict:
+    """Greedy accuracy of ``model_path`` on the first ``size`` problems of the eval split (0 or a
+    split too small for them: ``eval.size``). Only the eval split grows: training never draws a
+    held-out problem, whatever ``task.eval_size`` is."""
+    import copy
+
+    from areal_cli.bench.heldout import greedy_accuracy
+    from areal_cli.tasks import load_problems
+
+    if size > 0:
+        wide = copy.deepcopy(cfg)
+        wide.task.eval_size = max(size, cfg.task.eval_size)
+        try:
+            load_problems(wide.task, "eval")
+        except ValueError as e:
+            print(f"bench: {size} held-out problems do not fit the eval split ({e}); "
+                  f"using eval.size={cfg.eval.size}", flush=True)
+        else:
+            return greedy_accuracy(model_path, wide, size=size)
+    return greedy_accuracy(model_path, cfg)
 
 
 DEFINITIONS = {

@@ -28,7 +28,7 @@ wait_study() { local n=0
   tail -n 40 /tmp/study.log; }
 case $phase in
   start)
-    rm -rf /tmp/areal_src && mkdir -p /tmp/areal_src && cp -r areal_cli benchmarks /tmp/areal_src/
+    rm -rf /tmp/areal_src && mkdir -p /tmp/areal_src && cp -r areal_cli benchmarks conf /tmp/areal_src/
     M=$(cd /tmp/areal_src && python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))")
     echo "model: $M"
     # its own session: the study outlives this call while the machine stays held

@@ -185,16 +185,19 @@ def test_trailing_means():
 
 def test_reward_reach_when_and_when_not():
     sync = _curve([0.0, 0.2, 0.4, 0.6, 0.6, 0.8, 0.8, 0.8], step_s=10.0)  # last quarter: 0.8
-    sync["heldout"] = {"accuracy": 0.40}
+    sync["heldout"] = {"accuracy": 0.40, "problems": 1000}
     # async: twice as fast per step, one step behind; reaches a 2-step mean of 0.8 at its step 7
     asyn = _curve([0.0, 0.0, 0.2, 0.4, 0.6, 0.6, 0.8, 0.8], step_s=5.0)
-    asyn["heldout"] = {"accuracy": 0.42}
+    asyn["heldout"] = {"accuracy": 0.42, "problems": 1000}
     r = reward_reach(sync, asyn)
     assert r["window_steps"] == 2 and r["sync_final_reward"] == pytest.approx(0.8)
     assert r["reached_at_step"] == 7 and r["reached_at_s"] == pytest.approx(40.0)
     assert r["reached_at_fraction_of_sync_wall"] == pytest.approx(0.5)
     assert r["heldout_gap_points"] == pytest.approx(2.0)
+    # two independent proportions of 1,000 problems each: sqrt(.4 * .6 / 1000 + .42 * .58 / 1000)
+    assert r["heldout_gap_se_points"] == pytest.approx(2.199, abs=1e-3)
     assert "0.50x sync's wall time" in "\n".join(reach_lines(r))
+    assert "standard error of a difference this size: 2.2 points" in "\n".join(reach_lines(r))
     # one batch at the target is not enough: the window's mean must reach it
     slow = _curve([0.0, 0.0, 0.2, 0.4, 0.6, 0.6, 0.6, 0.8], step_s=5.0)
     r = reward_reach(sync, slow)

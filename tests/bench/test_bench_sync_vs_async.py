@@ -21,7 +21,7 @@ def test_covered_merges_overlaps():
 def test_bench_options_are_stripped():
     run, opts = split_overrides(["trainer.steps=3", "bench.eta=2", "bench.heldout=false"])
     assert run == ["trainer.steps=3"]
-    assert opts == {"eta": 2, "warmup": 2, "heldout": False}
+    assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000}
 
 
 @pytest.mark.slow
@@ -29,7 +29,8 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
     from areal_cli.bench.sync_vs_async import run_bench
 
     out = run_bench([f"model={tiny_model}", *TINY_RUN, f"run_dir={tmp_path}", "trainer.steps=3",
-                     "bench.warmup=1", "bench.eta=1", "eval.size=4"])
+                     "bench.warmup=1", "bench.eta=1", "eval.size=4", "task.eval_size=4",
+                     "bench.heldout_size=6"])
     bench = json.loads((out / "bench.json").read_text())
     assert set(bench["modes"]) == {"sync", "async"}
     assert bench["modes"]["sync"]["max_staleness"] == 0 and bench["modes"]["async"]["max_staleness"] == 1
@@ -37,7 +38,7 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
         assert m["effective_trained_tokens_per_s"] > 0
         assert 0 < m["trainer_busy_fraction"] <= 1
         assert len(m["reward_curve"]) == 3
-        assert m["heldout"]["problems"] == 4
+        assert m["heldout"]["problems"] == 6  # bench.heldout_size widens the eval split beyond its 4
     assert bench["speedup"] > 0
     max_new = bench["max_new_tokens"]
     for m in bench["modes"].values():
