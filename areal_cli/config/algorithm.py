@@ -81,7 +81,10 @@ class AlgorithmConfig:
     ppo_epochs: int = 1
     """Passes over each training batch; the proximal logprobs stay fixed across them."""
     recompute_proximal: bool = True
-    """Recompute pi_prox with the trainer's weights; False uses mu (exact only at staleness 0)."""
+    """True: pi_prox = the trainer's weights before the step (AReaL's decoupled objective; with one
+    optimizer step per batch the ratio pi_theta/pi_prox is 1 and the clip never acts, leaving only
+    the capped weight pi_prox/mu). False: pi_prox = mu, the policy that sampled: the weight is 1 and
+    the clip bounds pi_theta/mu, as plain PPO; conf/algorithm/grpo.yaml sets False."""
 
     @property
     def needs_critic(self) -> bool:

@@ -228,9 +228,10 @@ class StepRunner:
     def _needs_proximal(self) -> bool:
         """A separate no-grad pass is only needed when several optimizer steps use one batch;
         with one step per batch π_prox is exactly the current weights, so the loss takes
-        ``logp.detach()`` from the same forward (same numbers, a third less compute)."""
-        alg, r = self.cfg.algorithm, self.cfg.rollout
-        return alg.ppo_epochs > 1 and (alg.recompute_proximal or r.max_staleness > 0)
+        ``logp.detach()`` from the same forward (same numbers, a third less compute).
+        ``recompute_proximal=false`` never needs it: π_prox is μ."""
+        alg = self.cfg.algorithm
+        return alg.ppo_epochs > 1 and alg.recompute_proximal
 
     def _forward(self, ro: Rollouts, mb: list[int]):
         t = self.cfg.trainer
@@ -261,10 +262,10 @@ class StepRunner:
         behav = ro.behav_logp[mb].to(dev)
         if prox:
             prox_lp = torch.stack([prox[i] for i in mb]).to(dev)
-        elif self.cfg.algorithm.recompute_proximal or self.cfg.rollout.max_staleness > 0:
+        elif self.cfg.algorithm.recompute_proximal:
             prox_lp = logp.detach()
         else:
-            prox_lp = None  # synchronous and not recomputed: π_prox = μ
+            prox_lp = None  # π_prox = μ: the clip bounds π_θ/μ, the policy that sampled
         loss, st = policy_loss(logp, prox_lp, behav, adv[mb].to(dev),
                                ro.loss_mask[mb].to(dev), self.cfg.algorithm, global_tokens=global_tokens,
                                global_seqs=float(ro.n), max_len=max_len, entropy=ent,

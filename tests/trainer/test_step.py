@@ -69,8 +69,30 @@ def test_decoupled_gradient_equals_standard_ppo_at_staleness_0(tiny_model, packi
     assert sum(float(g.abs().sum()) for g in want.values()) > 0
 
 
+def test_prox_mu_clips_against_the_policy_that_sampled_stale_samples(tiny_model):
+    # recompute_proximal=false at staleness > 0: π_prox = μ, so the step is plain PPO against the
+    # behaviour logprobs, whose clip zeroes the tokens that moved more than ε since sampling
+    ref_model = plain_model(tiny_model)
+    batch = make_batch(ref_model, groups=2, group_size=3, seed=2)
+    for g in batch.groups:  # μ of every other token 0.5 nats off: those ratios leave [0.8, 1.2]
+        for s in g.samples:
+            s.logprobs = s.logprobs.copy()
+            s.logprobs[::2] += 0.5
+    want = _standard_ppo_grads(ref_model, batch)
+    common = ("algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=2", "trainer.grad_clip=1e9")
+    coupled = _runner(tiny_model, *common, "algorithm.recompute_proximal=false")
+    stats = coupled.train(batch)
+    assert stats["clip_fraction"] > 0
+    got = _grads(coupled.model)
+    for name in want:
+        assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
+    recomputed = _runner(tiny_model, *common, "algorithm.recompute_proximal=true")  # r = 1: no clip
+    assert recomputed.train(batch)["clip_fraction"] == 0
+    assert any(not torch.allclose(g, want[n], rtol=1e-4, atol=1e-6) for n, g in _grads(recomputed.model).items())
+
+
 def test_proximal_recomputed_equals_same_forward(tiny_model):
-    runner = _runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1")
+    runner = _runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1", "algorithm.recompute_proximal=true")
     assert runner._needs_proximal()
     ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=3))
     mbs = runner._micro_batches(ro)
