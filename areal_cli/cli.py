@@ -67,7 +67,9 @@ def evaluate(overrides: list[str] = OVERRIDES):
 
 @bench_app.command("sync-vs-async", context_settings={"allow_extra_args": True})
 def sync_vs_async(overrides: list[str] = OVERRIDES):
-    """Run the same workload synchronously (η=0) and asynchronously (η) and compare."""
+    """Run the same workload synchronously (η=0) and asynchronously (η) and compare: throughput,
+    when async reaches sync's final reward, held-out accuracy (bench.eta, bench.warmup,
+    bench.heldout, bench.heldout_size=1000)."""
     try:
         from areal_cli.bench.sync_vs_async import run_bench
     except ImportError:
