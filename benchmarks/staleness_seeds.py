@@ -66,11 +66,10 @@ def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[st
 
 
 def reward_summary(run_dir: Path) -> dict:
-    path = run_dir / "metrics.jsonl"
-    if not path.is_file():
-        return {}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    steps = [r for r in rows if "reward_mean" in r and "step" in r]
+    from areal_cli.bench.summary import read_jsonl
+    from areal_cli.rundir import RunDir
+
+    steps = read_jsonl(RunDir(run_dir).metrics)  # what a stopped run got through, too
     if not steps:
         return {}
     q = max(1, len(steps) // 4)
@@ -79,17 +78,16 @@ def reward_summary(run_dir: Path) -> dict:
             "reward_first_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[:q]), 4),
             "reward_last_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[-q:]), 4),
             "staleness_mean": round(statistics.fmean(stale), 3) if stale else None,
-            "train_wall_s": steps[-1].get("wall_time_s")}
+            "train_wall_s": round(steps[-1]["wall_time_s"], 1)}
 
 
 def heldout_accuracy(eval_dir: Path) -> float | None:
-    for path in sorted(eval_dir.glob("*.json")):
-        data = json.loads(path.read_text())
-        for row in data.get("results", []) if isinstance(data, dict) else []:
-            accuracy = row.get("metrics", {}).get("accuracy")
-            if accuracy is not None:
-                return round(100 * accuracy, 2)
-    return None
+    """Greedy accuracy in percent from ``areal eval``'s eval.json (one model, one task)."""
+    path = eval_dir / "eval.json"
+    if not path.is_file():
+        return None
+    accuracy = json.loads(path.read_text())["results"][0]["metrics"].get("accuracy")
+    return None if accuracy is None else round(100 * accuracy, 2)
 
 
 def table(results: list[dict]) -> str:

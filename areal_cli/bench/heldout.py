@@ -8,14 +8,18 @@ from pathlib import Path
 from areal_cli.config.schema import RootConfig
 
 
-def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batch: int = 64) -> dict:
+def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batch: int = 64,
+                    problems: list | None = None) -> dict:
+    """``problems``: already loaded from the eval split (default: ``load_problems(cfg.task, "eval")``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from areal_cli.rewards.scoring import score
     from areal_cli.tasks import load_problems, load_tokenizer, prompt_text
 
-    problems = load_problems(cfg.task, "eval")[: size or cfg.eval.size or None]
+    if problems is None:
+        problems = load_problems(cfg.task, "eval")
+    problems = problems[: size or cfg.eval.size or None]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     tok = load_tokenizer(model_path)
     tok.padding_side = "left"

@@ -109,12 +109,12 @@ def heldout(model_path: Path, cfg, size: int) -> dict:
         wide = copy.deepcopy(cfg)
         wide.task.eval_size = max(size, cfg.task.eval_size)
         try:
-            load_problems(wide.task, "eval")
+            problems = load_problems(wide.task, "eval")
         except ValueError as e:
             print(f"bench: {size} held-out problems do not fit the eval split ({e}); "
                   f"using eval.size={cfg.eval.size}", flush=True)
         else:
-            return greedy_accuracy(model_path, wide, size=size)
+            return greedy_accuracy(model_path, wide, size=size, problems=problems)
     return greedy_accuracy(model_path, cfg)
 
 
