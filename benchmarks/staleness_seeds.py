@@ -2,7 +2,8 @@
 
 One `areal train` per (η, seed), each pinned to its own ``--cores`` cores (taskset), as many at
 once as the host's cores allow, then `areal eval` of its final checkpoint on ``--eval-size``
-held-out problems (content-disjoint from training) on the same cores. η = 0 is the synchronous
+held-out problems (content-disjoint from training) on the same cores. With ``--gpu N`` every run
+and evaluation also uses GPU N (trainer and engine colocated), for many seeds in less time. η = 0 is the synchronous
 run. Prints one line per finished run and a table per η: held-out greedy accuracy (mean, sd,
 range), mean reward of the first and last quarter of steps, wall time, mean staleness.
 ``<out>/summary.json`` is rewritten after every run, so a cut-off study keeps what finished.
@@ -40,11 +41,16 @@ def core_slots(cores_per_run: int) -> list[list[int]]:
     return [cores[i:i + cores_per_run] for i in range(0, len(cores) - cores_per_run + 1, cores_per_run)]
 
 
-def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[str], eval_size: int) -> dict:
+def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[str], eval_size: int,
+            gpu: int | None = None) -> dict:
     run_dir = out / f"eta{eta}_seed{seed}"
     pin = ["taskset", "-c", ",".join(map(str, cores))]
     cli = [sys.executable, "-m", "areal_cli.cli"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if gpu is None:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # the CPU run, even on a GPU host
+    else:  # trainer and engine colocated on one GPU, shared with the other runs of the study
+        overrides = [*overrides, f"cluster.gpus=[{gpu}]"]
     t0 = time.time()
     with open(out / f"eta{eta}_seed{seed}.train.log", "w") as log:
         rc = subprocess.run(pin + cli + ["train", "--quiet", f"run_dir={run_dir}", f"seed={seed}",
@@ -58,6 +64,7 @@ def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[st
     with open(out / f"eta{eta}_seed{seed}.eval.log", "w") as log:
         rc = subprocess.run(pin + cli + ["eval", f"model={run_dir}", f"size={eval_size}", f"task.eval_size={eval_size}",
                                          f"threads={len(cores)}", f"out_dir={eval_dir}",
+                                         *([] if gpu is None else [f"gpus=[{gpu}]"]),
                                          *[o for o in overrides if o.startswith(("task", "reward"))]],
                             stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     result["eval_rc"] = rc
@@ -78,7 +85,14 @@ def reward_summary(run_dir: Path) -> dict:
             "reward_first_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[:q]), 4),
             "reward_last_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[-q:]), 4),
             "staleness_mean": round(statistics.fmean(stale), 3) if stale else None,
+            "entropy_last_quarter": quarter_mean(steps[-q:], "entropy"),
+            "skipped_rows_last_quarter": quarter_mean(steps[-q:], "skipped_rows"),
             "train_wall_s": round(steps[-1]["wall_time_s"], 1)}
+
+
+def quarter_mean(steps: list[dict], key: str) -> float | None:
+    values = [r[key] for r in steps if r.get(key) is not None]
+    return round(statistics.fmean(values), 3) if values else None
 
 
 def heldout_accuracy(eval_dir: Path) -> float | None:
@@ -114,6 +128,8 @@ def main() -> None:
     ap.add_argument("--etas", default="0,4", help="maximum staleness values, e.g. 0,1,2,4 (0 = synchronous)")
     ap.add_argument("--seeds", default="0-3", help="seeds, e.g. 0-5 or 0,3,7")
     ap.add_argument("--cores", type=int, default=2, help="cores per run (default 2, the CPU default's machine)")
+    ap.add_argument("--gpu", type=int, default=None,
+                    help="run every train and eval on this GPU (colocated; default: the CPU only)")
     ap.add_argument("--eval-size", type=int, default=1000, help="held-out problems per evaluation")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("overrides", nargs="*", help="config overrides for every run")
@@ -136,7 +152,7 @@ def main() -> None:
                 if not pending:
                     return
                 eta, seed = pending.pop(0)
-            r = run_one(eta, seed, cores, args.out, args.overrides, args.eval_size)
+            r = run_one(eta, seed, cores, args.out, args.overrides, args.eval_size, args.gpu)
             with lock:
                 results.append(r)
                 (args.out / "summary.json").write_text(json.dumps({"overrides": args.overrides, "runs": results},
