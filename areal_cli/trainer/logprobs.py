@@ -25,22 +25,26 @@ from areal_cli.trainer.batching import Inputs, autocast, bucket, to_rows
 
 
 def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
-           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+           temperature: float, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     logits = head(hidden)
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()  # float32 log-softmax (float64 stays float64)
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
     lp = logp_all.gather(-1, targets[:, None])[:, 0]
+    if entropy_grad:  # an entropy bonus in the loss: its gradient flows through the same log-softmax
+        return lp, -(logp_all.exp() * logp_all).sum(-1)
     with torch.no_grad():  # after the last tensor backward needs: a checkpoint's recompute stops before it
         ent = -(logp_all.exp() * logp_all).sum(-1)
     return lp, ent
 
 
 def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-                     chunk: int, buckets: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int, buckets: int = 0,
+                     entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprob, entropy)`` ``[tokens]`` of ``targets`` under ``softmax(head(hidden) / T)``,
     ``chunk`` positions at a time (checkpointed when a gradient is needed; the last chunk padded
-    up to its ``buckets`` size); the entropy carries no gradient."""
+    up to its ``buckets`` size); the entropy carries a gradient only with ``entropy_grad`` (an
+    entropy bonus in the loss)."""
     if chunk < 1:
         raise ValueError(f"trainer.logprob_chunk_tokens must be at least 1, got {chunk}")
     grad = torch.is_grad_enabled() and hidden.requires_grad
@@ -51,7 +55,7 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
         if bucket(n, buckets) > n:
             h = torch.cat([h, h.new_zeros(bucket(n, buckets) - n, h.shape[1])])
             t = torch.cat([t, t.new_zeros(h.shape[0] - n)])
-        args = (head, h, t, temperature)
+        args = (head, h, t, temperature, entropy_grad and grad)
         lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
         lps.append(lp[:n])
         ents.append(ent[:n])
@@ -62,20 +66,21 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
 
 
 def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
-                     chunk: int, buckets: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk: int, buckets: int = 0, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
 
     The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
     its output layer swapped for one that takes the kept hidden states at the response
     positions and returns their ``(logprob, entropy)``; the layer's own forward (e.g. the
     float32 head) computes each chunk's logits, under the same autocast; ``buckets`` pads the
-    last chunk (see the module's docstring)."""
+    last chunk (see the module's docstring). The entropy is detached unless ``entropy_grad``."""
     head = model.get_output_embeddings()
     own = head.__dict__.get("forward")  # an instance override (float32_head) or the class's
     inner = head.forward
 
     def logprob_head(kept: torch.Tensor) -> torch.Tensor:
-        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk, buckets)
+        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk, buckets,
+                                   entropy_grad)
         return torch.stack([lp, ent], dim=-1)
 
     head.forward = logprob_head
@@ -87,4 +92,5 @@ def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
             del head.forward
         else:
             head.forward = own
-    return to_rows(out[:, 0], x.valid), to_rows(out[:, 1].detach(), x.valid)
+    ent = out[:, 1] if entropy_grad else out[:, 1].detach()
+    return to_rows(out[:, 0], x.valid), to_rows(ent, x.valid)

@@ -242,7 +242,8 @@ class StepRunner:
                          row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
                          buckets=t.shape_buckets, varlen=varlen)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
-                                t.logprob_chunk_tokens, t.shape_buckets)
+                                t.logprob_chunk_tokens, t.shape_buckets,
+                                entropy_grad=self.cfg.algorithm.entropy_coef != 0 and torch.is_grad_enabled())
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
