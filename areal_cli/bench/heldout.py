@@ -10,7 +10,8 @@ from areal_cli.config.schema import RootConfig
 
 def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batch: int = 64,
                     problems: list | None = None) -> dict:
-    """``problems``: already loaded from the eval split (default: ``load_problems(cfg.task, "eval")``)."""
+    """``problems``: already loaded from the eval split (default: ``load_problems(cfg.task, "eval")``).
+    ``correct`` holds one character per problem, in order: "1" where the answer scored 1."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -37,4 +38,5 @@ def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batc
         for p, ids in zip(chunk, out[:, enc["input_ids"].shape[1]:], strict=True):
             rewards.append(score(tok.decode(ids, skip_special_tokens=True), p, cfg.reward))
     return {"accuracy": sum(r >= 1.0 for r in rewards) / max(1, len(rewards)),
-            "mean_reward": sum(rewards) / max(1, len(rewards)), "problems": len(rewards)}
+            "mean_reward": sum(rewards) / max(1, len(rewards)), "problems": len(rewards),
+            "correct": "".join("1" if r >= 1.0 else "0" for r in rewards)}

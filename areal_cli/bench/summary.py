@@ -217,8 +217,10 @@ def reward_reach(sync: dict, asyn: dict) -> dict:
     ``wall_time_s`` (seconds since the run started, counted the same way in both runs), also as a
     fraction of the sync run's whole wall time. ``heldout_gap_points``: async minus sync held-out
     greedy accuracy, in points, where both were measured; ``heldout_gap_se_points`` its standard
-    error from the two evaluations' sizes alone (two independent proportions), which says how large
-    a gap the held-out set can tell from none."""
+    error over the evaluated problems, which says how large a gap the held-out set can tell from
+    none: paired where both evaluations scored the same problems (``heldout_gap_se_paired``; only
+    problems one model solves and the other does not count), else as two independent proportions.
+    Neither includes the spread between training runs of one configuration."""
     w = max(1, len(sync["reward_curve"]) // 4)
     target = statistics.fmean(x for x in sync["reward_curve"][-w:] if x is not None)
     means = trailing_means(asyn["reward_curve"], w)
@@ -234,10 +236,25 @@ def reward_reach(sync: dict, asyn: dict) -> dict:
     if "heldout" in sync and "heldout" in asyn:
         a, b = asyn["heldout"], sync["heldout"]
         out["heldout_gap_points"] = 100 * (a["accuracy"] - b["accuracy"])
-        if a.get("problems") and b.get("problems"):
+        paired = heldout_gap_se_paired(a.get("correct"), b.get("correct"))
+        if paired is not None:
+            out["heldout_gap_se_points"], out["heldout_gap_se_paired"] = paired, True
+        elif a.get("problems") and b.get("problems"):
             var = sum(h["accuracy"] * (1 - h["accuracy"]) / h["problems"] for h in (a, b))
-            out["heldout_gap_se_points"] = 100 * var ** 0.5
+            out["heldout_gap_se_points"], out["heldout_gap_se_paired"] = 100 * var ** 0.5, False
     return out
+
+
+def heldout_gap_se_paired(a: str | None, b: str | None) -> float | None:
+    """Standard error, in points, of accuracy(a) - accuracy(b) when both scored the same problems
+    in the same order (per-problem "1"/"0" strings): sqrt of the variance of the mean paired
+    difference, ((n10 + n01) - (n10 - n01)**2 / n) / n**2. None where they cannot be paired."""
+    if not a or not b or len(a) != len(b):
+        return None
+    n = len(a)
+    n10 = sum(x == "1" and y == "0" for x, y in zip(a, b, strict=True))
+    n01 = sum(x == "0" and y == "1" for x, y in zip(a, b, strict=True))
+    return 100 * max(0.0, (n10 + n01) - (n10 - n01) ** 2 / n) ** 0.5 / n
 
 
 def reach_lines(reach: dict) -> list[str]:
@@ -254,5 +271,6 @@ def reach_lines(reach: dict) -> list[str]:
     if reach["heldout_gap_points"] is not None:
         se = reach.get("heldout_gap_se_points")
         lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} points"
-                     + (f" (standard error of a difference this size: {se:.1f} points)" if se is not None else ""))
+                     + (f" (standard error over these problems: {se:.1f} points"
+                        f"{', paired' if reach.get('heldout_gap_se_paired') else ''})" if se is not None else ""))
     return lines

@@ -197,7 +197,20 @@ def test_reward_reach_when_and_when_not():
     # two independent proportions of 1,000 problems each: sqrt(.4 * .6 / 1000 + .42 * .58 / 1000)
     assert r["heldout_gap_se_points"] == pytest.approx(2.199, abs=1e-3)
     assert "0.50x sync's wall time" in "\n".join(reach_lines(r))
-    assert "standard error of a difference this size: 2.2 points" in "\n".join(reach_lines(r))
+    assert r["heldout_gap_se_paired"] is False
+    assert "standard error over these problems: 2.2 points)" in "\n".join(reach_lines(r))
+    # the same problems scored one by one: only the problems the two disagree on count
+    sync["heldout"]["correct"], asyn["heldout"]["correct"] = "1100" * 250, "1010" * 250
+    r = reward_reach(sync, asyn)
+    # n10 = n01 = 250 of 1,000: sqrt(500 - 0) / 1000 = 2.236 points; then async solves 250 problems
+    # sync does not and sync 230 async does not: sqrt((250 + 230) - 20**2 / 1000) / 1000
+    assert r["heldout_gap_se_paired"] is True and r["heldout_gap_se_points"] == pytest.approx(2.236, abs=1e-3)
+    assert "points, paired)" in "\n".join(reach_lines(r))
+    asyn["heldout"]["correct"] = "1110" * 20 + "1010" * 230
+    assert reward_reach(sync, asyn)["heldout_gap_se_points"] == pytest.approx(100 * (480 - 0.4) ** 0.5 / 1000)
+    # models that agree on every problem but one: a far smaller error than two independent sets
+    asyn["heldout"]["correct"] = "0" + sync["heldout"]["correct"][1:]
+    assert reward_reach(sync, asyn)["heldout_gap_se_points"] == pytest.approx(100 * (1 - 1 / 1000) ** 0.5 / 1000)
     # one batch at the target is not enough: the window's mean must reach it
     slow = _curve([0.0, 0.0, 0.2, 0.4, 0.6, 0.6, 0.6, 0.8], step_s=5.0)
     r = reward_reach(sync, slow)
