@@ -31,7 +31,11 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     if fp32_head:
         float32_head(model)
     if activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.24
+        if enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     train_mode(model)
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.

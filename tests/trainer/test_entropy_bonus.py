@@ -43,11 +43,11 @@ def test_chunked_entropy_gradient_equals_one_log_softmax():
     assert not chunked_logprobs(head, hidden, targets, 0.8, chunk=8)[1].requires_grad
 
 
-def _runner(path, *overrides: str) -> StepRunner:
+def _runner(path, *overrides: str, checkpointing: bool = False) -> StepRunner:
     cfg = config("algorithm=grpo", "algorithm.loss_agg=token_mean", "trainer.grad_clip=1e9",
                  "trainer.lr=1e-12", *overrides)
     torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=False)
+    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing)
     return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
 
 
@@ -56,12 +56,14 @@ def _grads(model) -> dict[str, torch.Tensor]:
             for n, p in model.named_parameters()}
 
 
-def test_entropy_bonus_is_the_only_gradient_of_a_zero_advantage_batch(tiny_model):
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_entropy_bonus_is_the_only_gradient_of_a_zero_advantage_batch(tiny_model, checkpointing):
     # every group got equal rewards, so every advantage is 0: the policy term's gradient is 0,
-    # and with entropy_coef = c the step's gradient is -c * d(mean token entropy)/dθ
+    # and with entropy_coef = c the step's gradient is -c * d(mean token entropy)/dθ (also with
+    # the layers' activation checkpointing, the CPU default)
     coef = 0.05
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4, rewards=[1.0, 1.0, 0.0, 0.0])
-    runner = _runner(tiny_model, f"algorithm.entropy_coef={coef}")
+    runner = _runner(tiny_model, f"algorithm.entropy_coef={coef}", checkpointing=checkpointing)
     out = runner.train(batch)
     assert out["skipped_rows"] == 0
     got = _grads(runner.model)
