@@ -13,6 +13,7 @@ from readers import mlflow_client, offline, tensorboard_accumulator, tensorboard
 from areal_cli.tracking.names import tracker_metrics
 
 ALL = "logging.backends=[jsonl,tensorboard,wandb,mlflow]"
+LR = "trainer.lr=3e-5"  # set here, so the hyperparameters the trackers record do not follow the default
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def resumed(tiny_model, tmp_path_factory):
     trained (and logged) again, then 4 and 5. Returns (run_dir, rows before, rows after)."""
     run_dir = tmp_path_factory.mktemp("tracked")
     with offline(tmp_path_factory.mktemp("wandb-home")):
-        run_train(run_dir, f"model={tiny_model}", *TINY_RUN, "trainer.steps=4", "checkpoint.every=2", ALL,
+        run_train(run_dir, f"model={tiny_model}", *TINY_RUN, "trainer.steps=4", "checkpoint.every=2", ALL, LR,
                   "logging.samples_every=2", "logging.samples=3")
         before = read_jsonl(run_dir / "metrics.jsonl")
         run_train(run_dir, f"resume={run_dir}", "trainer.steps=6")
@@ -67,7 +68,7 @@ def test_wandb_offline_run_continues_under_the_same_id(resumed):
             assert h[name] == pytest.approx(value), (name, h["_step"])
     tables = [h["_step"] for r in runs for h in r["history"] if h.get("samples/completions/_type") == "table-file"]
     assert tables == [0, 2, 4]
-    assert runs[0]["config"]["trainer.lr"] == 2e-05, "the config as hyperparameters"
+    assert runs[0]["config"]["trainer.lr"] == 3e-05, "the config as hyperparameters"
 
 
 def test_mlflow_file_store_run_continues_under_the_same_id(resumed):
@@ -76,7 +77,7 @@ def test_mlflow_file_store_run_continues_under_the_same_id(resumed):
     exp = client.get_experiment_by_name("areal")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_id == json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"]
-    assert run.info.status == "FINISHED" and run.data.params["trainer.lr"] == "2e-05"
+    assert run.info.status == "FINISHED" and run.data.params["trainer.lr"] == "3e-05"
     for name in tracker_metrics(after[0]):
         history = client.get_metric_history(run.info.run_id, name)
         assert sorted(m.step for m in history) == [0, 1, 2, 3, 4, 5], name
