@@ -3,9 +3,10 @@
 One `areal train` per (η, seed), each pinned to its own ``--cores`` cores (taskset), as many at
 once as the host's cores allow, then `areal eval` of its final checkpoint on ``--eval-size``
 held-out problems (content-disjoint from training) on the same cores. With ``--gpu N`` every run
-and evaluation also uses GPU N (trainer and engine colocated), for many seeds in less time. η = 0 is the synchronous
-run. Prints one line per finished run and a table per η: held-out greedy accuracy (mean, sd,
-range), mean reward of the first and last quarter of steps, wall time, mean staleness.
+and evaluation also uses GPU N (trainer and engine colocated), for many seeds in less time. η = 0
+is the synchronous run. Prints one line per finished run and a table per η: held-out greedy
+accuracy (mean, sd, range), mean reward of the first and last quarter of steps, wall time, mean
+staleness.
 ``<out>/summary.json`` is rewritten after every run, so a cut-off study keeps what finished.
 
     python benchmarks/staleness_seeds.py --etas 0,1,2,4 --seeds 0-5 --out /tmp/study [override ...]
@@ -80,19 +81,19 @@ def reward_summary(run_dir: Path) -> dict:
     if not steps:
         return {}
     q = max(1, len(steps) // 4)
-    stale = [r["staleness_mean"] for r in steps if "staleness_mean" in r]
     return {"steps": len(steps),
-            "reward_first_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[:q]), 4),
-            "reward_last_quarter": round(statistics.fmean(r["reward_mean"] for r in steps[-q:]), 4),
-            "staleness_mean": round(statistics.fmean(stale), 3) if stale else None,
-            "entropy_last_quarter": quarter_mean(steps[-q:], "entropy"),
-            "skipped_rows_last_quarter": quarter_mean(steps[-q:], "skipped_rows"),
+            "reward_first_quarter": mean_of(steps[:q], "reward_mean", 4),
+            "reward_last_quarter": mean_of(steps[-q:], "reward_mean", 4),
+            "staleness_mean": mean_of(steps, "staleness_mean"),
+            "entropy_last_quarter": mean_of(steps[-q:], "entropy"),
+            "skipped_rows_last_quarter": mean_of(steps[-q:], "skipped_rows"),
             "train_wall_s": round(steps[-1]["wall_time_s"], 1)}
 
 
-def quarter_mean(steps: list[dict], key: str) -> float | None:
+def mean_of(steps: list[dict], key: str, digits: int = 3) -> float | None:
+    """Mean of ``key`` over the steps that have it, rounded; None where none has it."""
     values = [r[key] for r in steps if r.get(key) is not None]
-    return round(statistics.fmean(values), 3) if values else None
+    return round(statistics.fmean(values), digits) if values else None
 
 
 def heldout_accuracy(eval_dir: Path) -> float | None:

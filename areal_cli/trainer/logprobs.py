@@ -31,9 +31,9 @@ def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
         logits = logits.float()  # float32 log-softmax (float64 stays float64)
     logp_all = torch.log_softmax(logits / temperature, dim=-1)
     lp = logp_all.gather(-1, targets[:, None])[:, 0]
-    if entropy_grad:  # an entropy bonus in the loss: its gradient flows through the same log-softmax
-        return lp, -(logp_all.exp() * logp_all).sum(-1)
-    with torch.no_grad():  # after the last tensor backward needs: a checkpoint's recompute stops before it
+    # without a gradient (no entropy bonus) it comes after the last tensor backward needs, so a
+    # checkpoint's recompute stops before it; with the bonus it flows through the same log-softmax
+    with torch.set_grad_enabled(entropy_grad):
         ent = -(logp_all.exp() * logp_all).sum(-1)
     return lp, ent
 

@@ -243,7 +243,7 @@ class StepRunner:
                          buckets=t.shape_buckets, varlen=varlen)
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets,
-                                entropy_grad=self.cfg.algorithm.entropy_coef != 0 and torch.is_grad_enabled())
+                                entropy_grad=self.cfg.algorithm.entropy_coef != 0)
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
