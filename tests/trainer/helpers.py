@@ -83,3 +83,20 @@ def default_shaped_batch(seed: int = 0, groups: int = 8, group_size: int = 4, un
         out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
                                gen_tokens=0))
     return Batch(step=0, groups=out)
+
+
+def step_runner(path, *overrides: str, checkpointing: bool = False):
+    """A one-rank float32 CPU StepRunner of the model at ``path`` with ``overrides``, seeded."""
+    from areal_cli.trainer.model import build_policy
+    from areal_cli.trainer.step import StepRunner
+
+    cfg = config(*overrides)
+    torch.manual_seed(0)
+    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing)
+    return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+
+
+def grads(model) -> dict[str, torch.Tensor]:
+    """Every parameter's gradient (the full tensor of a sharded one), cloned, by name."""
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in model.named_parameters()}

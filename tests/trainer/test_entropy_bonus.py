@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import config, init_gloo, make_batch, plain_model
+from helpers import grads as _grads
+from helpers import init_gloo, make_batch, plain_model, step_runner
 
 from areal_cli.trainer.logprobs import chunked_logprobs
-from areal_cli.trainer.model import build_policy
-from areal_cli.trainer.step import StepRunner
 
 F64 = torch.float64
 
@@ -43,17 +42,9 @@ def test_chunked_entropy_gradient_equals_one_log_softmax():
     assert not chunked_logprobs(head, hidden, targets, 0.8, chunk=8)[1].requires_grad
 
 
-def _runner(path, *overrides: str, checkpointing: bool = False) -> StepRunner:
-    cfg = config("algorithm=grpo", "algorithm.loss_agg=token_mean", "trainer.grad_clip=1e9",
-                 "trainer.lr=1e-12", *overrides)
-    torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing)
-    return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
-
-
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in model.named_parameters()}
+def _runner(path, *overrides: str, checkpointing: bool = False):
+    return step_runner(path, "algorithm=grpo", "algorithm.loss_agg=token_mean", "trainer.grad_clip=1e9",
+                       "trainer.lr=1e-12", *overrides, checkpointing=checkpointing)
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import config, init_gloo, make_batch, plain_model
+from helpers import grads, init_gloo, make_batch, plain_model, step_runner
 
 from areal_cli.trainer.batching import bucket, from_batch, micro_batches, model_inputs
 from areal_cli.trainer.logprobs import forward_logprobs
-from areal_cli.trainer.model import build_policy
-from areal_cli.trainer.step import StepRunner
 
 F64 = torch.float64
 
@@ -70,15 +68,10 @@ def gloo():
 
 
 def _step(path, batch, buckets: int):
-    cfg = config("algorithm=grpo", "trainer.packing=false", "trainer.grad_clip=1e9",
-                 f"trainer.shape_buckets={buckets}")
-    torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=False)
-    runner = StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+    runner = step_runner(path, "algorithm=grpo", "trainer.packing=false", "trainer.grad_clip=1e9",
+                         f"trainer.shape_buckets={buckets}")
     metrics = runner.train(batch)
-    grads = {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-             for n, p in runner.model.named_parameters()}
-    return metrics, grads
+    return metrics, grads(runner.model)
 
 
 def test_trainer_step_loss_and_gradients_do_not_depend_on_buckets(tiny_model, gloo):

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import config, init_gloo, make_batch, plain_model
-
-from areal_cli.trainer.model import build_policy
-from areal_cli.trainer.step import StepRunner
+from helpers import grads as _grads
+from helpers import init_gloo, make_batch, plain_model, step_runner
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -16,11 +14,8 @@ def gloo():
     init_gloo()
 
 
-def _runner(path, *overrides: str) -> StepRunner:
-    cfg = config("algorithm=grpo", "trainer.grad_clip=1e9", "trainer.lr=1e-12", *overrides)
-    torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=False)
-    return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+def _runner(path, *overrides: str):
+    return step_runner(path, "algorithm=grpo", "trainer.grad_clip=1e9", "trainer.lr=1e-12", *overrides)
 
 
 def _count_rows(model) -> list[int]:
@@ -34,11 +29,6 @@ def _count_rows(model) -> list[int]:
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
-
-
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("packing", [False, True])

@@ -8,7 +8,8 @@ import math
 
 import pytest
 import torch
-from helpers import config, init_gloo, make_batch, plain_model
+from helpers import config, init_gloo, make_batch, plain_model, step_runner
+from helpers import grads as _grads
 
 from areal_cli.trainer.batching import from_batch
 from areal_cli.trainer.critic import Critic
@@ -21,18 +22,6 @@ F32 = torch.float32
 @pytest.fixture(scope="module", autouse=True)
 def gloo():
     init_gloo()
-
-
-def _runner(path, *overrides: str) -> StepRunner:
-    cfg = config(*overrides)
-    torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), F32, activation_checkpointing=False)
-    return StepRunner.build(model, path, cfg, torch.device("cpu"), F32, rank=0, world=1)
-
-
-def _grads(model) -> dict[str, torch.Tensor]:
-    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for n, p in model.named_parameters()}
 
 
 def _standard_ppo_grads(model, batch, eps=0.2) -> dict[str, torch.Tensor]:
@@ -57,7 +46,7 @@ def _standard_ppo_grads(model, batch, eps=0.2) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("packing", [True, False])
 def test_decoupled_gradient_equals_standard_ppo_at_staleness_0(tiny_model, packing):
     # the gradients stay in .grad after AdamW's step; a huge grad_clip leaves them unscaled
-    runner = _runner(tiny_model, "algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=0",
+    runner = step_runner(tiny_model, "algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=0",
                      "trainer.grad_clip=1e9", f"trainer.packing={packing}")
     ref_model = plain_model(tiny_model)
     batch = make_batch(ref_model, groups=2, group_size=3, seed=2)
@@ -80,19 +69,19 @@ def test_prox_mu_clips_against_the_policy_that_sampled_stale_samples(tiny_model)
             s.logprobs[::2] += 0.5
     want = _standard_ppo_grads(ref_model, batch)
     common = ("algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=2", "trainer.grad_clip=1e9")
-    coupled = _runner(tiny_model, *common, "algorithm.recompute_proximal=false")
+    coupled = step_runner(tiny_model, *common, "algorithm.recompute_proximal=false")
     stats = coupled.train(batch)
     assert stats["clip_fraction"] > 0
     got = _grads(coupled.model)
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
-    recomputed = _runner(tiny_model, *common, "algorithm.recompute_proximal=true")  # r = 1: no clip
+    recomputed = step_runner(tiny_model, *common, "algorithm.recompute_proximal=true")  # r = 1: no clip
     assert recomputed.train(batch)["clip_fraction"] == 0
     assert any(not torch.allclose(g, want[n], rtol=1e-4, atol=1e-6) for n, g in _grads(recomputed.model).items())
 
 
 def test_proximal_recomputed_equals_same_forward(tiny_model):
-    runner = _runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1", "algorithm.recompute_proximal=true")
+    runner = step_runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1", "algorithm.recompute_proximal=true")
     assert runner._needs_proximal()
     ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=3))
     mbs = runner._micro_batches(ro)
@@ -101,12 +90,12 @@ def test_proximal_recomputed_equals_same_forward(tiny_model):
         lp, _ = runner._forward(ro, mb)
         for j, i in enumerate(mb):
             assert torch.allclose(prox[i], lp[j].detach(), atol=1e-6)
-    one = _runner(tiny_model, "algorithm.ppo_epochs=1", "rollout.max_staleness=1")
+    one = step_runner(tiny_model, "algorithm.ppo_epochs=1", "rollout.max_staleness=1")
     assert not one._needs_proximal()
 
 
 def test_reference_is_frozen_initial_policy(tiny_model):
-    runner = _runner(tiny_model, "algorithm=grpo", "algorithm.kl_coef=0.1", "trainer.lr=1e-3")
+    runner = step_runner(tiny_model, "algorithm=grpo", "algorithm.kl_coef=0.1", "trainer.lr=1e-3")
     assert runner.reference is not None and runner.critic is None
     assert not any(p.requires_grad for p in runner.reference.model.parameters())
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4)
@@ -138,7 +127,7 @@ EXPECTED = {"loss", "pg_loss", "clip_fraction", "approx_kl", "entropy", "behav_w
 @pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                                     "ppo", "dapo"])
 def test_every_preset_trains_in_process(tiny_model, preset):
-    runner = _runner(tiny_model, f"algorithm={preset}", "algorithm.ppo_epochs=2")
+    runner = step_runner(tiny_model, f"algorithm={preset}", "algorithm.ppo_epochs=2")
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)
     metrics = runner.train(batch)
     assert EXPECTED <= set(metrics)
@@ -152,7 +141,7 @@ def test_every_preset_trains_in_process(tiny_model, preset):
 def test_logp_gap_fresh_compares_tokens_of_the_current_version(tiny_model):
     # behaviour logprobs of the same float32 weights: the gap is zero; shifted by 0.1 on the
     # tokens of version 0, the gap is 0.1 and only those tokens count
-    runner = _runner(tiny_model, "trainer.lr=1e-12")
+    runner = step_runner(tiny_model, "trainer.lr=1e-12")
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)
     same = runner.train(batch, version=0)
     total = sum(len(s.output_ids) for g in batch.groups for s in g.samples)
