@@ -28,6 +28,15 @@ class OptimState(StrEnum):
     bfloat16 = "bfloat16"
 
 
+class LrDecay(StrEnum):
+    """The learning rate after warm-up, over the run's steps: constant, or down to
+    ``trainer.min_lr_ratio`` × lr at the last step along a straight line or a half cosine."""
+
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
 class WeightUpdate(StrEnum):
     """How a vLLM engine loads new weights; auto = inplace where the layout is known, else reload."""
 

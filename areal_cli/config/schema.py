@@ -18,6 +18,7 @@ from areal_cli.config.choices import (
     BatchOrder,
     Dtype,
     LauncherName,
+    LrDecay,
     OptimState,
     PauseMode,
     Switch,
@@ -134,6 +135,10 @@ class TrainerConfig:
     """AdamW weight decay."""
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps."""
+    lr_decay: LrDecay = LrDecay.constant
+    """After warm-up: "constant" | "linear" | "cosine" (down to min_lr_ratio × lr at the last step)."""
+    min_lr_ratio: float = 0.0
+    """The decayed learning rate at the last step, as a fraction of lr (lr_decay linear or cosine)."""
     grad_clip: float = 1.0
     """Max gradient norm."""
     micro_batch_tokens: int = 4096

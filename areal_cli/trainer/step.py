@@ -40,6 +40,7 @@ from areal_cli.trainer.loss import (
 )
 from areal_cli.trainer.loss_scale import LossScale
 from areal_cli.trainer.metrics import MFU, memory_stats
+from areal_cli.trainer.schedule import lr_factor
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
@@ -69,8 +70,8 @@ class StepRunner:
         else:
             self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(0.9, 0.999), eps=1e-8, fused=True)
-        warm = max(1, t.warmup_steps)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda s: min(1.0, (s + 1) / warm))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: lr_factor(s, t.steps, t.warmup_steps, t.lr_decay, t.min_lr_ratio))
         self.packing = t.packing
         self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
@@ -100,6 +101,7 @@ class StepRunner:
         mbs = self._micro_batches(ro)
         global_tokens = float(ro.loss_mask.sum())
         max_len = cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
+        lr = self.sched.get_last_lr()[0]  # the rate of this batch's (first) optimizer step
         t0 = time.perf_counter()
         ref = self._all_rows(self.reference.logprobs(ro, mbs)) if self.reference else None
         values = self._all_rows(self.critic.values(ro, mbs)) if self.critic else None
@@ -130,7 +132,7 @@ class StepRunner:
         dist.all_reduce(lt)
         m = ro.loss_mask
         out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(global_tokens),
-                   train_tokens_per_s=global_tokens / elapsed, lr=self.sched.get_last_lr()[0],
+                   train_tokens_per_s=global_tokens / elapsed, lr=lr,
                    adv_mean=_masked_mean(adv, m), adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
                    micro_batches=len(pmbs), skipped_rows=int((~keep).sum()),
                    skipped_tokens=int(global_tokens - forwarded), skipped_steps=self.skipped_steps,
