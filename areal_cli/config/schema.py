@@ -126,7 +126,7 @@ class TrainerConfig:
     """Optimizer steps (= policy versions) of the run."""
     batch_size: int = 8
     """B: prompt groups per step."""
-    lr: float = 2e-5
+    lr: float = 5e-6
     """AdamW learning rate."""
     optim_state: OptimState = OptimState.auto
     """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less, 540 MB
