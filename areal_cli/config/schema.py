@@ -122,7 +122,7 @@ class TrainerConfig:
 
     ranks: int = 1
     """Trainer processes (torchrun --nproc-per-node); the batch's samples are split among them."""
-    steps: int = 56
+    steps: int = 50
     """Optimizer steps (= policy versions) of the run."""
     batch_size: int = 8
     """B: prompt groups per step."""
