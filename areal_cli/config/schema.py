@@ -136,7 +136,8 @@ class TrainerConfig:
     warmup_steps: int = 0
     """Linear learning-rate warm-up steps."""
     lr_decay: LrDecay = LrDecay.constant
-    """After warm-up: "constant" | "linear" | "cosine" (down to min_lr_ratio × lr at the last step)."""
+    """After warm-up: "constant" | "linear" | "cosine" (down to min_lr_ratio × lr at the run's last
+    optimizer step: steps × algorithm.ppo_epochs)."""
     min_lr_ratio: float = 0.0
     """The decayed learning rate at the last step, as a fraction of lr (lr_decay linear or cosine)."""
     grad_clip: float = 1.0

@@ -70,8 +70,9 @@ class StepRunner:
         else:
             self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(0.9, 0.999), eps=1e-8, fused=True)
+        total = t.steps * cfg.algorithm.ppo_epochs  # the schedule counts optimizer steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda s: lr_factor(s, t.steps, t.warmup_steps, t.lr_decay, t.min_lr_ratio))
+            self.opt, lambda s: lr_factor(s, total, t.warmup_steps, t.lr_decay, t.min_lr_ratio))
         self.packing = t.packing
         self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)

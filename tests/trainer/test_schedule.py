@@ -51,3 +51,13 @@ def test_step_runner_uses_the_schedule(tiny_model):
                     "trainer.min_lr_ratio=0.2")
     lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(3)]
     assert lrs == pytest.approx([1e-3, 0.6e-3, 0.2e-3])
+
+
+def test_decay_spans_every_optimizer_step_of_ppo_epochs(tiny_model):
+    # 2 steps × 2 PPO epochs = 4 optimizer steps decaying over 3 intervals: 1, 0.8, 0.4, 0.2; each
+    # step logs the rate of its first epoch
+    r = step_runner(tiny_model, "trainer.lr=1e-3", "trainer.steps=2", "trainer.lr_decay=cosine",
+                    "trainer.min_lr_ratio=0.2", "algorithm.ppo_epochs=2")
+    lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(2)]
+    assert lrs == pytest.approx([1e-3, 0.4e-3])
+    assert r.sched.get_last_lr()[0] == pytest.approx(0.2e-3)  # after the last step: the floor
