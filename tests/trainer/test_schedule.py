@@ -44,20 +44,15 @@ def test_cosine_shape():
     assert got == pytest.approx([1.0, (1 + c) / 2, 0.5, (1 - c) / 2, 0.0])
 
 
-def test_step_runner_uses_the_schedule(tiny_model):
-    # 3 real optimizer steps of a 3-step run with cosine decay: the logged lr of each step is
-    # lr × the factor of that step, ending at the floor
-    r = step_runner(tiny_model, "trainer.lr=1e-3", "trainer.steps=3", "trainer.lr_decay=cosine",
-                    "trainer.min_lr_ratio=0.2")
-    lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(3)]
-    assert lrs == pytest.approx([1e-3, 0.6e-3, 0.2e-3])
-
-
-def test_decay_spans_every_optimizer_step_of_ppo_epochs(tiny_model):
-    # 2 steps × 2 PPO epochs = 4 optimizer steps decaying over 3 intervals: 1, 0.8, 0.4, 0.2; each
-    # step logs the rate of its first epoch
-    r = step_runner(tiny_model, "trainer.lr=1e-3", "trainer.steps=2", "trainer.lr_decay=cosine",
-                    "trainer.min_lr_ratio=0.2", "algorithm.ppo_epochs=2")
-    lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(2)]
-    assert lrs == pytest.approx([1e-3, 0.4e-3])
-    assert r.sched.get_last_lr()[0] == pytest.approx(0.2e-3)  # after the last step: the floor
+@pytest.mark.parametrize("steps, epochs, logged", [
+    (3, 1, [1e-3, 0.6e-3, 0.2e-3]),  # 3 optimizer steps over 2 intervals: 1, 0.6, 0.2
+    (2, 2, [1e-3, 0.4e-3]),  # 2 steps x 2 PPO epochs = 4 optimizer steps: 1, 0.8, 0.4, 0.2
+])
+def test_step_runner_decays_over_every_optimizer_step(tiny_model, steps, epochs, logged):
+    # real optimizer steps of a cosine-decayed run: each step logs the rate of its first epoch,
+    # and after the run's last optimizer step the rate is at the floor
+    r = step_runner(tiny_model, "trainer.lr=1e-3", f"trainer.steps={steps}", "trainer.lr_decay=cosine",
+                    "trainer.min_lr_ratio=0.2", f"algorithm.ppo_epochs={epochs}")
+    lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(steps)]
+    assert lrs == pytest.approx(logged)
+    assert r.sched.get_last_lr()[0] == pytest.approx(0.2e-3)
