@@ -43,6 +43,9 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("launcher.preflight", "rollout.workflows.episodes"):
         "preflight imports a custom workflow=module:fn before any process starts, so a wrong "
         "path stops the run at once",
+    ("launcher.preflight", "rollout.agent.episode"):
+        "preflight imports workflow.agent=module:fn before any process starts, so a wrong path or a "
+        "function that is not async stops the run at once",
 }
 
 ENGINE_OWNERS = ("rollout/engines/", "launcher/plan.py")

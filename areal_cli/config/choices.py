@@ -105,3 +105,18 @@ def listed(choices: type[Enum]) -> str:
     """``"a, b or c"``: the members of ``choices``, for an error message."""
     names = [m.value for m in choices]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " or " + names[-1]
+
+
+class AgentCredit(StrEnum):
+    """workflow=agent: which trajectories of an episode of several train with its advantage."""
+
+    shared = "shared"
+    last = "last"
+
+
+class ToolFormat(StrEnum):
+    """workflow=agent: the text format of the model's tool calls; auto = from the chat template."""
+
+    auto = "auto"
+    hermes = "hermes"
+    llama3_json = "llama3_json"

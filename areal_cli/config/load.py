@@ -249,6 +249,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if (cfg.eval.every or cfg.eval.at_end) and not 0 <= cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
         problems.append(f"eval.size={cfg.eval.size} must be in 0..task.eval_size={cfg.task.eval_size} "
                         "(0 = the whole eval split): lower eval.size or raise task.eval_size")
+    problems += _agent_problems(cfg.workflow)
     if unknown_engine(cfg.engine.name):
         problems.append(unknown_engine(cfg.engine.name))
     e = cfg.engine
@@ -261,3 +262,12 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems
 
+
+
+def _agent_problems(w) -> list[str]:
+    if w.name == "agent" and ":" not in w.agent:
+        return [f"workflow=agent needs workflow.agent=module:function (got {w.agent!r}): an async "
+                "run(client, problem) -> float | dict | None (examples/agents/)"]
+    if w.agent and w.name != "agent":
+        return [f"workflow.agent={w.agent} is set but workflow={w.name}: add workflow=agent"]
+    return []

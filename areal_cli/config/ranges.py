@@ -77,7 +77,8 @@ RANGES: dict[str, dict[str, Range]] = {
         "threads": AUTO0, "gpu_memory_utilization": PROB, "tensor_parallel_size": COUNT,
         "max_model_len": AUTO0, "max_num_seqs": AUTO0,
     },
-    "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION},
+    "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION, "agent_concurrency": Range(1, 4096),
+                       "agent_timeout_s": TIMEOUT, "max_failed_fraction": FRACTION},
     "RolloutConfig": {
         "workers": COUNT, "group_size": COUNT, "max_new_tokens": COUNT,
         "max_staleness": at_least(0, "0 = synchronous"), "max_concurrent": at_least(0, "0 = (η+1)·batch_size"),

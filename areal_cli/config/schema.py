@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from areal_cli.config.algorithm import AlgorithmConfig
 from areal_cli.config.choices import (
+    AgentCredit,
     Allocator,
     BatchOrder,
     Dtype,
@@ -22,6 +23,7 @@ from areal_cli.config.choices import (
     OptimState,
     PauseMode,
     Switch,
+    ToolFormat,
     WandbMode,
     WeightsBackend,
     WeightUpdate,
@@ -78,13 +80,30 @@ class WorkflowConfig:
     """How a prompt becomes a trajectory."""
 
     name: str = "single_turn"
-    """"single_turn" | "multi_turn" | "tool_use" | "module:function" (a user workflow)."""
+    """"single_turn" | "multi_turn" | "tool_use" | "agent" (workflow.agent through the rollout worker's
+    OpenAI-compatible endpoint) | "module:function" (a user workflow)."""
     max_turns: int = 1
-    """multi_turn / tool_use: model turns per trajectory."""
+    """multi_turn / tool_use: model turns per trajectory; agent: model calls per episode (a call past it
+    is answered with an error)."""
     turn_discount: float = 0.9
     """multi_turn: reward multiplier per extra turn."""
     feedback: str = "Your answer is wrong. Try again, and end with 'Answer: <number>'."
     """multi_turn: the user message after a wrong answer."""
+    agent: str = ""
+    """agent: ``module:function``, an async ``run(client, problem) -> float | dict | None`` given an
+    ``openai.AsyncOpenAI`` client of the rollout worker's endpoint (docs/agents.md)."""
+    agent_concurrency: int = 8
+    """agent: episodes run at once per rollout worker (each group's G episodes count)."""
+    agent_timeout_s: float = 300.0
+    """agent: an episode still running after this long is dropped and counted (its group is not trained)."""
+    agent_credit: AgentCredit = AgentCredit.shared
+    """agent: an episode of several trajectories: "shared" (each trains with the episode's advantage) |
+    "last" (only its last trajectory does)."""
+    max_failed_fraction: float = 0.5
+    """agent: more failed episodes than this fraction of those finished since the last step stops the run."""
+    tool_format: ToolFormat = ToolFormat.auto
+    """agent: how tool calls are written by the model: "auto" (from the chat template) | "hermes"
+    (<tool_call>{json}</tool_call>) | "llama3_json" ({"name": ..., "parameters": ...})."""
 
 
 @dataclass

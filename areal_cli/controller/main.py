@@ -58,6 +58,11 @@ from areal_cli.transport.messages import (
 )
 
 
+def episodes_of(g: GroupResult) -> int:
+    """The episodes a group's samples come from (an agent episode may give several trajectories)."""
+    return len({s.episode if s.episode >= 0 else s.sample_index for s in g.samples})
+
+
 class PeerStalled(RuntimeError):
     pass
 
@@ -219,9 +224,12 @@ class Controller:
         if g.group_id not in self.groups or any(b.group_id == g.group_id for b in self.buffer):
             self.log.warning("dropping a result for unknown group %d (from before a restart)", g.group_id)
             return
+        self.rec.on_counters(g.counters)
+        if g.failed:
+            return self._failed_group(g)
         expected = self.cfg.rollout.group_size
-        if len(g.samples) != expected:
-            return self._drop(f"a result of group {g.group_id} with {len(g.samples)} samples, not {expected}")
+        if episodes_of(g) != expected:
+            return self._drop(f"a result of group {g.group_id} with {episodes_of(g)} episodes, not {expected}")
         bad = zero_nonfinite_rewards(g)
         if bad:
             self.log.warning("group %d (%s) from rollout-%d: %d non-finite reward(s) scored 0", g.group_id,
@@ -235,6 +243,19 @@ class Controller:
         else:
             self.rec.filtered_groups += 1
             del self.groups[g.group_id]
+
+    def _failed_group(self, g: GroupResult) -> None:
+        """A group with failed agent episodes: not trained, its slot freed; too many failures stop the run."""
+        self.adm.finish(kept=False)
+        del self.groups[g.group_id]
+        self.log.warning("group %d (%s) from rollout-%d: %d episode(s) failed, not trained (see logs/rollout-%d.log)",
+                         g.group_id, g.prompt_id, g.worker, g.failed, g.worker)
+        c, w = self.rec.window, self.cfg.workflow
+        if c["agent_episodes"] >= self.cfg.trainer.batch_size * self.cfg.rollout.group_size and \
+                c["agent_failed"] > w.max_failed_fraction * c["agent_episodes"]:
+            raise PeerStalled(f"workflow.agent={w.agent}: {c['agent_failed']:.0f} of {c['agent_episodes']:.0f} "
+                              f"episodes failed since the last step (more than workflow.max_failed_fraction="
+                              f"{w.max_failed_fraction:g}); the tracebacks are in logs/rollout-*.log")
 
     def _seq(self, g: GroupResult) -> int:
         return self.groups[g.group_id][0]

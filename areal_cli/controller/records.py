@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,13 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
     return n
 
 
+def agent_row(c: Counter) -> dict:
+    """workflow=agent's counts since the last step as metrics: sums, and the agent's own logged
+    numbers (``agent_extra_*``) as means per episode."""
+    episodes = max(1.0, c.get("agent_episodes", 0.0))
+    return {k: (v / episodes if k.startswith("agent_extra_") else v) for k, v in sorted(c.items())}
+
+
 class StepRecorder:
     def __init__(self, run_dir: Path, cfg: RootConfig):
         self.run_dir, self.rd, self.cfg = run_dir, RunDir(run_dir), cfg
@@ -44,10 +52,14 @@ class StepRecorder:
         self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
         self.samples: dict[int, list[list]] = {}  # step → its sample table, until its step is done
         self.tracking = None  # a tracking.fanout.TrackerFanout, once the controller opens one
+        self.window: Counter = Counter()  # workflow=agent: GroupResult.counters summed since the last step
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
         self.arrived[g.group_id] = time.monotonic() - self.t0
+
+    def on_counters(self, counters: dict) -> None:
+        self.window.update(counters)
 
     def on_batch(self, step: int, groups: list[GroupResult], prompts: dict[int, str] | None = None) -> None:
         """``prompts``: group_id → prompt text, for the trackers' sample tables."""
@@ -60,6 +72,7 @@ class StepRecorder:
                 staleness.append(step - start)
                 rows.append({
                     "prompt_id": g.prompt_id, "sample_index": int(s.sample_index), "group_id": g.group_id,
+                    "episode": int(s.episode if s.episode >= 0 else s.sample_index),
                     "version_start": start, "version_end": end, "trained_version": step,
                     "reward": float(s.reward), "num_tokens": int(model.sum()), "finish_reason": s.finish_reason,
                     "num_turns": int(s.num_turns), "reward_status": s.reward_status, "worker": g.worker,
@@ -98,6 +111,8 @@ class StepRecorder:
             "stale_dropped": self.stale_dropped,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
+        row.update(agent_row(self.window))
+        self.window = Counter()
         if self.pauses:  # mostly the update that followed the previous step
             row["weight_pause_s"] = max(self.pauses)
         self.gen_tokens, self.last_step_t, self.pauses = 0, now, []

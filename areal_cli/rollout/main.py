@@ -46,6 +46,19 @@ def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> Engin
                        index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port))
 
 
+def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None):
+    """The worker's workflow: the built-in state machine, or workflow=agent's endpoint and episodes."""
+    if cfg.workflow.name != "agent":
+        return Workflow(cfg.workflow, engine, pool, tok, index, load_profile(cfg.rollout.length_profile, cfg.seed))
+    from transformers import AutoConfig
+
+    from areal_cli.rollout.agent.workflow import AgentWorkflow
+
+    context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)), "max_position_embeddings", 0) or 8192
+    return AgentWorkflow(cfg.workflow, engine, pool, tok, index, model=cfg.model,
+                         max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
+
+
 def concurrency(cfg: RootConfig) -> int:
     """Prompt groups one worker generates at once."""
     return worker_concurrency(cfg)
@@ -69,8 +82,7 @@ class Worker:
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
         self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
-        self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index,
-                             load_profile(self.cfg.rollout.length_profile, self.cfg.seed))
+        self.flow = make_workflow(self.cfg, self.engine, self.pool, self.tok, index, run_dir)
         wire = dict(bind=False, keys=keys, max_frame=limit)
         self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)
         self.results = Channel(zmq.PUSH, ep.results, name="results", **wire)
@@ -143,6 +155,8 @@ class Worker:
                       timings["pause_total_s"], timings.get("interrupted", 0))
 
     def close(self) -> None:
+        if hasattr(self.flow, "close"):
+            self.flow.close()
         self.engine.close()
         self.pool.close()
 

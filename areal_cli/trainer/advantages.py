@@ -111,6 +111,16 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
     return out
 
 
+def _episode_rewards(rewards: Tensor, episodes: Tensor | None) -> Tensor:
+    """``[E]`` one reward per episode: the reward of its last row (rows of an episode are consecutive)."""
+    if episodes is None:
+        return rewards
+    last = episodes != torch.cat([episodes[1:], episodes.new_full((1,), -1)])
+    out = torch.zeros(int(episodes.max()) + 1, dtype=rewards.dtype)
+    out[episodes[last]] = rewards[last]
+    return out
+
+
 def compute_advantages(
     rewards: Tensor,
     mask: Tensor,
@@ -119,6 +129,8 @@ def compute_advantages(
     group_size: int,
     values: Tensor | None = None,
     kl: Tensor | None = None,
+    episodes: Tensor | None = None,
+    credit: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages ``[N, L]`` (and GAE returns, else None) for a whole batch.
 
@@ -128,6 +140,10 @@ def compute_advantages(
     ``cfg.kl_in_reward``: the token rewards become ``-kl_coef * kl`` plus the outcome at the
     last token. For gae these feed the TD errors; for the group estimators the KL part
     enters as its discounted return-to-go added to the broadcast group advantage.
+    episodes: ``[N]`` batch-wide episode of each row (workflow=agent: an episode may be several rows,
+    consecutive, sharing its reward); the group estimators then compare episodes, ``group_size`` per
+    group, each taking the reward of its last row. credit: ``[N]`` factor of each row's advantage
+    (agent_credit=last: 1 on an episode's last row, 0 on the others). None: one episode per row, all 1.
     """
     kl_rewards = None
     if cfg.kl_in_reward and cfg.kl_coef > 0:
@@ -138,14 +154,19 @@ def compute_advantages(
     if cfg.adv_estimator == "gae":
         if values is None:
             raise ValueError("adv_estimator=gae needs critic values")
-        token_rewards = outcome_token_rewards(rewards, mask)
+        token_rewards = outcome_token_rewards(rewards if credit is None else rewards * credit.to(rewards.dtype), mask)
         if kl_rewards is not None:
             token_rewards = token_rewards + kl_rewards
         adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
     else:
-        if rewards.numel() % group_size:
+        if _episode_rewards(rewards, episodes).numel() % group_size:
             raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
-        per_seq = group_advantages(rewards.view(-1, group_size), cfg.adv_estimator).reshape(-1)
+        per_seq = group_advantages(_episode_rewards(rewards, episodes).view(-1, group_size),
+                                   cfg.adv_estimator).reshape(-1)
+        if episodes is not None:
+            per_seq = per_seq[episodes]
+        if credit is not None:
+            per_seq = per_seq * credit.to(per_seq.dtype)
         adv = per_seq[:, None] * mask.to(per_seq.dtype)
         if kl_rewards is not None:
             zeros = torch.zeros_like(kl_rewards)

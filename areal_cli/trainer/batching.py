@@ -37,6 +37,15 @@ class Rollouts:
     rewards: torch.Tensor  # [N]
     group_size: int
     versions: torch.Tensor | None = None  # [N, L] int32: policy version of each token (-1 = none)
+    episodes: torch.Tensor | None = None  # [N] int64: workflow=agent, the batch-wide episode of each row
+    # (several rows may share one; ``group_size`` episodes per group); None = one episode per row
+
+    def last_of_episode(self) -> torch.Tensor:
+        """``[N]`` bool: the rows that end their episode (every row when each is an episode)."""
+        if self.episodes is None:
+            return torch.ones(self.n, dtype=torch.bool)
+        nxt = torch.cat([self.episodes[1:], self.episodes.new_full((1,), -1)])
+        return nxt != self.episodes
 
     @property
     def n(self) -> int:
@@ -59,13 +68,32 @@ def from_batch(batch: Batch) -> Rollouts:
         responses=[s.output_ids.tolist() for s in samples],
         behav_logp=behav, loss_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
-        group_size=len(batch.groups[0].samples), versions=versions)
+        group_size=_episodes(batch.groups[0].samples), versions=versions, episodes=_episode_rows(batch))
+
+
+def _episodes(samples) -> int:
+    return len({s.episode if s.episode >= 0 else s.sample_index for s in samples})
+
+
+def _episode_rows(batch: Batch) -> torch.Tensor | None:
+    """Each row's batch-wide episode index (rows in ``from_batch``'s order), or None when every
+    sample is an episode of its own."""
+    if all(s.episode < 0 for g in batch.groups for s in g.samples):
+        return None
+    rows, offset = [], 0
+    for g in batch.groups:
+        for s in sorted(g.samples, key=lambda s: s.sample_index):
+            rows.append(offset + (s.episode if s.episode >= 0 else s.sample_index))
+        offset += _episodes(g.samples)
+    return torch.tensor(rows, dtype=torch.int64)
 
 
 def shard(n: int, rank: int, world: int) -> range:
-    """This rank's contiguous slice of n rows (validation made n divisible by world)."""
-    per = n // world
-    return range(rank * per, (rank + 1) * per)
+    """This rank's contiguous slice of n rows: n // world each, the first n % world ranks one more
+    (an agent batch's row count varies; every other batch divides evenly)."""
+    per, extra = divmod(n, world)
+    start = rank * per + min(rank, extra)
+    return range(start, start + per + (rank < extra))
 
 
 def bucket(n: int, per_doubling: int) -> int:

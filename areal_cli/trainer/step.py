@@ -199,8 +199,9 @@ class StepRunner:
         if ref is not None and alg.kl_in_reward:
             kl = kl_penalty(ro.behav_logp, ref, alg.kl_estimator) * ro.loss_mask
             stats["kl_ref"] = kl.sum() / max(1, self.world)  # every rank holds all rows; reduce sums
+        credit = ro.last_of_episode().float() if self.cfg.workflow.agent_credit == "last" else None
         adv, returns = compute_advantages(rewards, ro.loss_mask, alg, group_size=ro.group_size,
-                                          values=values, kl=kl)
+                                          values=values, kl=kl, episodes=ro.episodes, credit=credit)
         return adv, returns, stats
 
     def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len, version=None):

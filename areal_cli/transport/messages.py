@@ -15,7 +15,7 @@ values (a version, a step).
 
 from __future__ import annotations
 
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import StrEnum
 
 import msgpack
@@ -165,6 +165,7 @@ class Sample:
     finish_reason: str  # "stop" | "length"
     num_turns: int  # model turns
     completion: str  # decoded text (logs only; the trainer uses the ids)
+    episode: int = -1  # workflow=agent: the episode (0..G-1) this trajectory is of; -1 = sample_index
 
     def invalid(self) -> str:
         """What makes this sample unusable ("" if nothing): the per-token arrays must agree."""
@@ -186,9 +187,13 @@ class GroupResult:
     samples: list[Sample]  # G entries
     gen_time_s: float  # wall time from start to last sample finished
     gen_tokens: int  # tokens generated for this group (including re-prefill-free continuation)
+    failed: int = 0  # workflow=agent: episodes that failed; such a group comes without samples, untrained
+    counters: dict = field(default_factory=dict)  # workflow=agent: counts of the group's episodes (names → numbers)
 
     def invalid(self) -> str:
-        return "" if self.samples else "a group without samples"
+        if not self.samples and not self.failed:
+            return "a group without samples"
+        return _flat("counters", self.counters)
 
 
 # ---- controller → trainer rank 0 (PUSH/PULL); rank 0 → the other ranks (``ranks.py``) ----

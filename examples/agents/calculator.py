@@ -1,0 +1,77 @@
+"""A calculator agent: the model may call a `calculate` tool for the arithmetic, sees its result and
+answers. It imports only `openai` and the standard library, as an agent written for any
+OpenAI-compatible server would.
+
+    areal train workflow=agent workflow.agent=examples.agents.calculator:run workflow.max_turns=3
+
+Reward: 1 for a correct final answer reached through the tool, 0.5 for a correct answer without it,
+0 for a wrong one (a wrong answer earns nothing, whatever it called). `called_tool` is logged as
+`agent_extra_called_tool` in metrics.jsonl: the share of episodes that used the tool.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+
+SYSTEM = "You are a careful assistant. Use the calculate tool for arithmetic, then give the answer."
+TOOLS = [{"type": "function", "function": {
+    "name": "calculate",
+    "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                   "required": ["expression"]}}}]
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+       ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def calculate(expression: str) -> str:
+    """The tool: arithmetic only (the expression is parsed, never executed)."""
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in OPS:
+            return OPS[type(node.op)](ev(node.left), ev(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in OPS:
+            return OPS[type(node.op)](ev(node.operand))
+        raise ValueError("not arithmetic")
+    try:
+        value = ev(ast.parse(expression[:200], mode="eval").body)
+    except (ValueError, SyntaxError, ZeroDivisionError, TypeError):
+        return "error: give an arithmetic expression such as 3 + 4 * 2"
+    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+
+
+def last_number(text: str) -> str | None:
+    found = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
+    return found[-1] if found else None
+
+
+async def run(client, problem) -> dict:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem.prompt}]
+    called = 0
+    for _ in range(2):
+        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
+        message = reply.choices[0].message
+        if not message.tool_calls:
+            break
+        messages.append(message.model_dump(exclude_none=True))
+        for call in message.tool_calls:
+            try:
+                args = json.loads(call.function.arguments)
+                result = calculate(str(args.get("expression", ""))) if call.function.name == "calculate" \
+                    else f"error: no tool named {call.function.name}"
+            except (ValueError, AttributeError):
+                result = "error: arguments must be a JSON object"
+            called = 1
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    else:  # two rounds of tool calls: ask for the answer itself
+        reply = await client.chat.completions.create(model="policy", messages=messages)
+        message = reply.choices[0].message
+    answer = last_number(message.content or "")
+    try:
+        correct = answer is not None and float(answer) == float(problem.answer)
+    except ValueError:
+        correct = False
+    return {"reward": (1.0 if called else 0.5) if correct else 0.0, "called_tool": called}
