@@ -115,8 +115,9 @@ class AgentCredit(StrEnum):
 
 
 class ToolFormat(StrEnum):
-    """workflow=agent: the text format of the model's tool calls; auto = from the chat template."""
+    """workflow=agent: the text format of the model's tool calls; template = chosen from the model's chat
+    template when the rollout worker starts (a property of the model, not of the placement)."""
 
-    auto = "auto"
+    template = "template"
     hermes = "hermes"
     llama3_json = "llama3_json"

@@ -231,7 +231,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
         problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "
                         f"launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower heartbeat_s")
-    if (t.batch_size * r.group_size) % t.ranks:
+    if (t.batch_size * r.group_size) % t.ranks and cfg.workflow.name != "agent":  # agent rows vary anyway
         problems.append(
             f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do not split "
             f"evenly over trainer.ranks={t.ranks}: choose a batch_size or ranks that divides it"

@@ -101,9 +101,9 @@ class WorkflowConfig:
     "last" (only its last trajectory does)."""
     max_failed_fraction: float = 0.5
     """agent: more failed episodes than this fraction of those finished since the last step stops the run."""
-    tool_format: ToolFormat = ToolFormat.auto
-    """agent: how tool calls are written by the model: "auto" (from the chat template) | "hermes"
-    (<tool_call>{json}</tool_call>) | "llama3_json" ({"name": ..., "parameters": ...})."""
+    tool_format: ToolFormat = ToolFormat.template
+    """agent: how the model writes tool calls: "template" (chosen from the chat template when the worker
+    starts, and logged) | "hermes" (<tool_call>{json}</tool_call>) | "llama3_json" ({"name": ..., "parameters": ...})."""
 
 
 @dataclass

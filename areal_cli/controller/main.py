@@ -60,7 +60,9 @@ from areal_cli.transport.messages import (
 
 def episodes_of(g: GroupResult) -> int:
     """The episodes a group's samples come from (an agent episode may give several trajectories)."""
-    return len({s.episode if s.episode >= 0 else s.sample_index for s in g.samples})
+    if all(s.episode < 0 for s in g.samples):
+        return len(g.samples)
+    return len({s.episode for s in g.samples})
 
 
 class PeerStalled(RuntimeError):

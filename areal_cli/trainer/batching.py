@@ -72,7 +72,9 @@ def from_batch(batch: Batch) -> Rollouts:
 
 
 def _episodes(samples) -> int:
-    return len({s.episode if s.episode >= 0 else s.sample_index for s in samples})
+    if all(s.episode < 0 for s in samples):
+        return len(samples)
+    return len({s.episode for s in samples})
 
 
 def _episode_rows(batch: Batch) -> torch.Tensor | None:
@@ -83,7 +85,7 @@ def _episode_rows(batch: Batch) -> torch.Tensor | None:
     rows, offset = [], 0
     for g in batch.groups:
         for s in sorted(g.samples, key=lambda s: s.sample_index):
-            rows.append(offset + (s.episode if s.episode >= 0 else s.sample_index))
+            rows.append(offset + s.episode)
         offset += _episodes(g.samples)
     return torch.tensor(rows, dtype=torch.int64)
 

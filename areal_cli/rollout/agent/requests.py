@@ -256,7 +256,7 @@ def response_from_chat(model: str, chat: dict, req: ResponsesRequest) -> dict:
         "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
         "tools": req.raw_tools,
         "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                  "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+                  "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
     }).model_dump(mode="json", exclude_none=True)
 

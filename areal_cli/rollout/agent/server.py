@@ -52,7 +52,6 @@ class Endpoint:
 
     def episode(self, key: str | None) -> EpisodeLog | None:
         if key is None:
-            self.counters["agent_unattributed_calls"] += 1
             return None
         ep = self.episodes.get(key)
         if ep is None or ep.closed:
@@ -73,6 +72,8 @@ class Endpoint:
                 raise rq.ApiError(400, f"this episode has made its {ep.max_calls} calls (workflow.max_turns)",
                                   "invalid_request_error", "too_many_calls")
             ep.started += 1
+        else:
+            self.counters["agent_unattributed_calls"] += 1
         seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget) for _ in range(n)))
         choices = [self._choice(s, stop) for s in seqs]
         if ep is not None and not ep.closed:
@@ -164,15 +165,16 @@ def build_app(endpoint: Endpoint):
                                               "invalid_request_error", "invalid_api_key"), status_code=401)
         try:
             body = json.loads(await request.body() or b"null")
-            stream = isinstance(body, dict) and bool(body.get("stream"))
+        except ValueError as err:  # not JSON, or not UTF-8
+            endpoint.counters["agent_bad_requests"] += 1
+            return JSONResponse(rq.error_body(f"the body is not JSON ({err})", "invalid_request_error"),
+                                status_code=400)
+        stream = isinstance(body, dict) and bool(body.get("stream"))
+        try:
             result = await handler(body, key)
         except rq.ApiError as err:
             endpoint.counters["agent_bad_requests"] += 1
             return JSONResponse(err.body(), status_code=err.status)
-        except ValueError as err:  # a body that is not JSON
-            endpoint.counters["agent_bad_requests"] += 1
-            return JSONResponse(rq.error_body(f"the body is not JSON ({err})", "invalid_request_error"),
-                                status_code=400)
         if stream:
             return StreamingResponse(rq.sse(result), media_type="text/event-stream")
         return JSONResponse(result)

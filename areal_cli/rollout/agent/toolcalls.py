@@ -47,10 +47,10 @@ class ToolStyle:
         return f"tool calls in the {self.format.value} format, tool schemas {where}"
 
 
-def detect(tokenizer, wanted: ToolFormat = ToolFormat.auto) -> ToolStyle:
+def detect(tokenizer, wanted: ToolFormat = ToolFormat.template) -> ToolStyle:
     """The tool style of ``tokenizer``'s chat template: native when rendering a probe tool shows its
     name; the format from what the template writes (``<tool_call>`` → hermes, ``<|python_tag|>`` or
-    a "parameters" object → llama3_json), or ``wanted`` when it is not auto."""
+    a "parameters" object → llama3_json), or ``wanted`` when it is not "template"."""
     probe = {"type": "function", "function": {"name": PROBE, "description": "probe",
                                               "parameters": {"type": "object", "properties": {}}}}
     try:
@@ -61,7 +61,7 @@ def detect(tokenizer, wanted: ToolFormat = ToolFormat.auto) -> ToolStyle:
     native = PROBE in text
     source = tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else json.dumps(
         tokenizer.chat_template or "")
-    if wanted != ToolFormat.auto:
+    if wanted != ToolFormat.template:
         return ToolStyle(wanted, native)
     if native and "<tool_call>" not in source and ("<|python_tag|>" in source or '"parameters"' in source):
         return ToolStyle(ToolFormat.llama3_json, True)

@@ -1,0 +1,27 @@
+"""workflow=agent end to end: `areal train` with an example agent (plain OpenAI-client code) on the
+tiny model, two trainer ranks; its calls become trajectories the trainer trains on, and the agent's
+counts reach metrics.jsonl."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import TINY_RUN, read_jsonl, run_train
+
+
+def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_model, tmp_path):
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "trainer.ranks=2",
+              "rollout.group_size=3", "workflow=agent", "workflow.agent=examples.agents.plan_then_answer:run",
+              timeout=300)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert sum(r["agent_episodes"] for r in rows) >= 12 and all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_calls"] for r in rows) == 2 * sum(r["agent_episodes"] for r in rows)
+    assert sum(r["agent_splits"] for r in rows) == sum(r["agent_episodes"] for r in rows)
+    trained = read_jsonl(tmp_path / "trajectories.jsonl")
+    per_episode = {}
+    for t in trained:
+        per_episode.setdefault((t["group_id"], t["episode"]), []).append(t)
+    assert len(trained) == 2 * 2 * 3 * 2 and all(len(v) == 2 for v in per_episode.values())
+    key = json.loads((tmp_path / "agent-0.json").read_text())
+    assert key["base_url"].startswith("http://127.0.0.1:") and (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0

@@ -1,0 +1,59 @@
+"""Agents the endpoint tests run (workflow.agent=agent_cases:<name>); each uses only the client."""
+
+from __future__ import annotations
+
+import asyncio
+
+TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate arithmetic.",
+                                           "parameters": {"type": "object", "properties": {}}}}]
+
+
+async def three_calls(client, problem):
+    """Chat with tools, then a streamed follow-up, then n=2: each extends the one before."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
+    stream = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6, stream=True)
+    text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Once more."}]
+    last = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6, n=2)
+    assert len(last.choices) == 2
+    return {"reward": 1.0, "choices": len(last.choices)}
+
+
+async def plan_then_answer(client, problem):
+    """Two calls, the second not extending the first: two trajectories, one split."""
+    plan = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": f"Plan: {problem.prompt}"}], max_tokens=4)
+    await client.chat.completions.create(model="policy", max_tokens=4, messages=[
+        {"role": "system", "content": f"Plan: {plan.choices[0].message.content}"},
+        {"role": "user", "content": problem.prompt}])
+    return 0.5
+
+
+async def responses_and_completions(client, problem):
+    """The Responses API with a function tool, then /v1/completions."""
+    r = await client.responses.create(model="policy", input=problem.prompt, max_output_tokens=5,
+                                      tools=[{"type": "function", "name": "calculate", "parameters": {}}])
+    assert r.output and r.status == "completed"
+    c = await client.completions.create(model="policy", prompt="2 + 2 =", max_tokens=3)
+    assert c.choices[0].finish_reason in ("stop", "length")
+    return None  # the task's reward scores the last reply
+
+
+async def raises(client, problem):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    raise RuntimeError("the agent's own bug")
+
+
+async def hangs(client, problem):
+    await asyncio.sleep(3600)
+
+
+async def no_call(client, problem):
+    return 1.0
+
+
+async def bad_return(client, problem):
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    return "yes"
