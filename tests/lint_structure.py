@@ -30,6 +30,8 @@ ROLES = ("controller", "trainer", "rollout", "launcher", "evaluation")
 # Packages inside a role package that any module may import: a component, not the role's process.
 # A shared component may not import the rest of its role (that would bring the role along).
 SHARED: dict[str, str] = {
+    "rollout.agent": "the agent endpoint and episodes: rollout workers run agents while training, the "
+                     "evaluator runs them in `areal eval workflow=agent`, preflight imports the agent",
     "rollout.engines": "the generation engines: rollout workers and the evaluator both generate "
                        "with them; configs, the trainer and the launcher read their specs, and the "
                        "trainer builds its weight sender through them",
@@ -43,9 +45,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("launcher.preflight", "rollout.workflows.episodes"):
         "preflight imports a custom workflow=module:fn before any process starts, so a wrong "
         "path stops the run at once",
-    ("launcher.preflight", "rollout.agent.episode"):
-        "preflight imports workflow.agent=module:fn before any process starts, so a wrong path or a "
-        "function that is not async stops the run at once",
 }
 
 ENGINE_OWNERS = ("rollout/engines/", "launcher/plan.py")

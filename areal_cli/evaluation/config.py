@@ -20,7 +20,7 @@ from areal_cli.config.load import (
 )
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.resolve import resolve_engine
-from areal_cli.config.schema import EngineConfig
+from areal_cli.config.schema import EngineConfig, WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
 from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines import unknown as unknown_engine
@@ -74,6 +74,9 @@ class EvalRunConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
+    """single_turn (the default) or agent: `workflow=agent workflow.agent=module:function` runs the agent
+    greedily on each problem through the engine's endpoint; the task's reward scores its last reply."""
 
     def model_list(self) -> list[str]:
         return [str(m) for m in self.models] or [self.model]
@@ -108,6 +111,13 @@ class EvalRunConfig:
         if self.workers < 0:
             problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else 1)")
         problems += self._gpu_problems()
+        if self.workflow.name not in ("single_turn", "agent"):
+            problems.append(f"workflow={self.workflow.name}: areal eval runs single_turn or agent")
+        elif self.workflow.name == "agent" and ":" not in self.workflow.agent:
+            problems.append("workflow=agent needs workflow.agent=module:function (examples/agents/)")
+        elif self.workflow.name == "agent" and (self.temperature > 0 or self.data_parallel()):
+            problems.append("workflow=agent is evaluated greedily in one process: drop temperature, gpus "
+                            "and workers")
         return problems
 
     def _gpu_problems(self) -> list[str]:

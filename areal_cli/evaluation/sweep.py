@@ -42,9 +42,12 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
                 results.append(nothing)
                 continue
             say(f"{name} on {cfg.task.name}: {len(task_problems)} problems, {passes(cfg)}")
-            result = evaluator.run(cfg.task, n_samples=cfg.n_samples, temperature=cfg.temperature,
-                                   max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, top_p=cfg.top_p,
-                                   seed=cfg.seed, problems=task_problems)
+            if cfg.workflow.name == "agent":
+                result = evaluator.run_agent(cfg.task, cfg.workflow, task_problems, cfg.max_new_tokens)
+            else:
+                result = evaluator.run(cfg.task, n_samples=cfg.n_samples, temperature=cfg.temperature,
+                                       max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, top_p=cfg.top_p,
+                                       seed=cfg.seed, problems=task_problems)
             result.update(model=name, model_path=str(path))
             results.append(result)
             say(f"  done in {result['wall_s']:.0f} s")
@@ -52,6 +55,8 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
 
 
 def passes(cfg: EvalRunConfig) -> str:
+    if cfg.workflow.name == "agent":
+        return f"agent {cfg.workflow.agent}, greedy"
     sampled = f"{cfg.n_samples} samples at temperature {cfg.temperature}" if cfg.temperature > 0 else ""
     greedy = "greedy" if cfg.greedy or cfg.temperature == 0 else ""
     return " + ".join(p for p in (greedy, sampled) if p)

@@ -114,6 +114,19 @@ class Evaluator:
                 "metrics": summarize(samples, n_samples), "samples": samples,
                 "wall_s": round(time.perf_counter() - t0, 2)}
 
+    def run_agent(self, task_cfg: TaskConfig, workflow, problems: list[Problem], max_new_tokens: int) -> dict:
+        """``workflow.agent`` run greedily once per problem (evaluator/agent.py); the same dict as ``run``."""
+        from areal_cli.evaluator.agent import agent_pass
+
+        t0 = time.perf_counter()
+        self._passes += 1
+        context = 1024 + max_new_tokens * workflow.max_turns  # the agent's messages, then its calls' tokens
+        self.engine.configure(Sampling(0.0), context)
+        samples = agent_pass(self.engine, self.tok, self.pool, workflow, problems, max_new_tokens, context,
+                             self.timeout_s, self.model_path)
+        return {"model": self.model_path, "task": task_cfg.name, "metrics": summarize(samples, 1),
+                "samples": samples, "wall_s": round(time.perf_counter() - t0, 2)}
+
     def prompt_ids(self, problem: Problem, task_cfg: TaskConfig) -> list[int]:
         """The prompt tokens exactly as the controller makes them for training."""
         return prompt_ids(self.tok, problem, task_cfg)

@@ -16,7 +16,9 @@ import json
 import operator
 import re
 
-SYSTEM = "You are a careful assistant. Use the calculate tool for arithmetic, then give the answer."
+SYSTEM = ('Use the calculate tool for arithmetic. For example, for "What is 2 + 3?" you write:\n'
+          '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>\n'
+          'The tool answers 5, and you reply "Answer: 5".')
 TOOLS = [{"type": "function", "function": {
     "name": "calculate",
     "description": "Evaluate an arithmetic expression with + - * / and parentheses.",

@@ -133,3 +133,20 @@ def test_evaluate_on_the_real_135m_model():
     assert m["problems"] == 8 and len(result["samples"]) == 8
     assert 0.0 <= m["accuracy"] <= 1.0 and 0 < m["mean_length"] <= 48
     assert any(s["answer"] is not None for s in result["samples"])  # a real model writes numbers
+
+
+def test_an_agent_is_evaluated_greedily_through_the_endpoint(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    cmd = AREAL + [f"model={tiny_model}", "workflow=agent", "workflow.agent=examples.agents.plan_then_answer:run",
+                   "size=3", "max_new_tokens=6", f"out_dir={out}", "reward.workers=1", "engine.dtype=float32"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [result] = json.loads((out / "eval.json").read_text())["results"]
+    assert len(result["samples"]) == 3 and all(s["agent_calls"] == 2 for s in result["samples"])
+    assert all(1 <= s["length"] <= 2 * 6 and s["reward_status"] == "ok" for s in result["samples"])
+    assert "agent examples.agents.plan_then_answer:run, greedy" in proc.stderr
+
+
+def test_an_agent_evaluation_without_an_agent_is_refused():
+    proc = subprocess.run(AREAL + ["workflow=agent"], capture_output=True, text=True, env=ENV, timeout=300)
+    assert proc.returncode == 2 and "workflow.agent=module:function" in proc.stderr
