@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import sys
 from dataclasses import dataclass, field
 
 from areal_cli.rollout.agent.chat import Reply
@@ -92,10 +94,12 @@ class EpisodeLog:
 def import_agent(spec: str):
     """``module:function`` → the agent's async function; a ValueError naming what is missing."""
     module, _, name = spec.partition(":")
+    if os.getcwd() not in sys.path:  # `areal` started from a project directory finds its agents there
+        sys.path.append(os.getcwd())
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module}.py on PYTHONPATH "
+        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module} on PYTHONPATH "
                          f"and define async def {name}(client, problem) -> float | dict | None") from None
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"workflow.agent={spec}: {name} must be an async function "

@@ -67,6 +67,8 @@ class AgentWorkflow:
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
         self.agent = import_agent(cfg.agent)
+        for name in ("httpx", "httpx2", "openai"):  # one INFO line per call otherwise
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.style = detect(tokenizer, cfg.tool_format)
         eos = tokenizer.eos_token_id
         self.endpoint = Endpoint(ChatRenderer(tokenizer, self.style), None, new_token(), model, max_new_tokens,
