@@ -45,8 +45,11 @@ def calculate(expression: str) -> str:
     return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
 
 
-def last_number(text: str) -> str | None:
-    found = re.findall(r"-?\d+(?:\.\d+)?", text.replace(",", ""))
+def final_number(text: str) -> str | None:
+    """The number after the last "Answer:", else the last number of the text."""
+    text = text.replace(",", "")
+    marked = re.findall(r"Answer:\s*(-?\d+(?:\.\d+)?)", text)
+    found = marked or re.findall(r"-?\d+(?:\.\d+)?", text)
     return found[-1] if found else None
 
 
@@ -71,7 +74,7 @@ async def run(client, problem) -> dict:
     else:  # two rounds of tool calls: ask for the answer itself
         reply = await client.chat.completions.create(model="policy", messages=messages)
         message = reply.choices[0].message
-    answer = last_number(message.content or "")
+    answer = final_number(message.content or "")
     try:
         correct = answer is not None and float(answer) == float(problem.answer)
     except ValueError:

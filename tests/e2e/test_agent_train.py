@@ -25,3 +25,15 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
     assert len(trained) == 2 * 2 * 3 * 2 and all(len(v) == 2 for v in per_episode.values())
     key = json.loads((tmp_path / "agent-0.json").read_text())
     assert key["base_url"].startswith("http://127.0.0.1:") and (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0
+
+
+def test_an_agent_that_always_fails_stops_the_run_naming_it(tiny_model, tmp_path, monkeypatch):
+    from pathlib import Path
+
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1] / "rollout"))
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "workflow=agent",
+                     "workflow.agent=agent_cases:raises", check=False, timeout=300)
+    assert proc.returncode != 0
+    out = proc.stdout + proc.stderr + (tmp_path / "logs" / "controller.log").read_text()
+    assert "workflow.agent=agent_cases:raises" in out and "max_failed_fraction" in out
+    assert "the agent's own bug" in (tmp_path / "logs" / "rollout-0.log").read_text()
