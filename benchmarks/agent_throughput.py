@@ -1,0 +1,75 @@
+"""The cost of the agent endpoint: the same task trained with workflow=single_turn and with an agent
+that makes the same single call through the OpenAI client (``one_call`` below), one run after the
+other on this machine; prints episodes/s and generated tokens/s of each over the steps after warm-up.
+
+    python -m benchmarks.agent_throughput --steps 8 --warmup 2 [overrides ...]
+    python -m benchmarks.agent_throughput --agent examples.agents.calculator:run workflow.max_turns=3 ...
+
+GPU: pass engine=vllm and the layout overrides (cluster.gpus=[0,1] ...), the same for both runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+
+async def one_call(client, problem):
+    """single_turn's work as an agent: the task's prompt, one completion, the task's reward."""
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": problem.prompt}])
+    return None
+
+
+def run(name: str, overrides: list[str], out: Path, steps: int) -> list[dict]:
+    run_dir = out / name
+    cmd = [sys.executable, "-m", "areal_cli.cli", "train", "--quiet", f"run_dir={run_dir}",
+           f"trainer.steps={steps}", "eval.at_end=false", *overrides]
+    print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
+    subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+
+
+def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
+    kept = rows[warmup:] or rows
+    wall = sum(r["step_wall_s"] for r in kept)
+    return {"steps": len(kept), "episodes_per_s": episodes_per_step * len(kept) / wall,
+            "gen_tokens_per_s": statistics.mean(r["gen_tokens_per_s"] for r in kept),
+            "step_s_median": statistics.median(r["step_wall_s"] for r in kept),
+            "calls_per_episode": (sum(r.get("agent_calls", 0) for r in kept) /
+                                  max(1, sum(r.get("agent_episodes", 0) for r in kept))) or 1.0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--agent", default="benchmarks.agent_throughput:one_call")
+    ap.add_argument("--batch", type=int, default=8, help="trainer.batch_size")
+    ap.add_argument("--group", type=int, default=4, help="rollout.group_size")
+    ap.add_argument("--out", type=Path, default=None)
+    args, overrides = ap.parse_known_args()
+    out = args.out or Path(tempfile.mkdtemp(prefix="agent-bench-"))
+    common = [f"trainer.batch_size={args.batch}", f"rollout.group_size={args.group}", *overrides]
+    per_step = args.batch * args.group
+    single = summary(run("single_turn", common, out, args.steps), args.warmup, per_step)
+    agent = summary(run("agent", ["workflow=agent", f"workflow.agent={args.agent}", *common], out, args.steps),
+                    args.warmup, per_step)
+    result = {"single_turn": single, "agent": agent, "agent_spec": args.agent, "overrides": common,
+              "episodes_per_s_ratio": agent["episodes_per_s"] / single["episodes_per_s"],
+              "gen_tokens_per_s_ratio": agent["gen_tokens_per_s"] / single["gen_tokens_per_s"]}
+    (out / "agent_throughput.json").write_text(json.dumps(result, indent=2))
+    for name in ("single_turn", "agent"):
+        r = result[name]
+        print(f"{name:12s} episodes/s {r['episodes_per_s']:.2f}  gen tokens/s {r['gen_tokens_per_s']:.0f}  "
+              f"step {r['step_s_median']:.1f} s  calls/episode {r['calls_per_episode']:.2f}  ({r['steps']} steps)")
+    print(f"agent / single_turn: episodes/s {result['episodes_per_s_ratio']:.2f}x, "
+          f"gen tokens/s {result['gen_tokens_per_s_ratio']:.2f}x   ({out / 'agent_throughput.json'})")
+
+
+if __name__ == "__main__":
+    main()
