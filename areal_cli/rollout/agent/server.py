@@ -33,6 +33,8 @@ from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.rollout.agent.episode import Choice, EpisodeLog
 from areal_cli.rollout.agent.toolcalls import parse
 
+METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}  # metrics.jsonl names
+
 
 class Endpoint:
     """What the routes share: the renderer, the engine bridge, the open episodes and the counters."""
@@ -149,10 +151,11 @@ class Endpoint:
                              sum(len(c.output_ids) for c in choices))
 
     def _count(self, ep: EpisodeLog | None, what: str, n: int = 1) -> None:
+        """Count ``what`` (an EpisodeLog counter) in its episode, or endpoint-wide for a plain /v1 call."""
         if ep is not None:
             setattr(ep, what, getattr(ep, what) + n)
         else:
-            self.counters[f"agent_{what}" if not what.startswith("tool_parse") else what] += n
+            self.counters[METRIC[what]] += n
 
 
 def build_app(endpoint: Endpoint):
