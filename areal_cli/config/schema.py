@@ -92,7 +92,7 @@ class WorkflowConfig:
     agent: str = ""
     """agent: ``module:function``, an async ``run(client, problem) -> float | dict | None`` given an
     ``openai.AsyncOpenAI`` client of the rollout worker's endpoint (docs/agents.md)."""
-    agent_concurrency: int = 8
+    agent_concurrency: int = 64
     """agent: episodes run at once per rollout worker (each group's G episodes count)."""
     agent_timeout_s: float = 300.0
     """agent: an episode still running after this long is dropped and counted (its group is not trained)."""
