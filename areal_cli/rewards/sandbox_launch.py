@@ -2,16 +2,19 @@
 
 The sandbox (isolation "bwrap"): new user (unless root), PID, network, IPC, UTS and cgroup
 namespaces; an empty read-only root holding only /usr, the interpreter's own directory and the
-sandbox's scripts, read-only; a fresh /proc; a tiny /dev; a private size-limited tmpfs /tmp as
-the only writable place; no capabilities; a seccomp filter (sandbox_seccomp.py); its own
+sandbox's scripts, read-only; a fresh /proc; a tiny read-only /dev; a private size-limited tmpfs
+/tmp as the only writable place; no capabilities; a seccomp filter (sandbox_seccomp.py: no
+memfd or SysV shared memory, which no resident size shows); its own
 session; killed with the reward worker (--die-with-parent). As root, bubblewrap runs without a
 user namespace and the script drops to a uid of its own before any candidate code runs
 (sandbox_child.become).
 
 Limits hold for the whole tree, not per process: rlimits in every process (RLIMIT_NPROC counts
 the tree's processes: a fresh user namespace, or the call's own uid as root), and a watchdog
-here that sums the tree's CPU time, resident memory and process count every WATCH_S and kills
-the namespace at the first excess, or at the wall deadline. When the namespace's first process
+here that sums the tree's CPU time, memory and process count every WATCH_S and kills the
+namespace at the first excess, or at the wall deadline. Memory is every byte the program can
+hold: each process's proportional set size (shared memory and mapped tmpfs files included, a
+page shared by two processes counted once), plus the files in its /tmp. When the namespace's first process
 dies the kernel kills every other, so nothing outlives the call.
 """
 
@@ -98,7 +101,7 @@ def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
         if isinstance(tmp, str)
         else ["--size", str(tmp << 20), "--tmpfs", "/tmp"]
     )
-    return argv + ["--remount-ro", "/", "--chdir", "/tmp", "--"]
+    return argv + ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/tmp", "--"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -128,7 +131,8 @@ def launch(script: str, spec: dict, limits, bwrap: Bwrap | None) -> Run:
                 os.close(fd)
             fds = []
             init = _namespace_init(info_end, limits.wall_s) if bwrap else None
-            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, init)
+            tmp = f"/proc/{init[0]}/root/tmp" if init and sizes_tmpfs(bwrap.path) else None
+            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, init, tmp)
         return Run(code, killed, _tail(base / "output.txt"), records)
     finally:
         for fd in [read_end, *fds] + ([info_end] if info_end >= 0 else []):
@@ -179,9 +183,10 @@ def _limits(limits) -> dict:
                 fsize_mb=limits.fsize_mb)  # fmt: skip
 
 
-def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init):
+def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init, tmp: str | None):
     """Feed the spec, collect the records, enforce the tree's limits; (code, killed, records).
-    `init`: the namespace's init under bubblewrap (None for a plain process)."""
+    `init`: the namespace's init under bubblewrap (None for a plain process); `tmp`: its
+    size-limited /tmp, seen from here (None where there is none)."""
     try:
         proc.stdin.write(spec)
         proc.stdin.close()
@@ -195,7 +200,8 @@ def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init):
             ready, _, _ = select.select([records_fd, *pidfd], [], [], WATCH_S)
             if records_fd in ready:
                 records += os.read(records_fd, 1 << 16)
-            killed = _over(proc.pid, limits, len(records) > cap, time.monotonic() > deadline)
+            late = time.monotonic() > deadline
+            killed = _over(proc.pid, limits, len(records) > cap, late, tmp)
             if killed:
                 break
     finally:
@@ -212,19 +218,20 @@ def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init):
     return code, killed, records[:cap].decode("utf-8", errors="replace")
 
 
-def _over(pid: int, limits, records_too_big: bool, late: bool) -> str:
+def _over(pid: int, limits, records_too_big: bool, late: bool, tmp: str | None) -> str:
     """Why the tree must die now, or ""."""
     if late:
         return f"wall time {limits.wall_s}s exceeded"
     if records_too_big:
         return f"more than {limits.fsize_mb} MiB of call records"
-    procs, cpu_s, rss_mb = _usage(_tree(pid))
+    procs, cpu_s, mem_mb = _usage(_tree(pid))
     if procs > limits.nproc + 3:  # + bwrap, its namespace init, the script's first process
         return f"{procs} processes (limit {limits.nproc})"
     if cpu_s > limits.cpu_s + 0.5:
         return f"{cpu_s:.1f} CPU seconds across its processes (limit {limits.cpu_s})"
-    if rss_mb > limits.mem_mb:
-        return f"{rss_mb:.0f} MiB resident across its processes (limit {limits.mem_mb} MiB)"
+    mem_mb += _used_mb(tmp) if tmp else 0
+    if mem_mb > limits.mem_mb:
+        return f"{mem_mb:.0f} MiB across its processes and /tmp (limit {limits.mem_mb} MiB)"
     return ""
 
 
@@ -244,8 +251,8 @@ def _tree(pid: int) -> list[int]:
 
 
 def _usage(pids: list[int]) -> tuple[int, float, float]:
-    """(processes, CPU seconds incl. reaped children, resident MiB) of `pids`."""
-    procs, ticks, pages = 0, 0, 0
+    """(processes, CPU seconds incl. reaped children, proportional set size in MiB) of `pids`."""
+    procs, ticks, mem_mb = 0, 0, 0.0
     for p in pids:
         try:
             with open(f"/proc/{p}/stat") as f:
@@ -254,8 +261,30 @@ def _usage(pids: list[int]) -> tuple[int, float, float]:
             continue
         procs += 1
         ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        pages += int(fields[21])  # rss
-    return procs, ticks / TICK, pages * PAGE / (1 << 20)
+        mem_mb += _pss_mb(p, int(fields[21]))
+    return procs, ticks / TICK, mem_mb
+
+
+def _pss_mb(pid: int, rss_pages: int) -> float:
+    """The process's proportional set size (Pss: anonymous, file and shared memory, each page
+    divided among the processes mapping it); its resident size where the kernel shows no Pss."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:  # it ended while we looked, or a kernel before 4.14
+        pass
+    return rss_pages * PAGE / (1 << 20)
+
+
+def _used_mb(path: str) -> float:
+    """MiB held by the files of the file system at `path` (the sandbox's tmpfs /tmp)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:  # the namespace is gone
+        return 0.0
+    return (st.f_blocks - st.f_bfree) * st.f_frsize / (1 << 20)
 
 
 def _end(proc: subprocess.Popen, init: tuple[int, list[int]] | None) -> None:
