@@ -128,10 +128,12 @@ def replace_contents(target, new):
 
 def exception(named):
     """The builtin exception the candidate raised (the tests may expect a ValueError), else a
-    new Exception type of that name; never anything that is not an Exception."""
+    new Exception type of that name; never anything that is not an Exception, nor one that
+    ends the iteration it is raised in (StopIteration would make `all(map(...))` true)."""
     type_name, message = (list(named) + ["", ""])[:2] if type(named) is list else ("", "")
     kind = getattr(builtins, str(type_name), None)
-    if not (isinstance(kind, type) and issubclass(kind, Exception)):
+    ends_iteration = kind in (StopIteration, StopAsyncIteration)
+    if ends_iteration or not (isinstance(kind, type) and issubclass(kind, Exception)):
         kind = type(str(type_name)[:100] or "Error", (Exception,), {})
     try:
         return kind(str(message)[:200])

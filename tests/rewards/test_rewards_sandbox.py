@@ -216,6 +216,14 @@ def test_reading_the_tests_from_the_callers_frame_scores_zero(isolation):
         assert run_tests(p.answer, p, cfg).passed, p.id
 
 
+def test_raising_stop_iteration_cannot_end_the_tests_loop():
+    """Raised inside the tests' `map`, a StopIteration would end it early: all([]) is True."""
+    loop = probe("def check(f):\n    assert all(map(lambda x: f(x) == x + 1, range(3)))\n")
+    stop = "```python\ndef f(x):\n    raise StopIteration\n```"
+    assert run_tests(stop, loop, FAST).status == "failed"
+    assert run_tests("```python\ndef f(x):\n    return x + 1\n```", loop, FAST).passed
+
+
 def test_a_result_that_is_not_plain_data_fails():
     for value in ("object()", "iter([1])", "type('L', (list,), {})([1])", "lambda: 1"):
         candidate = f"```python\ndef f():\n    return {value}\n```"
