@@ -297,3 +297,22 @@ def test_memory_held_outside_processes_counts_against_the_limit(program):
         result, leftovers = left_behind(attempt, body, cfg=cfg)
     assert contained(result) and leftovers == set(), result.output
     assert host.peak <= limit, f"the host's shared memory rose by {host.peak} MiB"
+
+
+HARNESS_IN_SIGHT = """import os
+found = False
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    found |= len(argv) > 1 and argv[-2].endswith(b"sandbox_harness.py")  # its script, last
+return found"""
+
+
+def test_the_test_harness_is_out_of_the_candidates_sight():
+    """The tests run beside the candidate in a sandbox of their own: no process of it, hence no
+    memory, file descriptor or stdin of it, is visible from the candidate's."""
+    body = HARNESS_IN_SIGHT
+    assert attempt(body, cfg=UNSAFE).passed  # control: without isolation it sees the harness
+    assert contained(attempt(body))
