@@ -217,7 +217,9 @@ def _namespace_init(info_fd: int, timeout_s: float) -> tuple[int, list[int]] | N
     where the kernel has them), or None when bubblewrap failed before making it. Called before
     the program has its spec, so the init is still alive and its pid cannot have been reused."""
     data, deadline = b"", time.monotonic() + timeout_s
-    while time.monotonic() < deadline and select.select([info_fd], [], [], 0.1)[0]:
+    while time.monotonic() < deadline:  # however slow a loaded machine makes bubblewrap's start
+        if not select.select([info_fd], [], [], 0.1)[0]:
+            continue
         chunk = os.read(info_fd, 4096)
         if not chunk:  # bubblewrap closes it once written (or exits)
             break
