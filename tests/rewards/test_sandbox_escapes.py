@@ -261,6 +261,24 @@ time.sleep(2)
 return held + len(resident) // (1 << 20) > {limit}"""
 
 
+SOCKET_BUFFERS = """import socket
+held, pairs, chunk = 0, [], bytes(1 << 20)
+try:
+    while held < 768 << 20:  # data in flight between socket pairs: kernel memory, 768 MiB
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        a.setblocking(False)
+        pairs.append((a, b))
+        try:
+            while True:
+                held += a.send(chunk)
+        except BlockingIOError:
+            pass
+except OSError:
+    pass
+return held >> 20 > {limit}"""
+
+
 class ShmemPeak:
     """The highest rise of the host's shared memory (tmpfs, memfd: /proc/meminfo's Shmem), in
     MiB, while the block runs: memory that no process's resident size shows."""
@@ -286,13 +304,15 @@ class ShmemPeak:
         return kib >> 10
 
 
-@pytest.mark.parametrize("program", ["memfd", "files_and_memory"])
+@pytest.mark.parametrize("program", ["memfd", "files_and_memory", "socket_buffers"])
 def test_memory_held_outside_processes_counts_against_the_limit(program):
-    """Memory that no resident size shows (memfd files, tmpfs files) cannot add to what the
-    program holds beyond reward.code_mem_mb: refused, or counted and killed at the limit."""
+    """Memory that no resident size shows (memfd files, tmpfs files, socket buffers) cannot add
+    to what the program holds beyond reward.code_mem_mb: refused, or counted and killed at the
+    limit."""
     limit = 256
     cfg = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=limit, code_nproc=16)
-    body = (MEMFD if program == "memfd" else FILES_AND_MEMORY).format(limit=limit)
+    programs = {"memfd": MEMFD, "files_and_memory": FILES_AND_MEMORY, "socket_buffers": SOCKET_BUFFERS}
+    body = programs[program].format(limit=limit)
     with ShmemPeak() as host:
         result, leftovers = left_behind(attempt, body, cfg=cfg)
     assert contained(result) and leftovers == set(), result.output
