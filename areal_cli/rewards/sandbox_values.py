@@ -148,8 +148,8 @@ def loads(text: str):
         return json.loads(text)
     try:
         value, end = scan(text, 0)
-    except StopIteration:
-        raise ValueError("not JSON") from None
+    except (StopIteration, SystemError):  # SystemError: the scanner's error message needs
+        raise ValueError("not JSON") from None  # json.decoder, which is not imported here
     if end != len(text):
         raise ValueError(f"extra data after position {end}")
     return value

@@ -72,7 +72,14 @@ FORGERIES = {
     "patched_assertion": "import builtins\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
     "def f():\n    return 2\n",
     "wrong_answer": "def f():\n    return 2\n",
-}
+    # answers forged ahead of the calls on every descriptor: too long, too deep, not JSON
+    **{f"forged_answer_{kind}": "import os\nfor fd in range(3, 64):\n    try:\n"
+       f"        os.write(fd, {frame!r})\n    except OSError:\n        pass\n"
+       "def f():\n    return 1\n"
+       for kind, frame in [("too_long", b"\x7f\xff\xff\xff"),
+                           ("too_deep", len(b"[" * 99999).to_bytes(4, "big") + b"[" * 99999),
+                           ("not_json", b"\x00\x00\x00\x03{1:")]},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -225,7 +232,10 @@ def test_raising_stop_iteration_cannot_end_the_tests_loop():
 
 
 def test_a_result_that_is_not_plain_data_fails():
+    swallows = probe("def check(f):\n    try:\n        f()\n    except:\n        pass\n")
     for value in ("object()", "iter([1])", "type('L', (list,), {})([1])", "lambda: 1"):
         candidate = f"```python\ndef f():\n    return {value}\n```"
-        result = run_tests(candidate, ASSERT_ONE, FAST)
-        assert result.status == "failed" and "not a plain value" in result.output, value
+        for tests in (ASSERT_ONE, swallows):  # a bare `except` in the tests cannot hide it
+            result = run_tests(candidate, tests, FAST)
+            assert result.status == "failed" and "not a plain value" in result.output, value
+    assert run_tests(RETURN_ONE, swallows, FAST).passed
