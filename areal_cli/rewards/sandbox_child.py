@@ -105,7 +105,11 @@ def serve(spec):
         return 1
     flush()
     while (frame := recv(spec["requests_fd"], 1 << 40)) is not None:
-        text = dumps(answer(g, spec["targets"], marshal.loads(frame)))
+        reply = answer(g, spec["targets"], marshal.loads(frame))
+        try:
+            text = dumps(reply)
+        except ValueError:  # an int with more digits than str() may write
+            text = dumps({"not_plain": "int too long to send"})
         send(spec["answers_fd"], text.encode("utf-8", "surrogatepass"))
         flush()
     return 0
@@ -126,8 +130,8 @@ def answer(g, targets, request):
         return {"out": encode(result), "after": encode(args)}
     except NotPlain as e:
         return {"not_plain": str(e)}
-    except (RecursionError, ValueError):  # a self-referencing container, an int too long
-        return {"not_plain": "value that cannot be sent"}
+    except RecursionError:  # a self-referencing container
+        return {"not_plain": "self-referencing container"}
 
 
 def flush():
