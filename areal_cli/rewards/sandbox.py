@@ -145,9 +145,8 @@ def run_tests(program: str, test: str, entry: str, prefix: str, limits: Limits,
     output = served.output + judged.output
     if signal_of(served.code):  # e.g. SIGXCPU: the harness then saw its answers stop
         name = signal_of(served.code)
-        output += f"[sandbox] the program was killed by {name}" + (
-            " (CPU time)\n" if name == "SIGXCPU" else "\n"
-        )
+        cpu = " (CPU time)" if name == "SIGXCPU" else ""
+        output += f"[sandbox] killed by {name}{cpu}: the candidate's program\n"
     code = SETUP_ERROR if SETUP_ERROR in (served.code, judged.code) else judged.code
     run = Run(code, judged.killed, output)
     return _result(run, "passed" if code == 0 else "failed", isolation)
