@@ -1,9 +1,11 @@
 """Code reward calls per second for a trivial passing HumanEval-style candidate.
 
-    python benchmarks/sandbox_throughput.py [calls] [workers]
+    python benchmarks/sandbox_throughput.py [calls] [workers] [problems]
 
 Sequential calls in this process (one `score()` at a time), then `workers` concurrent calls
 through a RewardPool. Prints the calls/s of each; the isolation that ran is in the output.
+With `problems` > 0, also the mean seconds per HumanEval problem over the first `problems`
+canonical solutions (sequential; every one must pass).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ PROBLEM = Problem(
 COMPLETION = "    return a + b\n"
 
 
-def main(calls: int = 40, workers: int = 2) -> None:
+def main(calls: int = 40, workers: int = 2, problems: int = 0) -> None:
     cfg = RewardConfig(fn="code")
     assert score(COMPLETION, PROBLEM, cfg) == 1.0  # warm up, and check it passes
     t0 = time.perf_counter()
@@ -37,6 +39,18 @@ def main(calls: int = 40, workers: int = 2) -> None:
         par = calls / (time.perf_counter() - t0)
     assert all(r.score == 1.0 for r in results), results[:3]
     print(f"sequential: {seq:.1f} calls/s; pool of {workers}: {par:.1f} calls/s")
+    if problems:
+        print(f"HumanEval: {humaneval_s(problems) * 1000:.0f} ms per problem ({problems} problems)")
+
+
+def humaneval_s(problems: int) -> float:
+    from areal_cli.tasks.humaneval import read_all, to_problem
+
+    chosen = [to_problem(record, "") for record in read_all()[:problems]]
+    t0 = time.perf_counter()
+    failed = [p.id for p in chosen if score(p.answer, p, RewardConfig(fn="code")) != 1.0]
+    assert not failed, failed
+    return (time.perf_counter() - t0) / len(chosen)
 
 
 if __name__ == "__main__":

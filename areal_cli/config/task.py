@@ -170,7 +170,7 @@ class RewardConfig:
     code_wall_s: float = 8.0
     """Wall seconds before a sandboxed call's whole process tree is killed."""
     code_mem_mb: int = 1024
-    """Resident MiB of one sandboxed call, all its processes together (and each one's RLIMIT_AS)."""
+    """MiB of one sandboxed call: its processes' Pss plus its /tmp files (and each one's RLIMIT_AS)."""
     code_nproc: int = 32
     """Processes of one sandboxed call, all together (its own user namespace or uid)."""
     sandbox: str = "bwrap"

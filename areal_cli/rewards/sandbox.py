@@ -6,26 +6,24 @@ child process with rlimits: any program can read, write and signal what the rewa
 only as an explicit opt-in, logged at start and on every result). With "bwrap" and no working
 bubblewrap, nothing runs: `require` raises SandboxUnavailable naming the fix.
 
-The verdict is decided outside the candidate (run_tests): the candidate's program and the tests
-run in the sandbox, which records every call the tests make to the candidate's functions as
-plain values; a second sandboxed process with no candidate code in it (sandbox_verdict.py)
-replays the tests on those values. Its exit code, not anything the candidate could write,
-says "passed".
+The verdict is decided outside the candidate (run_tests): the candidate's program runs in one
+sandbox and the problem's tests in another (sandbox_harness.py), with no candidate code in it;
+the tests call the candidate's functions through a pipe, arguments and results crossing as
+plain values only. The candidate never holds a test or an expected value, and the harness's
+exit code, not anything the candidate could write, says "passed".
 """
 
 from __future__ import annotations
 
 import ast
 import functools
-import json
 import logging
-import marshal
 import os
 import shutil
 import signal
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch
+from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch, launch_pair
 
 logger = logging.getLogger(__name__)
 ISOLATIONS = ("bwrap", "unsafe_none")
@@ -46,7 +44,8 @@ class Limits:
     wall_s: float = 8.0
     """Wall seconds before the whole process tree is killed."""
     mem_mb: int = 1024
-    """Resident memory of the whole tree in MiB (and RLIMIT_AS of each process)."""
+    """Memory of the whole tree in MiB: its processes' Pss plus its /tmp files (and RLIMIT_AS
+    of each process)."""
     nproc: int = 32
     """Processes of the whole tree (RLIMIT_NPROC in its own user namespace or uid)."""
     fsize_mb: int = 16
@@ -135,36 +134,22 @@ def run_python(program: str, limits: Limits, isolation: str = "bwrap") -> Sandbo
 
 def run_tests(program: str, test: str, entry: str, prefix: str, limits: Limits,
               isolation: str = "bwrap") -> SandboxResult:  # fmt: skip
-    """Run `program`, then `test` (and `check(entry)` when entry is set); "passed" only when
-    the tests, replayed outside the candidate on its recorded plain return values, pass."""
+    """Run `program` in one sandbox and `test` (then `check(entry)` when entry is set) in
+    another, the tests calling the program's functions through a pipe; "passed" only when the
+    tests pass on the plain values the candidate answered."""
     bwrap = require(isolation)
     names = targets(program, prefix, entry)
-    spec = {"mode": "test", "program": program, "test": test, "entry": entry, "targets": names}
-    first = launch("sandbox_child.py", spec, limits, bwrap)
-    if first.killed or first.code == SETUP_ERROR or signal_of(first.code):
-        return _result(first, "failed", isolation)
-    records, problem = parse_records(first.records)
-    if problem:
-        first = replace(first, output=f"{first.output}[verdict] failed: {problem}\n")
-        return _result(first, "failed", isolation)
-    spec = dict(spec, program="", prefix=prefix, records=records)
-    verdict = launch("sandbox_verdict.py", spec, limits, bwrap)
-    if verdict.killed or verdict.code not in (0, 1):
-        return _result(verdict, "failed", isolation, first.output)
-    return _result(verdict, "passed" if verdict.code == 0 else "failed", isolation, first.output)
-
-
-def parse_records(text: str) -> tuple[list, str]:
-    """The candidate's call records (JSON lines it may have forged), or ([], why not): parsed
-    here, where json is loaded already; the verdict gets them as plain lists and dicts."""
-    try:
-        records = [json.loads(line) for line in text.splitlines() if line.strip()]
-        marshal.dumps(records)  # nesting too deep for the way to the verdict: not plain data
-    except (ValueError, RecursionError) as e:
-        return [], f"the call records are not valid ({type(e).__name__}: {str(e)[:100]})"
-    if not records or records[-1] != {"end": True}:
-        return [], "the program or its tests did not run to their end"
-    return records[:-1], ""
+    candidate = {"mode": "serve", "program": program, "targets": names}
+    harness = {"prefix": prefix, "test": test, "entry": entry, "targets": names}
+    served, judged = launch_pair(candidate, harness, limits, bwrap)
+    output = served.output + judged.output
+    if signal_of(served.code):  # e.g. SIGXCPU: the harness then saw its answers stop
+        name = signal_of(served.code)
+        cpu = " (CPU time)" if name == "SIGXCPU" else ""
+        output += f"[sandbox] killed by {name}{cpu}: the candidate's program\n"
+    code = SETUP_ERROR if SETUP_ERROR in (served.code, judged.code) else judged.code
+    run = Run(code, judged.killed, output)
+    return _result(run, "passed" if code == 0 else "failed", isolation)
 
 
 def targets(program: str, prefix: str, entry: str) -> list[str]:
@@ -193,8 +178,8 @@ def signal_of(code: int | None) -> str:
         return ""
 
 
-def _result(run: Run, status: str, isolation: str, before: str = "") -> SandboxResult:
-    lines = [before + run.output] if before or run.output else []
+def _result(run: Run, status: str, isolation: str) -> SandboxResult:
+    lines = [run.output] if run.output else []
     if run.killed:
         status = "timeout" if run.killed.startswith("wall") else "failed"
         lines.append(f"[sandbox] killed: {run.killed}")

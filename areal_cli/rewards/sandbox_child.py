@@ -8,11 +8,10 @@ checks that no capability is left and that no new privilege can be gained (bubbl
 no_new_privs); sets the rlimits; then runs the program.
 
 mode "run": the program, its exceptions printed (the tool_use workflow shows the output).
-mode "test": the program, then the problem's tests, with each candidate function the tests
-call wrapped so that every call the tests make (arguments, and the return value or exception)
-is written as a JSON line to the records descriptor. Nothing here decides the verdict: the
-candidate shares this process and may write anything there; sandbox_verdict.py replays the
-tests, in a process with no candidate code in it, on the plain values recorded.
+mode "serve": the program, then its functions called on behalf of the problem's tests, which
+run in a process and a sandbox of their own (sandbox_harness.py): each call's arguments arrive
+as plain values over a pipe, and the return value (or the exception's name) goes back as plain
+values. Nothing here decides the verdict, and nothing here holds a test or an expected value.
 """
 
 import marshal
@@ -21,7 +20,7 @@ import resource
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sandbox_values import NotPlain, dumps, encode  # noqa: E402 - stdlib-only sibling module
+from sandbox_values import NotPlain, decode, dumps, encode, recv, send  # noqa: E402 - stdlib-only sibling
 
 SETUP_ERROR = 125
 MIB = 1024 * 1024
@@ -32,7 +31,7 @@ def main():
     setup(spec)
     if spec["mode"] == "run":
         sys.exit(run(spec["program"]))
-    sys.exit(run_tests(spec))
+    sys.exit(serve(spec))
 
 
 def setup(spec):
@@ -94,73 +93,56 @@ def run(program):
         return 1
 
 
-def run_tests(spec):
-    out = spec["records_fd"]
-    names = {"in_call": False}
+def serve(spec):
+    """The program, then its functions called for the test harness: one call per request frame
+    (marshal, from the harness), one JSON answer frame each, until the harness closes its end.
+    The tests are not in this process: what a call can see is its arguments."""
     g = {"__name__": "__main__"}
     try:
         exec(compile(spec["program"], "program.py", "exec"), g)
-        for name in spec["targets"]:
-            if callable(g.get(name)):
-                g[name] = recorder(name, g[name], out, names)
-        seed_random(spec["test"])
-        exec(compile(spec["test"], "test.py", "exec"), g)
-        if spec["entry"]:
-            g["check"](g[spec["entry"]])
-    except BaseException:  # noqa: BLE001 - a failing test: shown; the verdict replays it anyway
+    except BaseException:  # noqa: BLE001 - the program's own failure: shown, the harness fails
         print_exc()
         return 1
-    write(out, {"end": True})
+    flush()
+    while (frame := recv(spec["requests_fd"], 1 << 40)) is not None:
+        reply = answer(g, spec["targets"], marshal.loads(frame))
+        try:
+            text = dumps(reply)
+        except ValueError:  # an int with more digits than str() may write
+            text = dumps({"not_plain": "int too long to send"})
+        send(spec["answers_fd"], text.encode("utf-8", "surrogatepass"))
+        flush()
     return 0
 
 
-def seed_random(test):
-    """Tests that draw unseeded random inputs draw the same ones here and in the replay."""
-    if "random" in test:
-        import random
+def answer(g, targets, request):
+    """What one call returned (its arguments after it too: a list sorted in place), the
+    exception it raised, or why there is no plain answer."""
+    fn = g.get(request["fn"]) if request["fn"] in targets else None
+    if not callable(fn):
+        return {"missing": request["fn"]}
+    args, kwargs = decode(request["args"]), decode(request["kwargs"])
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - the tests may expect it: sent by name
+        return {"raise": [type(e).__name__, str(e)[:200]]}
+    try:
+        return {"out": encode(result), "after": encode(args)}
+    except NotPlain as e:
+        return {"not_plain": str(e)}
+    except RecursionError:  # a self-referencing container
+        return {"not_plain": "self-referencing container"}
 
-        random.seed(0)
 
-
-def recorder(name, fn, out, state):
-    """`fn`, writing one record per call made by the tests (not by the candidate itself)."""
-
-    def call(*args, **kwargs):
-        if state["in_call"]:
-            return fn(*args, **kwargs)
-        record = {"fn": name, "args": encode(list(args), True), "kwargs": encode(kwargs, True)}
-        state["in_call"] = True
-        try:
-            result = fn(*args, **kwargs)
-        except Exception as e:
-            record["raise"] = [type(e).__name__, str(e)[:200]]
-            write(out, record)
-            raise
-        finally:
-            state["in_call"] = False
-        try:
-            record["out"] = encode(result)
-        except NotPlain as e:
-            record["not_plain"] = str(e)
-        except RecursionError:
-            record["not_plain"] = "a self-referencing container"
-        record["after"] = encode(list(args), True)
-        write(out, record)
-        return result
-
-    return call
+def flush():
+    sys.stdout.flush()
+    sys.stderr.flush()
 
 
 def print_exc():
     import traceback  # only on failure: its imports cost more than the interpreter's start
 
     traceback.print_exc()
-
-
-def write(fd, record):
-    data = (dumps(record) + "\n").encode()
-    while data:
-        data = data[os.write(fd, data) :]
 
 
 if __name__ == "__main__":

@@ -1,18 +1,20 @@
-"""Starting one sandboxed script under bubblewrap, and watching its whole process tree.
+"""Starting sandboxed scripts under bubblewrap, and ending every process they started.
 
 The sandbox (isolation "bwrap"): new user (unless root), PID, network, IPC, UTS and cgroup
 namespaces; an empty read-only root holding only /usr, the interpreter's own directory and the
-sandbox's scripts, read-only; a fresh /proc; a tiny /dev; a private size-limited tmpfs /tmp as
-the only writable place; no capabilities; a seccomp filter (sandbox_seccomp.py); its own
+sandbox's scripts, read-only; a fresh /proc; a tiny read-only /dev; a private size-limited tmpfs
+/tmp as the only writable place; no capabilities; a seccomp filter (sandbox_seccomp.py); its own
 session; killed with the reward worker (--die-with-parent). As root, bubblewrap runs without a
 user namespace and the script drops to a uid of its own before any candidate code runs
 (sandbox_child.become).
 
-Limits hold for the whole tree, not per process: rlimits in every process (RLIMIT_NPROC counts
-the tree's processes: a fresh user namespace, or the call's own uid as root), and a watchdog
-here that sums the tree's CPU time, resident memory and process count every WATCH_S and kills
-the namespace at the first excess, or at the wall deadline. When the namespace's first process
-dies the kernel kills every other, so nothing outlives the call.
+A code reward starts two such sandboxes at once (launch_pair): the candidate's program and the
+test harness, joined only by two pipes. Limits hold for each whole tree, not per process:
+rlimits in every process (RLIMIT_NPROC counts the tree's processes: a fresh user namespace, or
+the call's own uid as root), and a watchdog (sandbox_watch.py) that sums each tree's CPU time,
+memory and process count and kills every namespace of the call at the first excess, or at the
+wall deadline. When a namespace's first process dies the kernel kills every other, so nothing
+outlives the call.
 """
 
 from __future__ import annotations
@@ -28,32 +30,28 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_cli.rewards import sandbox_seccomp
+from areal_cli.rewards import sandbox_seccomp, sandbox_watch
 
 HERE = Path(__file__).parent
-SCRIPTS = ("sandbox_child.py", "sandbox_verdict.py", "sandbox_values.py")
+SCRIPTS = ("sandbox_child.py", "sandbox_harness.py", "sandbox_values.py")
 INSIDE = "/sandbox"
 UID_BASE = 200_000
-WATCH_S = 0.01
 OUTPUT_TAIL = 2000
 ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "TMPDIR": "/tmp", "LANG": "C.UTF-8"}
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Run:
     code: int | None
-    """The script's exit code; None when it was killed."""
+    """The script's exit code; None when it was killed, or still ran when the call's last
+    script ended."""
     killed: str
-    """Why the watchdog killed it ("" when it ended by itself)."""
+    """Why the watchdog killed the call ("" when it ended by itself)."""
     output: str
     """Tail of its stdout + stderr."""
-    records: str = ""
-    """What it wrote to the records descriptor (mode "test" only)."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +96,7 @@ def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
         if isinstance(tmp, str)
         else ["--size", str(tmp << 20), "--tmpfs", "/tmp"]
     )
-    return argv + ["--remount-ro", "/", "--chdir", "/tmp", "--"]
+    return argv + ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/tmp", "--"]
 
 
 @functools.lru_cache(maxsize=4)
@@ -110,30 +108,108 @@ def sizes_tmpfs(bwrap: str) -> bool:
 
 def launch(script: str, spec: dict, limits, bwrap: Bwrap | None) -> Run:
     """Run `script` with `spec` on stdin: under bubblewrap, or (bwrap None) as a plain process."""
+    return launch_all([(script, spec, [])], limits, bwrap)[0]
+
+
+def launch_pair(candidate: dict, harness: dict, limits, bwrap: Bwrap | None) -> tuple[Run, Run]:
+    """The candidate's program (sandbox_child.py, mode "serve") and the test harness
+    (sandbox_harness.py), each in a sandbox of its own, joined only by two pipes: requests
+    (harness to candidate) and answers (candidate to harness). The call ends with the harness."""
+    requests, answers = os.pipe(), os.pipe()
+    served = dict(candidate, requests_fd=requests[0], answers_fd=answers[1])
+    judged = dict(harness, requests_fd=requests[1], answers_fd=answers[0])
+    jobs = [("sandbox_child.py", served, [requests[0], answers[1]]),
+            ("sandbox_harness.py", judged, [requests[1], answers[0]])]  # fmt: skip
+    first, last = launch_all(jobs, limits, bwrap)
+    return first, last
+
+
+@dataclass
+class _Sandbox:
+    """One started script."""
+
+    proc: subprocess.Popen
+    base: Path
+    """Its host directory: output file, work directory (unsafe_none), seccomp program."""
+    spec: bytes
+    """What it reads on stdin."""
+    info: int = -1
+    """Where bubblewrap writes its --info-fd JSON (-1: no bubblewrap)."""
+    init: tuple[int, list[int]] | None = None
+    """The namespace's init: (host pid, [a pidfd of it])."""
+    tmp: tuple[str, int] | None = None
+    """Its size-limited /tmp: (its path seen from here, its size in bytes)."""
+    pidfd: list[int] = field(default_factory=list)
+    """[a descriptor readable once it ends] where the kernel has them."""
+    code: int | None = None
+    """Its exit code, when it ended before the call's last script did."""
+    ended: bool = False
+
+
+def launch_all(jobs: list[tuple[str, dict, list[int]]], limits, bwrap: Bwrap | None) -> list[Run]:
+    """Start each (script, spec, fds) at once, each in a sandbox of its own with `fds` passed
+    in (and closed here); watch all until the last one ends (the others are then ended) or any
+    tree breaks a limit or the wall deadline (then all are killed)."""
+    started: list[_Sandbox] = []
+    try:
+        try:
+            for script, spec, fds in jobs:
+                started.append(_start(script, dict(spec, limits=_limits(limits)), limits, bwrap, fds))
+        finally:
+            for fd in [fd for _, _, fds in jobs for fd in fds]:
+                os.close(fd)
+        for box in started:
+            _ready(box, limits, bwrap)
+        killed = sandbox_watch.watch(started, limits)
+        for box in started:
+            box.code = None if killed else box.proc.poll()
+            _end(box)
+        return [Run(box.code, killed, _tail(box.base / "output.txt")) for box in started]
+    finally:
+        for box in started:
+            _end(box)
+            shutil.rmtree(box.base, ignore_errors=True)
+
+
+def _start(script: str, spec: dict, limits, bwrap: Bwrap | None, fds: list[int]) -> _Sandbox:
+    """Start `script` (its spec follows in _ready, once the namespace's init is known)."""
     base = Path(tempfile.mkdtemp(prefix="areal_sandbox_"))
-    read_end, write_end = os.pipe()
-    info_end, fds = -1, [write_end]
+    info, own = -1, []
     try:
         if bwrap:  # bubblewrap says there which pid the namespace's init has
-            info_end, info_write = os.pipe()
-            fds.append(info_write)
-        spec = dict(spec, limits=_limits(limits), records_fd=write_end)
-        argv = _command(script, spec, limits, bwrap, base, fds)
+            info, info_write = os.pipe()
+            own.append(info_write)
+        argv = _command(script, spec, limits, bwrap, base, own)
         with (base / "output.txt").open("wb") as out:
             proc = subprocess.Popen(
                 argv, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
-                pass_fds=fds, start_new_session=True, env=ENV, cwd=base,
+                pass_fds=[*fds, *own], start_new_session=True, env=ENV, cwd=base,
             )  # fmt: skip
-            for fd in fds:
-                os.close(fd)
-            fds = []
-            init = _namespace_init(info_end, limits.wall_s) if bwrap else None
-            code, killed, records = _watch(proc, marshal.dumps(spec), read_end, limits, init)
-        return Run(code, killed, _tail(base / "output.txt"), records)
-    finally:
-        for fd in [read_end, *fds] + ([info_end] if info_end >= 0 else []):
-            os.close(fd)
+    except BaseException:
         shutil.rmtree(base, ignore_errors=True)
+        if info >= 0:
+            os.close(info)
+        raise
+    finally:
+        for fd in own:
+            os.close(fd)
+    return _Sandbox(proc, base, marshal.dumps(spec), info, pidfd=_pidfd(proc.pid))
+
+
+def _ready(box: _Sandbox, limits, bwrap: Bwrap | None) -> None:
+    """Learn the namespace's init (before the program has its spec, so the init is still
+    alive and its pid cannot have been reused), then feed the spec."""
+    if box.info >= 0:
+        box.init = _namespace_init(box.info, limits.wall_s)
+        os.close(box.info)
+        box.info = -1
+        if box.init and sizes_tmpfs(bwrap.path):
+            box.tmp = (f"/proc/{box.init[0]}/root/tmp", _tmp_mb(limits) << 20)
+    try:
+        box.proc.stdin.write(box.spec)
+        box.proc.stdin.close()
+    except BrokenPipeError:  # it died at start; its exit code and output tell why
+        pass
 
 
 def _namespace_init(info_fd: int, timeout_s: float) -> tuple[int, list[int]] | None:
@@ -141,7 +217,9 @@ def _namespace_init(info_fd: int, timeout_s: float) -> tuple[int, list[int]] | N
     where the kernel has them), or None when bubblewrap failed before making it. Called before
     the program has its spec, so the init is still alive and its pid cannot have been reused."""
     data, deadline = b"", time.monotonic() + timeout_s
-    while time.monotonic() < deadline and select.select([info_fd], [], [], 0.1)[0]:
+    while time.monotonic() < deadline:  # however slow a loaded machine makes bubblewrap's start
+        if not select.select([info_fd], [], [], 0.1)[0]:
+            continue
         chunk = os.read(info_fd, 4096)
         if not chunk:  # bubblewrap closes it once written (or exits)
             break
@@ -164,8 +242,8 @@ def _command(script: str, spec: dict, limits, bwrap: Bwrap | None, base: Path, f
     if uid is not None:
         os.chown(work, uid, uid)
     spec.update(workdir="/tmp", uid=uid, isolated=True)
-    argv = bwrap_argv(bwrap, 4 * limits.fsize_mb if sizes_tmpfs(bwrap.path) else str(work))
-    argv[-1:-1] = ["--info-fd", str(fds[-1])]
+    argv = bwrap_argv(bwrap, _tmp_mb(limits) if sizes_tmpfs(bwrap.path) else str(work))
+    argv[-1:-1] = ["--info-fd", str(fds[0])]
     bpf = sandbox_seccomp.program()
     if bpf is not None:
         (base / "seccomp.bpf").write_bytes(bpf)
@@ -174,111 +252,44 @@ def _command(script: str, spec: dict, limits, bwrap: Bwrap | None, base: Path, f
     return argv + [interpreter(), "-I", "-S", "-B", f"{INSIDE}/{script}"]
 
 
+def _tmp_mb(limits) -> int:
+    """The size of the sandbox's /tmp."""
+    return 4 * limits.fsize_mb
+
+
 def _limits(limits) -> dict:
     return dict(cpu_s=limits.cpu_s, mem_mb=limits.mem_mb, nproc=limits.nproc,
                 fsize_mb=limits.fsize_mb)  # fmt: skip
 
 
-def _watch(proc: subprocess.Popen, spec: bytes, records_fd: int, limits, init):
-    """Feed the spec, collect the records, enforce the tree's limits; (code, killed, records).
-    `init`: the namespace's init under bubblewrap (None for a plain process)."""
-    try:
-        proc.stdin.write(spec)
-        proc.stdin.close()
-    except BrokenPipeError:  # it died at start; its exit code and output tell why
-        pass
-    pidfd = _pidfd(proc.pid)  # wakes the select below the moment the process ends
-    records, cap = bytearray(), limits.fsize_mb << 20
-    deadline, killed = time.monotonic() + limits.wall_s, ""
-    try:
-        while proc.poll() is None:
-            ready, _, _ = select.select([records_fd, *pidfd], [], [], WATCH_S)
-            if records_fd in ready:
-                records += os.read(records_fd, 1 << 16)
-            killed = _over(proc.pid, limits, len(records) > cap, time.monotonic() > deadline)
-            if killed:
-                break
-    finally:
-        _end(proc, init)
-        for fd in pidfd:
-            os.close(fd)
-    os.set_blocking(records_fd, False)
-    try:
-        while len(records) <= cap and (chunk := os.read(records_fd, 1 << 16)):
-            records += chunk
-    except BlockingIOError:  # a process outside the namespace (unsafe_none) still holds it
-        pass
-    code = None if killed else proc.returncode
-    return code, killed, records[:cap].decode("utf-8", errors="replace")
-
-
-def _over(pid: int, limits, records_too_big: bool, late: bool) -> str:
-    """Why the tree must die now, or ""."""
-    if late:
-        return f"wall time {limits.wall_s}s exceeded"
-    if records_too_big:
-        return f"more than {limits.fsize_mb} MiB of call records"
-    procs, cpu_s, rss_mb = _usage(_tree(pid))
-    if procs > limits.nproc + 3:  # + bwrap, its namespace init, the script's first process
-        return f"{procs} processes (limit {limits.nproc})"
-    if cpu_s > limits.cpu_s + 0.5:
-        return f"{cpu_s:.1f} CPU seconds across its processes (limit {limits.cpu_s})"
-    if rss_mb > limits.mem_mb:
-        return f"{rss_mb:.0f} MiB resident across its processes (limit {limits.mem_mb} MiB)"
-    return ""
-
-
-def _tree(pid: int) -> list[int]:
-    """`pid` and every process below it (through /proc/<pid>/task/<tid>/children)."""
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        try:
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:  # it ended while we looked
-            continue
-    return found
-
-
-def _usage(pids: list[int]) -> tuple[int, float, float]:
-    """(processes, CPU seconds incl. reaped children, resident MiB) of `pids`."""
-    procs, ticks, pages = 0, 0, 0
-    for p in pids:
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:  # it ended while we looked
-            continue
-        procs += 1
-        ticks += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        pages += int(fields[21])  # rss
-    return procs, ticks / TICK, pages * PAGE / (1 << 20)
-
-
-def _end(proc: subprocess.Popen, init: tuple[int, list[int]] | None) -> None:
-    """Kill whatever is left (normally nothing) and return only once all of it is gone.
+def _end(box: _Sandbox) -> None:
+    """Kill whatever is left of it (normally nothing) and return only once all of it is gone.
 
     Under bubblewrap: SIGKILL to the namespace's init, after which the kernel kills every other
     process of the namespace before the init itself counts as exited (bubblewrap's own exit
     does not wait for that). A plain process: its tree and its process group.
     """
-    if init is not None:
-        _kill_and_wait(*init)
+    if box.ended:
+        return
+    box.ended = True
+    if box.info >= 0:  # started, never made ready
+        os.close(box.info)
+    if box.init is not None:
+        _kill_and_wait(*box.init)
     else:
-        for p in _tree(proc.pid):
+        for p in sandbox_watch.tree(box.proc.pid):
             _kill(p)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(box.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # the group already ended
             pass
     try:
-        proc.wait(timeout=10)
+        box.proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        box.proc.kill()
+        box.proc.wait()
+    for fd in box.pidfd:
+        os.close(fd)
 
 
 def _kill_and_wait(pid: int, fds: list[int], timeout_s: float = 10.0) -> None:

@@ -1,12 +1,18 @@
-"""Plain values as JSON, for the candidate's call records (sandbox_child.py writes them,
-sandbox_verdict.py reads them with the json module). Imports nothing: it is loaded inside the
-sandbox, where every import costs each call's start-up time.
+"""Plain values, and the messages between the test harness and the candidate's process.
+
+The harness (sandbox_harness.py) sends each call's arguments to the candidate's process
+(sandbox_child.py, mode "serve") as a marshal frame; the candidate answers with a JSON frame,
+which the harness parses (loads) and decodes, never trusting it. A frame is a 4-byte length
+and its bytes. Imports only os (loaded already) at load: it runs inside the sandbox, where every import costs
+each call's start-up time.
 
 Only exact builtin types travel (a subclass of int or list, or any other object, does not):
 what the trusted side decodes can hold no code, so an object whose __eq__ always returns True
 arrives, at best, as the name of its type. Scalars are JSON scalars (NaN and ±inf as JSON's
 extensions); every container is a JSON array led by a tag.
 """
+
+import os
 
 MAX_DEPTH = 64
 SCALARS = (type(None), bool, int, float, str)
@@ -85,3 +91,65 @@ INF = float("inf")
 LITERALS = {None: "null", True: "true", False: "false"}
 ESCAPES = {c: f"\\u{c:04x}" for c in range(32)}
 ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\"})
+
+
+def send(fd: int, data: bytes) -> None:
+    """One frame: its length, then `data`."""
+    data = len(data).to_bytes(4, "big") + data
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def recv(fd: int, cap: int):
+    """The next frame's bytes; None at the end of the stream; ValueError for a frame longer
+    than `cap` bytes or one cut short."""
+    head = _exactly(fd, 4)
+    if head is None:
+        return None
+    size = int.from_bytes(head, "big")
+    if size > cap:
+        raise ValueError(f"a message of {size} bytes (at most {cap})")
+    body = _exactly(fd, size)
+    if body is None:
+        raise ValueError("a message cut short")
+    return bytes(body)
+
+
+def _exactly(fd: int, size: int):
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+class _Strict:
+    """What the json module's C scanner asks of its decoder: plain JSON and its NaN/±Infinity."""
+
+    strict = True
+    object_hook = object_pairs_hook = None
+    parse_float, parse_int = float, int
+    parse_constant = {"NaN": float("nan"), "Infinity": INF, "-Infinity": -INF}.__getitem__
+    memo = {}
+
+
+def loads(text: str):
+    """The JSON value `text` holds; ValueError when it is not exactly one. The C scanner that
+    json.loads uses, without the json package's imports (re alone costs ~5 ms per call)."""
+    try:
+        import _json
+
+        scan = _json.make_scanner(_Strict)
+    except ImportError:  # an interpreter built without the C scanner
+        import json
+
+        return json.loads(text)
+    try:
+        value, end = scan(text, 0)
+    except (StopIteration, SystemError):  # SystemError: the scanner's error message needs
+        raise ValueError("not JSON") from None  # json.decoder, which is not imported here
+    if end != len(text):
+        raise ValueError(f"extra data after position {end}")
+    return value

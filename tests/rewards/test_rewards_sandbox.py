@@ -72,7 +72,14 @@ FORGERIES = {
     "patched_assertion": "import builtins\nbuiltins.AssertionError = type('N', (Exception,), {})\n"
     "def f():\n    return 2\n",
     "wrong_answer": "def f():\n    return 2\n",
-}
+    # answers forged ahead of the calls on every descriptor: too long, too deep, not JSON
+    **{f"forged_answer_{kind}": "import os\nfor fd in range(3, 64):\n    try:\n"
+       f"        os.write(fd, {frame!r})\n    except OSError:\n        pass\n"
+       "def f():\n    return 1\n"
+       for kind, frame in [("too_long", b"\x7f\xff\xff\xff"),
+                           ("too_deep", len(b"[" * 99999).to_bytes(4, "big") + b"[" * 99999),
+                           ("not_json", b"\x00\x00\x00\x03{1:")]},
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("isolation", ISOLATIONS)
@@ -174,3 +181,61 @@ def test_the_pool_reports_which_isolation_ran():
         math = pool.submit("Answer: 5", Problem("m/0", "", "5", {})).result(timeout=60)
     assert (result.score, result.sandbox) == (1.0, "bwrap")
     assert math.sandbox == "" and pool.sandbox_runs == {"bwrap": 1}
+
+
+# Reads the tests out of its caller's frames, runs them once against a probe whose __eq__ records
+# each expected value, then answers every call from that table: generic for `assert f(x) == y`.
+FRAME_CHEAT = """import sys
+TABLE = {}
+class Probe:
+    def __init__(self, key):
+        self.key = key
+    def __eq__(self, other):
+        TABLE[self.key] = other
+        return True
+    __hash__ = object.__hash__
+def probe(*args):
+    return Probe(repr(args))
+def ENTRY(*args):
+    if not TABLE:
+        frame = sys._getframe(1)
+        while "check" not in frame.f_globals:
+            frame = frame.f_back
+        try:
+            frame.f_globals["check"](probe)
+        except BaseException:
+            pass
+    return TABLE.get(repr(args))
+"""
+
+
+@pytest.mark.parametrize("isolation", ISOLATIONS)
+def test_reading_the_tests_from_the_callers_frame_scores_zero(isolation):
+    """The tests run in a harness process of their own: the candidate's frames hold no test."""
+    cfg = RewardConfig(**{**FAST.__dict__, "sandbox": isolation})
+    secret = probe("def check(f):\n    assert f(3) == 'x7q'\n    assert f(4) == [1, 'zz']\n")
+    cheat = f"```python\n{FRAME_CHEAT.replace('ENTRY', 'f')}```"
+    result = run_tests(cheat, secret, cfg)
+    assert result.status == "failed", result.output
+    for p in humaneval([0, 13, 53]):  # on HumanEval: the cheat fails, the honest solution passes
+        cheat = f"```python\n{FRAME_CHEAT.replace('ENTRY', p.meta['entry_point'])}```"
+        assert run_tests(cheat, p, cfg).status == "failed", p.id
+        assert run_tests(p.answer, p, cfg).passed, p.id
+
+
+def test_raising_stop_iteration_cannot_end_the_tests_loop():
+    """Raised inside the tests' `map`, a StopIteration would end it early: all([]) is True."""
+    loop = probe("def check(f):\n    assert all(map(lambda x: f(x) == x + 1, range(3)))\n")
+    stop = "```python\ndef f(x):\n    raise StopIteration\n```"
+    assert run_tests(stop, loop, FAST).status == "failed"
+    assert run_tests("```python\ndef f(x):\n    return x + 1\n```", loop, FAST).passed
+
+
+def test_a_result_that_is_not_plain_data_fails():
+    swallows = probe("def check(f):\n    try:\n        f()\n    except:\n        pass\n")
+    for value in ("object()", "iter([1])", "type('L', (list,), {})([1])", "lambda: 1"):
+        candidate = f"```python\ndef f():\n    return {value}\n```"
+        for tests in (ASSERT_ONE, swallows):  # a bare `except` in the tests cannot hide it
+            result = run_tests(candidate, tests, FAST)
+            assert result.status == "failed" and "not a plain value" in result.output, value
+    assert run_tests(RETURN_ONE, swallows, FAST).passed

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -221,7 +222,7 @@ def test_10gb_across_many_processes_is_stopped_by_the_whole_tree_limit():
     roomy = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=512, code_nproc=16)
     result, leftovers = left_behind(attempt, ALLOCATE_10GB, cfg=roomy)  # memory must stop it
     assert contained(result) and leftovers == set()
-    assert "MiB resident across its processes" in result.output, result.output
+    assert "MiB across its processes" in result.output, result.output
 
 
 @pytest.mark.parametrize("body", ["while True:\n    pass", "import time\ntime.sleep(1000)"],
@@ -231,3 +232,107 @@ def test_cpu_and_wall_time_are_bounded(body):
     result = attempt(body)
     assert contained(result) and time.monotonic() - t0 < FAST.code_wall_s + 5
     assert "[sandbox] killed" in result.output  # by the watchdog, or by SIGXCPU
+
+
+MEMFD = """import os
+held = []
+try:
+    while len(held) < 96:  # 96 x 16 MiB (each file under RLIMIT_FSIZE): 1.5 GiB
+        fd = os.memfd_create("hold")
+        os.posix_fallocate(fd, 0, 16 << 20)
+        held.append(fd)
+except OSError:
+    pass
+return len(held) * 16 > {limit}"""
+
+FILES_AND_MEMORY = """import os
+held = 0
+for top in ("/dev/shm", "/dev", "/tmp", "/run", "/var/tmp", "."):
+    for n in range(64):  # 16 MiB files (RLIMIT_FSIZE) in every writable place, up to 1 GiB
+        try:
+            fd = os.open(f"{{top}}/hold{{n}}", os.O_CREAT | os.O_WRONLY, 0o600)
+            os.posix_fallocate(fd, 0, 16 << 20)
+        except OSError:
+            break
+        held += 16
+resident = bytearray(({limit} - 40) << 20)  # with the interpreter, under the limit by itself
+import time
+time.sleep(2)
+return held + len(resident) // (1 << 20) > {limit}"""
+
+
+SOCKET_BUFFERS = """import socket
+held, pairs, chunk = 0, [], bytes(1 << 20)
+try:
+    while held < 768 << 20:  # data in flight between socket pairs: kernel memory, 768 MiB
+        a, b = socket.socketpair()
+        a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        a.setblocking(False)
+        pairs.append((a, b))
+        try:
+            while True:
+                held += a.send(chunk)
+        except BlockingIOError:
+            pass
+except OSError:
+    pass
+return held >> 20 > {limit}"""
+
+
+class ShmemPeak:
+    """The highest rise of the host's shared memory (tmpfs, memfd: /proc/meminfo's Shmem), in
+    MiB, while the block runs: memory that no process's resident size shows."""
+
+    def __enter__(self):
+        self.start, self.peak, self.done = self.shmem(), 0, threading.Event()
+        self.thread = threading.Thread(target=self.sample)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def sample(self):
+        while not self.done.wait(0.02):
+            self.peak = max(self.peak, self.shmem() - self.start)
+
+    @staticmethod
+    def shmem() -> int:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("Shmem:"))
+        return kib >> 10
+
+
+@pytest.mark.parametrize("program", ["memfd", "files_and_memory", "socket_buffers"])
+def test_memory_held_outside_processes_counts_against_the_limit(program):
+    """Memory that no resident size shows (memfd files, tmpfs files, socket buffers) cannot add
+    to what the program holds beyond reward.code_mem_mb: refused, or counted and killed at the
+    limit."""
+    limit = 256
+    cfg = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=limit, code_nproc=16)
+    programs = {"memfd": MEMFD, "files_and_memory": FILES_AND_MEMORY, "socket_buffers": SOCKET_BUFFERS}
+    body = programs[program].format(limit=limit)
+    with ShmemPeak() as host:
+        result, leftovers = left_behind(attempt, body, cfg=cfg)
+    assert contained(result) and leftovers == set(), result.output
+    assert host.peak <= limit, f"the host's shared memory rose by {host.peak} MiB"
+
+
+HARNESS_IN_SIGHT = """import os
+found = False
+for p in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        argv = open(f"/proc/{p}/cmdline", "rb").read().split(b"\\0")
+    except OSError:
+        continue
+    found |= len(argv) > 1 and argv[-2].endswith(b"sandbox_harness.py")  # its script, last
+return found"""
+
+
+def test_the_test_harness_is_out_of_the_candidates_sight():
+    """The tests run beside the candidate in a sandbox of their own: no process of it, hence no
+    memory, file descriptor or stdin of it, is visible from the candidate's."""
+    body = HARNESS_IN_SIGHT
+    assert attempt(body, cfg=UNSAFE).passed  # control: without isolation it sees the harness
+    assert contained(attempt(body))
