@@ -12,7 +12,6 @@ is the whole on-disk contract:
 | ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
-| ``procs.json`` | launcher | the planned processes (argv, environment) and device map the watcher starts |
 | ``pids.json`` | local launcher | the pid of every process it started (``areal status``) |
 | ``job.sbatch``, ``slurm_job_id`` | Slurm launcher | the submitted script and its job id |
 | ``splits.json`` | controller | the train/eval split and the overlap between them (0) |
@@ -50,7 +49,6 @@ class RunDir:
     endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
     controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
-    procs = property(lambda self: self.root / "procs.json", doc="the planned processes, for launcher/watch.py")
     pids = property(lambda self: self.root / "pids.json", doc="pids of the local launcher's processes")
     sbatch = property(lambda self: self.root / "job.sbatch", doc="the submitted Slurm script")
     slurm_job_id = property(lambda self: self.root / "slurm_job_id", doc="the Slurm job id")

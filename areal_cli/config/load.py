@@ -194,13 +194,18 @@ def _schema_message(err: Exception) -> str:
     return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
-def load_yaml(path: str | Path, check: bool = True) -> RootConfig:
+def load_yaml(path: str | Path, check: bool = True, private: bool = True) -> RootConfig:
     """Read a resolved ``config.yaml`` written by ``save_yaml``. ``check=False`` for a run's own
     processes: the launcher validated it before writing it, and checking again would import what
-    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process)."""
+    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process). ``private``:
+    a run's own file, read only when it is the running user's alone (``areal_cli/private.py``);
+    False to read another user's run (``areal eval``'s overlap check, which starts nothing)."""
     from omegaconf import OmegaConf
 
-    return from_dictconfig(OmegaConf.load(path), check=check)
+    from areal_cli.private import read_private
+
+    text = read_private(path).decode() if private else Path(path).read_text()
+    return from_dictconfig(OmegaConf.create(text), check=check)
 
 
 def save_yaml(cfg: RootConfig, path: str | Path) -> None:

@@ -26,6 +26,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils.monitor import recv_monitor_message
 
+from areal_cli.private import read_private
 from areal_cli.rundir import RunDir
 
 
@@ -64,9 +65,22 @@ def load_keys(run_dir: str | Path) -> Keys:
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path} is accessible to other users (mode {stat.filemode(mode)}): "
                          f"chmod -R go-rwx {path}")
-    server_public, server_secret = zmq.auth.load_certificate(path / "server.key_secret")
-    client_public, client_secret = zmq.auth.load_certificate(path / "client.key_secret")
+    server_public, server_secret = _certificate(path / "server.key_secret")
+    client_public, client_secret = _certificate(path / "client.key_secret")
     return Keys(server_public, server_secret, client_public, client_secret)
+
+
+def _certificate(path: Path) -> tuple[bytes, bytes]:
+    """The public and secret key of a ZeroMQ certificate file (``zmq.auth``'s format), read without
+    following a link and only when the running user owns it (``read_private``)."""
+    found = {}
+    for line in read_private(path).splitlines():
+        key, eq, value = line.strip().partition(b"=")
+        if eq and key.strip() in (b"public-key", b"secret-key"):
+            found[key.strip()] = value.strip(b" \t'\"")
+    if len(found) != 2:
+        raise ValueError(f"{path} is not a ZeroMQ secret certificate: start runs with `areal train` (it writes them)")
+    return found[b"public-key"], found[b"secret-key"]
 
 
 def curve_server(sock: zmq.Socket, keys: Keys) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import zmq
 
 from areal_cli.durable import atomic_write
+from areal_cli.private import read_private
 from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import Gatekeeper, Keys, curve_client, curve_server
 from areal_cli.transport.messages import CHANNELS, BadFrame, decode, encode
@@ -50,7 +51,7 @@ class Endpoints:
 
     @classmethod
     def load(cls, run_dir: str | Path) -> Endpoints:
-        return cls(**json.loads(RunDir(run_dir).endpoints.read_text()))
+        return cls(**json.loads(read_private(RunDir(run_dir).endpoints)))
 
     def publish(self, run_dir: str | Path) -> None:
         """Write ``endpoints.json`` atomically (the only code that writes it)."""
