@@ -9,6 +9,7 @@ is the whole on-disk contract:
 | ``config.yaml`` | launcher | the resolved config |
 | ``run.lock`` | launcher | ``flock`` held for the whole run; the holder's pid |
 | ``keys/`` | launcher | this run's CURVE keys (directory 0700, files 0600) |
+| ``stores/`` | launcher | file stores (0700): the trainer ranks' rendezvous, the weight group's (controller names it) |
 | ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
@@ -46,6 +47,7 @@ class RunDir:
     config = property(lambda self: self.root / "config.yaml", doc="the resolved config")
     lock = property(lambda self: self.root / "run.lock", doc="flock of the live run; the holder's pid")
     keys = property(lambda self: self.root / "keys", doc="CURVE keys (0700)")
+    stores = property(lambda self: self.root / "stores", doc="file stores of the run's process groups (0700)")
     endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
     controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
@@ -70,6 +72,10 @@ class RunDir:
     def log(self, process: str) -> Path:
         """``logs/<process>.log``."""
         return self.logs / f"{process}.log"
+
+    def store(self, name: str) -> Path:
+        """``stores/<name>``: a torch FileStore, readable and writable by the run's user alone."""
+        return self.stores / name
 
     def checkpoint(self, version: int) -> Path:
         """``checkpoints/step_<version>``: complete once it exists under this name."""

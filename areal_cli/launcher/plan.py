@@ -19,6 +19,7 @@ from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.resolve import ALLOCATORS, Placement, find_allocator, resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.rundir import check_links, claim_run_dir
+from areal_cli.private import make_private_dir
 from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import check_ports, free_ports, is_loopback
@@ -93,6 +94,8 @@ class Plan:
         if links:
             raise ValueError("\n  - ".join(links))
         rd.logs.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(rd.stores, ignore_errors=True)  # an earlier start's stores: never joined by this one
+        make_private_dir(rd.stores)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, rd.config)
         rd.endpoints.unlink(missing_ok=True)  # an earlier start's addresses: never read by this one
@@ -275,7 +278,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         # the rank makes its own single-member gloo group (no store listens on any port)
         tenv.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", AREAL_SINGLE_RANK="1")
         procs.append(Proc("trainer", [py, "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
-    else:
+    else:  # the ranks' store: a file in the 0700 run directory (launcher/torchrun.py), no TCP store
+        tenv["AREAL_RANKS_STORE"] = str(RunDir(run_dir).store(f"ranks-{secrets.token_hex(8)}"))
         procs.append(Proc("trainer", [
             py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
             "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}",

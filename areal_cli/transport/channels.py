@@ -43,8 +43,9 @@ class Endpoints:
     batches: str  # controller PUSH → trainer rank 0 PULL (CHANNELS["batches"])
     control: str  # controller PUB → rollout SUB (CHANNELS["control"])
     status: str  # every process DEALER → controller ROUTER (CHANNELS["status"])
-    weights_host: str  # TCPStore of the weight broadcast group (hosted by trainer rank 0)
-    weights_port: int
+    weights_host: str  # the weight broadcast group's host (trainer rank 0): gloo listens there
+    weights_port: int  # its TCPStore's port, where weights_store is empty (Slurm)
+    weights_store: str = ""  # the group's FileStore inside the 0700 run directory (local runs)
 
     def to_dict(self) -> dict:
         return asdict(self)
