@@ -148,7 +148,7 @@ class Channel:
             if gate is None:
                 raise ValueError(f"{name}: a socket that binds needs the Gatekeeper (the ZAP handler)")
             curve_server(self.sock, keys)
-            gate.watch(self.sock, name, addr)
+            gate.watch(self.sock, name)
             self._bind(addr)
         else:
             curve_client(self.sock, keys)
