@@ -228,11 +228,30 @@ def validate(cfg: RootConfig) -> list[str]:
     return problems
 
 
+def _run_bounds(cfg: RootConfig) -> list[str]:
+    """Settings bounded by the run (its steps) or by this machine (its cores, for a local run)."""
+    from areal_cli.config.machine import cores
+    from areal_cli.config.schema import RolloutConfig
+
+    r, problems = cfg.rollout, []
+    most = max(cfg.trainer.steps, RolloutConfig.max_staleness)
+    if r.max_staleness > most:
+        problems.append(f"rollout.max_staleness={r.max_staleness}: must be at most trainer.steps="
+                        f"{cfg.trainer.steps} (no sample can be staler in this run; runs shorter than "
+                        f"{RolloutConfig.max_staleness} steps may keep the default {RolloutConfig.max_staleness}): "
+                        f"use at most {most}")
+    if cfg.launcher.name == "local" and r.workers > cores():
+        problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) this machine "
+                        "gives areal (each worker is a process with its own engine): lower it")
+    return problems
+
+
 def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
     problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
+    problems += _run_bounds(cfg)
     if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
         problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "
                         f"launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower heartbeat_s")
