@@ -23,7 +23,7 @@ is the whole on-disk contract:
 | ``tensorboard/``, ``wandb/``, ``mlruns/`` | controller | the experiment trackers' local files (``logging.backends``) |
 | ``plot.png`` | ``areal plot`` | the default output of ``areal plot <run_dir> ...`` |
 | ``checkpoints/step_<v>.partial/`` | trainer ranks, then controller | a checkpoint being written |
-| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v |
+| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v, with the run's marker ``checkpoint.json`` |
 | ``checkpoints/final/`` | trainer rank 0 | Hugging Face checkpoint of the trained model |
 | ``checkpoints/eval/`` | trainer rank 0 | the weights ``eval.every`` evaluates |
 | ``eval_final.json`` | launcher | the closing evaluation (``eval.at_end``) |
