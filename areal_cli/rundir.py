@@ -93,4 +93,4 @@ class RunDir:
     @property
     def no_links(self) -> tuple[Path, ...]:
         """Paths a run writes through or deletes under: never symbolic links."""
-        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints)
+        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints, self.stores)
