@@ -240,9 +240,11 @@ def _run_bounds(cfg: RootConfig) -> list[str]:
                         f"{cfg.trainer.steps} (no sample can be staler in this run; runs shorter than "
                         f"{RolloutConfig.max_staleness} steps may keep the default {RolloutConfig.max_staleness}): "
                         f"use at most {most}")
-    if cfg.launcher.name == "local" and r.workers > cores():
+    devices = max(cores(), len(cfg.cluster.gpus), len(r.gpus))  # GPUs named in the config count too
+    if cfg.launcher.name == "local" and r.workers > devices:
         problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) this machine "
-                        "gives areal (each worker is a process with its own engine): lower it")
+                        "gives areal or the GPUs named in cluster.gpus / rollout.gpus (each worker is a process "
+                        "with its own engine): lower it")
     return problems
 
 
