@@ -9,10 +9,10 @@ is the whole on-disk contract:
 | ``config.yaml`` | launcher | the resolved config |
 | ``run.lock`` | launcher | ``flock`` held for the whole run; the holder's pid |
 | ``keys/`` | launcher | this run's CURVE keys (directory 0700, files 0600) |
+| ``stores/`` | launcher | file stores (0700): the trainer ranks' rendezvous, the weight group's (controller names it) |
 | ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
-| ``procs.json`` | launcher | the planned processes (argv, environment) and device map the watcher starts |
 | ``pids.json`` | local launcher | the pid of every process it started (``areal status``) |
 | ``job.sbatch``, ``slurm_job_id`` | Slurm launcher | the submitted script and its job id |
 | ``splits.json`` | controller | the train/eval split and the overlap between them (0) |
@@ -23,7 +23,7 @@ is the whole on-disk contract:
 | ``tensorboard/``, ``wandb/``, ``mlruns/`` | controller | the experiment trackers' local files (``logging.backends``) |
 | ``plot.png`` | ``areal plot`` | the default output of ``areal plot <run_dir> ...`` |
 | ``checkpoints/step_<v>.partial/`` | trainer ranks, then controller | a checkpoint being written |
-| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v |
+| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v, with the run's marker ``checkpoint.json`` |
 | ``checkpoints/final/`` | trainer rank 0 | Hugging Face checkpoint of the trained model |
 | ``checkpoints/eval/`` | trainer rank 0 | the weights ``eval.every`` evaluates |
 | ``eval_final.json`` | launcher | the closing evaluation (``eval.at_end``) |
@@ -47,10 +47,10 @@ class RunDir:
     config = property(lambda self: self.root / "config.yaml", doc="the resolved config")
     lock = property(lambda self: self.root / "run.lock", doc="flock of the live run; the holder's pid")
     keys = property(lambda self: self.root / "keys", doc="CURVE keys (0700)")
+    stores = property(lambda self: self.root / "stores", doc="file stores of the run's process groups (0700)")
     endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
     controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
-    procs = property(lambda self: self.root / "procs.json", doc="the planned processes, for launcher/watch.py")
     pids = property(lambda self: self.root / "pids.json", doc="pids of the local launcher's processes")
     sbatch = property(lambda self: self.root / "job.sbatch", doc="the submitted Slurm script")
     slurm_job_id = property(lambda self: self.root / "slurm_job_id", doc="the Slurm job id")
@@ -73,6 +73,10 @@ class RunDir:
         """``logs/<process>.log``."""
         return self.logs / f"{process}.log"
 
+    def store(self, name: str) -> Path:
+        """``stores/<name>``: a torch FileStore, readable and writable by the run's user alone."""
+        return self.stores / name
+
     def checkpoint(self, version: int) -> Path:
         """``checkpoints/step_<version>``: complete once it exists under this name."""
         return self.checkpoints / f"step_{version}"
@@ -89,4 +93,4 @@ class RunDir:
     @property
     def no_links(self) -> tuple[Path, ...]:
         """Paths a run writes through or deletes under: never symbolic links."""
-        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints)
+        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints, self.stores)

@@ -194,13 +194,18 @@ def _schema_message(err: Exception) -> str:
     return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
-def load_yaml(path: str | Path, check: bool = True) -> RootConfig:
+def load_yaml(path: str | Path, check: bool = True, private: bool = True) -> RootConfig:
     """Read a resolved ``config.yaml`` written by ``save_yaml``. ``check=False`` for a run's own
     processes: the launcher validated it before writing it, and checking again would import what
-    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process)."""
+    only the checks need (reasoning-gym's dataset registry: ~80 MB in every process). ``private``:
+    a run's own file, read only when it is the running user's alone (``areal_cli/private.py``);
+    False to read another user's run (``areal eval``'s overlap check, which starts nothing)."""
     from omegaconf import OmegaConf
 
-    return from_dictconfig(OmegaConf.load(path), check=check)
+    from areal_cli.private import read_private
+
+    text = read_private(path).decode() if private else Path(path).read_text()
+    return from_dictconfig(OmegaConf.create(text), check=check)
 
 
 def save_yaml(cfg: RootConfig, path: str | Path) -> None:
@@ -223,11 +228,32 @@ def validate(cfg: RootConfig) -> list[str]:
     return problems
 
 
+def _run_bounds(cfg: RootConfig) -> list[str]:
+    """Settings bounded by the run (its steps) or by this machine (its cores, for a local run)."""
+    from areal_cli.config.machine import cores
+    from areal_cli.config.schema import RolloutConfig
+
+    r, problems = cfg.rollout, []
+    most = max(cfg.trainer.steps, RolloutConfig.max_staleness)
+    if r.max_staleness > most:
+        problems.append(f"rollout.max_staleness={r.max_staleness}: must be at most trainer.steps="
+                        f"{cfg.trainer.steps} (no sample can be staler in this run; runs shorter than "
+                        f"{RolloutConfig.max_staleness} steps may keep the default {RolloutConfig.max_staleness}): "
+                        f"use at most {most}")
+    devices = max(cores(), len(cfg.cluster.gpus), len(r.gpus))  # GPUs named in the config count too
+    if cfg.launcher.name == "local" and r.workers > devices:
+        problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) this machine "
+                        "gives areal or the GPUs named in cluster.gpus / rollout.gpus (each worker is a process "
+                        "with its own engine): lower it")
+    return problems
+
+
 def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
     problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
+    problems += _run_bounds(cfg)
     if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
         problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "
                         f"launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower heartbeat_s")

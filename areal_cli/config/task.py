@@ -177,6 +177,19 @@ class RewardConfig:
     """Isolation of model-written code: "bwrap" (bubblewrap; missing = exit 2 naming the package)
     | "unsafe_none" (no isolation at all: an explicit opt-in, logged at start and per result)."""
 
+    def _machine_problems(self) -> list[str]:
+        """Sandbox limits above what this machine has would never bind: refused, naming the most."""
+        from areal_cli.config.machine import memory_mb, tasks_max
+
+        errors = []
+        if self.code_mem_mb > memory_mb():
+            errors.append(f"reward.code_mem_mb={self.code_mem_mb}: must be at most this machine's memory, "
+                          f"{memory_mb()} MiB (a larger limit never binds): lower it")
+        if self.code_nproc > tasks_max():
+            errors.append(f"reward.code_nproc={self.code_nproc}: must be at most the {tasks_max()} tasks this "
+                          "machine's kernel allows (a larger limit never binds): lower it")
+        return errors
+
     def validate(self) -> list[str]:
         errors = []
         if self.fn not in REWARD_FNS and ":" not in self.fn:
@@ -189,6 +202,7 @@ class RewardConfig:
                 errors.append(f"reward.{key}={getattr(self, key)} must be > 0: raise it")
         if self.code_nproc < 1:
             errors.append(f"reward.code_nproc={self.code_nproc} must be >= 1: raise it")
+        errors += self._machine_problems()
         if self.sandbox not in SANDBOXES:
             errors.append(f"reward.sandbox={self.sandbox!r}: use one of {', '.join(SANDBOXES)}")
         if self.numeric_tol < 0:

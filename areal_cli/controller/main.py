@@ -12,6 +12,7 @@ the run with its name and what it was doing. A non-finite reward is scored 0 and
 from __future__ import annotations
 
 import argparse
+import secrets
 import signal
 import sys
 import time
@@ -77,6 +78,8 @@ def planned_endpoints(cfg, rd: RunDir) -> Endpoints:
     ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
     if not cfg.launcher.port_base:
         ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
+    # the weight group's store: a file only the run's user can open, fresh for each start
+    ep.weights_store = str(rd.store(f"weights-{secrets.token_hex(8)}"))
     return ep
 
 

@@ -4,7 +4,8 @@ A checkpoint of version v is the directory ``checkpoints/step_<v>``. The trainer
 part into ``step_<v>.partial/`` and reports it with "step done"; the controller — which has
 not sent batch v yet, so its state is exactly "v batches trained" — adds its part and renames
 the directory: a directory without ``.partial`` is complete by construction, and resume only
-ever picks those. A symbolic link named like a checkpoint is never followed (nor pruned through).
+ever picks those, and only with the run's marker (``checkpoints.MARKER``): a user's directory or a
+symbolic link named like a checkpoint is never picked, followed or pruned.
 
 Before the rename, metrics.jsonl and trajectories.jsonl are fsynced, so a complete checkpoint
 never points past the rows on disk; resume drops a torn last row (a kill mid-write) and says so.
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from areal_cli.checkpoints import latest_checkpoint
+from areal_cli.checkpoints import MARKER, latest_checkpoint, marker_text, run_checkpoints
 from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.tasks import Problem
@@ -44,6 +45,7 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
     }
     atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
     atomic_write(partial / "controller.json", json.dumps(state))
+    atomic_write(partial / MARKER, marker_text(version))  # this run wrote it: resume may pick it, keep may prune it
     for path in RunDir(ctl.run_dir).records:
         fsync_file(path)
     final = partial.with_name(partial.name.removesuffix(".partial"))
@@ -69,8 +71,8 @@ def publish(partial: Path, final: Path) -> None:
 
 
 def _prune(root: Path, keep: int) -> None:
-    done = sorted((int(d.name.split("_")[1]), d) for d in root.glob("step_*")  # a link is never ours
-                  if not d.name.endswith(".partial") and d.name.split("_")[1].isdigit() and not d.is_symlink())
+    """Delete all but the newest ``keep`` checkpoints the run wrote (never a user's directory)."""
+    done = run_checkpoints(root)
     for _, d in done[:-keep] if keep > 0 else []:
         shutil.rmtree(d, ignore_errors=True)
 

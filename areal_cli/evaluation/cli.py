@@ -145,7 +145,7 @@ def _trained_keys(model: str) -> set[str] | None:
     from areal_cli.tasks import load_problems
 
     try:
-        task = load_yaml(config).task
+        task = load_yaml(config, private=False).task
         return {p.key for p in load_problems(task, "train")}
     except (ConfigError, ValueError) as err:
         raise EvalError(f"model={model}: cannot rebuild that run's training split to check overlap: {err}") from None

@@ -18,8 +18,8 @@ from pathlib import Path
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.resolve import ALLOCATORS, Placement, find_allocator, resolve
 from areal_cli.config.schema import RootConfig
-from areal_cli.durable import atomic_write
-from areal_cli.launcher.rundir import check_links
+from areal_cli.launcher.rundir import check_links, claim_run_dir
+from areal_cli.private import make_private_dir
 from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import check_ports, free_ports, is_loopback
@@ -55,25 +55,38 @@ class Plan:
             lines.append(f"[{p.name}] {env + ' ' if env else ''}{' '.join(p.argv)}")
         return "\n".join(lines)
 
-    def save_procs(self) -> None:
-        """The processes to start, for ``launcher/watch.py`` (the lean process that starts and
-        watches them once ``areal train`` has planned the run)."""
-        procs = [{"name": p.name, "argv": p.argv, "env": p.env} for p in self.procs]
-        atomic_write(RunDir(self.run_dir).procs, json.dumps({"procs": procs, "devices": self.devices}, indent=1))
+    def to_fd(self) -> int:
+        """The plan (resolved config, commands, device map) in an anonymous in-memory file that the
+        watcher inherits across exec (``launcher/watch.py``): the commands to start never pass
+        through a file another process could swap, and nothing is read back from the run directory
+        to be executed."""
+        data = json.dumps({"config": to_yaml(self.cfg), "devices": self.devices,
+                           "procs": [{"name": p.name, "argv": p.argv, "env": p.env} for p in self.procs]}).encode()
+        fd = os.memfd_create("areal-plan", 0)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.set_inheritable(fd, True)
+        return fd
 
     @classmethod
-    def load(cls, run_dir: Path) -> Plan:
-        """The plan ``save_procs`` wrote, with the run's config.yaml (validated when written)."""
-        from areal_cli.config.load import load_yaml
+    def from_fd(cls, run_dir: Path, fd: int) -> Plan:
+        """The plan ``to_fd`` wrote into ``fd`` (closed here); its config was validated when planned."""
+        from omegaconf import OmegaConf
 
-        rd = RunDir(run_dir)
-        saved = json.loads(rd.procs.read_text())
+        from areal_cli.config.load import from_dictconfig
+
+        with os.fdopen(fd, "rb") as f:
+            f.seek(0)
+            saved = json.loads(f.read())
         procs = [Proc(p["name"], p["argv"], p["env"]) for p in saved["procs"]]
-        return cls(load_yaml(rd.config, check=False), run_dir, saved["devices"], procs)
+        cfg = from_dictconfig(OmegaConf.create(saved["config"]), check=False)
+        return cls(cfg, run_dir, saved["devices"], procs)
 
     def write(self) -> None:
         """The run directory's config, keys and logs/ (the controller publishes endpoints.json)."""
         rd = RunDir(self.run_dir)
+        claim_run_dir(self.run_dir)  # created 0700, or the running user's alone (Slurm comes here first)
         if not self.cfg.resume and rd.metrics.exists():
             raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
                              f"resume={self.run_dir} or choose another run_dir")
@@ -81,6 +94,8 @@ class Plan:
         if links:
             raise ValueError("\n  - ".join(links))
         rd.logs.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(rd.stores, ignore_errors=True)  # an earlier start's stores: never joined by this one
+        make_private_dir(rd.stores)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, rd.config)
         rd.endpoints.unlink(missing_ok=True)  # an earlier start's addresses: never read by this one
@@ -263,7 +278,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         # the rank makes its own single-member gloo group (no store listens on any port)
         tenv.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", AREAL_SINGLE_RANK="1")
         procs.append(Proc("trainer", [py, "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
-    else:
+    else:  # the ranks' store: a file in the 0700 run directory (launcher/torchrun.py), no TCP store
+        tenv["AREAL_RANKS_STORE"] = str(RunDir(run_dir).store(f"ranks-{secrets.token_hex(8)}"))
         procs.append(Proc("trainer", [
             py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
             "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}",

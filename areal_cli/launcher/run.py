@@ -19,7 +19,11 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
     from pathlib import Path
 
     from areal_cli.config.load import ConfigError, load_yaml
+    from areal_cli.private import check_private_dir
 
+    problems = check_private_dir(resume) if Path(resume).is_dir() else []
+    if problems:
+        raise UserError("  - " + "\n  - ".join(problems))
     path = RunDir(resume).config
     if not path.is_file():
         raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an earlier run")
@@ -56,16 +60,19 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
     without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
     would otherwise stay resident for the whole run)."""
     from areal_cli.launcher.plan import make_plan
-    from areal_cli.launcher.rundir import RunLock, new_run_dir
+    from areal_cli.launcher.rundir import RunLock, claim_run_dir, new_run_dir
 
     if cfg.launcher.name == "slurm":
         from areal_cli.launcher.slurm import submit
 
         return submit(cfg)
-    fresh = not cfg.run_dir and not cfg.dry_run
-    if fresh:
-        cfg.run_dir = str(new_run_dir())
+    created = False
     try:
+        # the run directory is this user's alone before anything reads or writes it
+        if not cfg.dry_run and not cfg.run_dir:
+            cfg.run_dir, created = str(new_run_dir()), True
+        elif not cfg.dry_run:
+            created = claim_run_dir(cfg.run_dir)
         plan = make_plan(cfg)
         cfg = plan.cfg  # resolved: what config.yaml will hold
         if cfg.dry_run:
@@ -76,7 +83,7 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         preflight(cfg)
         lock = RunLock(plan.run_dir)
     except (ValueError, UserError) as err:
-        if fresh:
+        if created:
             RunDir(cfg.run_dir).lock.unlink(missing_ok=True)
             Path(cfg.run_dir).rmdir()  # nothing started: leave no empty run directory behind
         raise err if isinstance(err, UserError) else UserError(f"  - {err}") from None
@@ -95,11 +102,12 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
 def _exec_watcher(plan, quiet: bool, lock) -> None:
     import os
 
-    plan.save_procs()
+    plan_fd = plan.to_fd()  # the commands go to the watcher in memory, never through a file
     os.set_inheritable(lock.fd, True)  # the watcher holds the run's lock from here on
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-m", "areal_cli.launcher.watch", str(plan.run_dir), "--lock-fd", str(lock.fd)]
+    argv = [sys.executable, "-m", "areal_cli.launcher.watch", str(plan.run_dir), "--lock-fd", str(lock.fd),
+            "--plan-fd", str(plan_fd)]
     os.execv(sys.executable, argv + (["--quiet"] if quiet else []))
 
 

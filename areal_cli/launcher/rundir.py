@@ -1,7 +1,10 @@
-"""The run directory's own rules: a unique name, one live run at a time, no links followed.
+"""The run directory's own rules: a unique name, the running user's alone, one live run at a
+time, no links followed.
 
 - ``new_run_dir``: ``runs/<timestamp>-<4 hex>`` created with ``mkdir`` (which fails if it exists),
   so two runs started in the same second never share a directory.
+- ``claim_run_dir``: a run directory is created 0700, or an existing one is used only when the
+  running user owns it and no one else can write to it (``areal_cli/private.py``).
 - ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock`` (``RunDir.lock``), held by ``areal train`` (and ``resume=``)
   for the whole run; the file names the holder's pid. The kernel drops the lock when the holder
   dies, so a crash never leaves a stale lock behind.
@@ -17,6 +20,7 @@ import os
 import secrets
 from pathlib import Path
 
+from areal_cli.private import check_private_dir, make_private_dir
 from areal_cli.rundir import RunDir
 
 
@@ -25,16 +29,34 @@ class RunDirError(ValueError):
 
 
 def new_run_dir(root: str | Path = "runs") -> Path:
-    """A fresh ``<root>/<YYYYmmdd-HHMMSS>-<4 hex>``, created here (never an existing one)."""
+    """A fresh ``<root>/<YYYYmmdd-HHMMSS>-<4 hex>`` (mode 0700), created here (never an existing one)."""
     Path(root).mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         path = Path(root) / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
         try:
-            path.mkdir()
+            make_private_dir(path)
         except FileExistsError:
             continue
+        problems = check_private_dir(path)
+        if problems:
+            path.rmdir()
+            raise RunDirError("\n  - ".join(problems))
         return path.resolve()
     raise RunDirError(f"could not create a new run directory under {root}: give run_dir=")
+
+
+def claim_run_dir(path: str | Path) -> bool:
+    """Create ``path`` (0700; True) or check the existing directory is the running user's alone
+    (False); RunDirError naming owner, mode and the fix otherwise."""
+    try:
+        make_private_dir(path)
+        return True
+    except FileExistsError:
+        pass
+    problems = check_private_dir(path)
+    if problems:
+        raise RunDirError("\n  - ".join(problems))
+    return False
 
 
 class RunLock:

@@ -7,8 +7,11 @@ store torchrun creates listens on all interfaces (``*:PORT`` in ``ss -ltnp``). T
 the same stores on a socket bound to the host alone (``weights.bound_store``):
 
 * ``areal`` (one node; the local launcher): torchrun's static rendezvous,
-  ``--rdzv-endpoint=HOST:PORT --rdzv-conf=rank=0``. Rank 0's store on HOST is also the
-  store the trainer ranks use (``TORCHELASTIC_USE_AGENT_STORE``).
+  ``--rdzv-endpoint=HOST:PORT --rdzv-conf=rank=0``. With ``AREAL_RANKS_STORE`` (what the local
+  launcher sets) no store listens at all: the agent keeps its own in memory and the ranks meet in
+  that FileStore inside the 0700 run directory, so only the run's user (and root) can read or
+  write a key. Without it, rank 0's store on HOST is also the store the trainer ranks use
+  (``TORCHELASTIC_USE_AGENT_STORE``).
 * ``areal-c10d`` (Slurm, one agent per node): torchrun's c10d rendezvous,
   ``--rdzv-endpoint=HOST:PORT``. The rendezvous store listens on HOST (on the node whose
   name or address HOST is); the store the ranks share, which the agent that becomes rank 0
@@ -17,11 +20,13 @@ the same stores on a socket bound to the host alone (``weights.bound_store``):
 
 from __future__ import annotations
 
+import os
 import sys
 from datetime import timedelta
 
 
 def _static(params):
+    import torch.distributed as dist
     from torch.distributed.elastic.rendezvous.static_tcp_rendezvous import (
         StaticTCPRendezvous,
         create_rdzv_handler,
@@ -34,7 +39,11 @@ def _static(params):
             return "areal"
 
         def next_rendezvous(self):
-            if self._store is None and self.rank == 0:
+            if self._store is None and os.environ.get("AREAL_RANKS_STORE") and self.world_size == 1:
+                # one agent, whose ranks meet in a FileStore of the run directory (trainer/main.py):
+                # its own store stays in this process, and no store listens on any port
+                self._store = dist.HashStore()
+            elif self._store is None and self.rank == 0:
                 self._store = bound_store(self.master_addr, self.master_port, self.world_size, self.timeout,
                                           multi_tenant=True)
             return super().next_rendezvous()

@@ -43,7 +43,7 @@ def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> Engin
     return EngineSetup(cfg.engine, resolve_model(cfg.model), tokenizer.eos_token_id,
                        Sampling(cfg.rollout.temperature, cfg.rollout.top_p),
                        sequences=concurrency(cfg) * cfg.rollout.group_size, context=context, seed=cfg.seed,
-                       index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port))
+                       index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port, ep.weights_store))
 
 
 def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None):

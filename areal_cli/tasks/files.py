@@ -94,10 +94,20 @@ def to_problem(where: str, rec: dict, cfg: TaskConfig, index: int) -> Problem:
     )
 
 
+def _decode(raw: bytes, where: str) -> str:
+    """``raw`` as UTF-8; ValueError naming ``where`` and the byte otherwise."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); data files "
+                         "must be UTF-8: re-encode the file (e.g. iconv -t UTF-8) or fix that line") from None
+
+
 def _read_jsonl(p: Path) -> list[Record]:
     records = []
-    with p.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with p.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = _decode(raw, f"{p} line {lineno}")
             if not line.strip():
                 continue
             try:
@@ -111,6 +121,8 @@ def _read_jsonl(p: Path) -> list[Record]:
 
 
 def _read_json(p: Path) -> list[Record]:
+    for lineno, raw in enumerate(p.read_bytes().splitlines(), start=1):
+        _decode(raw, f"{p} line {lineno}")
     try:
         data = json.loads(p.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:

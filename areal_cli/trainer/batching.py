@@ -331,11 +331,18 @@ def merge_stats(into: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], h
 
 def reduce_stats(stats: dict[str, torch.Tensor], how: dict[str, str], global_tokens: float,
                  device: torch.device) -> dict:
-    """All-reduce the merged stats over ranks; "mean" stats are divided by the batch's tokens."""
+    """All-reduce the merged stats over ranks; "mean" stats are divided by the batch's tokens.
+
+    The stats are stacked into one new tensor per reduction (two collectives in all) before the
+    in-place all-reduce: two keys holding the same tensor, or views of one storage, are never
+    reduced into each other (a shared zero once added the fresh-token count into the logprob gap)."""
     out = {}
-    for k in sorted(stats):
-        v = stats[k].detach().float().reshape(1).to(device)
-        op = how.get(k, "sum")
-        dist.all_reduce(v, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        out[k] = float(v) / global_tokens if op == "mean" else float(v)
+    for ops, red in ((("sum", "mean"), dist.ReduceOp.SUM), (("max",), dist.ReduceOp.MAX)):
+        keys = [k for k in sorted(stats) if how.get(k, "sum") in ops]
+        if not keys:
+            continue
+        v = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).to(device)
+        dist.all_reduce(v, op=red)
+        for k, x in zip(keys, v.tolist(), strict=True):
+            out[k] = x / global_tokens if how.get(k) == "mean" else x
     return out

@@ -43,6 +43,21 @@ from areal_cli.transport.messages import (
 from areal_cli.transport.ranks import share_message
 
 
+def init_ranks(backend: str, timeout: datetime.timedelta) -> None:
+    """The trainer ranks' default group. One CPU rank (``AREAL_SINGLE_RANK``, started without
+    torchrun) is a group of itself; ranks of a local run meet in ``AREAL_RANKS_STORE``, a FileStore
+    in the 0700 run directory (no store listens on a port); otherwise torchrun's store (Slurm)."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if os.environ.get("AREAL_SINGLE_RANK") == "1":  # started without torchrun (launcher/plan.py)
+        store = dist.HashStore()
+    elif os.environ.get("AREAL_RANKS_STORE"):
+        store = dist.FileStore(os.environ["AREAL_RANKS_STORE"], world)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 class Trainer:
     def __init__(self, run_dir: str):
         self.run_dir = Path(run_dir)
@@ -58,11 +73,7 @@ class Trainer:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
         # a rank stuck in a collective is an error after launcher.peer_timeout_s, not a hang
-        timeout = datetime.timedelta(seconds=cfg.launcher.peer_timeout_s)
-        if os.environ.get("AREAL_SINGLE_RANK") == "1":  # started without torchrun (launcher/plan.py)
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
-        else:
-            dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+        init_ranks("nccl" if cuda else "gloo", datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = Endpoints.load(run_dir)
@@ -83,7 +94,7 @@ class Trainer:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
             # the sender of the run's engine (areal's bucketed broadcast, or vLLM's own NCCL transfer)
-            self.sender = make_sender(cfg, ep.weights_host, ep.weights_port, self.model, self.device)
+            self.sender = make_sender(cfg, ep.weights_host, ep.weights_port, self.model, self.device, ep.weights_store)
             self.status.send(Hello(self.name))
         self.log.info("ready: %d rank(s), device %s", self.world, self.device)
 

@@ -115,8 +115,8 @@ class StepRunner:
             stats, loss_total, grad_norm = self._optimizer_step(ro, adv, pmbs, prox, ref, global_tokens, max_len,
                                                                 version if epoch == 0 else None)
             if epoch == 0 and version is not None:  # every rank all-reduces both, fresh tokens or not
-                zero = torch.zeros((), device=self.device)
-                gap = {k: stats.pop(k, zero) for k in ("logp_gap_sum", "fresh_tokens")}
+                gap = {k: stats.pop(k, torch.zeros((), device=self.device))  # one tensor each
+                       for k in ("logp_gap_sum", "fresh_tokens")}
             if self.critic:
                 vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
         elapsed = time.perf_counter() - t0

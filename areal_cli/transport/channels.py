@@ -22,6 +22,7 @@ from pathlib import Path
 import zmq
 
 from areal_cli.durable import atomic_write
+from areal_cli.private import read_private
 from areal_cli.rundir import RunDir
 from areal_cli.transport.auth import Gatekeeper, Keys, curve_client, curve_server
 from areal_cli.transport.messages import CHANNELS, BadFrame, decode, encode
@@ -42,15 +43,16 @@ class Endpoints:
     batches: str  # controller PUSH → trainer rank 0 PULL (CHANNELS["batches"])
     control: str  # controller PUB → rollout SUB (CHANNELS["control"])
     status: str  # every process DEALER → controller ROUTER (CHANNELS["status"])
-    weights_host: str  # TCPStore of the weight broadcast group (hosted by trainer rank 0)
-    weights_port: int
+    weights_host: str  # the weight broadcast group's host (trainer rank 0): gloo listens there
+    weights_port: int  # its TCPStore's port, where weights_store is empty (Slurm)
+    weights_store: str = ""  # the group's FileStore inside the 0700 run directory (local runs)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def load(cls, run_dir: str | Path) -> Endpoints:
-        return cls(**json.loads(RunDir(run_dir).endpoints.read_text()))
+        return cls(**json.loads(read_private(RunDir(run_dir).endpoints)))
 
     def publish(self, run_dir: str | Path) -> None:
         """Write ``endpoints.json`` atomically (the only code that writes it)."""
@@ -146,7 +148,7 @@ class Channel:
             if gate is None:
                 raise ValueError(f"{name}: a socket that binds needs the Gatekeeper (the ZAP handler)")
             curve_server(self.sock, keys)
-            gate.watch(self.sock, name, addr)
+            gate.watch(self.sock, name)
             self._bind(addr)
         else:
             curve_client(self.sock, keys)

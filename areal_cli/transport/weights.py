@@ -86,11 +86,16 @@ def bound_store(host: str, port: int, world_size: int | None, timeout: timedelta
                          master_listen_fd=sock.detach(), **kw)
 
 
-def new_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float):
-    """A standalone process group (no init_process_group); rank 0 hosts the TCPStore, listening
-    on ``host`` only."""
+def new_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
+              store_path: str = ""):
+    """A standalone process group (no init_process_group). Its store is ``store_path``, a FileStore
+    inside the run directory (0700: only the run's user and root can read or write a key), or,
+    without one (Slurm, across nodes), a TCPStore rank 0 hosts on ``host`` only."""
     timeout = timedelta(seconds=timeout_s)
-    if rank == 0:
+    if store_path:
+        store = dist.FileStore(store_path, world_size)
+        store.set_timeout(timeout)
+    elif rank == 0:
         store = bound_store(host, port, world_size, timeout, wait_for_workers=False)
     else:
         store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
@@ -177,12 +182,12 @@ class WeightSender(WeightSenderBase):
     """
 
     def __init__(self, specs, host, port, world_size, backend, device, wire_dtype, bucket_bytes,
-                 timeout_s=600.0, staged=True):
+                 timeout_s=600.0, staged=True, store_path=""):
         self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
         self.buffer_device = device if backend == "nccl" else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
-        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s)
+        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s, store_path)
         self._flats: dict[int, torch.Tensor] = {}  # buffer slot → wire buffer, allocated on first use
         self._named: Iterator | None = None
 
@@ -258,7 +263,7 @@ class WeightReceiver:
     holds two buckets, never a second copy of the model)."""
 
     def __init__(self, model: torch.nn.Module, host, port, rank, world_size, backend, wire_dtype,
-                 bucket_bytes, timeout_s=600.0):
+                 bucket_bytes, timeout_s=600.0, store_path=""):
         self.model, self.wire_dtype = model, wire_dtype
         self.params = {clean_name(n): p for n, p in model.named_parameters()}
         self.device = next(model.parameters()).device
@@ -269,7 +274,7 @@ class WeightReceiver:
         self.slots = [torch.empty(max(self.sizes), dtype=wire_dtype, device=buffer_device)
                       for _ in range(min(2, len(self.buckets)))]
         self.targets = [[self.params[s.name] for s in b] for b in self.buckets]
-        self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s)
+        self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s, store_path)
 
     def _flat(self, k: int) -> torch.Tensor:
         return self.slots[k % len(self.slots)][:self.sizes[k]]

@@ -78,3 +78,30 @@ def test_nan_parses_as_a_float_and_is_refused():
     with pytest.raises(ConfigError) as err:
         compose(["trainer.weight_decay=nan"])
     assert "trainer.weight_decay=nan: must be a finite number in [0, inf)" in str(err.value)
+
+
+# accepted before: a staleness no run can reach, "one gloo group of 100001 ranks", sandbox limits
+# that never bind (so they were off)
+BEYOND = {
+    "rollout.max_staleness=1000000000": "must be at most trainer.steps=50",
+    "rollout.workers=100000": "CPU core(s) this machine gives areal",
+    "reward.code_mem_mb=100000000": "at most this machine's memory",
+    "reward.code_nproc=100000000": "tasks this machine's kernel allows",
+}
+
+
+def test_values_beyond_the_run_or_the_machine_exit_2_naming_each_key(tmp_path):
+    proc = subprocess.run(AREAL + ["train", f"run_dir={tmp_path}/r", "trainer.steps=50", *BEYOND],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    for override, why in BEYOND.items():
+        assert any(line.strip().startswith(f"- {override}:") and why in line for line in proc.stderr.splitlines()), \
+            (override, proc.stderr)
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
+def test_short_runs_keep_the_default_staleness_and_the_edges_pass():
+    from areal_cli.config.machine import cores
+
+    compose(["trainer.steps=1"])  # η = 4 (the default) though the run has one step
+    compose(["trainer.steps=7", "rollout.max_staleness=7", f"rollout.workers={cores()}"])

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
+from areal_cli.checkpoints import MARKER, marker_text
 from areal_cli.controller.state import _prune, latest_checkpoint, publish, truncate_records
 from areal_cli.durable import append_jsonl, read_jsonl
 
@@ -35,8 +37,10 @@ def test_truncation_replaces_the_file_not_what_a_link_points_to(tmp_path):
 
 
 def _complete(d, version):
+    """A checkpoint as the controller completes it: its state and the run's marker."""
     d.mkdir(parents=True)
     (d / "controller.json").write_text(json.dumps({"version": version}))
+    (d / MARKER).write_text(marker_text(version))
     (d / "marker").write_text(d.name)
 
 
@@ -66,3 +70,18 @@ def test_checkpoint_links_are_never_resumed_from_or_pruned_through(tmp_path):
     _prune(ck, keep=1)
     assert (outside / "step_9" / "marker").exists()  # the link's target is untouched
     assert not (ck / "step_1").exists() and (ck / "step_2").exists()
+
+
+def test_a_users_directories_among_the_checkpoints_are_never_picked_or_pruned(tmp_path):
+    """Before: resume picked a user's checkpoints/step_9_mycopy and pruning deleted step_2_backup."""
+    ck = tmp_path / "checkpoints"
+    for v in (1, 2, 3):
+        _complete(ck / f"step_{v}", v)
+    shutil.copytree(ck / "step_3", ck / "step_9_mycopy")  # a user's copy, marker and all
+    shutil.copytree(ck / "step_2", ck / "step_2_backup")
+    shutil.copytree(ck / "step_3", ck / "step_12")  # a copy renamed: its marker says 3
+    (ck / "step_5").mkdir()  # a user's directory named like a checkpoint, without the marker
+    (ck / "step_5" / "controller.json").write_text(json.dumps({"version": 5}))
+    assert latest_checkpoint(tmp_path).name == "step_3"
+    _prune(ck, keep=1)
+    assert sorted(p.name for p in ck.iterdir()) == ["step_12", "step_2_backup", "step_3", "step_5", "step_9_mycopy"]

@@ -106,3 +106,16 @@ def test_validate_names_keys(tmp_path):
     (tmp_path / "d.csv").write_text("q,a\n")
     assert "task.path" in cfg_for(tmp_path / "d.csv").validate()[0]
     assert TaskConfig(source="ftp").validate()[0].startswith("task.source='ftp': use one of")
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_bad_byte_names_the_file_and_line(tmp_path, suffix):
+    """Before: "'utf-8' codec can't decode byte 0xff in position 71", naming neither."""
+    path = tmp_path / f"d{suffix}"
+    lines = [json.dumps(r) for r in RECORDS[:3]]
+    body = "\n".join(lines) + "\n" if suffix == ".jsonl" else "[\n" + ",\n".join(lines) + "\n]\n"
+    raw = body.encode().replace(b'"What is 1', b'"What is \xff1')
+    path.write_bytes(raw)
+    line = 2 if suffix == ".jsonl" else 3
+    with pytest.raises(ValueError, match=rf"{path} line {line}: not UTF-8 \(byte 0xff at column \d+\)"):
+        load_problems(cfg_for(path), "train")

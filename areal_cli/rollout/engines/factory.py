@@ -22,8 +22,9 @@ def make_engine(setup: EngineSetup, doing: Callable[[str], None] | None = None) 
     return s.load().ENGINE(setup, doing or (lambda _what: None))
 
 
-def make_sender(cfg: RootConfig, host: str, port: int, model, device):
+def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str = ""):
     """Trainer rank 0's end of ``cfg.engine.name``'s weight transfer (a ``WeightSenderBase``) to every
     rollout worker, hosting the group on ``host:port``; ``model`` is the trainer's policy (the
-    parameters it will send), ``device`` the trainer's device. Returns once every worker has joined."""
-    return spec(cfg.engine.name).load().make_sender(cfg, host, port, model, device)
+    parameters it will send), ``device`` the trainer's device, ``store`` the group's FileStore where the
+    run has one (vLLM's own transfer keeps its TCPStore). Returns once every worker has joined."""
+    return spec(cfg.engine.name).load().make_sender(cfg, host, port, model, device, store)

@@ -267,10 +267,11 @@ def weight_receiver(model, source: WeightSource, index: int):
 
     cfg, w = source.cfg, source.cfg.weights  # resolved when the run was planned
     return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
-                          getattr(torch, w.dtype), bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s)
+                          getattr(torch, w.dtype), bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s,
+                          store_path=source.store)
 
 
-def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device):
+def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device, store: str = ""):
     """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers."""
     from areal_cli.transport.weights import WeightSender, param_specs
 
@@ -279,7 +280,8 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.devi
                         getattr(torch, w.dtype), bucket_bytes(w),
                         # twice the heartbeat limit: a rollout worker that stopped answering is named
                         # by the controller (no heartbeat), not reported as this broadcast's timeout
-                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true)
+                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true,
+                        store_path=store)
 
 
 ENGINE = HFEngine

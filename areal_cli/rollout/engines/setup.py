@@ -37,6 +37,8 @@ class WeightSource:
     """Trainer rank 0's weights host (endpoints.json ``weights_host``)."""
     port: int
     """Its port (endpoints.json ``weights_port``)."""
+    store: str = ""
+    """The group's FileStore in the run directory (endpoints.json ``weights_store``; local runs)."""
 
 
 @dataclass(frozen=True)

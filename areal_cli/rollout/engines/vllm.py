@@ -207,7 +207,7 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
                               group_size(cfg.rollout.workers, e.tensor_parallel_size), mode=e.weight_update)
 
 
-def make_sender(cfg: RootConfig, host: str, port: int, model, device):
+def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str = ""):
     """Trainer rank 0's end of vLLM's NCCL weight transfer: rank 0, every worker's GPU ranks after it."""
     import torch
 
