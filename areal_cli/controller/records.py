@@ -32,11 +32,18 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
     return n
 
 
+AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajectories", "agent_splits",
+                "agent_tool_calls", "tool_parse_errors", "agent_unauthorized", "agent_bad_requests",
+                "agent_unattributed_calls")
+
+
 def agent_row(c: Counter) -> dict:
     """workflow=agent's counts since the last step as metrics: sums, and the agent's own logged
     numbers (``agent_extra_*``) as means per episode."""
     episodes = max(1.0, c.get("agent_episodes", 0.0))
-    return {k: (v / episodes if k.startswith("agent_extra_") else v) for k, v in sorted(c.items())}
+    row = dict.fromkeys(AGENT_COUNTS, 0.0)  # every key on every step, also one in which no episode ended
+    row.update({k: (v / episodes if k.startswith("agent_extra_") else v) for k, v in c.items()})
+    return dict(sorted(row.items()))
 
 
 class StepRecorder:
@@ -111,7 +118,8 @@ class StepRecorder:
             "stale_dropped": self.stale_dropped,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
-        row.update(agent_row(self.window))
+        if self.cfg.workflow.name == "agent":
+            row.update(agent_row(self.window))
         self.window = Counter()
         if self.pauses:  # mostly the update that followed the previous step
             row["weight_pause_s"] = max(self.pauses)
