@@ -18,6 +18,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | weights.staged | true with nccl, false with gloo |
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
+| trainer.compile | false (see ``_compile``) |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
 | logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
 """
@@ -71,6 +72,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.dtype = _dtype(t.dtype)
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
+    t.compile = _switch(t.compile, _compile(where))
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
     nccl = where.trainer_gpu and not where.shared_gpu
     w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)
@@ -133,6 +135,12 @@ def _auto(choices: type[Enum], value, concrete):
 def _dtype(value) -> Dtype:
     # bfloat16 decodes ~1.7x faster than float32 even on AVX512-BF16/AMX CPUs
     return _auto(Dtype, value, Dtype.bfloat16)
+
+
+def _compile(where: Placement) -> bool:
+    """trainer.compile=auto: not measured to win yet (benchmarks/trainer_profile.py); on the CPU the
+    first step would compile for minutes."""
+    return False
 
 
 def _switch(value, on: bool) -> Switch:

@@ -154,6 +154,16 @@ class TrainerConfig:
     "float32". Master weights stay float32."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory, about a third more compute)."""
+    checkpoint_every: int = 1
+    """With activation_checkpointing: recompute every k-th decoder layer only (1 = all; 2 = every other:
+    half the recomputation, the other layers' activations held)."""
+    compile: Switch = Switch.auto
+    """torch.compile each decoder layer (fused norms, rotary and activations): "auto" (true for the
+    trainer on GPUs, false on the CPU) | "true" | "false". The first step compiles (tens of seconds)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
+    backward; false keeps them gathered until the backward (one all-gather less per layer and micro-batch,
+    more memory)."""
     threads: int = 0
     """torch CPU threads per rank; 0 = half the cores (at least 1)."""
     skip_zero_advantage: bool = True

@@ -65,22 +65,30 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
     return torch.cat(lps), torch.cat(ents)
 
 
-def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float,
-                     chunk: int, buckets: int = 0, entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float, chunk: int, buckets: int = 0,
+                     entropy_grad: bool = False, clock=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
 
     The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
     its output layer swapped for one that takes the kept hidden states at the response
     positions and returns their ``(logprob, entropy)``; the layer's own forward (e.g. the
     float32 head) computes each chunk's logits, under the same autocast; ``buckets`` pads the
-    last chunk (see the module's docstring). The entropy is detached unless ``entropy_grad``."""
+    last chunk (see the module's docstring). The entropy is detached unless ``entropy_grad``.
+    ``clock`` (a ``timing.StepClock``): marks the end of the layers' forward, of the head's forward
+    and, in the backward that follows, of the head's backward (a hook on its input's gradient)."""
     head = model.get_output_embeddings()
     own = head.__dict__.get("forward")  # an instance override (float32_head) or the class's
     inner = head.forward
 
     def logprob_head(kept: torch.Tensor) -> torch.Tensor:
+        if clock is not None:
+            clock.mark("forward")
+            if kept.requires_grad:
+                kept.register_hook(lambda _grad: clock.mark("head_backward"))
         lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk, buckets,
                                    entropy_grad)
+        if clock is not None:
+            clock.mark("head_forward")
         return torch.stack([lp, ent], dim=-1)
 
     head.forward = logprob_head

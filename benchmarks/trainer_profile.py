@@ -1,0 +1,189 @@
+"""Where the trainer step's time goes, and what each speed lever does to it: N steps of the real
+``StepRunner`` on random weights of a real architecture (label every figure "random weights").
+
+    python3 benchmarks/trainer_profile.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192] \
+        [--steps 3] [--rows baseline compile ...] [--profile baseline] [--out DIR] [override ...]
+    torchrun --nproc-per-node 4 benchmarks/trainer_profile.py --arch qwen2.5-7b-instruct --seqs 12 ...
+
+Each row is the baseline config (packing, varlen attention, activation checkpointing of every layer,
+the float32 output layer of ``engine=vllm`` runs, ``micro_batch_tokens`` 16384, GRPO loss, fused
+AdamW) with the row's overrides (``ROWS``), then the trailing ``override``s. For each row: the
+median step time over ``--steps`` steps after one warm-up step (which compiles, where the row
+compiles), the MFU the trainer reports, the peak GPU memory and the median of each part of the
+step-time breakdown (``time/<part>_s``, ``trainer/timing.py``). A row that runs out of memory is
+reported as such. ``--profile ROW``: one more step of that row under the torch profiler, written
+to DIR as a Chrome trace (``trace_ROW.json.gz``) and a table of the top kernels by GPU time
+(``kernels_ROW.txt``), whose NCCL kernels are the FSDP collectives. Batch: ``--seqs`` sequences of
+a 64-token prompt and a ``--length``-token response (random ids, two rewards per group), split
+over the ranks as the trainer splits it. Results: DIR/results.json and a table on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from areal_cli.config.load import compose
+from areal_cli.config.resolve import Placement, resolve
+from areal_cli.trainer.model import build_policy, policy_options
+from areal_cli.trainer.step import StepRunner
+from benchmarks.trainer_variants import batch, checkpoint
+
+BASELINE = ["trainer.packing=true", "trainer.varlen=true", "trainer.activation_checkpointing=true",
+            "engine.lm_head_fp32=true", "trainer.micro_batch_tokens=16384", "trainer.compile=false",
+            "trainer.skip_zero_advantage=false", "rollout.group_size=2"]
+"""Every row starts from these (the trainer of the 1.5B/7B size runs before these levers)."""
+
+ROWS = {
+    "baseline": [],
+    "every2": ["trainer.checkpoint_every=2"],
+    "no_ckpt": ["trainer.activation_checkpointing=false"],
+    "no_ckpt_8k": ["trainer.activation_checkpointing=false", "trainer.micro_batch_tokens=8192"],
+    "compile": ["trainer.compile=true"],
+    "no_reshard": ["trainer.reshard_after_forward=false"],
+    "chunk1024": ["trainer.logprob_chunk_tokens=1024"],
+    "mbt32k": ["trainer.micro_batch_tokens=32768"],
+    "auto": ["trainer.compile=auto", "trainer.checkpoint_every=1"],
+}
+"""Row name → overrides on top of ``BASELINE``. ``auto``: what ``config/resolve.py`` picks."""
+
+
+def init() -> tuple[int, int, torch.device]:
+    """(rank, world, device): torchrun's group, else a one-rank group; NCCL on GPUs, gloo on the CPU
+    (a smoke run: no MFU there)."""
+    cuda = torch.cuda.is_available()
+    backend = "nccl" if cuda else "gloo"
+    if "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    if not cuda:
+        return dist.get_rank(), dist.get_world_size(), torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    torch.cuda.set_device(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: int, world: int) -> dict:
+    cfg = resolve(compose([*BASELINE, f"rollout.max_new_tokens={args.length}", *ROWS[name], *overrides]),
+                  Placement(trainer_gpu=True, model_path=path))
+    options = policy_options(cfg)
+    t = cfg.trainer
+    row = {"row": name, "options": options, "micro_batch_tokens": t.micro_batch_tokens,
+           "logprob_chunk_tokens": t.logprob_chunk_tokens}
+    model = build_policy(path, device, torch.bfloat16, **options)
+    runner = StepRunner(model, cfg, device, torch.bfloat16, rank=rank, world=world)
+    times, metrics = [], []
+    for _ in range(args.steps + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        metrics.append(runner.train(b))
+        times.append(time.perf_counter() - t0)
+    measured = metrics[1:]
+    parts = sorted({k for m in measured for k in m if k.startswith("time/")})
+    row.update(step_s=statistics.median(times[1:]), step_s_all=times, warmup_s=times[0],
+               mfu=statistics.median(m.get("mfu", 0.0) for m in measured),
+               tflops_per_gpu=statistics.median(m["model_tflops_per_s"] for m in measured) / world,
+               peak_gpu_mem_gb=max(m.get("peak_gpu_mem_gb", 0.0) for m in measured),
+               breakdown={k[len("time/"):-len("_s")]: statistics.median(m.get(k, 0.0) for m in measured)
+                          for k in parts})
+    if name in args.profile:
+        profile(name, runner, b, device, Path(args.out), rank)
+    del runner, model
+    return row
+
+
+def profile(name: str, runner, b, device, out: Path, rank: int) -> None:
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        runner.train(b)
+        sync(device)
+    if rank != 0:
+        return
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)
+    (out / f"kernels_{name}.txt").write_text(table)
+    raw = out / f"trace_{name}.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(f"{raw}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    print(f"profile of {name}: {out / f'kernels_{name}.txt'}, {raw}.gz", flush=True)
+
+
+def free(device) -> None:
+    import torch._dynamo
+
+    gc.collect()
+    torch._dynamo.reset()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def print_row(r: dict) -> None:
+    if "error" in r:
+        print(f"{r['row']:12} {r['error']}", flush=True)
+        return
+    parts = "  ".join(f"{k} {v:.3f}" for k, v in r["breakdown"].items() if k != "step")
+    print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak {r['peak_gpu_mem_gb']:5.1f} GiB  "
+          f"(warm-up {r['warmup_s']:.1f} s) | {parts}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", default="qwen2.5-1.5b-instruct")
+    ap.add_argument("--seqs", type=int, default=8)
+    ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--profile", nargs="*", default=["baseline"], help="rows to profile one more step of")
+    ap.add_argument("--out", default="trainer_profile")
+    ap.add_argument("overrides", nargs="*", help="config overrides for every row")
+    args = ap.parse_args()
+    rank, world, device = init()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    if Path(args.arch, "config.json").is_file():  # a checkpoint's directory
+        path = Path(args.arch)
+    else:  # random weights of benchmarks/models/ARCH, built once by rank 0
+        if rank == 0:
+            checkpoint(args.arch)
+        dist.barrier()
+        path = checkpoint(args.arch)
+    b = batch(args.seqs, args.length)
+    head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU", "gpus": world, "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d"), "arch": args.arch, "weights": "random",
+            "batch": f"{args.seqs} x (64 + {args.length}) tokens", "baseline": BASELINE, "overrides": args.overrides}
+    if rank == 0:
+        print(json.dumps(head), flush=True)
+    rows = []
+    for name in args.rows:
+        try:
+            rows.append(run_row(name, args.overrides, args, path, b, device, rank, world))
+        except torch.cuda.OutOfMemoryError as e:
+            rows.append({"row": name, "error": f"out of memory: {str(e)[:200]}"})
+        free(device)
+        if rank == 0:
+            print_row(rows[-1])
+            Path(args.out, "results.json").write_text(json.dumps({**head, "rows": rows}, indent=1))
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
