@@ -2,15 +2,18 @@
 ``StepRunner`` on random weights of a real architecture (label every figure "random weights").
 
     python3 benchmarks/trainer_profile.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192] \
-        [--steps 3] [--rows baseline compile ...] [--profile baseline] [--out DIR] [override ...]
+        [--steps 3] [--rows baseline compile no_ckpt+compile+chunk2048 ...] [--profile baseline] \
+        [--out DIR] [override ...]
     torchrun --nproc-per-node 4 benchmarks/trainer_profile.py --arch qwen2.5-7b-instruct --seqs 12 ...
 
 Each row is the baseline config (packing, varlen attention, activation checkpointing of every layer,
 the float32 output layer of ``engine=vllm`` runs, ``micro_batch_tokens`` 16384, GRPO loss, fused
-AdamW) with the row's overrides (``ROWS``), then the trailing ``override``s. For each row: the
+AdamW, ``logprob_chunk_tokens`` 256) with the row's levers (``LEVERS``), then the trailing
+``override``s. For each row: the
 median step time over ``--steps`` steps after one warm-up step (which compiles, where the row
 compiles), the MFU the trainer reports, the peak GPU memory and the median of each part of the
-step-time breakdown (``time/<part>_s``, ``trainer/timing.py``). A row that runs out of memory is
+step-time breakdown (``time/<part>_s``, ``trainer/timing.py``), and the largest |difference| of the
+first sequence's logprobs at the initial weights from the first row's. A row that runs out of memory is
 reported as such. ``--profile ROW``: one more step of that row under the torch profiler, written
 to DIR as a Chrome trace (``trace_ROW.json.gz``) and a table of the top kernels by GPU time
 (``kernels_ROW.txt``), whose NCCL kernels are the FSDP collectives. Batch: ``--seqs`` sequences of
@@ -25,6 +28,7 @@ import gc
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import time
@@ -35,27 +39,43 @@ import torch.distributed as dist
 
 from areal_cli.config.load import compose
 from areal_cli.config.resolve import Placement, resolve
+from areal_cli.trainer.batching import from_batch, shard
 from areal_cli.trainer.model import build_policy, policy_options
 from areal_cli.trainer.step import StepRunner
 from benchmarks.trainer_variants import batch, checkpoint
 
 BASELINE = ["trainer.packing=true", "trainer.varlen=true", "trainer.activation_checkpointing=true",
             "engine.lm_head_fp32=true", "trainer.micro_batch_tokens=16384", "trainer.compile=false",
+            "trainer.logprob_chunk_tokens=256",
             "trainer.skip_zero_advantage=false", "rollout.group_size=2"]
 """Every row starts from these (the trainer of the 1.5B/7B size runs before these levers)."""
 
-ROWS = {
+LEVERS = {
     "baseline": [],
     "every2": ["trainer.checkpoint_every=2"],
     "no_ckpt": ["trainer.activation_checkpointing=false"],
-    "no_ckpt_8k": ["trainer.activation_checkpointing=false", "trainer.micro_batch_tokens=8192"],
     "compile": ["trainer.compile=true"],
     "no_reshard": ["trainer.reshard_after_forward=false"],
-    "chunk1024": ["trainer.logprob_chunk_tokens=1024"],
-    "mbt32k": ["trainer.micro_batch_tokens=32768"],
-    "auto": ["trainer.compile=auto", "trainer.checkpoint_every=1"],
+    "auto": ["trainer.compile=auto", "trainer.logprob_chunk_tokens=0"],
 }
-"""Row name → overrides on top of ``BASELINE``. ``auto``: what ``config/resolve.py`` picks."""
+"""Lever name → overrides on top of ``BASELINE``; also ``chunkN`` (``logprob_chunk_tokens=N``) and
+``mbtN`` (``micro_batch_tokens=N``). A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
+``auto``: what ``config/resolve.py`` picks for the trainer on a GPU."""
+
+
+def row_overrides(row: str) -> list[str]:
+    """The overrides of a row such as ``every2+compile+mbt32768``; ValueError for an unknown lever."""
+    out = []
+    for lever in row.split("+"):
+        number = re.fullmatch(r"(chunk|mbt)(\d+)", lever)
+        if number:
+            key = "logprob_chunk_tokens" if number[1] == "chunk" else "micro_batch_tokens"
+            out.append(f"trainer.{key}={number[2]}")
+        elif lever in LEVERS:
+            out += LEVERS[lever]
+        else:
+            raise ValueError(f"row {row!r}: unknown lever {lever!r}: use {', '.join(LEVERS)}, chunkN or mbtN")
+    return out
 
 
 def init() -> tuple[int, int, torch.device]:
@@ -80,7 +100,7 @@ def sync(device) -> None:
 
 
 def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: int, world: int) -> dict:
-    cfg = resolve(compose([*BASELINE, f"rollout.max_new_tokens={args.length}", *ROWS[name], *overrides]),
+    cfg = resolve(compose([*BASELINE, f"rollout.max_new_tokens={args.length}", *row_overrides(name), *overrides]),
                   Placement(trainer_gpu=True, model_path=path))
     options = policy_options(cfg)
     t = cfg.trainer
@@ -88,6 +108,9 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
            "logprob_chunk_tokens": t.logprob_chunk_tokens}
     model = build_policy(path, device, torch.bfloat16, **options)
     runner = StepRunner(model, cfg, device, torch.bfloat16, rank=rank, world=world)
+    ro = from_batch(b)
+    with torch.no_grad():  # the initial weights' logprobs of the first sequence: what each lever computes
+        row["logprobs"] = runner._forward(ro, [0])[0][0].float().cpu() if 0 in shard(ro.n, rank, world) else None
     times, metrics = [], []
     for _ in range(args.steps + 1):
         sync(device)
@@ -143,7 +166,8 @@ def print_row(r: dict) -> None:
         return
     parts = "  ".join(f"{k} {v:.3f}" for k, v in r["breakdown"].items() if k != "step")
     print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak {r['peak_gpu_mem_gb']:5.1f} GiB  "
-          f"(warm-up {r['warmup_s']:.1f} s) | {parts}", flush=True)
+          f"(warm-up {r['warmup_s']:.1f} s, logprobs vs first row {r.get('logprob_max_abs_diff_vs_first_row', 0):.1e}) "
+          f"| {parts}", flush=True)
 
 
 def main() -> None:
@@ -152,7 +176,8 @@ def main() -> None:
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
+    ap.add_argument("--rows", nargs="+", default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
+                                                  "mbt32768", "auto"], help="levers joined by +, e.g. no_ckpt+compile")
     ap.add_argument("--profile", nargs="*", default=["baseline"], help="rows to profile one more step of")
     ap.add_argument("--out", default="trainer_profile")
     ap.add_argument("overrides", nargs="*", help="config overrides for every row")
@@ -172,12 +197,16 @@ def main() -> None:
             "batch": f"{args.seqs} x (64 + {args.length}) tokens", "baseline": BASELINE, "overrides": args.overrides}
     if rank == 0:
         print(json.dumps(head), flush=True)
-    rows = []
+    rows, base = [], None
     for name in args.rows:
         try:
             rows.append(run_row(name, args.overrides, args, path, b, device, rank, world))
         except torch.cuda.OutOfMemoryError as e:
             rows.append({"row": name, "error": f"out of memory: {str(e)[:200]}"})
+        lp = rows[-1].pop("logprobs", None)
+        if lp is not None:  # each row's logprobs against the first row's (bf16 rounding differs, values do not)
+            base = lp if base is None else base
+            rows[-1]["logprob_max_abs_diff_vs_first_row"] = float((lp - base).abs().max())
         free(device)
         if rank == 0:
             print_row(rows[-1])

@@ -87,7 +87,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "ranks": COUNT, "steps": COUNT, "batch_size": COUNT, "lr": Range(0, 1, lo_open=True),
         "weight_decay": at_least(0), "warmup_steps": at_least(0), "min_lr_ratio": FRACTION,
         "grad_clip": pos("the max gradient norm"),
-        "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": COUNT,
+        "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": AUTO0,
         "checkpoint_every": COUNT,
         "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
         "shape_buckets": Range(0, 64, note="sizes per doubling; 0 = exact shapes"),

@@ -19,6 +19,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
 | trainer.compile | false (see ``_compile``) |
+| trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
 | logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
 """
@@ -73,6 +74,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
     t.compile = _switch(t.compile, _compile(where))
+    t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
     nccl = where.trainer_gpu and not where.shared_gpu
     w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)

@@ -169,9 +169,9 @@ class TrainerConfig:
     skip_zero_advantage: bool = True
     """Leave rows whose every advantage is 0 out of the policy's forward/backward (exactly 0 gradient; not
     with a KL or entropy term in the loss); counted in skipped_rows / skipped_tokens."""
-    logprob_chunk_tokens: int = 256
+    logprob_chunk_tokens: int = 0
     """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are never held
-    for a whole micro-batch)."""
+    for a whole micro-batch); 0 = auto: 256 on the CPU, 2048 on GPUs (fewer, larger kernels)."""
     shape_buckets: int = 4
     """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this many
     sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""

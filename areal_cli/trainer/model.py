@@ -74,7 +74,8 @@ def checkpoint_layers(model, every: int = 1) -> None:
 
 
 def compile_decoder_layers(model) -> None:
-    """``torch.compile`` each decoder layer's forward in place (parameter names unchanged). The
+    """``torch.compile`` each decoder layer's forward in place (parameter names unchanged), and the
+    output layer's log-softmax and entropy (``logprobs.compiled_reduce``). The
     layers share one code object, so dynamo's cache holds an entry per layer: its limit is raised
     to the layer count (past the limit a layer would silently run uncompiled)."""
     import torch._dynamo
@@ -86,6 +87,7 @@ def compile_decoder_layers(model) -> None:
             setattr(cfg, key, max(getattr(cfg, key), 4 * len(layers)))
     for layer in layers:
         layer.forward = torch.compile(layer.forward)
+    model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
 
 
 def train_mode(model) -> None:
