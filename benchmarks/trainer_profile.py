@@ -141,6 +141,7 @@ def profile(name: str, runner, b, device, out: Path, rank: int) -> None:
     if rank != 0:
         return
     table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)
+    name = name.replace("+", "_")  # file names of letters, digits, '.', '_' and '-'
     (out / f"kernels_{name}.txt").write_text(table)
     raw = out / f"trace_{name}.json"
     prof.export_chrome_trace(str(raw))
@@ -164,6 +165,8 @@ def print_row(r: dict) -> None:
     if "error" in r:
         print(f"{r['row']:12} {r['error']}", flush=True)
         return
+    print(f"{r['row']}: {r['options']}, micro_batch_tokens {r['micro_batch_tokens']}, "
+          f"logprob_chunk_tokens {r['logprob_chunk_tokens']}", flush=True)
     parts = "  ".join(f"{k} {v:.3f}" for k, v in r["breakdown"].items() if k != "step")
     print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak {r['peak_gpu_mem_gb']:5.1f} GiB  "
           f"(warm-up {r['warmup_s']:.1f} s, logprobs vs first row {r.get('logprob_max_abs_diff_vs_first_row', 0):.1e}) "
