@@ -194,8 +194,10 @@ class WeightsConfig:
     """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
     staged: Switch = Switch.auto
     """"true": cast the whole update into wire buffers before the workers pause (shorter pause; trainer
-    rank 0 keeps one extra copy of the weights in the wire dtype). "false": two bucket buffers, gathered
-    while the previous bucket is on the wire. "auto": true with NCCL, false with gloo (host memory)."""
+    rank 0 keeps one extra copy of the weights in the wire dtype, 15 GB at 7B). "false": two bucket buffers,
+    gathered while the previous bucket is on the wire (engine=vllm: each parameter gathered from the shards
+    and sent in turn); for a model whose shards and that copy do not fit beside each other. "auto": true
+    with NCCL, false with gloo (host memory)."""
     backend: WeightsBackend = WeightsBackend.auto
     """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
     rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
