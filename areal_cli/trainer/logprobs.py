@@ -23,6 +23,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from areal_cli.trainer.batching import Inputs, autocast, bucket, to_rows
+from areal_cli.trainer.timing import StepClock
 
 
 def _reduce(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
@@ -80,7 +81,7 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
 
 
 def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float, chunk: int, buckets: int = 0,
-                     entropy_grad: bool = False, clock=None) -> tuple[torch.Tensor, torch.Tensor]:
+                     entropy_grad: bool = False, clock: StepClock | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
 
     The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
