@@ -18,6 +18,8 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | weights.staged | true with nccl, false with gloo |
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
+| trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
+| trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
 | logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
 """
@@ -71,6 +73,8 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.dtype = _dtype(t.dtype)
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
+    t.compile = _switch(t.compile, _compile(where))
+    t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
     nccl = where.trainer_gpu and not where.shared_gpu
     w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)
@@ -133,6 +137,36 @@ def _auto(choices: type[Enum], value, concrete):
 def _dtype(value) -> Dtype:
     # bfloat16 decodes ~1.7x faster than float32 even on AVX512-BF16/AMX CPUs
     return _auto(Dtype, value, Dtype.bfloat16)
+
+
+COMPILE_MIN_PARAMS = 1e9
+"""trainer.compile=auto compiles from this many decoder-layer parameters up: at the Qwen2.5-1.5B size
+on one H100 it took a step from 3.75 to 3.31 s, with 2048-position output-layer chunks to 3.00 s
+(benchmarks/trainer_profile.py, BENCHMARKS.md); smaller models were not measured."""
+
+
+def _compile(where: Placement) -> bool:
+    """trainer.compile=auto: the trainer on GPUs and a model of at least ``COMPILE_MIN_PARAMS``
+    (the CPU's first step would compile for minutes)."""
+    if not where.trainer_gpu or where.model_path is None:
+        return False
+    return layer_params(where.model_path) >= COMPILE_MIN_PARAMS
+
+
+def layer_params(model_path: Path) -> float:
+    """The matmul weights of the decoder layers of the Llama-style model at ``model_path`` (its
+    config.json): attention q, k, v, o and the gated MLP; 0 for a config without those keys."""
+    import json
+
+    c = json.loads((Path(model_path) / "config.json").read_text())
+    try:
+        h, heads, layers, inter = (c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"],
+                                   c["intermediate_size"])
+    except KeyError:
+        return 0.0
+    d = c.get("head_dim") or h // heads
+    kv = c.get("num_key_value_heads") or heads
+    return float(layers * (2 * h * heads * d + 2 * h * kv * d + 3 * h * inter))
 
 
 def _switch(value, on: bool) -> Switch:

@@ -173,14 +173,24 @@ class TrainerConfig:
     "float32". Master weights stay float32."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward (less memory, about a third more compute)."""
+    checkpoint_every: int = 1
+    """With activation_checkpointing: recompute every k-th decoder layer only (1 = all; 2 = every other:
+    half the recomputation, the other layers' activations held)."""
+    compile: Switch = Switch.auto
+    """torch.compile each decoder layer (fused norms, rotary and activations): "auto" (true for the
+    trainer on GPUs, false on the CPU) | "true" | "false". The first step compiles (tens of seconds)."""
+    reshard_after_forward: bool = True
+    """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
+    backward; false keeps them gathered until the backward (one all-gather less per layer and micro-batch,
+    more memory)."""
     threads: int = 0
     """torch CPU threads per rank; 0 = half the cores (at least 1)."""
     skip_zero_advantage: bool = True
     """Leave rows whose every advantage is 0 out of the policy's forward/backward (exactly 0 gradient; not
     with a KL or entropy term in the loss); counted in skipped_rows / skipped_tokens."""
-    logprob_chunk_tokens: int = 256
+    logprob_chunk_tokens: int = 0
     """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are never held
-    for a whole micro-batch)."""
+    for a whole micro-batch); 0 = auto: 256 on the CPU, 2048 on GPUs (fewer, larger kernels)."""
     shape_buckets: int = 4
     """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this many
     sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
@@ -203,8 +213,10 @@ class WeightsConfig:
     """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
     staged: Switch = Switch.auto
     """"true": cast the whole update into wire buffers before the workers pause (shorter pause; trainer
-    rank 0 keeps one extra copy of the weights in the wire dtype). "false": two bucket buffers, gathered
-    while the previous bucket is on the wire. "auto": true with NCCL, false with gloo (host memory)."""
+    rank 0 keeps one extra copy of the weights in the wire dtype, 15 GB at 7B). "false": two bucket buffers,
+    gathered while the previous bucket is on the wire (engine=vllm: each parameter gathered from the shards
+    and sent in turn); for a model whose shards and that copy do not fit beside each other. "auto": true
+    with NCCL, false with gloo (host memory)."""
     backend: WeightsBackend = WeightsBackend.auto
     """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
     rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""

@@ -19,14 +19,13 @@ import torch.distributed as dist
 import zmq
 
 from areal_cli import faults
-from areal_cli.config.choices import Switch
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
-from areal_cli.trainer.model import build_policy, full_parameters, save_hf
+from areal_cli.trainer.model import build_policy, full_parameters, policy_options, save_hf
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
@@ -83,9 +82,11 @@ class Trainer:
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
         dtype = getattr(torch, cfg.trainer.dtype)
-        self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
-                                  fp32_head=cfg.engine.lm_head_fp32 == Switch.true,
-                                  varlen=cfg.trainer.packing and cfg.trainer.varlen)
+        options = policy_options(cfg)
+        if self.rank == 0:
+            self.log.info("trainer: %s, micro_batch_tokens %d, logprob_chunk_tokens %d", options,
+                          cfg.trainer.micro_batch_tokens, cfg.trainer.logprob_chunk_tokens)
+        self.model = build_policy(self.model_path, self.device, dtype, **options)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None

@@ -13,11 +13,14 @@ from torch.distributed.tensor import DTensor
 
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
-                 activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False):
+                 activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False,
+                 checkpoint_every: int = 1, compile_layers: bool = False, reshard_after_forward: bool = True):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
     one CPU rank);
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
-    segments with FlashAttention where this device and torch have it (``trainer.varlen``)."""
+    segments with FlashAttention where this device and torch have it (``trainer.varlen``);
+    ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``: the trainer keys of those
+    names (``trainer.compile`` for the second)."""
     from transformers import AutoModelForCausalLM
 
     from areal_cli.trainer import varlen as varlen_attention
@@ -31,24 +34,60 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     if fp32_head:
         float32_head(model)
     if activation_checkpointing:
-        enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.24
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_layers(model, checkpoint_every)
     train_mode(model)
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
           if device.type == "cuda" else MixedPrecisionPolicy())
-    if os.environ.get("AREAL_NO_FSDP") or (device.type == "cpu" and dist.get_world_size() == 1):
-        # one CPU rank shards nothing: FSDP would only copy every parameter into and out of its
-        # all-gather and reduce-scatter buffers (~10% of a SmolLM2-135M step on 2 cores)
-        return model
-    for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+    # one CPU rank shards nothing: FSDP would only copy every parameter into and out of its
+    # all-gather and reduce-scatter buffers (~10% of a SmolLM2-135M step on 2 cores)
+    if not (os.environ.get("AREAL_NO_FSDP") or (device.type == "cpu" and dist.get_world_size() == 1)):
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    if compile_layers:  # after sharding: the forward compiled is the sharded class's (checkpointing's wrapper)
+        compile_decoder_layers(model)
     return model
+
+
+def policy_options(cfg) -> dict:
+    """``build_policy``'s keywords from a resolved config (``RootConfig``)."""
+    t = cfg.trainer
+    return dict(activation_checkpointing=t.activation_checkpointing, fp32_head=cfg.engine.lm_head_fp32 == "true",
+                varlen=t.packing and t.varlen, checkpoint_every=t.checkpoint_every,
+                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward)
+
+
+def checkpoint_layers(model, every: int = 1) -> None:
+    """Recompute the activations of every ``every``-th decoder layer (the first, then each
+    ``every``-th after it) in backward; the other layers keep theirs."""
+    if every < 1:
+        raise ValueError(f"trainer.checkpoint_every must be at least 1, got {every}")
+    enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.24
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for i, layer in enumerate(model.model.layers):
+        layer.gradient_checkpointing = i % every == 0  # transformers reads the layer's own flag
+
+
+def compile_decoder_layers(model) -> None:
+    """``torch.compile`` each decoder layer's forward in place (parameter names unchanged), and the
+    output layer's log-softmax and entropy (``logprobs.compiled_reduce``). The
+    layers share one code object, so dynamo's cache holds an entry per layer: its limit is raised
+    to the layer count (past the limit a layer would silently run uncompiled)."""
+    import torch._dynamo
+
+    layers = model.model.layers
+    cfg = torch._dynamo.config
+    for key in ("cache_size_limit", "recompile_limit"):
+        if hasattr(cfg, key):
+            setattr(cfg, key, max(getattr(cfg, key), 4 * len(layers)))
+    for layer in layers:
+        layer.forward = torch.compile(layer.forward)
+    model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
 
 
 def train_mode(model) -> None:

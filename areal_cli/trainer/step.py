@@ -41,6 +41,7 @@ from areal_cli.trainer.loss import (
 from areal_cli.trainer.loss_scale import LossScale
 from areal_cli.trainer.metrics import MFU, memory_stats
 from areal_cli.trainer.schedule import lr_factor
+from areal_cli.trainer.timing import StepClock
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
@@ -78,6 +79,7 @@ class StepRunner:
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
         self.mfu = MFU(model.config, device, t.peak_flops, world)
+        self.clock = StepClock(device)
 
     @classmethod
     def build(cls, model, model_path: Path, cfg: RootConfig, device, compute_dtype, rank: int,
@@ -97,19 +99,29 @@ class StepRunner:
         """One batch: advantages, then ``ppo_epochs`` optimizer steps. ``version``: the policy
         version of the current weights; tokens sampled with it are compared with the first
         forward (``logp_gap_fresh``: mean |log π_θ − log μ| where both are the same weights)."""
-        cfg = self.cfg
+        cfg, clock = self.cfg, self.clock
+        clock.start()
         ro = from_batch(batch)
         mbs = self._micro_batches(ro)
         global_tokens = float(ro.loss_mask.sum())
         max_len = cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
         lr = self.sched.get_last_lr()[0]  # the rate of this batch's (first) optimizer step
         t0 = time.perf_counter()
-        ref = self._all_rows(self.reference.logprobs(ro, mbs)) if self.reference else None
-        values = self._all_rows(self.critic.values(ro, mbs)) if self.critic else None
+        clock.mark("prepare")
+        ref = values = prox = None
+        if self.reference:
+            ref = self._all_rows(self.reference.logprobs(ro, mbs))
+            clock.mark("reference")
+        if self.critic:
+            values = self._all_rows(self.critic.values(ro, mbs))
+            clock.mark("critic_values")
         adv, returns, kl_stats = self._advantages(ro, ref, values)
         keep = self._contributing(ro, adv)
         pmbs = mbs if bool(keep.all()) else self._micro_batches(ro, keep)
-        prox = self._proximal(ro, pmbs) if self._needs_proximal() else {}
+        clock.mark("prepare")
+        if self._needs_proximal():
+            prox = self._proximal(ro, pmbs)
+            clock.mark("proximal")
         gap = {}
         for epoch in range(cfg.algorithm.ppo_epochs):
             stats, loss_total, grad_norm = self._optimizer_step(ro, adv, pmbs, prox, ref, global_tokens, max_len,
@@ -119,6 +131,7 @@ class StepRunner:
                        for k in ("logp_gap_sum", "fresh_tokens")}
             if self.critic:
                 vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
+                clock.mark("critic_train")
         elapsed = time.perf_counter() - t0
         forwarded = float(ro.loss_mask[keep].sum())  # the "mean" stats of the loss are over these tokens
         out = reduce_stats({**stats, **gap}, STAT_REDUCTIONS, max(1.0, forwarded), self.device)
@@ -140,6 +153,8 @@ class StepRunner:
                    **self.scale.stats())
         out.update(self.mfu.stats(ro, keep, elapsed, cfg.algorithm.ppo_epochs))
         out.update(memory_stats(self.device))
+        clock.mark("stats")
+        out.update(clock.parts())
         return out
 
     def release_optimizer(self) -> None:
@@ -211,6 +226,7 @@ class StepRunner:
         for mb in mbs:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=True)
+                self.clock.mark("empty_micro_batch")
                 continue
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
             loss_total += loss
@@ -227,6 +243,7 @@ class StepRunner:
         else:  # an inf/NaN gradient (any dtype: a NaN reward, an overflow) would ruin the weights
             self.skipped_steps += 1
         self.sched.step()
+        self.clock.mark("optimizer")
         return stats, loss_total, grad_norm
 
     def _needs_proximal(self) -> bool:
@@ -237,7 +254,7 @@ class StepRunner:
         alg = self.cfg.algorithm
         return alg.ppo_epochs > 1 and alg.recompute_proximal
 
-    def _forward(self, ro: Rollouts, mb: list[int]):
+    def _forward(self, ro: Rollouts, mb: list[int], clock: StepClock | None = None):
         t = self.cfg.trainer
         # varlen only where a row holds a sequence longer than a packed row: there FlashAttention's
         # causal skipping pays; rows of short sequences run faster through masked SDPA
@@ -245,9 +262,11 @@ class StepRunner:
         x = model_inputs(ro, mb, self.packing, device=self.device,
                          row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
                          buckets=t.shape_buckets, varlen=varlen)
+        if clock is not None:
+            clock.mark("prepare")
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets,
-                                entropy_grad=self.cfg.algorithm.entropy_coef != 0)
+                                entropy_grad=self.cfg.algorithm.entropy_coef != 0, clock=clock)
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
@@ -262,7 +281,7 @@ class StepRunner:
         return out
 
     def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
-        logp, ent = self._forward(ro, mb)
+        logp, ent = self._forward(ro, mb, self.clock)
         dev = logp.device
         behav = ro.behav_logp[mb].to(dev)
         if prox:
@@ -279,8 +298,10 @@ class StepRunner:
             fresh = ro.loss_mask[mb].to(dev) & (ro.versions[mb].to(dev) == version)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
+        self.clock.mark("loss")
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
         (loss * (self.world * self.scale.value)).backward()
+        self.clock.mark("backward")
         return loss.detach(), st
 
 

@@ -16,7 +16,11 @@ only tensor bytes cross the wire. Two ways to load (``engine.weight_update``):
   straight into the live parameters: no reload, so the pause is mostly the wire. vLLM 0.26
   supports it at tensor_parallel_size 1 only (its patches index the unsharded parameter).
 
-The trainer casts the update into wire buffers (``prepare``) before the workers pause.
+The trainer casts the update into wire buffers (``prepare``) before the workers pause
+(``weights.staged``: a resident copy of the weights in the wire dtype on trainer rank 0, 15 GB at
+7B); unstaged, ``broadcast`` gathers each parameter from the shards, casts it and hands it to the
+engine one at a time (no resident copy; the gather falls inside the workers' pause). Either way the
+full-precision parameters are gathered one at a time (``wire_tensors``), never all at once.
 """
 
 from __future__ import annotations
@@ -99,6 +103,38 @@ def fused_plan(names: list[str], shapes: list[list[int]]) -> list[tuple[str, lis
     return plan
 
 
+def wire_tensors(named: Iterator[tuple[str, torch.Tensor]], plan: list[tuple[str, list[str], list[int]]],
+                 wire_dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    """(engine parameter, wire-dtype tensor) for each entry of ``plan`` (``fused_plan``, or one
+    part per parameter), yielded as soon as its parts have come from ``named``: each part is cast
+    as it arrives and only the parts of unfinished fused parameters (one layer's q/k/v or
+    gate/up) wait, so the full-precision update is never held whole."""
+    owner = {part: (target, parts) for target, parts, _ in plan for part in parts}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in named:
+        key = clean_name(name)
+        if key not in owner:
+            raise RuntimeError(f"weight {name} is not in the transfer plan (the plan is built from the model's "
+                               "parameters at start: a parameter added later cannot travel)")
+        target, parts = owner[key]
+        got = pending.setdefault(target, {})
+        got[key] = tensor.detach().to(wire_dtype)
+        if len(got) == len(parts):
+            del pending[target]
+            yield target, got[key] if len(parts) == 1 else torch.cat([got[p] for p in parts])
+    if pending:
+        raise RuntimeError(f"the update ended with parts missing for {sorted(pending)}")
+
+
+def transfer_plan(specs: list[tuple[str, list[int]]], fused: bool) -> list[tuple[str, list[str], list[int]]]:
+    """``wire_tensors``' plan for the (name, shape) pairs of the trainer's parameters: the engine's
+    fused layout (``inplace``) or each checkpoint tensor as itself (``reload``)."""
+    names, shapes = [clean_name(n) for n, _ in specs], [list(s) for _, s in specs]
+    if fused:
+        return fused_plan(names, shapes)
+    return [(n, [n], s) for n, s in zip(names, shapes, strict=True)]
+
+
 def wire_spec(model_path, dtype: torch.dtype) -> WireSpec:
     """Names and shapes of the parameters that travel, from the config alone (meta device)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -124,13 +160,17 @@ def rank_offset(index: int, tensor_parallel_size: int) -> int:
 
 
 class VLLMWeightSender(WeightSenderBase):
-    """Trainer rank 0's end: ``prepare`` takes (name, full tensor) pairs of every parameter and
-    casts them into wire buffers kept between updates; ``broadcast`` sends them."""
+    """Trainer rank 0's end: ``prepare`` takes (name, full tensor) pairs of every parameter and,
+    ``staged``, casts them into wire buffers kept between updates; ``broadcast`` sends them
+    (unstaged: gathers, casts and sends each in turn). ``specs``: (name, shape) of every
+    parameter, in the order ``prepare`` receives them."""
 
-    def __init__(self, host: str, port: int, world_size: int, wire_dtype: torch.dtype, mode: str = "reload"):
+    def __init__(self, host: str, port: int, world_size: int, wire_dtype: torch.dtype, mode: str = "reload",
+                 specs: list[tuple[str, list[int]]] | None = None, staged: bool = True):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        self.wire_dtype, self.mode = wire_dtype, mode
+        self.wire_dtype, self.mode, self.staged = wire_dtype, mode, staged
+        self.specs = specs
         if mode == "inplace":
             from vllm.distributed.weight_transfer.sparse_nccl_engine import (
                 SparseNCCLWeightTransferEngine,
@@ -142,49 +182,62 @@ class VLLMWeightSender(WeightSenderBase):
         self.group = self.engine.trainer_init(dict(master_address=host, master_port=port, world_size=world_size))
         self._buffers: dict[str, torch.Tensor] = {}  # name → wire tensor (checkpoint or fused layout)
         self._indices: dict[int, torch.Tensor] = {}  # numel → arange (inplace patches cover every index)
-        self._plan = None
+        self._named: Iterator | None = None
+
+    def _stream(self, named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        """Each engine parameter in the wire dtype as its parts come from ``named``."""
+        if self.specs is None:  # no specs given: the names and shapes of this update (gathered at once)
+            pairs = list(named)
+            self.specs = [(n, list(t.shape)) for n, t in pairs]
+            named = iter(pairs)
+        return wire_tensors(named, transfer_plan(self.specs, self.mode == "inplace"), self.wire_dtype)
 
     def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:
+        if not self.staged:
+            self._named = named  # broadcast gathers (every trainer rank takes part meanwhile)
+            return {}
         t0 = time.perf_counter()
-        tensors = {clean_name(n): t.detach() for n, t in named}  # may be a collective: drain it first
-        if self.mode == "inplace" and self._plan is None:
-            self._plan = fused_plan(list(tensors), [list(t.shape) for t in tensors.values()])
-        plan = self._plan or [(n, [n], list(t.shape)) for n, t in tensors.items()]
-        for target, parts, shape in plan:
+        for target, tensor in self._stream(named):
             buf = self._buffers.get(target)
             if buf is None:
-                dev = tensors[parts[0]].device
-                buf = self._buffers[target] = torch.empty(shape, dtype=self.wire_dtype, device=dev)
-            row = 0
-            for p in parts:  # fused parts are row blocks of the engine's parameter
-                src = tensors[p]
-                buf[row:row + src.shape[0]].copy_(src)
-                row += src.shape[0]
+                buf = self._buffers[target] = torch.empty_like(tensor)
+            buf.copy_(tensor)
         torch.cuda.synchronize()
         return {"weight_gather_s": time.perf_counter() - t0}
 
+    def _patches(self, tensors: Iterator[tuple[str, torch.Tensor]]):
+        """inplace: a dense patch (every index) of each engine parameter; staged, the index ranges
+        are kept between updates, unstaged each is made and dropped with its patch."""
+        from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
+
+        for name, tensor in tensors:
+            flat = tensor.view(-1)
+            idx = self._indices.get(flat.numel())
+            if idx is None:
+                idx = torch.arange(flat.numel(), dtype=torch.int32, device=flat.device)
+                if self.staged:
+                    self._indices[flat.numel()] = idx
+            yield SparseWeightPatch(name, idx, flat)
+
     def broadcast(self, digest: bool = False) -> dict:
         t0 = time.perf_counter()
-        if self.mode == "inplace":
-            from vllm.distributed.weight_transfer.sparse_nccl_engine import SparseWeightPatch
-
-            patches = []
-            for name, buf in self._buffers.items():
-                flat = buf.view(-1)
-                idx = self._indices.get(flat.numel())
-                if idx is None:
-                    idx = self._indices[flat.numel()] = torch.arange(flat.numel(), dtype=torch.int32,
-                                                                     device=flat.device)
-                patches.append(SparseWeightPatch(name, idx, flat))
-            self.engine.trainer_send_weights(iter(patches), dict(group=self.group, packed=False))
+        if self.staged:
+            tensors = iter(self._buffers.items())
         else:
-            self.engine.trainer_send_weights(iter(self._buffers.items()), dict(group=self.group, packed=True))
+            if self._named is None:
+                raise RuntimeError("broadcast before prepare: nothing to send")
+            tensors, self._named = self._stream(self._named), None
+        if self.mode == "inplace":
+            self.engine.trainer_send_weights(self._patches(tensors), dict(group=self.group, packed=False))
+        else:
+            self.engine.trainer_send_weights(tensors, dict(group=self.group, packed=True))
         torch.cuda.synchronize()
         return {"weight_transfer_s": time.perf_counter() - t0}
 
     def close(self) -> None:
         self._buffers.clear()
         self._indices.clear()
+        self._named = None
         self.group = None
 
 

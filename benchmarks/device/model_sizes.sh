@@ -16,7 +16,7 @@
 #                                     10 steps, every response 8192 tokens (length_profile=fixed): MFU, peak memory
 #   train7b31 carry .models/b         the same with 1 vLLM worker (GPU 0) + 3 trainer ranks (GPUs 1-3), 12 samples
 #                                     per step: less trainer memory per GPU (rank 0 also keeps a bf16 copy of the
-#                                     weights for the broadcast, 15 GB at 7B)
+#                                     weights for the broadcast, 15 GB at 7B, unless EXTRA has weights.staged=false)
 #   tp2      carry .models/b          7B, one vLLM worker with tensor_parallel_size=2 (GPUs 0,1) + 2 trainer ranks,
 #                                     6 steps, long-tail lengths (arithmetic_long profile, <= 4096 tokens)
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)

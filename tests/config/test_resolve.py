@@ -4,7 +4,9 @@ and the choices are enums that refuse other values with the valid ones named."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import AREAL, ROOT
@@ -15,6 +17,7 @@ from areal_cli.config.resolve import (
     Placement,
     bucket_bytes,
     find_allocator,
+    layer_params,
     require_resolved,
     resolve,
     unresolved,
@@ -68,6 +71,19 @@ def test_plans_for_gpu_ids_resolve_for_gpus_without_one(tiny_model, tmp_path):
     assert (vllm.engine.lm_head_fp32, vllm.engine.weight_update) == ("true", "inplace")  # a Llama at TP 1
     tp2 = make_plan(compose([*base, "engine=vllm", "engine.tensor_parallel_size=2"]), gpus=[0, 1, 2]).cfg
     assert tp2.engine.weight_update == "reload"
+    # the tiny model (74k decoder-layer weights) is not compiled; 2048-position output-layer chunks on GPUs
+    assert (two.trainer.compile, two.trainer.logprob_chunk_tokens) == ("false", 2048)
+    assert make_plan(compose(base), gpus=[]).cfg.trainer.logprob_chunk_tokens == 256
+
+
+def test_compile_auto_follows_the_layout():
+    # Qwen2.5-1.5B: 28 layers × (q, o 1536² each; k, v 1536·256 each; MLP 3·1536·8960) = 1.31B ≥ 1B
+    models = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
+    assert layer_params(models / "qwen2.5-1.5b-instruct") == 28 * (2 * 1536**2 + 2 * 1536 * 256 + 3 * 1536 * 8960)
+    on_gpu = Placement(trainer_gpu=True, model_path=models / "qwen2.5-1.5b-instruct")
+    assert resolve(compose([]), on_gpu).trainer.compile == "true"
+    assert resolve(compose([]), dataclasses.replace(on_gpu, trainer_gpu=False)).trainer.compile == "false"
+    assert resolve(compose(["trainer.compile=false"]), on_gpu).trainer.compile == "false"
 
 
 def test_what_the_user_set_is_kept_and_weights_follow_the_engine():
@@ -91,7 +107,7 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
         "engine.dtype", "engine.weight_update", "engine.lm_head_fp32", "trainer.optim_state", "trainer.dtype",
-        "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
+        "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
     assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
     plan.write()

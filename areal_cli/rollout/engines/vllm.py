@@ -213,8 +213,10 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
 
     from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 
+    specs = [(name, list(p.shape)) for name, p in model.named_parameters()]  # a DTensor's shape is the full one
     return VLLMWeightSender(host, port, group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update)
+                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update, specs=specs,
+                            staged=cfg.weights.staged == "true")
 
 
 ENGINE = VLLMEngine

@@ -1,0 +1,83 @@
+"""Each speed lever of the trainer leaves the logprobs and the gradients of a step as they were:
+selective activation checkpointing, FSDP2's reshard_after_forward (two gloo ranks) and
+``torch.compile`` of each decoder layer (Inductor's CPU backend: slow, about a minute)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from helpers import config, grads, init_gloo, make_batch, plain_model
+
+from areal_cli.trainer.batching import from_batch
+from areal_cli.trainer.model import build_policy
+from areal_cli.trainer.step import StepRunner
+
+F32 = torch.float32
+CPU = torch.device("cpu")
+
+
+def logprobs_and_grads(path, batch, **options) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
+    """The batch's logprobs at the initial weights and the gradients of one step, built with
+    ``options`` (build_policy's keywords); and how often each layer's attention ran per micro-batch."""
+    cfg = config("trainer.grad_clip=1e9", "trainer.lr=1e-12", "trainer.skip_zero_advantage=false")
+    torch.manual_seed(0)
+    model = build_policy(path, CPU, F32, **options)
+    calls = [0] * len(model.model.layers)
+    for i, layer in enumerate(model.model.layers):
+        layer.self_attn.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    runner = StepRunner.build(model, path, cfg, CPU, F32, rank=dist.get_rank(), world=dist.get_world_size())
+    ro = from_batch(batch)
+    with torch.no_grad():
+        lp, _ = runner._forward(ro, list(range(ro.n)))
+    calls[:] = [0] * len(calls)
+    out = runner.train(batch)
+    return lp, grads(runner.model), [c // out["micro_batches"] for c in calls]
+
+
+def assert_same(a, b) -> None:
+    assert torch.allclose(a[0], b[0], rtol=1e-5, atol=1e-6)
+    for name, g in a[1].items():
+        assert torch.allclose(b[1][name], g, rtol=1e-4, atol=1e-8), name
+
+
+def test_checkpointing_every_other_layer_recomputes_only_those(tiny_model):
+    init_gloo()
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4)
+    base = logprobs_and_grads(tiny_model, batch, activation_checkpointing=False)
+    every = logprobs_and_grads(tiny_model, batch, activation_checkpointing=True, checkpoint_every=2)
+    assert base[2] == [1, 1] and every[2] == [2, 1]  # layer 0 runs again in backward, layer 1 does not
+    assert_same(base, every)
+    with pytest.raises(ValueError, match="checkpoint_every must be at least 1"):
+        build_policy(tiny_model, CPU, F32, activation_checkpointing=True, checkpoint_every=0)
+
+
+def test_compiled_layers_give_the_same_step(tiny_model):
+    init_gloo()
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=5)
+    from torch._dynamo.utils import counters
+
+    base = logprobs_and_grads(tiny_model, batch, activation_checkpointing=True)
+    counters.clear()
+    compiled = logprobs_and_grads(tiny_model, batch, activation_checkpointing=True, compile_layers=True)
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo captured the layers
+    assert base[2] == compiled[2] == [2, 2]  # each layer still recomputed in backward
+    assert_same(base, compiled)
+
+
+def _two_ranks(rank: int, init: str, path: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    batch = make_batch(plain_model(path), groups=2, group_size=2, seed=6)
+    got = {reshard: logprobs_and_grads(path, batch, activation_checkpointing=False, reshard_after_forward=reshard)
+           for reshard in (True, False)}
+    if rank == 0:
+        torch.save(got, out)
+    dist.destroy_process_group()
+
+
+def test_keeping_parameters_gathered_after_forward_gives_the_same_step(tiny_model, tmp_path):
+    out = tmp_path / "rank0.pt"
+    mp.spawn(_two_ranks, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2, join=True)
+    got = torch.load(out)
+    assert_same(got[True], got[False])
