@@ -74,7 +74,7 @@ class Trainer:
         dtype = getattr(torch, cfg.trainer.dtype)
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
                                   fp32_head=cfg.engine.lm_head_fp32 == Switch.true,
-                                  varlen=cfg.trainer.packing and cfg.trainer.varlen)
+                                  varlen=cfg.trainer.packing and cfg.trainer.varlen, lora=cfg.trainer.lora)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
@@ -153,7 +153,7 @@ class Trainer:
         every rank takes part in gathering the checkpoint it reads)."""
         self._doing(f"evaluating version {version}")
         path = self.rd.eval_checkpoint
-        save_hf(self.model, self.model_path, path)
+        save_hf(self.model, self.model_path, path, lora=self.cfg.trainer.lora)
         out = {}
         if self.rank == 0:
             from areal_cli.evaluator import evaluate
@@ -215,7 +215,7 @@ class Trainer:
         if save_final:
             self._doing("saving the final checkpoint")
             self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
-            save_hf(self.model, self.model_path, self.rd.final)
+            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora)
         if self.rank == 0:
             self.status.send(Bye(self.name, finished=save_final))
             if save_final:
@@ -228,7 +228,7 @@ class Trainer:
     def _sync_weights(self, version: int) -> dict:
         """Gather the new weights into the wire buffers, then tell the controller they are
         ready (the rollout workers pause only now), then broadcast them."""
-        params = full_parameters(self.model)
+        params = update_items(self.model, self.cfg)
         if self.rank != 0:
             for _ in params:
                 pass
@@ -238,6 +238,18 @@ class Trainer:
         out.update(self.sender.broadcast(digest=self.cfg.weights.verify))
         out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
         return out
+
+
+def update_items(model, cfg):
+    """(name, full tensor) pairs of one weight update, in ``lora.update_specs`` order (a collective):
+    every parameter; with LoRA the adapter alone, or the merged weights (engine.lora_merge)."""
+    from areal_cli import lora
+
+    if not lora.enabled(cfg):
+        return full_parameters(model)
+    if lora.sends_adapter(cfg):
+        return lora.adapter_items(full_parameters(model, only=lora.is_adapter))
+    return lora.merged_items(full_parameters(model), lora.scale(cfg.trainer.lora))
 
 
 def redirect_output(path: Path) -> None:

@@ -13,9 +13,10 @@ from torch.distributed.tensor import DTensor
 
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
-                 activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False):
+                 activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False, lora=None):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
-    one CPU rank);
+    one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
+    only parameters that require gradients;
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
     segments with FlashAttention where this device and torch have it (``trainer.varlen``)."""
     from transformers import AutoModelForCausalLM
@@ -36,7 +37,11 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
             enable(activation_checkpointing_kwargs={"use_reentrant": False})
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    train_mode(model)
+    train_mode(model)  # before the adapters: their dropout (trainer.lora.dropout) stays as asked
+    if lora is not None and lora.rank > 0:
+        from areal_cli.lora import inject
+
+        model = inject(model, lora)
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -114,12 +119,15 @@ class HalfGemmFloat32Out(torch.autograd.Function):
         return (g @ w).reshape(x.shape), g.t() @ x.reshape(-1, x.shape[-1])
 
 
-def full_parameters(model):
-    """(name, full tensor) for every parameter; a collective: every rank must iterate it.
+def full_parameters(model, only=None):
+    """(name, full tensor) for every parameter (``only(name)`` true, if given); a collective: every rank
+    must iterate it.
 
     On a one-rank mesh the local shard is the whole tensor: it is returned as is, since
     ``full_tensor()`` costs ~150 µs of dispatch per parameter even when nothing moves."""
     for name, p in model.named_parameters():
+        if only is not None and not only(name):
+            continue
         if isinstance(p, DTensor):
             local = p.to_local()
             yield name, (local if p.device_mesh.size() == 1 and local.shape == p.shape else p.full_tensor())
@@ -127,13 +135,21 @@ def full_parameters(model):
             yield name, p
 
 
-def save_hf(model, tokenizer_src: Path, out: Path) -> None:
-    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically."""
+def save_hf(model, tokenizer_src: Path, out: Path, lora=None) -> None:
+    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically. ``lora``
+    (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained`` loads a
+    plain model), and the adapter itself in ``adapter/`` (peft's format)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return
+    adapter = None
+    if lora is not None and lora.rank > 0:
+        from areal_cli.lora import adapter_items, merge_state_dict, scale
+
+        adapter = dict(adapter_items(iter(sd.items())))
+        sd = merge_state_dict(sd, scale(lora))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = model.config
@@ -146,6 +162,10 @@ def save_hf(model, tokenizer_src: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp)
+    if adapter is not None:
+        from areal_cli.lora import save_adapter
+
+        save_adapter(tmp / "adapter", iter(adapter.items()), lora, str(tokenizer_src))
     (tmp / "COMPLETE").write_text("ok\n")
     if out.exists():
         shutil.rmtree(out)

@@ -62,13 +62,14 @@ class StepRunner:
         # parameters on the 2-core CPU, fused ~1 s); the same update
         if t.optim_state == OptimState.auto:
             raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
+        trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
         if t.optim_state == OptimState.bfloat16:  # resolved for this device when the run was planned
             from areal_cli.trainer.optim import AdamWBF16State
 
-            self.opt = AdamWBF16State(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+            self.opt = AdamWBF16State(trainable, lr=t.lr, weight_decay=t.weight_decay,
                                       betas=(0.9, 0.999), eps=1e-8, seed=cfg.seed)
         else:
-            self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+            self.opt = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(0.9, 0.999), eps=1e-8, fused=True)
         total = t.steps * cfg.algorithm.ppo_epochs  # the schedule counts optimizer steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(
