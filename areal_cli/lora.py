@@ -121,10 +121,12 @@ def adapter_items(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
             yield wire_name(name), t
 
 
-def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float) -> Iterator[tuple[str, torch.Tensor]]:
+def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float,
+                 inplace: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(plain name, tensor) of an adapted model's parameters with every adapter merged: W0 + s · B @ A in
     float32, cast back to W0's dtype, in the plain model's order. An adapted layer's own parameters (W0,
-    a bias) wait until its A and B have come by (module order)."""
+    a bias) wait until its A and B have come by (module order). ``inplace``: the sum is written into
+    float32 W0 tensors themselves (no second copy; the adapted model is then spent)."""
     held: dict[str, dict[str, torch.Tensor]] = {}  # layer → its base_layer's parameters (weight, bias)
     parts: dict[str, dict[str, torch.Tensor]] = {}  # layer → lora_A, lora_B
     for name, t in named:
@@ -140,7 +142,11 @@ def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float) -> Iterato
         parts.setdefault(layer, {})[part] = t
         if len(parts[layer]) == 2:
             ab, own = parts.pop(layer), held.pop(layer)
-            yield f"{layer}.weight", merge(own.pop("weight"), ab["lora_A"], ab["lora_B"], s)
+            w0 = own.pop("weight")
+            if inplace and w0.dtype == torch.float32:
+                yield f"{layer}.weight", w0.addmm_(ab["lora_B"].float(), ab["lora_A"].float(), alpha=s)
+            else:
+                yield f"{layer}.weight", merge(w0, ab["lora_A"], ab["lora_B"], s)
             for leaf, rest in own.items():
                 yield f"{layer}.{leaf}", rest
     if held or parts:
@@ -162,9 +168,9 @@ def merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch
     return torch.addmm(w0.float(), b.float(), a.float(), alpha=s).to(w0.dtype)
 
 
-def merge_state_dict(sd: dict[str, torch.Tensor], s: float) -> dict[str, torch.Tensor]:
-    """A plain model's state dict from an adapted model's (full tensors)."""
-    return dict(merged_items(iter(sd.items()), s))
+def merge_state_dict(sd: dict[str, torch.Tensor], s: float, inplace: bool = False) -> dict[str, torch.Tensor]:
+    """A plain model's state dict from an adapted model's (full tensors); ``inplace`` as ``merged_items``."""
+    return dict(merged_items(iter(sd.items()), s, inplace))
 
 
 def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: LoraConfig, base_model: str) -> None:

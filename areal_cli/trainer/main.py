@@ -215,7 +215,7 @@ class Trainer:
         if save_final:
             self._doing("saving the final checkpoint")
             self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
-            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora)
+            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora, last=True)
         if self.rank == 0:
             self.status.send(Bye(self.name, finished=save_final))
             if save_final:

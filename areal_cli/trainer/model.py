@@ -135,10 +135,11 @@ def full_parameters(model, only=None):
             yield name, p
 
 
-def save_hf(model, tokenizer_src: Path, out: Path, lora=None) -> None:
+def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False) -> None:
     """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically. ``lora``
     (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained`` loads a
-    plain model), and the adapter itself in ``adapter/`` (peft's format)."""
+    plain model), and the adapter itself in ``adapter/`` (peft's format); ``last``: the model is not
+    used after this save, so the adapters are merged into its own float32 weights (no second copy)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -149,7 +150,9 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None) -> None:
         from areal_cli.lora import adapter_items, merge_state_dict, scale
 
         adapter = dict(adapter_items(iter(sd.items())))
-        sd = merge_state_dict(sd, scale(lora))
+        adapter = {n: t.detach().clone() for n, t in adapter.items()}  # small; before an in-place merge
+        with torch.no_grad():
+            sd = merge_state_dict(sd, scale(lora), inplace=last)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = model.config
