@@ -101,6 +101,16 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
     return out
 
 
+def adapter_size(model_path, lora: LoraConfig) -> int:
+    """Bytes of the adapter of the model at ``model_path`` in float32 (its config only)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return 4 * sum(s.numel for s in adapter_specs(model, lora))
+
+
 def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     """Adapters into ``model`` in place (peft's ``inject_adapter_in_model``: the model keeps its class and
     its module paths); only the adapters require gradients. B starts at 0, so the model is unchanged."""

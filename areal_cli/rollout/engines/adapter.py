@@ -36,6 +36,19 @@ def adapter_receiver(buffers: dict[str, torch.Tensor], source: WeightSource, ind
                           torch.float32, bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s, targets=buffers)
 
 
+def broadcast_sender(cfg, host: str, port: int, model, device):
+    """Trainer rank 0's end of areal's bucketed broadcast (hf always; vllm with LoRA) of
+    ``lora.update_specs`` (the adapter, float32, or the merged weights in the wire dtype)."""
+    from areal_cli.config.choices import Switch
+    from areal_cli.transport.weights import WeightSender
+
+    w = cfg.weights  # resolved when the run was planned
+    wire = torch.float32 if lora.sends_adapter(cfg) else getattr(torch, w.dtype)
+    return WeightSender(lora.update_specs(model, cfg), host, port, 1 + cfg.rollout.workers, str(w.backend),
+                        device, wire, bucket_bytes(w), timeout_s=2 * cfg.launcher.peer_timeout_s,
+                        staged=w.staged == Switch.true)
+
+
 def probe_ids(vocab_size: int) -> list[int]:
     """The fixed probe: ``PROBE_TOKENS`` token ids drawn once from a seeded generator."""
     gen = torch.Generator().manual_seed(1234)

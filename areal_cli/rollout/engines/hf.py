@@ -29,7 +29,6 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.config.choices import Switch
 from areal_cli.config.resolve import bucket_bytes
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.base import Engine, Sequence
@@ -279,16 +278,11 @@ def weight_receiver(model, source: WeightSource, index: int):
 def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device):
     """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers; what it
     carries is ``lora.update_specs`` (every parameter, the adapter, or the merged weights)."""
-    from areal_cli import lora
-    from areal_cli.transport.weights import WeightSender
+    from areal_cli.rollout.engines.adapter import broadcast_sender
 
-    w = cfg.weights  # resolved when the run was planned
-    wire = torch.float32 if lora.sends_adapter(cfg) else getattr(torch, w.dtype)  # an adapter is small
-    return WeightSender(lora.update_specs(model, cfg), host, port, 1 + cfg.rollout.workers, str(w.backend),
-                        device, wire, bucket_bytes(w),
-                        # twice the heartbeat limit: a rollout worker that stopped answering is named
-                        # by the controller (no heartbeat), not reported as this broadcast's timeout
-                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true)
+    # twice the heartbeat limit (inside): a rollout worker that stopped answering is named by the
+    # controller (no heartbeat), not reported as this broadcast's timeout
+    return broadcast_sender(cfg, host, port, model, device)
 
 
 ENGINE = HFEngine
