@@ -65,12 +65,14 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
     ids = [1, 9690, 198, 504, 30, 28, 77, 1200, 9, 45]
     try:
         before = _forward_logprobs(eng.model, ids)
+        got = _update(eng, tx, trainer, 1)  # a fresh adapter: random A, B = 0, so B @ A moves nothing
+        assert "error" not in got and got["timings"]["adapter_delta_zero"] == 1
         torch.manual_seed(1)
         with torch.no_grad():
             for n, p in trainer.named_parameters():
                 if "lora_B" in n:
                     p.normal_(std=0.05)
-        got = _update(eng, tx, trainer, 1)
+        got = _update(eng, tx, trainer, 2)
         assert "error" not in got, got
         assert got["timings"]["adapter_delta_zero"] == 0 and got["timings"]["probe_logp_change"] > 0
         after = _forward_logprobs(eng.model, ids)
@@ -78,7 +80,7 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
         trainer.eval()
         torch.testing.assert_close(after, _forward_logprobs(trainer, ids), atol=1e-4, rtol=1e-4)  # ... the trainer's
 
-        got = _update(eng, tx, trainer, 2)  # the adapter did not change (a step that moved nothing)
+        got = _update(eng, tx, trainer, 3)  # the adapter did not change (a step that moved nothing)
         assert "error" not in got and got["timings"]["adapter_delta_zero"] == 1
         assert got["timings"]["probe_logp_change"] == 0.0
 
@@ -86,11 +88,11 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
             for n, p in trainer.named_parameters():
                 if "lora_B" in n:
                     p.add_(0.01)
-        monkeypatch.setattr(faults, "_SPEC", "adapter@3")
+        monkeypatch.setattr(faults, "_SPEC", "adapter@4")
         monkeypatch.setenv("AREAL_FAULT_MODE", "skip")
-        got = _update(eng, tx, trainer, 3)
+        got = _update(eng, tx, trainer, 4)
         assert isinstance(got.get("error"), AdapterSyncError), got
-        assert "version 3" in str(got["error"]) and "did not take effect" in str(got["error"])
+        assert "version 4" in str(got["error"]) and "did not take effect" in str(got["error"])
     finally:
         eng.close()
         tx.close()

@@ -5,7 +5,8 @@ through areal's bucketed broadcast (transport/weights.py) into buffers of their 
 applies them its way (hf: ``MergedAdapter`` below, merged into its weights in place; vllm: through
 vLLM's LoRA API). Every update is then verified (``ProbeCheck``): the engine's logprobs of a fixed
 probe sequence must differ from those of the previous version, unless the adapter did not change
-at all (reported as ``adapter_delta_zero``). A sync that did nothing stops the run with
+at all: every layer's B @ A as before, or, for the hf engine, no weight changed at its precision
+(reported as ``adapter_delta_zero``). A sync that did nothing stops the run with
 ``AdapterSyncError`` instead of sampling from the old policy while the trainer believes it is
 on-policy.
 """
@@ -55,6 +56,19 @@ def probe_ids(vocab_size: int) -> list[int]:
     return torch.randint(min(100, vocab_size - 1), vocab_size, (PROBE_TOKENS,), generator=gen).tolist()
 
 
+def adapter_moved(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> bool:
+    """Whether B @ A of some layer differs between two adapters (wire names): exactly zero where A and B
+    are unchanged, or where B is zero in both (a fresh adapter: its random A moves nothing)."""
+    for name in new:
+        if not name.endswith(".lora_B.weight"):
+            continue
+        a = name.removesuffix(".lora_B.weight") + ".lora_A.weight"
+        same = torch.equal(new[name], old[name]) and torch.equal(new[a], old[a])
+        if not same and not (not new[name].any() and not old[name].any()):
+            return True
+    return False
+
+
 class ProbeCheck:
     """Compares each version's probe logprobs with the previous version's."""
 
@@ -88,7 +102,6 @@ class MergedAdapter:
         device = next(model.parameters()).device
         self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device)
                         for s in lora.adapter_specs(model, self.lora)}
-        self.previous = {n: b.clone() for n, b in self.buffers.items()}
         self.probe = torch.tensor([probe_ids(model.config.vocab_size)], device=device)
         self.verify = ProbeCheck()
         self.receiver = adapter_receiver(self.buffers, source, index)
@@ -103,15 +116,14 @@ class MergedAdapter:
         if self.verify.last is None:  # the weights before the first update
             self.verify.check(version - 1, self.probe_logprobs(), adapter_changed=False)
         out = self.receiver.receive(version)
-        changed = any(not torch.equal(self.buffers[n], self.previous[n]) for n in self.buffers)
-        t0 = time.perf_counter()
-        if not faults.skipped("adapter", version):
-            for name, m in self.layers:
-                m.weight.copy_(lora.merge(self.base[name], self.buffers[f"{name}.lora_A.weight"],
-                                          self.buffers[f"{name}.lora_B.weight"], self.scale))
+        t0, changed, skip = time.perf_counter(), False, faults.skipped("adapter", version)
+        for name, m in self.layers:
+            w = lora.merge(self.base[name], self.buffers[f"{name}.lora_A.weight"],
+                           self.buffers[f"{name}.lora_B.weight"], self.scale)
+            changed = changed or not torch.equal(w, m.weight)  # the delta at the engine's precision
+            if not skip:
+                m.weight.copy_(w)
         out["adapter_merge_s"] = time.perf_counter() - t0
-        for n, b in self.buffers.items():
-            self.previous[n].copy_(b)
         t0 = time.perf_counter()
         out.update(self.verify.check(version, self.probe_logprobs(), changed))
         out["probe_s"] = time.perf_counter() - t0

@@ -297,15 +297,14 @@ class VLLMAdapter:
     def receive(self, version: int = -1) -> dict:
         import shutil
 
-        import torch
-
         from areal_cli import faults
         from areal_cli.lora import save_adapter
+        from areal_cli.rollout.engines.adapter import adapter_moved
 
         if self.verify.last is None:  # the weights before the first update
             self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), adapter_changed=False)
         out = self.receiver.receive(version)
-        changed = any(not torch.equal(self.buffers[n], self.previous[n]) for n in self.buffers)
+        changed = adapter_moved(self.buffers, self.previous)
         t0 = time.perf_counter()
         if not faults.skipped("adapter", version):
             path = self.root / f"v{version}"
