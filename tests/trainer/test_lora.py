@@ -76,3 +76,31 @@ def test_final_checkpoint_is_the_merged_model(tiny_model, tmp_path):
     assert (got - base).abs().max() > 1e-3  # the adapter changed the model
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     assert saved_rank(tmp_path / "final" / "adapter") == 4
+
+
+def test_frozen_linear_weights_in_the_compute_dtype_compute_the_same(tiny_model):
+    """One CPU rank with LoRA keeps the frozen linear weights in bf16 (autocast cast them to bf16 for each
+    matmul anyway); the embedding, the norms and the adapters stay float32; the logits are the same."""
+    from areal_cli.config.schema import LoraConfig
+    from areal_cli.trainer.batching import autocast
+    from areal_cli.trainer.model import build_policy
+
+    init_gloo()
+    lo = LoraConfig(rank=4)
+    torch.manual_seed(0)
+    lean = build_policy(tiny_model, torch.device("cpu"), torch.bfloat16, False, lora=lo)
+    torch.manual_seed(0)
+    full = build_policy(tiny_model, torch.device("cpu"), torch.float32, False, lora=lo)
+    dtypes = {n: p.dtype for n, p in lean.named_parameters()}
+    assert dtypes["model.layers.0.self_attn.q_proj.base_layer.weight"] == torch.bfloat16
+    assert dtypes["model.layers.0.mlp.down_proj.base_layer.weight"] == torch.bfloat16
+    assert dtypes["model.embed_tokens.weight"] == dtypes["model.norm.weight"] == torch.float32
+    assert all(dtypes[n] == torch.float32 for n in dtypes if "lora_" in n)
+    with torch.no_grad():
+        for (n, a), (_, b) in zip(lean.named_parameters(), full.named_parameters(), strict=True):
+            if "lora_B" in n:
+                a.normal_(std=0.1)
+                b.copy_(a)
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 1000, 3]])
+    with torch.no_grad(), autocast(ids.device, torch.bfloat16):
+        assert torch.equal(lean(input_ids=ids).logits, full(input_ids=ids).logits)
