@@ -47,7 +47,12 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
     from areal_cli.checkpoints import latest_checkpoint
     from areal_cli.lora import check_model, saved_rank
 
+    import importlib.util
+
     out = check_model(model_path, cfg.trainer.lora)
+    if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install 'areal-cli[lora]', "
+                   "or trainer.lora.rank=0 (full fine-tuning)")
     ckpt = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
     if ckpt is not None:
         saved = saved_rank(ckpt / "adapter") or 0
