@@ -6,7 +6,7 @@ or keep the base weights and run the adapter beside them (peft's LoRA layers) at
 On the default model (SmolLM2-135M, bf16, as the CPU rollout worker runs it) it prints, for a random
 rank-r adapter on every attention and MLP projection:
   * merge: seconds per update of W = W0 + (alpha/r)·B·A written into every targeted weight (what
-    ``rollout/engines/adapter.MergedAdapter`` does), and the extra memory (the kept W0);
+    ``rollout/engines/adapter.MergedAdapter`` does, ``engine_merge``), and the extra memory (the kept W0);
   * wrap: seconds per update of copying A and B into peft's LoRA layers (nothing else changes);
   * decode tokens/s of ``generate`` (``seqs`` prompts × ``new`` tokens, greedy) of the plain model
     (what the merged engine runs) and of the peft-wrapped one;
@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from areal_cli import lora  # noqa: E402
 from areal_cli.config.schema import LoraConfig  # noqa: E402
 from areal_cli.models import resolve_model  # noqa: E402
+from areal_cli.rollout.engines.adapter import engine_merge  # noqa: E402
 
 
 def decode_tps(model, prompts: torch.Tensor, new: int, repeats: int) -> float:
@@ -62,8 +63,8 @@ def main() -> None:
         t0 = time.perf_counter()
         with torch.no_grad():
             for n, m in layers:
-                m.weight.copy_(lora.merge(base[n], adapter[f"{n}.lora_A.weight"], adapter[f"{n}.lora_B.weight"],
-                                          lora.scale(lo)))
+                m.weight.copy_(engine_merge(base[n], adapter[f"{n}.lora_A.weight"], adapter[f"{n}.lora_B.weight"],
+                                            lora.scale(lo)))
         merge_s.append(time.perf_counter() - t0)
     extra = sum(w.numel() * w.element_size() for w in base.values())
     prompts = torch.randint(100, 40000, (a.seqs, 40), generator=torch.Generator().manual_seed(0))

@@ -42,12 +42,11 @@ def preflight(cfg: RootConfig) -> None:
 
 def lora_problems(cfg: RootConfig, model_path) -> list[str]:
     """trainer.lora against the model (target names, rank), and against the checkpoint a resume reads."""
+    import importlib.util
     from pathlib import Path
 
     from areal_cli.checkpoints import latest_checkpoint
     from areal_cli.lora import check_model, saved_rank
-
-    import importlib.util
 
     out = check_model(model_path, cfg.trainer.lora)
     if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:

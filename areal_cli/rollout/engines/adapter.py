@@ -90,6 +90,15 @@ class ProbeCheck:
         return {"probe_logp_change": moved, "adapter_delta_zero": int(not adapter_changed)}
 
 
+def engine_merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
+    """W0 + s · B @ A for an engine: one GEMM in W0's dtype (float32 accumulation, one rounding), with A
+    and B rounded to it first. In bf16 ~10x faster on the CPU than the float32 sum ``lora.merge`` makes
+    for checkpoints, and within one bf16 step of it (2.5% of the weights of a 1536 × 576 layer)."""
+    if w0.dtype == torch.float32:
+        return lora.merge(w0, a, b, s)
+    return torch.addmm(w0, b.to(w0.dtype), a.to(w0.dtype), alpha=s)
+
+
 class MergedAdapter:
     """The hf engine's intake: W = W0 + (alpha / rank) · B @ A written into each targeted layer's weight
     in place, from a copy of W0 kept at the engine's dtype (exact: no rounding drift over versions)."""
@@ -118,8 +127,8 @@ class MergedAdapter:
         out = self.receiver.receive(version)
         t0, changed, skip = time.perf_counter(), False, faults.skipped("adapter", version)
         for name, m in self.layers:
-            w = lora.merge(self.base[name], self.buffers[f"{name}.lora_A.weight"],
-                           self.buffers[f"{name}.lora_B.weight"], self.scale)
+            w = engine_merge(self.base[name], self.buffers[f"{name}.lora_A.weight"],
+                             self.buffers[f"{name}.lora_B.weight"], self.scale)
             changed = changed or not torch.equal(w, m.weight)  # the delta at the engine's precision
             if not skip:
                 m.weight.copy_(w)
