@@ -78,7 +78,7 @@ class StepRunner:
         self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
-        self.mfu = MFU(model.config, device, t.peak_flops, world)
+        self.mfu = MFU(model.config, device, t.peak_flops, world, frozen=t.lora.rank > 0)
 
     @classmethod
     def build(cls, model, model_path: Path, cfg: RootConfig, device, compute_dtype, rank: int,

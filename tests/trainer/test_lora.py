@@ -104,3 +104,18 @@ def test_frozen_linear_weights_in_the_compute_dtype_compute_the_same(tiny_model)
     ids = torch.tensor([[5, 17, 300, 42, 7, 99, 1000, 3]])
     with torch.no_grad(), autocast(ids.device, torch.bfloat16):
         assert torch.equal(lean(input_ids=ids).logits, full(input_ids=ids).logits)
+
+
+def test_mfu_counts_four_flops_a_frozen_weight_and_token():
+    """With LoRA the frozen weights' matmuls cost forward 2 + input gradient 2 = 4 FLOPs a weight and
+    token (no weight gradient); attention scores (no weights) keep their 6 × 2 · d per pair."""
+    from transformers import AutoConfig
+
+    from areal_cli.models import resolve_model
+    from areal_cli.trainer.metrics import MFU, flop_terms
+
+    config = AutoConfig.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    body, attention, head = flop_terms(config)
+    lean = MFU(config, torch.device("cpu"), 0.0, 1, frozen=True).terms
+    assert lean == (body * 4 / 6, attention, head * 4 / 6)
+    assert MFU(config, torch.device("cpu"), 0.0, 1).terms == (body, attention, head)
