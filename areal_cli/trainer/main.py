@@ -75,6 +75,11 @@ class Trainer:
         self.model = build_policy(self.model_path, self.device, dtype, cfg.trainer.activation_checkpointing,
                                   fp32_head=cfg.engine.lm_head_fp32 == Switch.true,
                                   varlen=cfg.trainer.packing and cfg.trainer.varlen, lora=cfg.trainer.lora)
+        if cfg.trainer.lora.rank > 0:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in self.model.parameters())
+            self.log.info("LoRA rank %d: %.2fM trainable parameters of %.1fM (%.2f%%)", cfg.trainer.lora.rank,
+                          trainable / 1e6, total / 1e6, 100 * trainable / total)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
