@@ -7,6 +7,8 @@ exactly that moment), exits at once (``AREAL_FAULT_MODE=exit``) or pauses for
 sent meanwhile is handled as it would be mid-step). Points: ``generate`` (a
 rollout worker starting a group), ``train`` (a trainer rank inside a step), ``weights`` (a
 rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
+``adapter`` (a LoRA engine about to apply a received adapter; ``AREAL_FAULT_MODE=skip`` leaves it
+unapplied: a weight sync that does nothing, which the engine's verification must catch).
 ``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a dictionary lookup and nothing else.
 """
 
@@ -36,3 +38,8 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
         return
     while True:
         time.sleep(3600)
+
+
+def skipped(name: str, version: int) -> bool:
+    """Whether ``AREAL_FAULT=<name>@<version>`` with ``AREAL_FAULT_MODE=skip`` asks to leave this step out."""
+    return bool(_SPEC) and _SPEC == f"{name}@{version}" and os.environ.get("AREAL_FAULT_MODE") == "skip"

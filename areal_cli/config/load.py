@@ -246,6 +246,19 @@ def _run_bounds(cfg: RootConfig) -> list[str]:
                         "gives areal or the GPUs named in cluster.gpus / rollout.gpus (each worker is a process "
                         "with its own engine): lower it")
     return problems
+def lora_problems(cfg: RootConfig) -> list[str]:
+    """trainer.lora checks that need no model (preflight checks the names and the rank against it)."""
+    lora, out = cfg.trainer.lora, []
+    if lora.rank <= 0:
+        return out
+    if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
+        out.append(f"trainer.lora.target_modules={list(lora.target_modules)}: name at least one linear layer, "
+                   "e.g. [q_proj,v_proj] (default: every attention and MLP projection)")
+    if cfg.algorithm.needs_critic:
+        out.append(f"trainer.lora.rank={lora.rank} with algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
+                   "(algorithm=ppo): the critic has no LoRA (it would train in full beside the adapter); use a critic-free "
+                   "estimator (algorithm=grpo) or trainer.lora.rank=0")
+    return out
 
 
 def _cross_field(cfg: RootConfig) -> list[str]:
@@ -284,6 +297,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")
+    problems += lora_problems(cfg)
     if cfg.resume and not RunDir(cfg.resume).config.is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems

@@ -93,6 +93,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
         "shape_buckets": Range(0, 64, note="sizes per doubling; 0 = exact shapes"),
     },
+    "LoraConfig": {"rank": at_least(0, "0 = full fine-tuning"), "alpha": pos(), "dropout": Range(0, 1, hi_open=True)},
     "WeightsConfig": {"bucket_mb": at_least(0, "0 = 1024 with NCCL, 32 with gloo")},
     "LauncherConfig": {
         "port_base": Range(0, 65535 - 6, note="0 = free ports; the run uses 7 from it"),

@@ -69,6 +69,9 @@ class EngineConfig:
     engine's fused parameters (Llama/Mistral/Qwen2/Qwen3 layouts, tensor_parallel_size 1): no reload,
     a pause of ~40 ms instead of ~100 ms for 135M; "auto" = inplace where it applies, else reload (hf:
     inplace, its only way)."""
+    lora_merge: bool = False
+    """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the
+    weight broadcast, instead of the adapter alone (the engine then runs without LoRA)."""
     lm_head_fp32: Switch = Switch.auto
     """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
     behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
@@ -135,6 +138,25 @@ class RolloutConfig:
     "fixed" (every response max_new_tokens long) | a JSON file (areal_cli/rollout/length_profile.py)."""
 
 
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""The attention and MLP projections of Llama / Mistral / Qwen2 / Qwen3 layouts."""
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, built with peft) instead of full fine-tuning: only the adapters train
+    and only they travel to the engines (docs: README "LoRA")."""
+
+    rank: int = 0
+    """Adapter rank r; 0 = full fine-tuning (no adapter)."""
+    alpha: float = 32.0
+    """Scale numerator: the update is (alpha / rank) · B·A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input in training (0 keeps the trainer's logprobs equal to the engine's)."""
+    target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
+    """Names of the linear layers that get an adapter (the last part of the module name)."""
+
+
 @dataclass
 class TrainerConfig:
     """torchrun FSDP2 trainer ranks."""
@@ -198,6 +220,7 @@ class TrainerConfig:
     """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
     gpus: list = field(default_factory=list)
     """GPU ids for training; [] = from cluster.gpus."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

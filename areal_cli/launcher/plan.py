@@ -210,10 +210,14 @@ def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) ->
     """How weights will reach every rollout worker under the resolved ``cfg``, and why
     engine.weight_update is what it is (``asked``: the config before it was resolved)."""
     w, tp, wt = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.weights
+    lora = lora_notes(cfg, model_path)
+    if lora and not cfg.engine.lora_merge:
+        return lora + [f"one {wt.backend} group of {1 + w} ranks (trainer rank 0 + {w} rollout worker(s)), "
+                       f"{wt.bucket_mb} MiB buckets"]
     if cfg.engine.name != "vllm":
-        return [f"in place into each hf engine's parameters; one {wt.backend} group of {1 + w} ranks (trainer "
-                f"rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB buckets"
-                + (", staged" if wt.staged == "true" else "")]
+        return lora + [f"in place into each hf engine's parameters; one {wt.backend} group of {1 + w} ranks (trainer "
+                       f"rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB buckets"
+                       + (", staged" if wt.staged == "true" else "")]
     from areal_cli.transport.vllm_weights import choose_weight_update, group_size, rank_offset
 
     if model_path is None:
@@ -223,11 +227,30 @@ def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) ->
     how = {"inplace": "in place (vLLM sparse_nccl transfer straight into the fused parameters, no reload)",
            "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
            "auto": "inplace or reload"}[cfg.engine.weight_update]
-    lines = [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
+    lines = lora + [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
              f"one NCCL group of {group_size(w, tp)} ranks: trainer rank 0 + {w} vLLM worker(s) × {tp} GPU rank(s)"]
     lines += [f"  rollout-{i}: " + (f"ranks {rank_offset(i, tp)}..{rank_offset(i, tp) + tp - 1}" if tp > 1
                                     else f"rank {rank_offset(i, tp)}") for i in range(w)]
     return lines
+
+
+def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
+    """Which LoRA path the run's weight updates take ([] without LoRA)."""
+    lo = cfg.trainer.lora
+    if lo.rank <= 0:
+        return []
+    what = f"LoRA rank {lo.rank}, alpha {lo.alpha:g}, on {','.join(lo.target_modules)}"
+    if cfg.engine.lora_merge:
+        return [f"{what}: engine.lora_merge=true: the trainer merges the adapter and sends full weights"]
+    size = ""
+    if model_path is not None:
+        from areal_cli.lora import adapter_size
+
+        size = f" ({adapter_size(model_path, lo) / 2**20:.1f} MiB float32)"
+    how = ("each vLLM worker loads it through vLLM's LoRA API (a LoRARequest of a tmpfs directory, load_inplace)"
+           if cfg.engine.name == "vllm" else "each hf engine merges W0 + (alpha/rank)·B·A into its weights in place")
+    return [f"{what}: weight updates carry the adapter alone{size}; {how}; every update verified by a probe's "
+            "logprobs"]
 
 
 def length_notes(cfg: RootConfig) -> list[str]:

@@ -19,7 +19,7 @@ def preflight(cfg: RootConfig) -> None:
 
     problems = []
     try:
-        resolve_model(cfg.model)
+        problems += lora_problems(cfg, resolve_model(cfg.model))
     except ModelError as err:
         problems.append(str(err))
     try:
@@ -38,6 +38,29 @@ def preflight(cfg: RootConfig) -> None:
         problems.append(str(err))
     if problems:
         raise UserError("\n".join(f"  - {p}" for p in problems))
+
+
+def lora_problems(cfg: RootConfig, model_path) -> list[str]:
+    """trainer.lora against the model (target names, rank), and against the checkpoint a resume reads."""
+    import importlib.util
+    from pathlib import Path
+
+    from areal_cli.checkpoints import latest_checkpoint
+    from areal_cli.lora import check_model, saved_rank
+
+    out = check_model(model_path, cfg.trainer.lora)
+    if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:
+        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install 'areal-cli[lora]', "
+                   "or trainer.lora.rank=0 (full fine-tuning)")
+    ckpt = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
+    if ckpt is not None:
+        saved = saved_rank(ckpt / "adapter") or 0
+        if saved != cfg.trainer.lora.rank:
+            out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} but the checkpoint {ckpt} holds "
+                       + (f"a rank-{saved} adapter" if saved else "full weights (no adapter)")
+                       + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or start a new run "
+                       f"from its merged model (model={Path(cfg.resume) / 'checkpoints' / 'final'})")
+    return out
 
 
 def _check_imports(cfg: RootConfig) -> list[str]:

@@ -40,6 +40,11 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
                 OmegaConf.update(node, key, OmegaConf.create({"v": value})["v"] if value else value)
             continue
         refused.append(key)
+    lora = [o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith("trainer.lora.")]
+    if lora:
+        raise UserError(f"  - {', '.join(lora)}: resume={resume} continues its adapter as it was saved (trainer.lora."
+                        f"rank={cfg.trainer.lora.rank}); drop the override to resume, or start a new run from its "
+                        f"merged model: model={RunDir(resume).final} {' '.join(lora)}")
     if refused:
         raise UserError("  - a resumed run keeps its config; these overrides would change what is trained: "
                         + ", ".join(refused) + f" (allowed: {', '.join(RESUMABLE)})")

@@ -151,8 +151,9 @@ class Worker:
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
-        self.log.info("weights v%d loaded in %.3fs (%d sequences continue)", version,
-                      timings["pause_total_s"], timings.get("interrupted", 0))
+        self.log.info("weights v%d loaded in %.3fs (%d sequences continue)%s", version,
+                      timings["pause_total_s"], timings.get("interrupted", 0),
+                      "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else "")
 
     def close(self) -> None:
         if hasattr(self.flow, "close"):

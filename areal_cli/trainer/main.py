@@ -87,6 +87,11 @@ class Trainer:
             self.log.info("trainer: %s, micro_batch_tokens %d, logprob_chunk_tokens %d", options,
                           cfg.trainer.micro_batch_tokens, cfg.trainer.logprob_chunk_tokens)
         self.model = build_policy(self.model_path, self.device, dtype, **options)
+        if cfg.trainer.lora.rank > 0:
+            trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+            total = sum(p.numel() for p in self.model.parameters())
+            self.log.info("LoRA rank %d: %.2fM trainable parameters of %.1fM (%.2f%%)", cfg.trainer.lora.rank,
+                          trainable / 1e6, total / 1e6, 100 * trainable / total)
         self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
                                        self.world)
         self.sender = None
@@ -165,7 +170,7 @@ class Trainer:
         every rank takes part in gathering the checkpoint it reads)."""
         self._doing(f"evaluating version {version}")
         path = self.rd.eval_checkpoint
-        save_hf(self.model, self.model_path, path)
+        save_hf(self.model, self.model_path, path, lora=self.cfg.trainer.lora)
         out = {}
         if self.rank == 0:
             from areal_cli.evaluator import evaluate
@@ -227,7 +232,7 @@ class Trainer:
         if save_final:
             self._doing("saving the final checkpoint")
             self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
-            save_hf(self.model, self.model_path, self.rd.final)
+            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora, last=True)
         if self.rank == 0:
             self.status.send(Bye(self.name, finished=save_final))
             if save_final:
@@ -240,7 +245,7 @@ class Trainer:
     def _sync_weights(self, version: int) -> dict:
         """Gather the new weights into the wire buffers, then tell the controller they are
         ready (the rollout workers pause only now), then broadcast them."""
-        params = full_parameters(self.model)
+        params = update_items(self.model, self.cfg)
         if self.rank != 0:
             for _ in params:
                 pass
@@ -250,6 +255,18 @@ class Trainer:
         out.update(self.sender.broadcast(digest=self.cfg.weights.verify))
         out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]
         return out
+
+
+def update_items(model, cfg):
+    """(name, full tensor) pairs of one weight update, in ``lora.update_specs`` order (a collective):
+    every parameter; with LoRA the adapter alone, or the merged weights (engine.lora_merge)."""
+    from areal_cli import lora
+
+    if not lora.enabled(cfg):
+        return full_parameters(model)
+    if lora.sends_adapter(cfg):
+        return lora.adapter_items(full_parameters(model, only=lora.is_adapter))
+    return lora.merged_items(full_parameters(model), lora.scale(cfg.trainer.lora))
 
 
 def redirect_output(path: Path) -> None:

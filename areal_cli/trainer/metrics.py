@@ -54,8 +54,11 @@ class MFU:
     not skipped); the proximal, reference and critic passes, activation recomputation and
     padding are overhead, not model FLOPs."""
 
-    def __init__(self, config, device: torch.device, override: float, world: int):
-        self.terms = flop_terms(config)
+    def __init__(self, config, device: torch.device, override: float, world: int, frozen: bool = False):
+        """``frozen``: the weights take no gradient (LoRA): their matmuls cost 4 FLOPs a weight and token
+        (forward, and the backward's input gradient), not 6; the adapters' own are left out (< 1%)."""
+        body, attention, head = flop_terms(config)
+        self.terms = (body * 4 / 6, attention, head * 4 / 6) if frozen else (body, attention, head)
         peak = peak_flops(device, override)
         self.peak = None if peak is None else peak * world
 

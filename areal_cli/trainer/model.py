@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -14,9 +15,12 @@ from torch.distributed.tensor import DTensor
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
                  activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False,
-                 checkpoint_every: int = 1, compile_layers: bool = False, reshard_after_forward: bool = True):
+                 checkpoint_every: int = 1, compile_layers: bool = False, reshard_after_forward: bool = True,
+                 lora=None):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
-    one CPU rank);
+    one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
+    only parameters that require gradients (on one unsharded rank the frozen linear weights stay in
+    the compute dtype: ``frozen_linear_to``);
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
     segments with FlashAttention where this device and torch have it (``trainer.varlen``);
     ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``: the trainer keys of those
@@ -28,21 +32,34 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     attn = "sdpa"
     if varlen and varlen_attention.available(device):
         attn = varlen_attention.register()
+    unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu" and dist.get_world_size() == 1)
+    lora_on = lora is not None and lora.rank > 0
+    frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16, torch.float16) \
+        else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  attn_implementation=attn).to(device)
+    if frozen != torch.float32:
+        frozen_linear_to(model, frozen)
     model.config.use_cache = False
     if fp32_head:
         float32_head(model)
     if activation_checkpointing:
         checkpoint_layers(model, checkpoint_every)
-    train_mode(model)
+    train_mode(model)  # before the adapters: their dropout (trainer.lora.dropout) stays as asked
+    if lora_on:
+        from areal_cli.lora import inject
+
+        model = inject(model, lora)
+        for p in model.parameters():
+            if p.requires_grad:
+                p.data = p.data.float()  # the adapters train with float32 master weights, whatever W0's dtype
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
           if device.type == "cuda" else MixedPrecisionPolicy())
     # one CPU rank shards nothing: FSDP would only copy every parameter into and out of its
     # all-gather and reduce-scatter buffers (~10% of a SmolLM2-135M step on 2 cores)
-    if not (os.environ.get("AREAL_NO_FSDP") or (device.type == "cpu" and dist.get_world_size() == 1)):
+    if not unsharded:
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
@@ -56,7 +73,7 @@ def policy_options(cfg) -> dict:
     t = cfg.trainer
     return dict(activation_checkpointing=t.activation_checkpointing, fp32_head=cfg.engine.lm_head_fp32 == "true",
                 varlen=t.packing and t.varlen, checkpoint_every=t.checkpoint_every,
-                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward)
+                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward, lora=t.lora)
 
 
 def checkpoint_layers(model, every: int = 1) -> None:
@@ -88,6 +105,21 @@ def compile_decoder_layers(model) -> None:
     for layer in layers:
         layer.forward = torch.compile(layer.forward)
     model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
+
+
+def frozen_linear_to(model, dtype: torch.dtype) -> None:
+    """LoRA on one unsharded rank: the linear layers' weights, which stay frozen, in the compute dtype
+    ``dtype``; they take no update, so they need no float32 master, and autocast cast them to that dtype
+    for every matmul anyway: the products are the same, 2 bytes a weight less (212 MB for
+    SmolLM2-135M). The rest (the embedding and the output layer tied to it, the norms) stays float32,
+    copied out of the checkpoint's memory map so that the map, which holds the whole float32 file,
+    is released. FSDP2 wants one dtype per group of parameters, so sharded ranks keep float32."""
+    head = model.get_output_embeddings()
+    for m in model.modules():
+        linear = isinstance(m, torch.nn.Linear) and m is not head
+        for p in m.parameters(recurse=False):
+            p.data = p.data.to(dtype) if linear else p.data.clone()
+    gc.collect()
 
 
 def train_mode(model) -> None:
@@ -153,12 +185,15 @@ class HalfGemmFloat32Out(torch.autograd.Function):
         return (g @ w).reshape(x.shape), g.t() @ x.reshape(-1, x.shape[-1])
 
 
-def full_parameters(model):
-    """(name, full tensor) for every parameter; a collective: every rank must iterate it.
+def full_parameters(model, only=None):
+    """(name, full tensor) for every parameter (``only(name)`` true, if given); a collective: every rank
+    must iterate it.
 
     On a one-rank mesh the local shard is the whole tensor: it is returned as is, since
     ``full_tensor()`` costs ~150 µs of dispatch per parameter even when nothing moves."""
     for name, p in model.named_parameters():
+        if only is not None and not only(name):
+            continue
         if isinstance(p, DTensor):
             local = p.to_local()
             yield name, (local if p.device_mesh.size() == 1 and local.shape == p.shape else p.full_tensor())
@@ -166,13 +201,24 @@ def full_parameters(model):
             yield name, p
 
 
-def save_hf(model, tokenizer_src: Path, out: Path) -> None:
-    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically."""
+def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False) -> None:
+    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically. ``lora``
+    (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained`` loads a
+    plain model), and the adapter itself in ``adapter/`` (peft's format); ``last``: the model is not
+    used after this save, so the adapters are merged into its own float32 weights (no second copy)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return
+    adapter = None
+    if lora is not None and lora.rank > 0:
+        from areal_cli.lora import adapter_items, merge_state_dict, scale
+
+        adapter = dict(adapter_items(iter(sd.items())))
+        adapter = {n: t.detach().clone() for n, t in adapter.items()}  # small; before an in-place merge
+        with torch.no_grad():
+            sd = merge_state_dict(sd, scale(lora), inplace=last)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     config = model.config
@@ -185,6 +231,10 @@ def save_hf(model, tokenizer_src: Path, out: Path) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     plain.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp)
+    if adapter is not None:
+        from areal_cli.lora import save_adapter
+
+        save_adapter(tmp / "adapter", iter(adapter.items()), lora, str(tokenizer_src))
     (tmp / "COMPLETE").write_text("ok\n")
     if out.exists():
         shutil.rmtree(out)

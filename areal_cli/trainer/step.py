@@ -63,13 +63,14 @@ class StepRunner:
         # parameters on the 2-core CPU, fused ~1 s); the same update
         if t.optim_state == OptimState.auto:
             raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
+        trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
         if t.optim_state == OptimState.bfloat16:  # resolved for this device when the run was planned
             from areal_cli.trainer.optim import AdamWBF16State
 
-            self.opt = AdamWBF16State(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+            self.opt = AdamWBF16State(trainable, lr=t.lr, weight_decay=t.weight_decay,
                                       betas=(0.9, 0.999), eps=1e-8, seed=cfg.seed)
         else:
-            self.opt = torch.optim.AdamW(model.parameters(), lr=t.lr, weight_decay=t.weight_decay,
+            self.opt = torch.optim.AdamW(trainable, lr=t.lr, weight_decay=t.weight_decay,
                                          betas=(0.9, 0.999), eps=1e-8, fused=True)
         total = t.steps * cfg.algorithm.ppo_epochs  # the schedule counts optimizer steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(
@@ -78,7 +79,7 @@ class StepRunner:
         self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
-        self.mfu = MFU(model.config, device, t.peak_flops, world)
+        self.mfu = MFU(model.config, device, t.peak_flops, world, frozen=t.lora.rank > 0)
         self.clock = StepClock(device)
 
     @classmethod

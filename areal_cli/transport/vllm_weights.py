@@ -254,7 +254,7 @@ class VLLMWeightReceiver:
         llm.init_weight_transfer_engine(dict(init_info=dict(
             master_address=host, master_port=port, rank_offset=rank_offset, world_size=world_size)))
 
-    def receive(self) -> dict:
+    def receive(self, version: int = -1) -> dict:
         t0 = time.perf_counter()
         self.llm.start_weight_update()
         self.llm.update_weights(dict(update_info=self.update_info))

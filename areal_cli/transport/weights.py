@@ -262,13 +262,19 @@ class WeightReceiver:
     the model in place as soon as it has arrived, while the next one is on the wire (so a worker
     holds two buckets, never a second copy of the model)."""
 
-    def __init__(self, model: torch.nn.Module, host, port, rank, world_size, backend, wire_dtype,
-                 bucket_bytes, timeout_s=600.0, store_path=""):
+    def __init__(self, model: torch.nn.Module | None, host, port, rank, world_size, backend, wire_dtype,
+                 bucket_bytes, timeout_s=600.0, targets: dict[str, torch.Tensor] | None = None, store_path=""):
+        """Loads into ``model``'s parameters, or into ``targets`` (name → tensor, in the sender's order:
+        e.g. an engine's adapter buffers) where given; ``store_path``: the group's FileStore (local runs)."""
         self.model, self.wire_dtype = model, wire_dtype
-        self.params = {clean_name(n): p for n, p in model.named_parameters()}
-        self.device = next(model.parameters()).device
+        if targets is None:
+            self.params = {clean_name(n): p for n, p in model.named_parameters()}
+            specs = param_specs(model)
+        else:
+            self.params = dict(targets)
+            specs = [ParamSpec(n, tuple(t.shape), t.numel()) for n, t in targets.items()]
+        self.device = next(iter(self.params.values())).device
         buffer_device = self.device if backend == "nccl" else torch.device("cpu")
-        specs = param_specs(model)
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
         self.slots = [torch.empty(max(self.sizes), dtype=wire_dtype, device=buffer_device)
@@ -280,7 +286,8 @@ class WeightReceiver:
         return self.slots[k % len(self.slots)][:self.sizes[k]]
 
     @torch.no_grad()
-    def receive(self) -> dict:
+    def receive(self, version: int = -1) -> dict:
+        """The next update, loaded; ``version`` (unused here) is the one the trainer sends."""
         t0, load = time.perf_counter(), 0.0
         _sync(self.device)  # nothing queued may still read the old weights
         n = len(self.buckets)

@@ -23,6 +23,10 @@
 #   mfu15    carry .models/b          2 GPUs: 1.5B, 1 vLLM worker + 1 trainer rank, 2048-token responses, 6 steps
 #   layouts15 carry .models/b         tp2 then dp2 with the 1.5B checkpoint, 5 steps each
 #   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
+#   lora7b   carry .models/b          7B layout with LoRA rank 16 on 2 GPUs: 1 vLLM worker (GPU 0, LoRA enabled, the
+#                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
+#                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
+#   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
@@ -148,7 +152,14 @@ for m in ("sync", "async"):
           f" length p50/p90/max {s['response_length']['p50']}/{s['response_length']['p90']}/{s['response_length']['max']}")
 PY
     tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_1.5b 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench)"; exit 2 ;;
+  lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    merge=false; [ "$phase" = lora7bmerge ] && merge=true
+    RUN7L=${RUN7/cluster.gpus=\[0,1,2,3\]/cluster.gpus=[0,1]}
+    sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
+        engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
+        trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

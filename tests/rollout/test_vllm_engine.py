@@ -19,7 +19,7 @@ class FakeCore:
     def __init__(self):
         self.requests, self.aborted, self.version, self.params = {}, [], 0, {}
 
-    def add_request(self, req, prompt, params):
+    def add_request(self, req, prompt, params, lora_request=None):
         self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
         self.params[req] = params
 
@@ -49,7 +49,7 @@ def fake_engine() -> VLLMEngine:
     eng.llm = types.SimpleNamespace(reset_prefix_cache=lambda: True)
     eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
-    eng._busy_s, eng._busy_since = 0.0, None
+    eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
     return eng
 
 

@@ -92,7 +92,8 @@ def step_runner(path, *overrides: str, checkpointing: bool = False):
 
     cfg = config(*overrides)
     torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing)
+    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing,
+                         lora=cfg.trainer.lora)
     return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
 
 

@@ -76,7 +76,7 @@ class Engine(ABC):
             raise RuntimeError("this engine was built without a weight source (EngineSetup.weights): "
                                "it has no weights to receive")
         with self.paused(version) as timings:
-            timings.update(self.receiver.receive())
+            timings.update(self.receiver.receive(version))
         return timings
 
     def weights_digest(self) -> str:

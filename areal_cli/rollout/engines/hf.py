@@ -29,7 +29,6 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.config.choices import Switch
 from areal_cli.config.resolve import bucket_bytes
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines.base import Engine, Sequence
@@ -262,26 +261,30 @@ class HFEngine(Engine):
 
 def weight_receiver(model, source: WeightSource, index: int):
     """This rollout worker's end of areal's bucketed broadcast (transport/weights.py): rank 1 + index
-    of the trainer's weight group, loading into ``model`` in place."""
+    of the trainer's weight group, loading into ``model`` in place; with LoRA the adapter, merged into
+    the weights and verified (``adapter.MergedAdapter``)."""
+    from areal_cli import lora
     from areal_cli.transport.weights import WeightReceiver
 
     cfg, w = source.cfg, source.cfg.weights  # resolved when the run was planned
+    if lora.sends_adapter(cfg):
+        from areal_cli.rollout.engines.adapter import MergedAdapter
+
+        return MergedAdapter(model, source, index)
     return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
                           getattr(torch, w.dtype), bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s,
                           store_path=source.store)
 
 
 def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device, store: str = ""):
-    """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers."""
-    from areal_cli.transport.weights import WeightSender, param_specs
+    """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers; what it
+    carries is ``lora.update_specs`` (every parameter, the adapter, or the merged weights); ``store``:
+    the group's FileStore (local runs)."""
+    from areal_cli.rollout.engines.adapter import broadcast_sender
 
-    w = cfg.weights  # resolved when the run was planned
-    return WeightSender(param_specs(model), host, port, 1 + cfg.rollout.workers, str(w.backend), device,
-                        getattr(torch, w.dtype), bucket_bytes(w),
-                        # twice the heartbeat limit: a rollout worker that stopped answering is named
-                        # by the controller (no heartbeat), not reported as this broadcast's timeout
-                        timeout_s=2 * cfg.launcher.peer_timeout_s, staged=w.staged == Switch.true,
-                        store_path=store)
+    # twice the heartbeat limit (inside): a rollout worker that stopped answering is named by the
+    # controller (no heartbeat), not reported as this broadcast's timeout
+    return broadcast_sender(cfg, host, port, model, device, store)
 
 
 ENGINE = HFEngine

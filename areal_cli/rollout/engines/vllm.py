@@ -25,6 +25,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from areal_cli import lora
 from areal_cli.config.choices import Switch, WeightUpdate
 from areal_cli.config.resolve import unresolved
 from areal_cli.config.schema import EngineConfig, RootConfig
@@ -43,15 +44,34 @@ def import_vllm():
     return vllm
 
 
-def llm_kwargs(e: EngineConfig, seed: int, index: int) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e`` resolved)."""
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM 0.26 accepts for max_lora_rank."""
+
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest max_lora_rank vLLM accepts that holds ``rank``; ValueError naming the fix above 512."""
+    for r in VLLM_LORA_RANKS:
+        if r >= rank:
+            return r
+    raise ValueError(f"trainer.lora.rank={rank}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}; lower "
+                     "trainer.lora.rank, or set engine.lora_merge=true to send merged weights")
+
+
+def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> dict:
+    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e`` resolved);
+    ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight transfer
+    engine (the base weights never change)."""
     if unresolved(e):
         raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
                          "(areal_cli.config.resolve)")
     kw = dict(dtype=str(e.dtype), seed=seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
-              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True,
-              weight_transfer_config=dict(backend="sparse_nccl" if e.weight_update == WeightUpdate.inplace else "nccl"))
+              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+    if lora_rank > 0:
+        kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
+    else:
+        kw["weight_transfer_config"] = dict(
+            backend="sparse_nccl" if e.weight_update == WeightUpdate.inplace else "nccl")
     if e.lm_head_fp32 == Switch.true:
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if e.max_num_seqs:
@@ -67,7 +87,10 @@ class VLLMEngine(Engine):
 
         doing("loading the model")
         self.engine_cfg = setup.engine
-        self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index))
+        adapter = setup.weights is not None and lora.sends_adapter(setup.weights.cfg)
+        rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
+        self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
+        self.lora_request = None  # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
@@ -78,7 +101,10 @@ class VLLMEngine(Engine):
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
         self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
-        if setup.weights is not None:
+        if adapter:
+            doing("joining the weight broadcast group (LoRA adapters)")
+            self.receiver = VLLMAdapter(self, setup.model_path, setup.weights, setup.index)
+        elif setup.weights is not None:
             doing("joining the weight broadcast group")
             self.receiver = weight_receiver(self.llm, setup.model_path, setup.weights, setup.index)
 
@@ -105,7 +131,8 @@ class VLLMEngine(Engine):
         req = seq.segment_id()
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
-        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining, seq.ignore_eos))
+        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining, seq.ignore_eos),
+                              lora_request=self.lora_request)
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
 
@@ -122,6 +149,30 @@ class VLLMEngine(Engine):
             if not done:
                 time.sleep(max(0.0, deadline - time.perf_counter()))
         return done
+
+    def probe_logprobs(self, ids: list[int]):
+        """log π(ids[t] | ids[:t]) for t ≥ 1 under the current weights and adapter: a one-token request
+        with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are kept."""
+        import torch
+
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
+        self._probes = getattr(self, "_probes", 0) + 1
+        rid = f"areal-probe-{self._probes}"
+        params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                     output_kind=RequestOutputKind.FINAL_ONLY)
+        self.core.add_request(rid, {"prompt_token_ids": list(ids)}, params, lora_request=self.lora_request)
+        deadline = time.perf_counter() + 120
+        while time.perf_counter() < deadline:
+            for out in self.core.step():
+                if out.request_id == rid and out.finished:
+                    lps = out.prompt_logprobs[1:]  # the first prompt token has none
+                    return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], lps, strict=True)])
+                seq = self._apply(out) if out.request_id != rid else None
+                if seq is not None:
+                    self._done.append(seq)
+        raise RuntimeError("vLLM did not answer the weight-update probe within 120 s")
 
     def _apply(self, out) -> Sequence | None:
         """Fold one delta output into its sequence; the sequence when it just finished."""
@@ -207,9 +258,96 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
                               group_size(cfg.rollout.workers, e.tensor_parallel_size), mode=e.weight_update)
 
 
+class VLLMAdapter:
+    """A vLLM rollout worker's end of LoRA updates. The adapter arrives through areal's bucketed broadcast
+    into float32 buffers (``adapter.adapter_receiver``), is written in peft's format to a directory on
+    tmpfs (/dev/shm where it exists) and loaded through vLLM's own LoRA API: ``add_lora`` of one
+    ``LoRARequest`` (id 1) with ``load_inplace=True``, which replaces the loaded adapter of that id;
+    every request submitted after the update names it. vLLM 0.26 loads adapters from a path only (no
+    in-memory route). Verified as every LoRA update is (``adapter.ProbeCheck``), from vLLM's prompt
+    logprobs of the probe."""
+
+    NAME, ID = "areal-policy", 1
+
+    def __init__(self, engine: VLLMEngine, model_path, source: WeightSource, index: int):
+        import tempfile
+        from pathlib import Path
+
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from areal_cli.rollout.engines.adapter import ProbeCheck, adapter_receiver, probe_ids
+
+        cfg = source.cfg
+        self.engine, self.lora, self.model_path = engine, cfg.trainer.lora, str(model_path)
+        config = AutoConfig.from_pretrained(model_path)
+        with torch.device("meta"):
+            specs = lora.adapter_specs(AutoModelForCausalLM.from_config(config), self.lora)
+        device = torch.device("cuda", torch.cuda.current_device()) if str(cfg.weights.backend) == "nccl" else "cpu"
+        self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device) for s in specs}
+        self.previous = {n: b.clone() for n, b in self.buffers.items()}
+        shm = Path("/dev/shm")
+        self.root = Path(tempfile.mkdtemp(prefix="areal-lora-", dir=shm if shm.is_dir() else None))
+        self.probe = probe_ids(config.vocab_size)
+        self.verify = ProbeCheck()
+        self.receiver = adapter_receiver(self.buffers, source, index)
+        log.info("weight updates: LoRA adapters (rank %d, %d tensors) through areal's broadcast, loaded by "
+                 "vLLM's LoRA API from %s", self.lora.rank, len(specs), self.root)
+
+    def receive(self, version: int = -1) -> dict:
+        import shutil
+
+        from areal_cli import faults
+        from areal_cli.lora import save_adapter
+        from areal_cli.rollout.engines.adapter import adapter_moved
+
+        if self.verify.last is None:  # the weights before the first update
+            self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), adapter_changed=False)
+        out = self.receiver.receive(version)
+        changed = adapter_moved(self.buffers, self.previous)
+        t0 = time.perf_counter()
+        if not faults.skipped("adapter", version):
+            path = self.root / f"v{version}"
+            save_adapter(path, iter(self.buffers.items()), self.lora, self.model_path)
+            self._load(path)
+            for old in self.root.iterdir():  # vLLM holds the adapter in memory: older files can go
+                if old != path:
+                    shutil.rmtree(old, ignore_errors=True)
+        out["adapter_load_s"] = time.perf_counter() - t0
+        for n, b in self.buffers.items():
+            self.previous[n].copy_(b)
+        t0 = time.perf_counter()
+        out.update(self.verify.check(version, self.engine.probe_logprobs(self.probe), changed))
+        out["probe_s"] = time.perf_counter() - t0
+        return out
+
+    def _load(self, path) -> None:
+        from vllm.lora.request import LoRARequest
+
+        if not self.engine.core.add_lora(LoRARequest(self.NAME, self.ID, str(path), load_inplace=True)):
+            raise RuntimeError(f"vLLM refused the LoRA adapter in {path}")
+        self.engine.lora_request = LoRARequest(self.NAME, self.ID, str(path))
+
+    def digest(self) -> str:
+        return self.receiver.digest()
+
+    def close(self) -> None:
+        import shutil
+
+        self.receiver.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str = ""):
-    """Trainer rank 0's end of vLLM's NCCL weight transfer: rank 0, every worker's GPU ranks after it."""
+    """Trainer rank 0's end of vLLM's NCCL weight transfer: rank 0, every worker's GPU ranks after it (with
+    engine.lora_merge: the merged weights); a LoRA adapter goes through areal's bucketed broadcast instead
+    (``VLLMAdapter`` receives)."""
     import torch
+
+    if lora.sends_adapter(cfg):
+        from areal_cli.rollout.engines.adapter import broadcast_sender
+
+        return broadcast_sender(cfg, host, port, model, device, store)
 
     from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 

@@ -1,0 +1,106 @@
+"""LoRA with engine=vllm: vLLM's LoRA settings, and, where vLLM and a GPU are present, the real thing:
+an adapter update (areal's broadcast over gloo, loaded through vLLM's LoRA API from tmpfs) changes the
+engine's logprobs as the merged weights dictate; an unchanged adapter is a zero delta; a sync forced to
+do nothing (``AREAL_FAULT=adapter@v``, ``AREAL_FAULT_MODE=skip``) is caught and named."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from areal_cli.config.resolve import resolve_engine
+from areal_cli.config.schema import RootConfig
+from areal_cli.rollout.engines.vllm import llm_kwargs, vllm_lora_rank
+from tests.rollout.test_vllm_engine import _gpu_vllm
+
+
+def test_llm_kwargs_enable_lora_at_a_rank_vllm_accepts():
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    cfg.engine = resolve_engine(cfg.engine, updates=False)
+    kw = llm_kwargs(cfg.engine, 0, 0, lora_rank=12)
+    assert kw["enable_lora"] and kw["max_lora_rank"] == 16 and kw["max_loras"] == 1
+    assert "weight_transfer_config" not in kw  # the base weights never change
+    assert vllm_lora_rank(1) == 1 and vllm_lora_rank(300) == 320
+    with pytest.raises(ValueError, match="engine.lora_merge=true"):
+        vllm_lora_rank(600)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(bool(_gpu_vllm()), reason=_gpu_vllm() or "runs")
+def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_cli import faults, lora
+    from areal_cli.config.load import compose
+    from areal_cli.config.resolve import resolve
+    from areal_cli.rollout.engines.adapter import AdapterSyncError, probe_ids
+    from areal_cli.rollout.engines.factory import make_engine, make_sender
+    from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+
+    cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "weights.backend=gloo",
+                           "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",
+                           "engine.max_model_len=512", "launcher.peer_timeout_s=120"]))
+    trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
+    port, box = _free_port(), {}
+    setup = EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8,
+                        weights=WeightSource(cfg, "127.0.0.1", port))
+    t = threading.Thread(target=lambda: box.setdefault("eng", make_engine(setup)))
+    t.start()
+    tx = make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cpu"))
+    t.join(600)
+    eng = box["eng"]
+
+    def update(version):
+        got = {}
+
+        def run():
+            try:
+                got["timings"] = eng.update_weights(version)
+            except AdapterSyncError as err:
+                got["error"] = err
+
+        th = threading.Thread(target=run)
+        th.start()
+        tx.prepare(lora.adapter_items(iter(trainer.named_parameters())))
+        tx.broadcast()
+        th.join(300)
+        return got
+
+    ids = probe_ids(trainer.config.vocab_size)
+    try:
+        base = eng.probe_logprobs(ids)
+        with torch.no_grad():
+            for n, p in trainer.named_parameters():
+                if "lora_B" in n:
+                    p.normal_(std=0.05)
+        got = update(1)
+        assert "error" not in got and got["timings"]["adapter_delta_zero"] == 0
+        after = eng.probe_logprobs(ids)
+        assert (after - base).abs().max() > 1e-2
+        trainer.eval()
+        with torch.no_grad():
+            want = torch.log_softmax(trainer(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+        want = want.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
+        assert (after - want).abs().mean() < 0.05  # bf16 engine vs float32 trainer
+        got = update(2)
+        assert "error" not in got and got["timings"]["adapter_delta_zero"] == 1
+        with torch.no_grad():
+            for n, p in trainer.named_parameters():
+                if "lora_B" in n:
+                    p.add_(0.02)
+        monkeypatch.setattr(faults, "_SPEC", "adapter@3")
+        monkeypatch.setenv("AREAL_FAULT_MODE", "skip")
+        got = update(3)
+        assert isinstance(got.get("error"), AdapterSyncError) and "version 3" in str(got["error"])
+    finally:
+        eng.close()
+        tx.close()
