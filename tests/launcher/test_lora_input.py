@@ -9,6 +9,7 @@ import subprocess
 import pytest
 from conftest import AREAL, ROOT, TINY_RUN
 
+from areal_cli.checkpoints import MARKER, marker_text
 from areal_cli.config.load import compose, save_yaml
 from areal_cli.lora import save_adapter
 from areal_cli.rundir import RunDir
@@ -52,6 +53,7 @@ def test_a_lora_checkpoint_resumed_with_another_rank_exits_2(tiny_model, tmp_pat
     ckpt = RunDir(run).checkpoint(2)
     save_adapter(ckpt / "adapter", iter([]), cfg.trainer.lora, str(tiny_model))
     (ckpt / "controller.json").write_text("{}")
+    (ckpt / MARKER).write_text(marker_text(2))  # as the controller marks a checkpoint of the run
     cfg.trainer.lora.rank = 8
     save_yaml(cfg, RunDir(run).config)
     proc = _train(f"resume={run}")
