@@ -11,6 +11,7 @@ is the whole on-disk contract:
 | ``keys/`` | launcher | this run's CURVE keys (directory 0700, files 0600) |
 | ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
+| ``reward_endpoint.json`` | reward-model process | the address of its socket (reward.fn=model / judge) |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
 | ``procs.json`` | launcher | the planned processes (argv, environment) and device map the watcher starts |
 | ``pids.json`` | local launcher | the pid of every process it started (``areal status``) |
@@ -48,6 +49,8 @@ class RunDir:
     lock = property(lambda self: self.root / "run.lock", doc="flock of the live run; the holder's pid")
     keys = property(lambda self: self.root / "keys", doc="CURVE keys (0700)")
     endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
+    reward_endpoint = property(lambda self: self.root / "reward_endpoint.json",
+                               doc="the reward-model process's address")
     controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
     procs = property(lambda self: self.root / "procs.json", doc="the planned processes, for launcher/watch.py")

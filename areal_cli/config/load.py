@@ -257,7 +257,20 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")
+    problems += _served_reward_problems(cfg)
     if cfg.resume and not RunDir(cfg.resume).config.is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems
 
+
+def _served_reward_problems(cfg: RootConfig) -> list[str]:
+    """A model or judge reward needs the local launcher; evaluation scores with the verifier part."""
+    problems = []
+    if cfg.reward.served and cfg.launcher.name != "local":
+        problems.append(f"reward.fn={cfg.reward.fn}: the reward-model process runs under the local launcher "
+                        "only; use launcher=local")
+    if (cfg.eval.every or cfg.eval.at_end) and cfg.reward.verifier() is None:
+        problems.append(f"reward.fn={cfg.reward.fn} has no verifier to score held-out answers: set "
+                        "eval.at_end=false eval.every=0, or add one with weight 0 "
+                        "(reward.fn=[auto,judge] reward.weights=[0,1])")
+    return problems

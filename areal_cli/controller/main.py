@@ -25,7 +25,7 @@ from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.liveness import ProgressWatch, culprits, not_joined
-from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
+from areal_cli.controller.records import RewardFailed, StepRecorder, zero_nonfinite_rewards
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
@@ -410,7 +410,7 @@ def main() -> None:
     ctl = Controller(args.run_dir)
     try:
         ctl.run()
-    except PeerStalled as err:
+    except (PeerStalled, RewardFailed) as err:
         ctl.log.error("%s", err)
         ctl.control.send(Stop())
         ctl.close()

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from areal_cli.config.task import RewardConfig
@@ -40,6 +40,9 @@ class RewardResult:
     """Why, when status is not "ok"."""
     sandbox: str = ""
     """Which isolation ran the completion's code ("bwrap" | "unsafe_none"); "" = no code ran."""
+    parts: dict = field(default_factory=dict)
+    """A combined or served reward: each part's score and status, and its reward-model batch
+    (``transport.messages.Sample.reward_parts``); {} for a single verifier."""
 
 
 @dataclass
@@ -108,6 +111,9 @@ class RewardPool:
     """A pool of reward worker processes with a per-call timeout (see the module docstring)."""
 
     def __init__(self, cfg: RewardConfig, num_workers: int = 2):
+        if not isinstance(cfg.fn, str) or cfg.served:
+            raise ValueError(f"reward.fn={cfg.fn}: a reward pool scores one verifier; model and judge parts are "
+                             "scored by the reward-model process of `areal train` (rewards/combined.py)")
         if num_workers < 1:
             raise ValueError(f"RewardPool num_workers={num_workers}: use at least 1")
         if ":" in cfg.fn:
