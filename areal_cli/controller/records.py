@@ -44,9 +44,15 @@ def part_metrics(rows: list[dict]) -> dict:
     return out
 
 
+def check_batch_rewards(step: int, groups: list[GroupResult], max_fraction: float) -> None:
+    """``check_reward_failures`` of a batch before it is sent to the trainer."""
+    rows = [{"reward_status": s.reward_status, "reward_parts": s.reward_parts} for g in groups for s in g.samples]
+    check_reward_failures(step, rows, max_fraction)
+
+
 def check_reward_failures(step: int, rows: list[dict], max_fraction: float) -> None:
     """RewardFailed naming the part and its process when one failed (timeout or error) on more than
-    ``max_fraction`` of the batch's samples."""
+    ``max_fraction`` of the batch's samples (rows: reward_status and reward_parts of each)."""
     counts: dict[str, int] = {}
     for r in rows:
         parts = r["reward_parts"] or {"verifier": 0.0, "verifier_status": r["reward_status"]}
@@ -129,7 +135,6 @@ class StepRecorder:
             "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in rows])),
             **part_metrics(rows),
         }
-        check_reward_failures(step, rows, self.cfg.reward.max_error_fraction)
 
     def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:
         now = time.monotonic()

@@ -4,8 +4,9 @@ rollout worker of a run, in batches.
 ``python -m areal_cli.rewards.server <run_dir>``. It loads the reward model and/or the judge
 (frozen: their weights never change), binds its ROUTER (``transport.channels.ReplyRouter``, a CURVE
 server admitting only the run's key), writes its address to ``reward_endpoint.json`` and serves:
-after the first request it gathers more for reward.batch_wait_s (up to reward.batch_size), from
-whichever workers sent them, scores each part's requests in one forward and answers each worker.
+after the first request it gathers more for reward.batch_wait_s (up to reward.batch_size per part
+it serves), from whichever workers sent them, scores each part's requests in forwards of at most
+reward.batch_size and answers each worker.
 A batch that fails (a torch error) answers "error" for each of its requests, and the process goes
 on. It exits on the controller's Stop (it subscribes to the control channel).
 """
@@ -85,7 +86,7 @@ class Server:
             if first is None:
                 continue
             batch, deadline = [first], time.monotonic() + self.rc.batch_wait_s
-            while len(batch) < self.rc.batch_size:
+            while len(batch) < self.rc.batch_size * len(self.scorers):
                 nxt = self.sock.recv_from(max(0.0, deadline - time.monotonic()))
                 if nxt is None:
                     break
@@ -97,7 +98,9 @@ class Server:
         by_part: dict[str, list[tuple[bytes, RewardRequest]]] = defaultdict(list)
         for identity, req in batch:
             by_part[req.part].append((identity, req))
-        for part, items in by_part.items():
+        size = self.rc.batch_size
+        chunks = [(part, items[i:i + size]) for part, items in by_part.items() for i in range(0, len(items), size)]
+        for part, items in chunks:
             requests = [r for _, r in items]
             workers = len({identity for identity, _ in items})
             for (identity, req), (score, status, detail) in zip(items, self._score(part, requests), strict=True):
