@@ -25,7 +25,7 @@ from pathlib import Path
 import zmq
 
 from areal_cli.config.task import RewardConfig
-from areal_cli.rewards.pool import RewardResult, _resolve
+from areal_cli.rewards.pool import RewardResult, settle
 from areal_cli.rundir import RunDir
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.auth import Keys
@@ -101,7 +101,7 @@ class ServedRewards:
             self._expire()
         sock.close()
         for future, _, _ in self._waiting.values():
-            _resolve(future, RewardResult(0.0, "error", "reward client closed"))
+            settle(future, RewardResult(0.0, "error", "reward client closed"))
 
     def _send_queued(self, sock) -> None:
         while True:
@@ -133,7 +133,7 @@ class ServedRewards:
             counter = {"timeout": "timeouts", "parse_error": "parse_errors"}.get(result.status, "errors")
             setattr(self, counter, getattr(self, counter) + 1)
             logger.warning("reward %s for problem %s: %s", result.status, pid, result.detail)
-        _resolve(future, result)
+        settle(future, result)
 
     def _drain_wake(self) -> None:
         try:

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 
 from areal_cli.config.reward_models import MODEL_PARTS, part_name
 from areal_cli.config.task import RewardConfig
-from areal_cli.rewards.pool import RewardPool, RewardResult, _resolve
+from areal_cli.rewards.pool import RewardPool, RewardResult, settle
 from areal_cli.tasks.base import Problem
 
 FAILED = ("timeout", "error", "nonfinite")
@@ -45,7 +45,7 @@ class CombinedReward:
                 left[0] -= 1
                 if left[0]:
                     return
-            _resolve(out, self._combine(parts, [f.result() for f in futures]))
+            settle(out, self._combine(parts, [f.result() for f in futures]))
 
         for f in futures:
             f.add_done_callback(one_done)

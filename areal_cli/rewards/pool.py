@@ -150,7 +150,7 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
             if self._broken:
-                _resolve(future, RewardResult(0.0, "error", self._broken))
+                settle(future, RewardResult(0.0, "error", self._broken))
                 return future
             self._pending.append(_Job(future, completion, problem))
         os.write(self._wake_w, b"x")
@@ -166,10 +166,10 @@ class RewardPool:
         self._thread.join()
         for w in self._workers:
             if w.job is not None:
-                _resolve(w.job.future, RewardResult(0.0, "error", "reward pool closed"))
+                settle(w.job.future, RewardResult(0.0, "error", "reward pool closed"))
             w.kill()
         for job in self._pending:
-            _resolve(job.future, RewardResult(0.0, "error", "reward pool closed"))
+            settle(job.future, RewardResult(0.0, "error", "reward pool closed"))
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -245,7 +245,7 @@ class RewardPool:
             return
         if result.status != "ok":
             self._count(result.status, job.problem.id, result.detail)
-        _resolve(job.future, result)
+        settle(job.future, result)
 
     def _replace(self, w: _Worker, detail: str, status: str) -> None:
         """Kill a hung or dead worker, fail its job with `status`, start a fresh one."""
@@ -270,7 +270,7 @@ class RewardPool:
                 jobs.append(job)
         for job in jobs:
             self._count("error", job.problem.id, detail)
-            _resolve(job.future, RewardResult(0.0, "error", detail))
+            settle(job.future, RewardResult(0.0, "error", detail))
 
     def _count(self, status: str, problem_id: str, detail: str) -> None:
         if status == "timeout":
@@ -302,7 +302,7 @@ def _checked(status: str, score, detail: str) -> RewardResult:
     return RewardResult(value, "ok")
 
 
-def _resolve(future: Future, result: RewardResult) -> None:
+def settle(future: Future, result: RewardResult) -> None:
     """Set a call's result unless its caller already cancelled it."""
     try:
         future.set_result(result)

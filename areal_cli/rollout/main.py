@@ -69,6 +69,7 @@ class Worker:
         self.hb.doing = "loading the model"
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
+        self.hb.doing = "starting its reward pool (and waiting for the reward-model process, if any)"
         self.pool = make_rewards(self.cfg.reward, self.cfg.reward.workers, lambda: ServedRewards(
             self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s), self.name, keys, limit))
         self.flow = Workflow(self.cfg.workflow, self.engine, self.pool, self.tok, index,
