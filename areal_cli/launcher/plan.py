@@ -260,6 +260,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         notes["reward"] = reward_notes(cfg)
         procs.append(Proc(*served))
         devices["reward"] = [int(g) for g in cfg.reward.gpus]
+        idle = [g for g in devices.pop("idle", []) if g not in devices["reward"]]
+        devices.update({"idle": idle} if idle else {})
     for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if ids else {**cpu_env, **ROLLOUT_CPU_ENV}
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
