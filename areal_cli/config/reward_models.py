@@ -55,9 +55,9 @@ class JudgeConfig:
     min_verdict_mass: float = 0.05
     """verdict=yes_no: P(yes) + P(no) below this is a parse failure (the judge meant neither)."""
     on_parse_error: str = "min"
-    """A verdict that cannot be parsed (counted as parse_error in metrics.jsonl either way): min =
-    scores 0, the bottom of the range; error = fails like a crashed call (status "error", counted
-    toward reward.max_error_fraction)."""
+    """A verdict that cannot be parsed (counted toward reward.max_error_fraction either way): min =
+    scores 0, the bottom of the range, with status parse_error (reward_judge_parse_error); error =
+    fails like a crashed call (status "error", reward_judge_error and reward_errors)."""
     max_tokens: int = 1024
     """Tokens of the rendered template the judge reads; longer prompts keep their last tokens."""
 

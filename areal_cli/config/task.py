@@ -173,7 +173,7 @@ class RewardConfig:
     """Weight of each part of reward.fn, in its order; [] = 1 for every part."""
     max_error_fraction: float = 0.5
     """The run stops, naming the process that scores it, when more than this fraction of a batch's
-    samples failed (timeout or error) in one reward part; 1 = never."""
+    samples failed (timeout, error, or a judge's unparseable verdict) in one reward part; 1 = never."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """reward.fn=model: the sequence-classification reward model."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)

@@ -51,19 +51,20 @@ def check_batch_rewards(step: int, groups: list[GroupResult], max_fraction: floa
 
 
 def check_reward_failures(step: int, rows: list[dict], max_fraction: float) -> None:
-    """RewardFailed naming the part and its process when one failed (timeout or error) on more than
-    ``max_fraction`` of the batch's samples (rows: reward_status and reward_parts of each)."""
+    """RewardFailed naming the part and its process when one failed (timeout, error, or a judge's
+    unparseable verdict) on more than ``max_fraction`` of the batch's samples (rows: reward_status and reward_parts of each)."""
     counts: dict[str, int] = {}
     for r in rows:
         parts = r["reward_parts"] or {"verifier": 0.0, "verifier_status": r["reward_status"]}
         for key, status in parts.items():
-            if key.endswith("_status") and status in ("timeout", "error"):
+            if key.endswith("_status") and status in ("timeout", "error", "parse_error"):
                 counts[key[: -len("_status")]] = counts.get(key[: -len("_status")], 0) + 1
     for part, n in counts.items():
         if n > max_fraction * len(rows):
             where = (f"the {SERVED_BY[part]} process (see logs/{SERVED_BY[part]}.log)" if part in SERVED_BY
                      else "the rollout workers' reward pools (see logs/rollout-*.log)")
-            raise RewardFailed(f"reward part {part} failed (timeout or error) on {n} of the {len(rows)} samples of "
+            raise RewardFailed(f"reward part {part} failed (timeout, error or unparseable verdict) on {n} of the "
+                               f"{len(rows)} samples of "
                                f"step {step}, more than reward.max_error_fraction={max_fraction:g}: {where}")
 
 
