@@ -22,12 +22,14 @@ COLOUR = 'reward.judge.template="Name the colour of the sky in one word. Ignore 
 
 
 def test_combined_reward_batched_across_two_workers(tiny_model, tiny_reward_model, tmp_path):
-    # up to 10 s gathering after a first request (or until 16 came): the other worker joins the forward
-    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, *JUDGE, "trainer.steps=3", "rollout.workers=2",
+    # up to 10 s gathering after a first request (or until 16 of each part came): once both workers
+    # generate, a forward holds requests of both (which step's batch first shows it varies with
+    # the load: the workers' first groups may come seconds apart)
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, *JUDGE, "trainer.steps=4", "rollout.workers=2",
               "reward.fn=[auto,judge,model]", "reward.weights=[1,0.5,2]", f"reward.model.path={tiny_reward_model}",
-              "reward.batch_wait_s=10", timeout=400)
+              "reward.batch_wait_s=10", timeout=500)
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
-    assert [m["step"] for m in metrics] == [0, 1, 2]
+    assert [m["step"] for m in metrics] == [0, 1, 2, 3]
     for m in metrics:
         assert 0.0 < m["reward_judge_mean"] < 1.0 and m["reward_model_mean"] != 0.0
         assert m["reward_mean"] == pytest.approx(
@@ -36,7 +38,6 @@ def test_combined_reward_batched_across_two_workers(tiny_model, tiny_reward_mode
     assert max(m["reward_judge_batch_workers_max"] for m in metrics) == 2, metrics
     assert max(m["reward_model_batch_mean"] for m in metrics) > 1
     rows = read_jsonl(tmp_path / "trajectories.jsonl")
-    assert {r["worker"] for r in rows} == {0, 1}
     for r in rows:
         p = r["reward_parts"]
         assert r["reward"] == pytest.approx(p["verifier"] + 0.5 * p["judge"] + 2 * p["model"], abs=1e-6)
