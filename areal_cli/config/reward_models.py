@@ -64,9 +64,9 @@ class JudgeConfig:
 
 def reward_parts(fn) -> list[str]:
     """reward.fn as a list of its parts: "auto" → ["auto"], ["auto", "judge"] as given."""
-    if isinstance(fn, str):
-        return [fn]
-    return [str(x) for x in fn]
+    if isinstance(fn, list | tuple):
+        return [str(x) for x in fn]
+    return [str(fn)]
 
 
 def part_name(fn: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -256,7 +257,9 @@ class RewardConfig:
         names = [part_name(p) for p in parts]
         if len(set(names)) < len(names):
             errors.append(f"reward.fn={parts}: at most one verifier, one model and one judge; drop the repeat")
-        if self.weights and len(self.weights) != len(parts):
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in self.weights):
+            errors.append(f"reward.weights={list(self.weights)}: every weight must be a finite number")
+        elif self.weights and len(self.weights) != len(parts):
             errors.append(f"reward.weights={list(self.weights)} has {len(self.weights)} entries for the "
                           f"{len(parts)} parts of reward.fn={parts}: give one weight per part, or [] for all 1")
         if "model" in parts and not self.model.path:

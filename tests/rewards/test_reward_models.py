@@ -182,3 +182,5 @@ def test_reward_config_parts_and_validation():
     assert any("at most one verifier" in e for e in errors)
     assert any("reward.weights=[1]" in e for e in errors)
     assert any("reward.model.path is empty" in e for e in errors)
+    assert any("finite number" in e for e in RewardConfig(fn=["auto", "judge"], weights=[1, float("nan")]).validate())
+    assert RewardConfig(fn=3).validate()[0].startswith("reward.fn='3': use one of")
