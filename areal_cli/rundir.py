@@ -12,6 +12,7 @@ is the whole on-disk contract:
 | ``stores/`` | launcher | file stores (0700): the trainer ranks' rendezvous, the weight group's (controller names it) |
 | ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
+| ``reward_endpoint.json`` | reward-model process | the address of its socket (reward.fn=model / judge) |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
 | ``pids.json`` | local launcher | the pid of every process it started (``areal status``) |
 | ``job.sbatch``, ``slurm_job_id`` | Slurm launcher | the submitted script and its job id |
@@ -49,6 +50,8 @@ class RunDir:
     keys = property(lambda self: self.root / "keys", doc="CURVE keys (0700)")
     stores = property(lambda self: self.root / "stores", doc="file stores of the run's process groups (0700)")
     endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
+    reward_endpoint = property(lambda self: self.root / "reward_endpoint.json",
+                               doc="the reward-model process's address")
     controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
     pids = property(lambda self: self.root / "pids.json", doc="pids of the local launcher's processes")

@@ -52,6 +52,33 @@ def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool 
     return proc
 
 
+
+def tiny_classifier(out: Path, num_labels: int) -> Path:
+    """A sequence-classification reward model: SmolLM2's tokenizer, 2 layers of random weights,
+    ``num_labels`` outputs (named l0, l1, ... when more than one)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    from areal_cli.models import resolve_model
+
+    base = resolve_model("smollm2-135m-instruct")
+    cfg = AutoConfig.from_pretrained(base)
+    cfg.update(dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_labels=num_labels))
+    if num_labels > 1:
+        cfg.id2label = {i: f"l{i}" for i in range(num_labels)}
+        cfg.label2id = {v: k for k, v in cfg.id2label.items()}
+    torch.manual_seed(1)
+    AutoModelForSequenceClassification.from_config(cfg, dtype=torch.float32).save_pretrained(out)
+    AutoTokenizer.from_pretrained(base).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_reward_model(tmp_path_factory) -> Path:
+    """A one-output sequence-classification reward model with random weights."""
+    return tiny_classifier(tmp_path_factory.mktemp("rm") / "tiny-rm", 1)
+
 def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 

@@ -14,6 +14,7 @@ RATIO_LEVELS = ("token", "sequence")
 MASK_LEVELS = ("token", "sequence")
 LOSS_AGGS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+OBJECTIVES = ("ppo_clip", "cispo")
 
 
 @dataclass
@@ -34,12 +35,14 @@ class AlgorithmConfig:
     """GAE lambda (used only by adv_estimator=gae)."""
 
     # --- policy objective ---
+    objective: str = "ppo_clip"
+    """ppo_clip = min(r A, clip(r) A); cispo = sg(clip(r)) A log pi_theta (MiniMax-M1's CISPO)."""
     eps_clip_low: float = 0.2
-    """Lower PPO clip: the ratio is clipped at 1 - eps_clip_low."""
+    """Lower clip: the ratio (cispo: its stop-gradient weight) is clipped at 1 - eps_clip_low; 1 = no lower bound."""
     eps_clip_high: float = 0.2
-    """Upper PPO clip: the ratio is clipped at 1 + eps_clip_high (DAPO's clip-higher raises it)."""
+    """Upper clip: the ratio (cispo: its weight) is clipped at 1 + eps_clip_high (DAPO's clip-higher raises it)."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1: for A < 0 the objective is at least c * A; None = off."""
+    """Dual-clip constant c > 1 (ppo_clip only): for A < 0 the objective is at least c * A; None = off."""
     ratio_level: str = "token"
     """token = pi_theta/pi_prox per token; sequence = GSPO's length-normalized sequence ratio."""
     behav_weight_cap: float = 5.0
@@ -112,6 +115,7 @@ class AlgorithmConfig:
             "behav_mask_level": MASK_LEVELS,
             "loss_agg": LOSS_AGGS,
             "kl_estimator": KL_ESTIMATORS,
+            "objective": OBJECTIVES,
         }
         return [
             f"algorithm.{key}={getattr(self, key)!r} is unknown; use one of {', '.join(allowed)}"
@@ -124,13 +128,15 @@ class AlgorithmConfig:
         for key in ("gamma", "lam"):
             if not 0.0 <= getattr(self, key) <= 1.0:
                 errors.append(f"algorithm.{key}={getattr(self, key)} must lie in [0, 1]")
-        if not 0.0 < self.eps_clip_low < 1.0:
+        if not 0.0 < self.eps_clip_low <= 1.0:
             errors.append(
-                f"algorithm.eps_clip_low={self.eps_clip_low} must lie in (0, 1), e.g. 0.2"
+                f"algorithm.eps_clip_low={self.eps_clip_low} must lie in (0, 1], e.g. 0.2"
             )
         if self.eps_clip_high <= 0.0:
             errors.append(f"algorithm.eps_clip_high={self.eps_clip_high} must be > 0, e.g. 0.2")
-        if self.dual_clip is not None and self.dual_clip <= 1.0:
+        if self.dual_clip is not None and self.objective == "cispo":
+            errors.append("algorithm.dual_clip applies to objective=ppo_clip only; set it to null")
+        elif self.dual_clip is not None and self.dual_clip <= 1.0:
             errors.append(
                 f"algorithm.dual_clip={self.dual_clip} must be > 1 (e.g. 3.0), or null for off"
             )

@@ -298,6 +298,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")
     problems += lora_problems(cfg)
+    problems += _served_reward_problems(cfg)
     if cfg.resume and not RunDir(cfg.resume).config.is_file():
         problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
     return problems
@@ -311,3 +312,14 @@ def _agent_problems(w) -> list[str]:
     if w.agent and w.name != "agent":
         return [f"workflow.agent={w.agent} is set but workflow={w.name}: add workflow=agent"]
     return []
+def _served_reward_problems(cfg: RootConfig) -> list[str]:
+    """A model or judge reward needs the local launcher; evaluation scores with the verifier part."""
+    problems = []
+    if cfg.reward.served and cfg.launcher.name != "local":
+        problems.append(f"reward.fn={cfg.reward.fn}: the reward-model process runs under the local launcher "
+                        "only; use launcher=local")
+    if (cfg.eval.every or cfg.eval.at_end) and cfg.reward.verifier() is None:
+        problems.append(f"reward.fn={cfg.reward.fn} has no verifier to score held-out answers: set "
+                        "eval.at_end=false eval.every=0, or add one with weight 0 "
+                        "(reward.fn=[auto,judge] reward.weights=[0,1])")
+    return problems

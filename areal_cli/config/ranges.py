@@ -62,9 +62,14 @@ RANGES: dict[str, dict[str, Range]] = {
     "RewardConfig": {
         "timeout_s": TIMEOUT, "workers": Range(1, 256), "numeric_tol": at_least(0),
         "code_cpu_s": COUNT, "code_wall_s": TIMEOUT, "code_mem_mb": at_least(16), "code_nproc": COUNT,
+        "max_error_fraction": Range(0, 1, note="1 = never stop"), "batch_size": COUNT,
+        "batch_wait_s": at_least(0, "seconds"),
     },
+    "RewardModelConfig": {"max_tokens": COUNT},
+    "JudgeConfig": {"score_min": Range(-INF), "score_max": Range(-INF), "max_new_tokens": Range(1, 256),
+                    "min_verdict_mass": FRACTION, "max_tokens": COUNT},
     "AlgorithmConfig": {
-        "gamma": FRACTION, "lam": FRACTION, "eps_clip_low": Range(0, 1, True, True),
+        "gamma": FRACTION, "lam": FRACTION, "eps_clip_low": Range(0, 1, lo_open=True, note="1 = no lower bound"),
         "eps_clip_high": pos(), "dual_clip": Range(1, lo_open=True, note="or null = off"),
         "behav_weight_cap": at_least(1), "behav_mask_low": Range(0, 1, note="or null = off"),
         "behav_mask_high": at_least(1, "or null = off"), "kl_coef": at_least(0, "0 = off"),

@@ -26,7 +26,12 @@ from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
 from areal_cli.controller.liveness import ProgressWatch, culprits, not_joined
-from areal_cli.controller.records import StepRecorder, zero_nonfinite_rewards
+from areal_cli.controller.records import (
+    RewardFailed,
+    StepRecorder,
+    check_batch_rewards,
+    zero_nonfinite_rewards,
+)
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
@@ -276,6 +281,7 @@ class Controller:
         if self.cfg.rollout.batch_order == "admission" and not self._oldest_finished(B):
             return
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
+        check_batch_rewards(self.step, batch, self.cfg.reward.max_error_fraction)  # before the trainer sees it
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, batch))
         self.watch.update("trainer-0", time.monotonic(), busy=True)
@@ -436,7 +442,7 @@ def main() -> None:
     ctl = Controller(args.run_dir)
     try:
         ctl.run()
-    except PeerStalled as err:
+    except (PeerStalled, RewardFailed) as err:
         ctl.log.error("%s", err)
         ctl.control.send(Stop())
         ctl.close()

@@ -17,6 +17,57 @@ from areal_cli.durable import append_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.transport.messages import GroupResult
 
+SERVED_BY = {"model": "reward-model", "judge": "reward-model"}
+"""The process that scores each served reward part (its log: logs/<process>.log)."""
+
+
+class RewardFailed(RuntimeError):
+    """A reward part failed on more than reward.max_error_fraction of a batch's samples."""
+
+
+def part_metrics(rows: list[dict]) -> dict:
+    """Per part of a combined reward.fn: reward_<part>_mean, the count of each failed status
+    (reward_<part>_timeout, _error, _nonfinite, _parse_error) and, for served parts,
+    reward_<part>_batch_mean and reward_<part>_batch_workers_max."""
+    out: dict = {}
+    parts = [k for k in (rows[0]["reward_parts"] if rows else {}) if "_" not in k]
+    for part in parts:
+        scores = [r["reward_parts"].get(part, 0.0) for r in rows]
+        out[f"reward_{part}_mean"] = float(np.mean(scores))
+        statuses = [r["reward_parts"].get(f"{part}_status", "ok") for r in rows]
+        for status in ("timeout", "error", "nonfinite", "parse_error"):
+            out[f"reward_{part}_{status}"] = statuses.count(status)
+        batches = [r["reward_parts"][f"{part}_batch"] for r in rows if f"{part}_batch" in r["reward_parts"]]
+        if batches:
+            out[f"reward_{part}_batch_mean"] = float(np.mean(batches))
+            out[f"reward_{part}_batch_workers_max"] = int(max(r["reward_parts"].get(f"{part}_batch_workers", 0)
+                                                              for r in rows))
+    return out
+
+
+def check_batch_rewards(step: int, groups: list[GroupResult], max_fraction: float) -> None:
+    """``check_reward_failures`` of a batch before it is sent to the trainer."""
+    rows = [{"reward_status": s.reward_status, "reward_parts": s.reward_parts} for g in groups for s in g.samples]
+    check_reward_failures(step, rows, max_fraction)
+
+
+def check_reward_failures(step: int, rows: list[dict], max_fraction: float) -> None:
+    """RewardFailed naming the part and its process when one failed (timeout, error, or a judge's
+    unparseable verdict) on more than ``max_fraction`` of the batch's samples (rows: reward_status and reward_parts of each)."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        parts = r["reward_parts"] or {"verifier": 0.0, "verifier_status": r["reward_status"]}
+        for key, status in parts.items():
+            if key.endswith("_status") and status in ("timeout", "error", "parse_error"):
+                counts[key[: -len("_status")]] = counts.get(key[: -len("_status")], 0) + 1
+    for part, n in counts.items():
+        if n > max_fraction * len(rows):
+            where = (f"the {SERVED_BY[part]} process (see logs/{SERVED_BY[part]}.log)" if part in SERVED_BY
+                     else "the rollout workers' reward pools (see logs/rollout-*.log)")
+            raise RewardFailed(f"reward part {part} failed (timeout, error or unparseable verdict) on {n} of the "
+                               f"{len(rows)} samples of "
+                               f"step {step}, more than reward.max_error_fraction={max_fraction:g}: {where}")
+
 
 def _append(path: Path, obj: dict) -> None:
     append_jsonl(path, [obj])
@@ -84,7 +135,7 @@ class StepRecorder:
                     "reward": float(s.reward), "num_tokens": int(model.sum()), "finish_reason": s.finish_reason,
                     "num_turns": int(s.num_turns), "reward_status": s.reward_status, "worker": g.worker,
                     "completion": s.completion[-300:], "gen_time_s": g.gen_time_s,
-                    "done_wall_s": self.arrived.get(g.group_id),
+                    "done_wall_s": self.arrived.get(g.group_id), "reward_parts": dict(s.reward_parts),
                 })
         for g in groups:
             self.arrived.pop(g.group_id, None)
@@ -103,6 +154,7 @@ class StepRecorder:
             "reward_errors": sum(r["reward_status"] == "error" for r in rows),
             "reward_nonfinite": sum(r["reward_status"] == "nonfinite" for r in rows),
             "truncated_fraction": float(np.mean([r["finish_reason"] == "length" for r in rows])),
+            **part_metrics(rows),
         }
 
     def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:

@@ -87,6 +87,9 @@ class EvalRunConfig:
 
     def _cross_field(self) -> list[str]:
         problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward, self.task)
+        if self.reward.served or len(self.reward.parts) > 1:
+            problems.append(f"reward.fn={self.reward.fn}: areal eval scores with one verifier (auto, math_verify, "
+                            "exact, numeric, code or module:function); model and judge rewards run inside areal train")
         if self.n_samples < 1:
             problems.append(f"n_samples={self.n_samples}: must be >= 1")
         if self.temperature < 0:

@@ -49,10 +49,10 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     if cache.is_file():
         base = json.loads(cache.read_text())
     else:
-        base = _summary(evaluate(base_path, cfg.task, cfg.reward, **options))
+        base = _summary(evaluate(base_path, cfg.task, cfg.reward.verifier(), **options))
         cache.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(cache, json.dumps(base))
-    trained = _summary(evaluate(final, cfg.task, cfg.reward, **options))
+    trained = _summary(evaluate(final, cfg.task, cfg.reward.verifier(), **options))
     out = {"task": cfg.task.name, "problems": len(problems), "base": {"model": cfg.model, **base},
            "trained": {"model": str(final), **trained},
            "gain_points": 100 * (trained["accuracy"] - base["accuracy"])}
@@ -82,7 +82,7 @@ def _cache_path(cfg: RootConfig, base_path: Path, problems) -> Path:
     from areal_cli.models import cache_dir
 
     key = json.dumps({"model": str(base_path), "problems": [(p.id, p.prompt, p.answer) for p in problems],
-                      "max_new_tokens": cfg.rollout.max_new_tokens, "reward": cfg.reward.fn,
+                      "max_new_tokens": cfg.rollout.max_new_tokens, "reward": cfg.reward.verifier().fn,
                       "partial": getattr(cfg.reward, "partial_credit", False), "engine": cfg.engine.name,
                       "dtype": cfg.engine.dtype, "system": cfg.task.system_prompt}, sort_keys=True)
     return cache_dir() / "eval" / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

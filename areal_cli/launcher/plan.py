@@ -18,6 +18,7 @@ from pathlib import Path
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.resolve import ALLOCATORS, Placement, find_allocator, resolve
 from areal_cli.config.schema import RootConfig
+from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.launcher.rundir import check_links, claim_run_dir
 from areal_cli.private import make_private_dir
 from areal_cli.rundir import RunDir
@@ -46,6 +47,8 @@ class Plan:
             lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}"
                          + ("  (raise trainer.ranks or rollout.workers to use them)" if role == "idle" else ""))
         lines += ["# weight updates", *self.notes.get("weights", [])]
+        if self.notes.get("reward"):
+            lines += ["# rewards", *self.notes["reward"]]
         if self.notes.get("lengths"):
             lines += ["# response lengths", *self.notes["lengths"]]
         lines += ["# memory", *self.notes.get("memory", [])]
@@ -99,6 +102,7 @@ class Plan:
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, rd.config)
         rd.endpoints.unlink(missing_ok=True)  # an earlier start's addresses: never read by this one
+        rd.reward_endpoint.unlink(missing_ok=True)
 
 
 def visible_gpus() -> list[int]:
@@ -289,6 +293,13 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
              "lengths": length_notes(cfg), "memory": [alloc_note]}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
+    served = reward_proc(cfg, run_dir, visible_gpus() if gpus is None else gpus, cpu_env)
+    if served:
+        notes["reward"] = reward_notes(cfg)
+        procs.append(Proc(*served))
+        devices["reward"] = [int(g) for g in cfg.reward.gpus]
+        idle = [g for g in devices.pop("idle", []) if g not in devices["reward"]]
+        devices.update({"idle": idle} if idle else {})
     for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if ids else {**cpu_env, **ROLLOUT_CPU_ENV}
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))

@@ -19,7 +19,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 
 from areal_cli.config.task import RewardConfig
@@ -40,6 +40,9 @@ class RewardResult:
     """Why, when status is not "ok"."""
     sandbox: str = ""
     """Which isolation ran the completion's code ("bwrap" | "unsafe_none"); "" = no code ran."""
+    parts: dict = field(default_factory=dict)
+    """A combined or served reward: each part's score and status, and its reward-model batch
+    (``transport.messages.Sample.reward_parts``); {} for a single verifier."""
 
 
 @dataclass
@@ -108,6 +111,9 @@ class RewardPool:
     """A pool of reward worker processes with a per-call timeout (see the module docstring)."""
 
     def __init__(self, cfg: RewardConfig, num_workers: int = 2):
+        if not isinstance(cfg.fn, str) or cfg.served:
+            raise ValueError(f"reward.fn={cfg.fn}: a reward pool scores one verifier; model and judge parts are "
+                             "scored by the reward-model process of `areal train` (rewards/combined.py)")
         if num_workers < 1:
             raise ValueError(f"RewardPool num_workers={num_workers}: use at least 1")
         if ":" in cfg.fn:
@@ -144,7 +150,7 @@ class RewardPool:
             if self._closed:
                 raise RuntimeError("RewardPool.submit after close()")
             if self._broken:
-                _resolve(future, RewardResult(0.0, "error", self._broken))
+                settle(future, RewardResult(0.0, "error", self._broken))
                 return future
             self._pending.append(_Job(future, completion, problem))
         os.write(self._wake_w, b"x")
@@ -160,10 +166,10 @@ class RewardPool:
         self._thread.join()
         for w in self._workers:
             if w.job is not None:
-                _resolve(w.job.future, RewardResult(0.0, "error", "reward pool closed"))
+                settle(w.job.future, RewardResult(0.0, "error", "reward pool closed"))
             w.kill()
         for job in self._pending:
-            _resolve(job.future, RewardResult(0.0, "error", "reward pool closed"))
+            settle(job.future, RewardResult(0.0, "error", "reward pool closed"))
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -239,7 +245,7 @@ class RewardPool:
             return
         if result.status != "ok":
             self._count(result.status, job.problem.id, result.detail)
-        _resolve(job.future, result)
+        settle(job.future, result)
 
     def _replace(self, w: _Worker, detail: str, status: str) -> None:
         """Kill a hung or dead worker, fail its job with `status`, start a fresh one."""
@@ -264,7 +270,7 @@ class RewardPool:
                 jobs.append(job)
         for job in jobs:
             self._count("error", job.problem.id, detail)
-            _resolve(job.future, RewardResult(0.0, "error", detail))
+            settle(job.future, RewardResult(0.0, "error", detail))
 
     def _count(self, status: str, problem_id: str, detail: str) -> None:
         if status == "timeout":
@@ -296,7 +302,7 @@ def _checked(status: str, score, detail: str) -> RewardResult:
     return RewardResult(value, "ok")
 
 
-def _resolve(future: Future, result: RewardResult) -> None:
+def settle(future: Future, result: RewardResult) -> None:
     """Set a call's result unless its caller already cancelled it."""
     try:
         future.set_result(result)

@@ -20,7 +20,8 @@ from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
 from areal_cli.models import resolve_model
-from areal_cli.rewards import RewardPool
+from areal_cli.rewards.client import ServedRewards, reward_address
+from areal_cli.rewards.combined import make_rewards
 from areal_cli.rollout.engines.factory import make_engine
 from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 from areal_cli.rollout.length_profile import load_profile
@@ -81,7 +82,9 @@ class Worker:
         self.hb.doing = "loading the model"
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
-        self.pool = RewardPool(self.cfg.reward, self.cfg.reward.workers)
+        self.hb.doing = "starting its reward pool (and waiting for the reward-model process, if any)"
+        self.pool = make_rewards(self.cfg.reward, self.cfg.reward.workers, lambda: ServedRewards(
+            self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s), self.name, keys, limit))
         self.flow = make_workflow(self.cfg, self.engine, self.pool, self.tok, index, run_dir)
         wire = dict(bind=False, keys=keys, max_frame=limit)
         self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)

@@ -188,6 +188,19 @@ def _clipped_objective(
     return objective, was_clipped, dual
 
 
+def _cispo_objective(
+    ratio: Tensor, logp: Tensor, adv: Tensor, cfg: AlgorithmConfig
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(objective, clipped, no dual clip) of CISPO (MiniMax-M1): sg(clip(r)) * A * log pi_theta.
+
+    The clipped importance weight is detached, so every token keeps a gradient: a token whose
+    ratio left [1-eps_low, 1+eps_high] has its weight bounded instead of its gradient dropped.
+    """
+    is_weight = ratio.detach().clamp(1.0 - cfg.eps_clip_low, 1.0 + cfg.eps_clip_high)
+    clipped = is_weight != ratio.detach()
+    return is_weight * adv * logp, clipped, torch.zeros_like(clipped)
+
+
 def policy_loss(
     logp: Tensor,
     prox_logp: Tensor | None,
@@ -202,10 +215,11 @@ def policy_loss(
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The decoupled PPO objective plus its KL and entropy terms, for one micro-batch.
+    """The decoupled policy objective plus its KL and entropy terms, for one micro-batch.
 
     per token: -w * min(r A, clip(r, 1-eps_low, 1+eps_high) A) with r = pi_theta/pi_prox
     and w = min(pi_prox/mu, behav_weight_cap), detached; aggregated by ``cfg.loss_agg``.
+    ``cfg.objective="cispo"``: -w * sg(clip(r, 1-eps_low, 1+eps_high)) * A * log pi_theta.
     ``prox_logp=None`` means pi_prox = mu (``recompute_proximal=False``). ``ref_logp`` is
     required when the KL is a loss term (kl_coef > 0 and not kl_in_reward); ``entropy``
     (``[N, L]``, e.g. from ``entropy_from_logits``) when entropy_coef != 0, and is logged
@@ -215,7 +229,10 @@ def policy_loss(
     prox_logp = behav_logp if prox_logp is None else prox_logp.detach()
     weight, keep, raw_weight = _behaviour_weight(prox_logp, behav_logp, mask, cfg)
     ratio = _ratio(logp, prox_logp, mask, cfg.ratio_level)
-    objective, clipped, dual = _clipped_objective(ratio, advantages.detach(), cfg)
+    if cfg.objective == "cispo":
+        objective, clipped, dual = _cispo_objective(ratio, logp, advantages.detach(), cfg)
+    else:
+        objective, clipped, dual = _clipped_objective(ratio, advantages.detach(), cfg)
     agg = {"global_tokens": global_tokens, "global_seqs": global_seqs, "max_len": max_len}
     # tokens dropped by the behaviour mask count as 0 but stay in every denominator
     loss = aggregate(_masked(-weight * objective, keep), mask, cfg.loss_agg, **agg)

@@ -175,7 +175,7 @@ class Trainer:
         if self.rank == 0:
             from areal_cli.evaluator import evaluate
 
-            res = evaluate(path, self.cfg.task, self.cfg.reward, n_samples=1, temperature=0.0,
+            res = evaluate(path, self.cfg.task, self.cfg.reward.verifier(), n_samples=1, temperature=0.0,
                            max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)
             name = self.cfg.task.name
             out = {f"eval/{name}/{k}": v for k, v in res["metrics"].items() if isinstance(v, (int, float))}

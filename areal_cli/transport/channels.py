@@ -248,3 +248,38 @@ class Router(Channel):
 def status_sender(addr: str, name: str, keys: Keys, max_frame: int) -> Channel:
     return Channel(zmq.DEALER, addr, bind=False, name="status", keys=keys, max_frame=max_frame,
                    identity=name, send_timeout_s=30.0)
+
+
+class ReplyRouter(Channel):
+    """The reward-model process's socket (it binds; a CURVE server with its own Gatekeeper): every
+    rollout worker's DEALER sends ``RewardRequest``s, each answered with one ``RewardReply`` to the
+    worker that asked. A worker gone before its reply is dropped by ZeroMQ (ROUTER_MANDATORY off);
+    replies never block (hwm 10000, send timeout 0 s)."""
+
+    parts = 2
+
+    def __init__(self, addr: str, keys: Keys, max_frame: int, gate: Gatekeeper):
+        super().__init__(zmq.ROUTER, addr, bind=True, name="reward", keys=keys, max_frame=max_frame,
+                         gate=gate, hwm=10000, send_timeout_s=0.0)
+
+    def recv_from(self, timeout_s: float):
+        """(sender identity, message) of the next well-formed request, or None after ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
+            parts = self.sock.recv_multipart(copy=False)
+            msg = self._accept(parts)
+            if msg is not None:
+                return bytes(parts[0]), msg
+        return None
+
+    def reply(self, identity: bytes, msg) -> None:
+        try:
+            self.sock.send_multipart([identity, self._frame(msg)], zmq.NOBLOCK)
+        except zmq.Again:
+            self.log.warning("reward channel: the reply to %r was dropped (its queue is full)", identity)
+
+
+def reward_client(addr: str, name: str, keys: Keys, max_frame: int) -> Channel:
+    """A rollout worker's DEALER to the reward-model process (identity = the worker's name)."""
+    return Channel(zmq.DEALER, addr, bind=False, name="reward", keys=keys, max_frame=max_frame,
+                   identity=name, hwm=10000, send_timeout_s=5.0)

@@ -166,9 +166,14 @@ class Sample:
     num_turns: int  # model turns
     completion: str  # decoded text (logs only; the trainer uses the ids)
     episode: int = -1  # workflow=agent: the episode (0..G-1) this trajectory is of; -1 = sample_index
+    reward_parts: dict = field(default_factory=dict)  # per part of a combined reward.fn: "<part>" → its
+    # score, "<part>_status" → ok | timeout | error | nonfinite | parse_error, "<part>_batch" → the size of
+    # the reward-model batch it was scored in, "<part>_batch_workers" → the rollout workers in that batch
 
     def invalid(self) -> str:
         """What makes this sample unusable ("" if nothing): the per-token arrays must agree."""
+        if _flat("reward_parts", self.reward_parts):
+            return _flat("reward_parts", self.reward_parts)
         arrays = (self.prompt_ids, self.output_ids, self.logprobs, self.versions, self.loss_mask)
         if any(a.ndim != 1 for a in arrays):
             return "token arrays must be one-dimensional"
@@ -194,6 +199,30 @@ class GroupResult:
         if not self.samples and not self.failed:
             return "a group without samples"
         return _flat("counters", self.counters)
+
+
+# ---- rollout → reward-model process (DEALER/ROUTER), and its reply ---------------------
+
+
+@message
+class RewardRequest:
+    """Score one completion with a model-based part of reward.fn (the reward-model process binds)."""
+
+    request_id: int  # unique per sending worker; the reply carries it back
+    part: str  # "model" | "judge"
+    problem: str  # the problem text the policy saw
+    reference: str  # the problem's reference answer ("" if none)
+    completion: str  # the decoded completion: only ever substituted into text, never evaluated
+
+
+@message
+class RewardReply:
+    request_id: int  # as in the RewardRequest
+    score: float  # 0 unless status is "ok" (or "parse_error" with reward.judge.on_parse_error=min)
+    status: str  # "ok" | "parse_error" | "error"
+    detail: str  # why, when status is not "ok"
+    batch: int  # requests scored in the same forward
+    batch_workers: int  # distinct rollout workers those requests came from
 
 
 # ---- controller → trainer rank 0 (PUSH/PULL); rank 0 → the other ranks (``ranks.py``) ----
@@ -324,5 +353,6 @@ CHANNELS: dict[str, tuple[type, ...]] = {
     "batches": (Batch,),  # controller PUSH → trainer rank 0 PULL
     "control": (UpdateWeights, Stop),  # controller PUB → rollout SUB
     "status": tuple(SENDERS),  # every process DEALER → controller ROUTER
-    "ranks": (Batch, Stop),  # trainer rank 0 → the other ranks (torch broadcast of the frame, ranks.py)
+    "ranks": (Batch, Stop),
+    "reward": (RewardRequest, RewardReply),  # rollout DEALER → reward-model ROUTER, and the replies back  # trainer rank 0 → the other ranks (torch broadcast of the frame, ranks.py)
 }

@@ -52,11 +52,11 @@ def _finite_metrics(run_dir, steps: int) -> list[dict]:
     return metrics
 
 
-@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo"])
-def test_preset_runs(tiny_model, tmp_path, rewards_on_path, preset):
-    run_train(tmp_path, f"model={tiny_model}", *RUN, f"algorithm={preset}", "trainer.steps=2",
+@pytest.mark.parametrize(("preset", "steps"), [("grpo", 2), ("dr_grpo", 2), ("rloo", 2), ("cispo", 3)])
+def test_preset_runs(tiny_model, tmp_path, rewards_on_path, preset, steps):
+    run_train(tmp_path, f"model={tiny_model}", *RUN, f"algorithm={preset}", f"trainer.steps={steps}",
               "reward.fn=preset_rewards:parity")
-    metrics = _finite_metrics(tmp_path, 2)
+    metrics = _finite_metrics(tmp_path, steps)
     if preset == "rloo":  # k1 KL in the reward: a reference model ran
         assert all("kl_ref" in m for m in metrics)
 

@@ -94,3 +94,18 @@ def test_dry_run_shows_the_drawn_lengths_and_refuses_an_unknown_profile(tiny_mod
     assert "p10 160, p50 848, p90 3264 of rollout.max_new_tokens=8192), EOS ignored" in p.describe()
     with pytest.raises(ValueError, match="rollout.length_profile=nope: neither a built-in"):
         plan(tiny_model, tmp_path, [], "rollout.length_profile=nope")
+
+
+def test_a_judge_reward_plans_the_reward_model_process(tiny_model, tiny_reward_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0, 1, 2], "engine=vllm", "reward.fn=[auto,judge,model]",
+             "reward.weights=[1,0.5,2]", f"reward.model.path={tiny_reward_model}", "reward.gpus=[2]")
+    names = [proc.name for proc in p.procs]
+    assert names[:2] == ["controller", "reward-model"] and p.devices["reward"] == [2]
+    assert "idle" not in p.devices  # GPU 2 is the reward model's
+    assert env_of(p, "reward-model") == "2"
+    text = p.describe()
+    assert "reward = 1·auto + 0.5·judge + 2·model" in text and "areal_cli.rewards.server" in text
+    on_cpu = plan(tiny_model, tmp_path / "cpu", [], "reward.fn=judge", "eval.at_end=false")
+    assert env_of(on_cpu, "reward-model") == "" and on_cpu.devices["reward"] == []
+    with pytest.raises(ValueError, match=r"reward.gpus=\[5\]"):
+        plan(tiny_model, tmp_path / "bad", [0, 1], "reward.fn=judge", "eval.at_end=false", "reward.gpus=[5]")

@@ -87,6 +87,8 @@ def ref_token_terms(b, i, cfg):
         r = seq_ratio if cfg.ratio_level == "sequence" else math.exp(lp[t] - px[t])
         r_clip = min(max(r, 1 - cfg.eps_clip_low), 1 + cfg.eps_clip_high)
         obj = min(r * ad[t], r_clip * ad[t])
+        if cfg.objective == "cispo":  # the clipped weight times A times the token's log-prob
+            obj = r_clip * ad[t] * lp[t]
         if cfg.dual_clip is not None and ad[t] < 0:
             obj = max(obj, cfg.dual_clip * ad[t])
         term = -w * obj if keep else 0.0
@@ -104,6 +106,9 @@ VARIANTS = {
     "gspo": dict(ratio_level="sequence", eps_clip_low=0.05, eps_clip_high=0.08),
     "mask_token": dict(behav_mask_low=0.8, behav_mask_high=1.25, behav_weight_cap=1.1),
     "mask_sequence": dict(behav_mask_low=0.9, behav_mask_high=1.1, behav_mask_level="sequence"),
+    "cispo": dict(objective="cispo", eps_clip_low=1.0, eps_clip_high=0.28),
+    "cispo_both_bounds": dict(objective="cispo", eps_clip_low=0.1, eps_clip_high=0.1),
+    "cispo_gspo": dict(objective="cispo", ratio_level="sequence", eps_clip_high=0.05),
     "kl_k1": dict(kl_coef=0.1, kl_estimator="k1"),
     "kl_k2": dict(kl_coef=0.1, kl_estimator="k2"),
     "kl_k3": dict(kl_coef=0.1, kl_estimator="k3", entropy_coef=0.01),
@@ -191,6 +196,40 @@ def test_policy_loss_by_hand_clip_and_dual_clip():
     loss, stats = policy_loss(logp, zeros, zeros, -torch.ones(1, 3, dtype=F64), mask, cfg, **denoms)
     assert_rel(loss, 2.0)
     assert stats["dual_clip_fraction"].item() == 3
+
+
+def test_cispo_by_hand():
+    # Two tokens, mu = pi_prox (w = 1), log pi_theta = [-1, -2], pi_prox's = [-2, -2]:
+    # r = [e, 1]. With eps_high 0.28 the weight is sg(clip(r)) = [1.28, 1]; A = 1 on both, so
+    # the token-mean loss is -(1.28 * -1 + 1 * -2) / 2 = 1.64, and only the first is clipped.
+    # d loss / d logp = -[1.28, 1] / 2: the clipped token keeps its gradient (PPO's clip gives
+    # it 0: min(e, 1.28) is the constant 1.28).
+    logp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
+    prox, adv = torch.full((1, 2), -2.0, dtype=F64), torch.ones(1, 2, dtype=F64)
+    mask, denoms = torch.ones(1, 2, dtype=torch.bool), dict(global_tokens=2, global_seqs=1, max_len=2)
+    cfg = AlgorithmConfig(objective="cispo", eps_clip_low=1.0, eps_clip_high=0.28)
+    loss, stats = policy_loss(logp, prox, prox, adv, mask, cfg, **denoms)
+    assert_rel(loss, 1.64)
+    assert stats["clip_fraction"].item() == 1
+    (grad,) = torch.autograd.grad(loss, logp)
+    assert_rel(grad, [[-0.64, -0.5]])
+    ppo, _ = policy_loss(logp, prox, prox, adv, mask, AlgorithmConfig(eps_clip_high=0.28), **denoms)
+    (ppo_grad,) = torch.autograd.grad(ppo, logp)
+    assert_rel(ppo_grad, [[0.0, -0.5]])
+
+
+def test_cispo_behaviour_weight_and_no_lower_bound():
+    # pi_prox/mu = 2 on one token (w = 2, under the cap 5); r = pi_theta/pi_prox = e^-3, which
+    # eps_clip_low = 1 leaves unclipped (the lower bound is 0). A = -1, log pi_theta = -4:
+    # loss = -(2 * e^-3 * -1 * -4) = -8 e^-3, and nothing is clipped.
+    logp = torch.tensor([[-4.0]], dtype=F64)
+    prox, behav = logp + 3.0, logp + 3.0 - math.log(2.0)
+    mask, denoms = torch.ones(1, 1, dtype=torch.bool), dict(global_tokens=1, global_seqs=1, max_len=1)
+    cfg = AlgorithmConfig(objective="cispo", eps_clip_low=1.0, eps_clip_high=0.28)
+    loss, stats = policy_loss(logp, prox, behav, -torch.ones(1, 1, dtype=F64), mask, cfg, **denoms)
+    assert_rel(loss, -8.0 * math.exp(-3.0))
+    assert stats["clip_fraction"].item() == 0
+    assert any("dual_clip" in e for e in AlgorithmConfig(objective="cispo", dual_clip=2.0).validate())
 
 
 def test_behaviour_weight_by_hand():

@@ -125,7 +125,7 @@ EXPECTED = {"loss", "pg_loss", "clip_fraction", "approx_kl", "entropy", "behav_w
 
 
 @pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
-                                    "ppo", "dapo"])
+                                    "ppo", "dapo", "cispo"])
 def test_every_preset_trains_in_process(tiny_model, preset):
     runner = step_runner(tiny_model, f"algorithm={preset}", "algorithm.ppo_epochs=2")
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)

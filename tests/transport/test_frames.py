@@ -23,6 +23,8 @@ from areal_cli.transport.messages import (
     Heartbeat,
     Hello,
     Phase,
+    RewardReply,
+    RewardRequest,
     Sample,
     StepDone,
     Stop,
@@ -75,6 +77,7 @@ BAD = {
     "lengths differ": msgpack.packb(body(logprobs=array(np.zeros(5, np.float32)))),
     "2-D tokens": msgpack.packb(body(output_ids=array(np.zeros((1, 2), np.int32)))),
     "shape lies": msgpack.packb(body(versions={**array(np.zeros(2, np.int32)), "shape": [7]})),
+    "nested reward parts": msgpack.packb(body(reward_parts={"judge": {"score": 1}})),
 }
 
 
@@ -98,6 +101,8 @@ EXAMPLES = {  # one well-formed message of every registered type
     CheckpointWritten: CheckpointWritten("trainer-0", 3),
     Bye: Bye("trainer-0", finished=True),
     WeightsLoaded: WeightsLoaded("rollout-1", 3, {"pause_total_s": 0.1}),
+    RewardRequest: RewardRequest(4, "judge", "What is 3 + 4?", "7", "{problem} Answer: 7"),
+    RewardReply: RewardReply(4, 0.75, "ok", "", 8, 2),
 }
 
 

@@ -61,6 +61,7 @@ class Episode:
     waiting: str = ""  # "reward" | "tool"
     reward: float = 0.0
     reward_status: str = "ok"
+    reward_parts: dict = field(default_factory=dict)  # RewardResult.parts of the final reward
     finish_reason: str = ""
     done: bool = False
 
@@ -148,7 +149,7 @@ class Workflow:
                 return self._generate(group.item, ep)
         ep.reward = float(result.score) * (self.cfg.turn_discount ** (ep.turns - 1)
                                            if self.cfg.name == "multi_turn" else 1.0)
-        ep.reward_status, ep.done = result.status, True
+        ep.reward_status, ep.reward_parts, ep.done = result.status, dict(result.parts), True
 
     def _append_env(self, ep: Episode, text: str) -> None:
         ids = env_turn_ids(self.tok, text, ends_with_eos=ep.finish_reason == "stop")
@@ -163,7 +164,7 @@ class Workflow:
             output_ids=np.asarray(ep.out_ids, np.int32), logprobs=np.asarray(ep.logprobs, np.float32),
             versions=np.asarray(ep.versions, np.int32), loss_mask=np.asarray(ep.loss_mask, np.uint8),
             reward=ep.reward, reward_status=ep.reward_status, finish_reason=ep.finish_reason,
-            num_turns=ep.turns, completion=ep.text) for ep in group.episodes]
+            num_turns=ep.turns, completion=ep.text, reward_parts=ep.reward_parts) for ep in group.episodes]
         return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
                            time.monotonic() - group.t0, group.gen_tokens)
 

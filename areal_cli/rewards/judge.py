@@ -1,0 +1,118 @@
+"""The generative judge of reward.fn=judge: a frozen causal LM grades completions from a rubric.
+
+A prompt is the rubric template with {problem}, {reference} and {completion} replaced by plain
+text (one pass of substitution: nothing in a completion is ever formatted or evaluated), wrapped in
+the judge's chat template. verdict=yes_no scores P(yes) / (P(yes) + P(no)) of the first token of
+the judge's reply, in one forward; verdict=number lets it write up to max_new_tokens (greedy) and
+scales the first number in [score_min, score_max] to [0, 1]. A verdict that parses as neither is a
+``parse_error``: counted, and scored per reward.judge.on_parse_error.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from areal_cli.config.reward_models import PLACEHOLDER, PLACEHOLDERS, JudgeConfig
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+YES, NO = ("yes", "Yes", "YES", " yes", " Yes"), ("no", "No", "NO", " no", " No")
+
+
+@dataclass
+class Verdict:
+    score: float
+    status: str  # "ok" | "parse_error" | "error"
+    detail: str = ""
+
+
+def render(template: str, problem: str, reference: str, completion: str) -> str:
+    """``template`` with each {problem}/{reference}/{completion} replaced by its text, in one pass."""
+    values = {"problem": problem, "reference": reference, "completion": completion}
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)] if m.group(1) in PLACEHOLDERS else m.group(0), template)
+
+
+def parse_number(text: str, lo: float, hi: float) -> float | None:
+    """The first number in ``text`` scaled from [lo, hi] to [0, 1]; None if none, or outside."""
+    found = NUMBER.search(text)
+    if found is None:
+        return None
+    value = float(found.group(0))
+    return (value - lo) / (hi - lo) if lo <= value <= hi else None
+
+
+def failed_parse(cfg: JudgeConfig, detail: str) -> Verdict:
+    """A verdict that did not parse, scored per ``on_parse_error`` (min = 0, error = a failed call)."""
+    return Verdict(0.0, "error" if cfg.on_parse_error == "error" else "parse_error", detail)
+
+
+def single_token_ids(tok, words) -> list[int]:
+    """The ids of the words that are one token each (the judge's first token decides)."""
+    ids = {tuple(tok(w, add_special_tokens=False)["input_ids"]) for w in words}
+    return sorted({i[0] for i in ids if len(i) == 1})
+
+
+class Judge:
+    """The loaded judge model (frozen, eval mode, no gradients)."""
+
+    def __init__(self, model_dir, cfg: JudgeConfig, dtype, device: str = "cpu"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from areal_cli.tasks import load_tokenizer
+
+        self.cfg, self.torch = cfg, torch
+        self.tok = load_tokenizer(model_dir)
+        self.tok.padding_side, self.tok.truncation_side = "left", "left"
+        if self.tok.pad_token_id is None:
+            self.tok.pad_token = self.tok.eos_token
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        self.model.requires_grad_(False)
+        self.yes, self.no = single_token_ids(self.tok, YES), single_token_ids(self.tok, NO)
+        if cfg.verdict == "yes_no" and not (self.yes and self.no):
+            raise ValueError("reward.judge.model: its tokenizer has no single-token yes/no; use "
+                             "reward.judge.verdict=number")
+
+    def prompt(self, problem: str, reference: str, completion: str) -> str:
+        text = render(self.cfg.template, problem, reference, completion)
+        return self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                            add_generation_prompt=True)
+
+    def score(self, items: list[tuple[str, str, str]]) -> list[Verdict]:
+        """Verdicts of (problem, reference, completion) items, in one batch."""
+        enc = self.tok([self.prompt(*it) for it in items], return_tensors="pt", padding=True, truncation=True,
+                       max_length=self.cfg.max_tokens, add_special_tokens=False).to(device_of(self.model))
+        with self.torch.inference_mode():
+            if self.cfg.verdict == "yes_no":
+                return self._yes_no(enc)
+            return self._number(enc)
+
+    def _yes_no(self, enc) -> list[Verdict]:
+        logits = self.model(**enc).logits[:, -1].float()
+        probs = self.torch.softmax(logits, dim=-1)
+        p_yes, p_no = probs[:, self.yes].sum(-1).tolist(), probs[:, self.no].sum(-1).tolist()
+        out = []
+        for y, n in zip(p_yes, p_no, strict=True):
+            if y + n < self.cfg.min_verdict_mass:
+                out.append(failed_parse(self.cfg, f"P(yes) + P(no) = {y + n:.3g} < reward.judge.min_verdict_mass="
+                                                  f"{self.cfg.min_verdict_mass:g}"))
+            else:
+                out.append(Verdict(y / (y + n), "ok"))
+        return out
+
+    def _number(self, enc) -> list[Verdict]:
+        new = self.model.generate(**enc, max_new_tokens=self.cfg.max_new_tokens, do_sample=False,
+                                  pad_token_id=self.tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+        out = []
+        for text in self.tok.batch_decode(new, skip_special_tokens=True):
+            value = parse_number(text, self.cfg.score_min, self.cfg.score_max)
+            if value is None:
+                out.append(failed_parse(self.cfg, f"no number in [{self.cfg.score_min:g}, {self.cfg.score_max:g}] "
+                                                  f"in the judge's reply {text[:80]!r}"))
+            else:
+                out.append(Verdict(value, "ok"))
+        return out
+
+
+def device_of(model) -> str:
+    return str(next(model.parameters()).device)
