@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from conftest import TINY_RUN, read_jsonl, run_train
 
 
@@ -27,6 +28,7 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
     assert key["base_url"].startswith("http://127.0.0.1:") and (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0
 
 
+@pytest.mark.slow
 def test_an_agent_that_always_fails_stops_the_run_naming_it(tiny_model, tmp_path, monkeypatch):
     from pathlib import Path
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
 from conftest import AREAL, ROOT, TINY_RUN, read_jsonl, run_train
 from safetensors import safe_open
 
@@ -16,6 +17,9 @@ from areal_cli.lora import saved_rank
 from areal_cli.rundir import RunDir
 
 LORA = ("trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.lr=1e-3", "checkpoint.every=1")
+
+
+pytestmark = pytest.mark.slow  # two full runs of minutes each: make test-slow
 
 
 def test_lora_run_updates_resumes_evaluates_and_continues(tiny_model, tmp_path):

@@ -53,6 +53,7 @@ def test_checkpointing_every_other_layer_recomputes_only_those(tiny_model):
         build_policy(tiny_model, CPU, F32, activation_checkpointing=True, checkpoint_every=0)
 
 
+@pytest.mark.slow  # about 80 s of compilation with a cold cache
 def test_compiled_layers_give_the_same_step(tiny_model):
     init_gloo()
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=5)
