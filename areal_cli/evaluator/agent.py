@@ -4,6 +4,8 @@ accuracy, comparable with single_turn's); the agent's own reward and its calls a
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import time
 
 import numpy as np
@@ -17,6 +19,9 @@ from areal_cli.transport.messages import WorkItem
 def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tokens: int, context: int,
                timeout_s: float, model: str) -> list[dict]:
     """One sample per problem: {prompt_id, pass, completion, answer, reference, score, ...}."""
+    # an episode waits for the engine behind every other one started with it: bounded by the evaluation's
+    # own no-progress limit rather than by training's per-episode workflow.agent_timeout_s
+    workflow = dataclasses.replace(workflow, agent_timeout_s=max(workflow.agent_timeout_s, timeout_s or 0))
     flow = AgentWorkflow(workflow, engine, pool, tok, 0, model=model, max_new_tokens=max_new_tokens, context=context)
     try:
         for i, p in enumerate(problems):
@@ -28,6 +33,8 @@ def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tok
                 last = time.monotonic()
             for g in flow.poll():
                 results[g.group_id], last = g, time.monotonic()
+                if len(results) % 25 == 0 or len(results) == len(problems):
+                    say(f"  agent: {len(results)}/{len(problems)} problems done")
             if timeout_s and time.monotonic() - last > timeout_s:
                 raise TimeoutError(f"the agent made no progress for {timeout_s:g}s "
                                    f"({len(problems) - len(results)} problems left)")
@@ -36,6 +43,10 @@ def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tok
         return [_record(problems[i], results[i], texts[i], scores[i].result()) for i in sorted(results)]
     finally:
         flow.close()
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def _record(problem: Problem, g, text: str, scored) -> dict:
