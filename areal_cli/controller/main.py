@@ -64,13 +64,6 @@ from areal_cli.transport.messages import (
 )
 
 
-def episodes_of(g: GroupResult) -> int:
-    """The episodes a group's samples come from (an agent episode may give several trajectories)."""
-    if all(s.episode < 0 for s in g.samples):
-        return len(g.samples)
-    return len({s.episode for s in g.samples})
-
-
 class PeerStalled(RuntimeError):
     pass
 
@@ -238,8 +231,8 @@ class Controller:
         if g.failed:
             return self._failed_group(g)
         expected = self.cfg.rollout.group_size
-        if episodes_of(g) != expected:
-            return self._drop(f"a result of group {g.group_id} with {episodes_of(g)} episodes, not {expected}")
+        if g.episodes() != expected:
+            return self._drop(f"a result of group {g.group_id} with {g.episodes()} episodes, not {expected}")
         bad = zero_nonfinite_rewards(g)
         if bad:
             self.log.warning("group %d (%s) from rollout-%d: %d non-finite reward(s) scored 0", g.group_id,

@@ -68,13 +68,7 @@ def from_batch(batch: Batch) -> Rollouts:
         responses=[s.output_ids.tolist() for s in samples],
         behav_logp=behav, loss_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
-        group_size=_episodes(batch.groups[0].samples), versions=versions, episodes=_episode_rows(batch))
-
-
-def _episodes(samples) -> int:
-    if all(s.episode < 0 for s in samples):
-        return len(samples)
-    return len({s.episode for s in samples})
+        group_size=batch.groups[0].episodes(), versions=versions, episodes=_episode_rows(batch))
 
 
 def _episode_rows(batch: Batch) -> torch.Tensor | None:
@@ -86,7 +80,7 @@ def _episode_rows(batch: Batch) -> torch.Tensor | None:
     for g in batch.groups:
         for s in sorted(g.samples, key=lambda s: s.sample_index):
             rows.append(offset + s.episode)
-        offset += _episodes(g.samples)
+        offset += g.episodes()
     return torch.tensor(rows, dtype=torch.int64)
 
 

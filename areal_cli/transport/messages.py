@@ -195,6 +195,12 @@ class GroupResult:
     failed: int = 0  # workflow=agent: episodes that failed; such a group comes without samples, untrained
     counters: dict = field(default_factory=dict)  # workflow=agent: counts of the group's episodes (names → numbers)
 
+    def episodes(self) -> int:
+        """The episodes the samples come from: one each, or (workflow=agent) distinct ``Sample.episode``s."""
+        if all(s.episode < 0 for s in self.samples):
+            return len(self.samples)
+        return len({s.episode for s in self.samples})
+
     def invalid(self) -> str:
         if not self.samples and not self.failed:
             return "a group without samples"

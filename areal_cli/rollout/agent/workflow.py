@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import json
 import logging
-import os
 import time
 import traceback
 from collections import Counter
@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from areal_cli.config.schema import WorkflowConfig
+from areal_cli.durable import atomic_write
 from areal_cli.rollout.agent.bridge import EngineBridge
 from areal_cli.rollout.agent.chat import ChatRenderer
 from areal_cli.rollout.agent.episode import EpisodeLog, episode_reward, import_agent
@@ -78,9 +79,9 @@ class AgentWorkflow:
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
-        if run_dir is not None:
-            write_private(Path(run_dir) / f"agent-{worker}.json",
-                          f'{{"base_url": "{self.url}", "api_key": "{self.endpoint.token}"}}\n')
+        if run_dir is not None:  # readable by the run's user alone; a link there is replaced, not followed
+            atomic_write(Path(run_dir) / f"agent-{worker}.json",
+                         json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n", mode=0o600)
         log.info("agent %s: endpoint %s (key in agent-%d.json); %s", cfg.agent, self.url, worker,
                  self.style.describe())
 
@@ -192,10 +193,3 @@ class AgentWorkflow:
         self.endpoint.counters.clear()
         return {k: float(v) for k, v in c.items()}
 
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` to a new file readable by its owner alone (0600), replacing any earlier one."""
-    path.unlink(missing_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
