@@ -15,10 +15,14 @@ is None); the episode counts the split.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
-from areal_cli.rollout.agent.toolcalls import ToolStyle, call_text, tools_system_text
+from areal_cli.rollout.agent.toolcalls import (
+    ToolStyle,
+    arguments_value,
+    call_text,
+    tools_system_text,
+)
 
 
 @dataclass
@@ -47,23 +51,13 @@ def normalise(messages: list[dict]) -> list[dict]:
         n = {"role": m["role"], "content": content or ""}
         if m.get("tool_calls"):
             n["tool_calls"] = [{"type": "function", "function": {
-                "name": c["function"]["name"], "arguments": _args(c["function"].get("arguments"))}}
+                "name": c["function"]["name"], "arguments": arguments_value(c["function"].get("arguments"))}}
                 for c in m["tool_calls"]]
         for key in ("tool_call_id", "name"):
             if m.get(key):
                 n[key] = m[key]
         out.append(n)
     return out
-
-
-def _args(raw):
-    if isinstance(raw, dict):
-        return raw
-    try:
-        value = json.loads(raw or "{}")
-    except (TypeError, ValueError):
-        return raw
-    return value
 
 
 class ChatRenderer:

@@ -86,14 +86,23 @@ def call_text(style: ToolStyle, calls: list[dict]) -> str:
     return "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>" for o in objs)
 
 
-def _arguments(raw) -> dict:
+def arguments_value(raw):
+    """A call's arguments as sent (a JSON text, or already an object) → the decoded value; text that is
+    not JSON stays as it is."""
     if isinstance(raw, dict):
         return raw
     try:
-        value = json.loads(raw or "{}")
+        return json.loads(raw or "{}")
     except (TypeError, ValueError):
-        return {"_raw": str(raw)}
-    return value if isinstance(value, dict) else {"_value": value}
+        return raw
+
+
+def _arguments(raw) -> dict:
+    """The arguments object to write back into a call: the decoded object, else the value wrapped."""
+    value = arguments_value(raw)
+    if isinstance(value, dict):
+        return value
+    return {"_raw": str(raw)} if value is raw else {"_value": value}  # not JSON / JSON but not an object
 
 
 def parse(style: ToolStyle, text: str) -> Parsed:
