@@ -1,12 +1,14 @@
-"""A calculator agent: the model may call a `calculate` tool for the arithmetic, sees its result and
+"""A calculator agent: the model must call a `calculate` tool for the arithmetic, sees its result and
 answers. It imports only `openai` and the standard library, as an agent written for any
 OpenAI-compatible server would.
 
     areal train workflow=agent workflow.agent=examples.agents.calculator:run workflow.max_turns=3
 
-Reward: 1 for a correct final answer reached through the tool, 0.5 for a correct answer without it,
-0 for a wrong one (a wrong answer earns nothing, whatever it called). `called_tool` is logged as
-`agent_extra_called_tool` in metrics.jsonl: the share of episodes that used the tool.
+The first call names the tool in `tool_choice`, so the endpoint writes the opening of the call and
+the model writes the expression; the second call answers from the tool's result. Reward: 1 for a
+correct final answer, 0 otherwise (also when the model did not finish a well-formed call).
+`called_tool` is logged as `agent_extra_called_tool` in metrics.jsonl: the share of episodes whose
+call parsed.
 """
 
 from __future__ import annotations
@@ -54,29 +56,29 @@ def final_number(text: str) -> str | None:
 
 
 async def run(client, problem) -> dict:
+    """Call 1 must call `calculate` (tool_choice names it: the endpoint opens the call, the model
+    writes the expression); call 2 sees the tool's result and answers with the tools still offered
+    but not callable (tool_choice="none"), so it extends call 1 as one trajectory."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem.prompt}]
-    called = 0
-    for _ in range(2):
-        reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
-        message = reply.choices[0].message
-        if not message.tool_calls:
-            break
-        messages.append(message.model_dump(exclude_none=True))
-        for call in message.tool_calls:
-            try:
-                args = json.loads(call.function.arguments)
-                result = calculate(str(args.get("expression", ""))) if call.function.name == "calculate" \
-                    else f"error: no tool named {call.function.name}"
-            except (ValueError, AttributeError):
-                result = "error: arguments must be a JSON object"
-            called = 1
-            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    else:  # two rounds of tool calls: ask for the answer itself
-        reply = await client.chat.completions.create(model="policy", messages=messages)
-        message = reply.choices[0].message
-    answer = final_number(message.content or "")
+    reply = await client.chat.completions.create(
+        model="policy", messages=messages, tools=TOOLS, max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": "calculate"}})
+    message = reply.choices[0].message
+    if not message.tool_calls:  # the model did not finish a well-formed call: nothing to answer from
+        return {"reward": 0.0, "called_tool": 0}
+    messages.append(message.model_dump(exclude_none=True))
+    for call in message.tool_calls:
+        try:
+            args = json.loads(call.function.arguments)
+            result = calculate(str(args.get("expression", "")))
+        except (ValueError, AttributeError):
+            result = "error: arguments must be a JSON object"
+        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+    reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                                 tool_choice="none")
+    answer = final_number(reply.choices[0].message.content or "")
     try:
         correct = answer is not None and float(answer) == float(problem.answer)
     except ValueError:
         correct = False
-    return {"reward": (1.0 if called else 0.5) if correct else 0.0, "called_tool": called}
+    return {"reward": 1.0 if correct else 0.0, "called_tool": 1}

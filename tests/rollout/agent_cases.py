@@ -57,3 +57,17 @@ async def no_call(client, problem):
 async def bad_return(client, problem):
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     return "yes"
+
+
+async def forced_call(client, problem):
+    """A call that tool_choice forces to `calculate`, then one naming a tool that is not offered."""
+    await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS, max_tokens=6,
+        tool_choice={"type": "function", "function": {"name": "calculate"}})
+    try:
+        await client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS, max_tokens=6,
+            tool_choice={"type": "function", "function": {"name": "search"}})
+    except Exception as err:  # noqa: BLE001 — the test reads what the endpoint answered
+        return 1.0 if getattr(err, "status_code", 0) == 400 and getattr(err, "param", "") == "tool_choice" else 0.0
+    return 0.0

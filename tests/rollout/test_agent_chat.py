@@ -151,3 +151,21 @@ def test_a_malformed_tool_call_is_plain_content_with_an_error(fmt, text):
 def test_text_without_a_call_is_content():
     assert parse(ToolStyle(ToolFormat.hermes, False), "The answer is 4.").content == "The answer is 4."
     assert parse(ToolStyle(ToolFormat.llama3_json, True), "4").tool_calls == []
+
+
+def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_one():
+    from areal_cli.rollout.agent import requests as rq
+    tools = rq._tools([{"type": "function", "function": {"name": "calculate"}}])
+    assert rq.tool_choice(None, tools) == ("auto", None)
+    assert rq.tool_choice("none", tools) == ("none", None)
+    assert rq.tool_choice({"type": "function", "function": {"name": "calculate"}}, tools) == ("required", "calculate")
+    assert rq.tool_choice({"type": "function", "name": "calculate"}, tools) == ("required", "calculate")
+    for bad in ({"type": "function", "function": {"name": "search"}}, "sometimes", {"type": "file_search"}):
+        with pytest.raises(rq.ApiError) as err:
+            rq.tool_choice(bad, tools)
+        assert err.value.status == 400 and "tool_choice" in str(err.value.body())
+    with pytest.raises(rq.ApiError):
+        rq.tool_choice("required", None)  # nothing to call
+    body = {"input": "2 + 2?", "tools": [{"type": "function", "name": "calculate", "parameters": {}}],
+            "tool_choice": {"type": "function", "name": "calculate"}}
+    assert rq.chat_request(rq.responses_request(body).as_chat()).tool_name == "calculate"

@@ -18,6 +18,7 @@ from conftest import hf_engine
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.agent.bridge import CallId
+from areal_cli.rollout.agent.toolcalls import forced_text
 from areal_cli.rollout.agent.workflow import AgentWorkflow
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.messages import WorkItem
@@ -115,6 +116,20 @@ def test_responses_api_and_completions_and_the_task_reward(setup):
     [g], _ = drive(flow, eng, 1)
     assert not g.failed and g.counters["agent_calls"] == 4
     assert all(s.reward_status == "ok" and s.reward in (0.0, 1.0) for s in g.samples)
+
+
+def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name_is_refused(setup):
+    eng, make = setup
+    flow = make("forced_call")
+    flow.start(item(0))
+    [g], seen = drive(flow, eng, 1)
+    opening = flow.endpoint.renderer.encode(forced_text(flow.endpoint.renderer.style, "calculate"))
+    assert opening and len(g.samples) == 2 and g.counters["agent_calls"] == 2
+    for s in g.samples:  # the call's opening is prompt (not trained on); the model's ids follow it
+        assert s.prompt_ids[-len(opening):].tolist() == opening and s.reward == 1.0
+        assert any(_holds(s, seq) for seq in seen)
+    # a random model does not close the JSON call in 6 tokens: counted, returned as content
+    assert g.counters["tool_parse_errors"] == 2
 
 
 @pytest.mark.parametrize("agent, why", [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),

@@ -110,10 +110,11 @@ def _messages(raw) -> list[dict]:
 class ChatRequest:
     messages: list[dict]
     tools: list[dict] | None
-    tool_choice: str
+    tool_choice: str  # auto | none | required (a named function: required, with tool_name)
     max_tokens: int | None
     n: int
     stop: list[str]
+    tool_name: str | None = None  # tool_choice named this function: the reply must call it
 
 
 def _body(body) -> dict:
@@ -122,15 +123,36 @@ def _body(body) -> dict:
     return body
 
 
+def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
+    """``tool_choice`` as (auto | none | required, the function it names or None). A named function
+    is ``{"type": "function", "function": {"name": ...}}`` (chat) or ``{"type": "function", "name":
+    ...}`` (Responses); it must be one of ``tools``, and required needs tools."""
+    if raw is None:
+        return "auto", None
+    if isinstance(raw, str) and raw in ("auto", "none", "required"):
+        choice, name = raw, None
+    elif isinstance(raw, dict) and raw.get("type") == "function":
+        name = (raw.get("function") or {}).get("name") if isinstance(raw.get("function"), dict) else raw.get("name")
+        if not isinstance(name, str):
+            raise _bad("a named tool_choice is {type: function, function: {name}}", "tool_choice")
+        choice = "required"
+    else:
+        raise _bad("tool_choice must be auto, none, required or a named function", "tool_choice")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice == "required" and not names:
+        raise _bad("tool_choice requires a tool call but the request offers no tools", "tool_choice")
+    if name is not None and name not in names:
+        raise _bad(f"tool_choice names {name!r}, which is not among the tools {names}", "tool_choice")
+    return choice, name
+
+
 def chat_request(body) -> ChatRequest:
     body = _body(body)
-    choice = body.get("tool_choice", "auto")
-    choice = choice if isinstance(choice, str) else "required"  # a named function: offer the tools
-    if choice not in ("auto", "none", "required"):
-        raise _bad("tool_choice must be auto, none, required or a named function", "tool_choice")
-    return ChatRequest(_messages(body.get("messages")), _tools(body.get("tools")), choice,
+    tools = _tools(body.get("tools"))
+    choice, name = tool_choice(body.get("tool_choice"), tools)
+    return ChatRequest(_messages(body.get("messages")), tools, choice,
                        _opt_int(body, "max_completion_tokens", "max_tokens"),
-                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body))
+                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name)
 
 
 @dataclass
@@ -163,9 +185,14 @@ class ResponsesRequest:
     tools: list[dict] | None
     max_tokens: int | None
     raw_tools: list = field(default_factory=list)
+    tool_choice: object = "auto"  # as sent (checked when the chat request is built)
 
     def as_chat(self) -> dict:
-        return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens}
+        choice = self.tool_choice
+        if isinstance(choice, dict) and isinstance(choice.get("name"), str):  # Responses' named function
+            choice = {"type": "function", "function": {"name": choice["name"]}}
+        return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens,
+                "tool_choice": choice}
 
 
 def responses_request(body) -> ResponsesRequest:
@@ -205,7 +232,8 @@ def responses_request(body) -> ResponsesRequest:
     if len(fns) != len(tools):
         raise _bad("only function tools are supported on this endpoint", "tools")
     chat_tools = _tools([{"type": "function", "function": t} for t in fns])
-    return ResponsesRequest(_messages(msgs), chat_tools, _opt_int(body, "max_output_tokens"), fns)
+    return ResponsesRequest(_messages(msgs), chat_tools, _opt_int(body, "max_output_tokens"), fns,
+                            body.get("tool_choice", "auto"))
 
 
 # ---- responses ----
@@ -253,7 +281,7 @@ def response_from_chat(model: str, chat: dict, req: ResponsesRequest) -> dict:
     u = chat["usage"]
     return Response.model_validate({
         "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": model,
-        "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": "auto",
+        "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": req.tool_choice,
         "tools": req.raw_tools,
         "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
                   "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},

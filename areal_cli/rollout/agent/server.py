@@ -31,7 +31,7 @@ from areal_cli.rollout.agent import requests as rq
 from areal_cli.rollout.agent.bridge import EngineBridge
 from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.rollout.agent.episode import Choice, EpisodeLog
-from areal_cli.rollout.agent.toolcalls import parse
+from areal_cli.rollout.agent.toolcalls import CALL_CLOSE, forced_text, parse
 
 METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}  # metrics.jsonl names
 
@@ -110,13 +110,15 @@ class Endpoint:
     async def chat(self, body: dict, key: str | None) -> dict:
         req = rq.chat_request(body)
         ep = self.episode(key)
-        offer = req.tools if req.tool_choice != "none" else None
-        prompt = self.renderer.prompt(req.messages, offer, ep.replies if ep else [])
-        choices = await self._generate(ep, prompt.ids, req.max_tokens, req.n, req.stop)
+        prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
+        forced = forced_text(self.renderer.style, req.tool_name) if req.tool_choice == "required" else ""
+        ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids  # forced: prompt, not trained
+        close = [CALL_CLOSE] if forced.startswith("<tool_call>") else []  # a forced call ends the reply
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
         out = []
         for i, c in enumerate(choices):
-            text = self._text(c, req.stop)
-            parsed = parse(self.renderer.style, text) if offer else None
+            text = forced + self._text(c, req.stop)
+            parsed = parse(self.renderer.style, text) if req.tools and req.tool_choice != "none" else None
             message = {"role": "assistant", "content": text}
             reason = c.finish_reason
             if parsed is not None and parsed.error:
@@ -126,7 +128,7 @@ class Endpoint:
                 message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
                 reason = "tool_calls"
                 self._count(ep, "tool_calls", len(parsed.tool_calls))
-            c.reply = Reply(req.messages + normalise([message]), prompt.ids + c.output_ids,
+            c.reply = Reply(req.messages + normalise([message]), ids + c.output_ids,
                             bool(c.output_ids) and c.output_ids[-1] in self.eos_ids)
             if ep is not None:
                 ep.replies.append(c.reply)

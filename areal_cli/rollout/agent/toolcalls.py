@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from areal_cli.config.choices import ToolFormat
 
 PROBE = "areal_probe_tool"
+CALL_CLOSE = "</tool_call>"
 HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
@@ -84,6 +85,14 @@ def call_text(style: ToolStyle, calls: list[dict]) -> str:
     if style.format == ToolFormat.llama3_json:
         return "; ".join(json.dumps({"name": o["name"], "parameters": o["arguments"]}) for o in objs)
     return "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>" for o in objs)
+
+
+def forced_text(style: ToolStyle, name: str | None) -> str:
+    """The opening of a call that ``tool_choice`` requires, written into the prompt so that the model
+    continues it: up to the arguments object for a named function, up to the name for "required"."""
+    if style.format == ToolFormat.llama3_json:
+        return f'{{"name": "{name}", "parameters": ' if name else '{"name": "'
+    return f'<tool_call>\n{{"name": "{name}", "arguments": ' if name else '<tool_call>\n{"name": "'
 
 
 def arguments_value(raw):
