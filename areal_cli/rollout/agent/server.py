@@ -111,7 +111,7 @@ class Endpoint:
         req = rq.chat_request(body)
         ep = self.episode(key)
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
-        forced = forced_text(self.renderer.style, req.tool_name) if req.tool_choice == "required" else ""
+        forced = forced_text(self.renderer.style, req.tool_name, req.tools) if req.tool_choice == "required" else ""
         ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids  # forced: prompt, not trained
         close = [CALL_CLOSE] if forced.startswith("<tool_call>") else []  # a forced call ends the reply
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)

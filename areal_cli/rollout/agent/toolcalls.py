@@ -87,12 +87,36 @@ def call_text(style: ToolStyle, calls: list[dict]) -> str:
     return "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>" for o in objs)
 
 
-def forced_text(style: ToolStyle, name: str | None) -> str:
+def forced_text(style: ToolStyle, name: str | None, tools: list[dict] | None = None) -> str:
     """The opening of a call that ``tool_choice`` requires, written into the prompt so that the model
-    continues it: up to the arguments object for a named function, up to the name for "required"."""
-    if style.format == ToolFormat.llama3_json:
-        return f'{{"name": "{name}", "parameters": ' if name else '{"name": "'
-    return f'<tool_call>\n{{"name": "{name}", "arguments": ' if name else '<tool_call>\n{"name": "'
+    continues it: up to the name for "required"; for a named function, up to its arguments object, and
+    on into the value of the first argument its schema requires (after the opening quote when that is
+    a string), as schema-guided decoding would force the same characters."""
+    if not name:
+        return '{"name": "' if style.format == ToolFormat.llama3_json else '<tool_call>\n{"name": "'
+    key = "parameters" if style.format == ToolFormat.llama3_json else "arguments"
+    text = f'{{"name": {json.dumps(name, ensure_ascii=False)}, "{key}": '
+    first = _first_required(tools or [], name)
+    if first is not None:
+        arg, kind = first
+        text += f'{{{json.dumps(arg, ensure_ascii=False)}: ' + ('"' if kind == "string" else "")
+    return text if style.format == ToolFormat.llama3_json else f"<tool_call>\n{text}"
+
+
+def _first_required(tools: list[dict], name: str) -> tuple[str, str] | None:
+    """(name, JSON type) of the first required argument of tool ``name``, if its schema declares one."""
+    for t in tools:
+        fn = t.get("function", {})
+        if fn.get("name") != name:
+            continue
+        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+        required = params.get("required") if isinstance(params.get("required"), list) else []
+        for arg in required:
+            if isinstance(arg, str) and isinstance(props.get(arg), dict):
+                kind = props[arg].get("type")
+                return arg, kind if isinstance(kind, str) else ""
+    return None
 
 
 def arguments_value(raw):
