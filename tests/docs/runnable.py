@@ -15,6 +15,8 @@ would for a reader: a renamed key, preset, option, command or make target.
 - ``areal bench sync-vs-async ARGS``: the bench options and the run's config composed.
 - ``areal tasks [NAME]``: run as is.
 - ``areal status RUN`` and ``areal plot RUN ...``: run as is.
+- A Hub id (``model=Org/Name`` or an alias of one) is resolved offline from a Hub cache holding a
+  tiny model under that id (``tests/hub_cache.py``).
 - In every line, a ``<placeholder>`` or ``runs/…`` path is a real 2-step run of a tiny model
   (``RUN``, with a step checkpoint and ``checkpoints/final``).
 - ``make TARGET``: the target must be in the Makefile.

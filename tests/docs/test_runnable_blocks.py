@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, TINY_RUN, run_train
+from conftest import ROOT, TINY_RUN, run_train, tiny_classifier
+from hub_cache import add_model, snapshot
 
 sys.path.insert(0, str(Path(__file__).parent))
 from runnable import check_line, documents, runnable_lines  # noqa: E402
@@ -30,6 +31,30 @@ def run(tiny_model, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory) -> Path:
+    """A Hugging Face Hub cache (offline) holding a tiny model under every Hub id the documents name
+    (``model=``, ``reward.model.path=``): the documented ids resolve as they would for a reader
+    who has them cached, without a network."""
+    from areal_cli.models import hub_model, resolve_model
+
+    cache, tok = tmp_path_factory.mktemp("hf") / "hub", resolve_model("smollm2-135m-instruct")
+    for line in LINES:
+        for key, _, value in (w.partition("=") for w in line.words):
+            hub_id = hub_model(value) if key in ("model", "reward.model.path") else None
+            if hub_id is None or (cache / ("models--" + hub_id.repo_id.replace("/", "--"))).exists():
+                continue
+            if key == "reward.model.path":
+                tiny_classifier(snapshot(cache, hub_id.repo_id), 1)
+            else:
+                name = hub_id.repo_id.lower()
+                add_model(cache, hub_id.repo_id, "qwen3" if "qwen3" in name else "qwen2" if "qwen" in name
+                          else "llama", tok)
+    return cache
+
+
 @pytest.mark.parametrize("line", LINES, ids=str)
-def test_documented_command(line, run, tmp_path):
+def test_documented_command(line, run, hub, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     check_line(line, tmp_path, run, ROOT / "Makefile")
