@@ -71,6 +71,13 @@ def runnable_lines(path: Path, root: Path) -> list[Line]:
     return out
 
 
+def needs_run(line: Line) -> bool:
+    """Whether the line reads a run: a path placeholder, a resume, status or plot."""
+    words = line.words[1:]
+    return words[:1] in (["status"], ["plot"]) or any(PLACEHOLDER.search(w) or w.startswith("resume=")
+                                                      for w in words)
+
+
 def _strip_venv(words: list[str]) -> list[str]:
     return ["areal", *words[1:]] if words[0].endswith("/areal") else words
 
