@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: install install-run train test test-slow lint clean
+.PHONY: install install-run train test test-slow lint docs clean
 
 # install-run: what `make train` needs; install: that and every extra the tests and tools use
 install-run: $(VENV)/.installed-run
@@ -45,5 +45,11 @@ lint: install
 	$(VENV)/bin/ruff check areal_cli tests benchmarks
 	$(PY) tests/lint_structure.py
 
+# the site from docs/ into site/: the reference pages are generated from the schema and the CLI first;
+# --strict turns a broken link or a page missing from the navigation into an error
+docs: install
+	$(PY) tools/gen_reference.py docs/reference
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache site

@@ -87,7 +87,7 @@ class AlgorithmConfig:
     """True: pi_prox = the trainer's weights before the step (AReaL's decoupled objective; with one
     optimizer step per batch the ratio pi_theta/pi_prox is 1 and the clip never acts, leaving only
     the capped weight pi_prox/mu). False: pi_prox = mu, the policy that sampled: the weight is 1 and
-    the clip bounds pi_theta/mu, as plain PPO (BENCHMARKS.md, "Staleness and held-out accuracy")."""
+    the clip bounds pi_theta/mu, as plain PPO (docs/bench/history.md, "Staleness and held-out accuracy")."""
 
     @property
     def needs_critic(self) -> bool:

@@ -13,7 +13,7 @@ implementation it has no mask function for, and passes the forward's ``cu_seq_le
 short sequences, see ``StepRunner._forward``, or a rank's empty one) go to transformers' SDPA
 with the mask they carry.
 
-Measured on one H100 (benchmarks/trainer_variants.py, BENCHMARKS.md): rows of one 8,256-token
+Measured on one H100 (benchmarks/trainer_variants.py, docs/bench/history.md): rows of one 8,256-token
 sequence, a step 10% faster than masked SDPA; rows of up to 2,048 tokens packed with 112-token
 sequences, 5-15% slower (the step is bound by launching kernels there), hence varlen only for
 rows longer than a packed row.
