@@ -27,7 +27,10 @@
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
 #   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
-# On a 2-GPU machine (nvidia-h100-x2; stage1..2 as above, stage2 also carrying .extwhl with peft and pytest):
+# On a 2-GPU machine (nvidia-h100-x2; stage1..2 as above, stage2 also carrying .extwhl with peft and pytest).
+# A call carries at most 64 MiB with the project's tree (~6 MiB): .vllm/a's 60 MiB part no longer fits beside
+# it; split the overlay's two parts again into parts of at most ~44 MiB (same names part00/part01, same SHA256:
+# `cat a/*.part00 b/*.part01 | split -b 44M`) and carry each with the wheels or the tree.
 #   levers15 carry .models/a          (stage3 and) trainer_profile rows of the 1.5B layout on one GPU each: ROWS0 on
 #                                     GPU 0, ROWS1 on GPU 1, at once
 #   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
@@ -187,7 +190,9 @@ PY
   lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
           # checkpoint builds (GPU 0); then lora7b and lora7bmerge (merge first where the test failed)
     m=$(model)
-    step lora_vllm_test 200 env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -q -p no:cacheprovider \
+    # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
+    # prints no report)
+    step lora_vllm_test 240 env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -s -v -p no:cacheprovider \
         tests/rollout/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait

@@ -88,11 +88,25 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     port, box = _free_port(), {}
     setup = EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8,
                         weights=WeightSource(cfg, "127.0.0.1", port))
-    t = threading.Thread(target=lambda: box.setdefault("eng", make_engine(setup)))
-    t.start()
-    tx = make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cpu"))
-    t.join(600)
-    eng = box["eng"]
+
+    def start(key, make):  # an engine that fails to start fails the test at once, with its own error
+        try:
+            box[key] = make()
+        except BaseException as err:  # noqa: BLE001 (handed to the test's thread below)
+            box[f"{key}_error"] = err
+
+    threads = [threading.Thread(target=start, args=("eng", lambda: make_engine(setup)), daemon=True),
+               threading.Thread(target=start, args=("tx", lambda: make_sender(cfg, "127.0.0.1", port, trainer,
+                                                                             torch.device("cpu"))), daemon=True)]
+    for t in threads:
+        t.start()
+    threads[0].join(600)
+    if "eng_error" in box:
+        raise box["eng_error"]
+    threads[1].join(300)
+    if "tx_error" in box:
+        raise box["tx_error"]
+    eng, tx = box["eng"], box["tx"]
 
     def update(version):
         got = {}
