@@ -189,8 +189,10 @@ class Trainer:
         did not move); counted in ``skipped_steps``."""
         norm = metrics.get("grad_norm")
         if isinstance(norm, float) and not math.isfinite(norm):
+            where = getattr(getattr(self, "runner", None), "nonfinite", [])
             self.log.warning("step %d: gradient norm %s: the optimizer step was skipped and the weights did not "
-                             "change (%d step(s) skipped so far)", step, norm, metrics.get("skipped_steps", 0))
+                             "change (%d step(s) skipped so far)%s", step, norm, metrics.get("skipped_steps", 0),
+                             f"; non-finite gradients in {', '.join(where)}" if where else "")
 
     def _due(self, version: int) -> bool:
         every = self.cfg.checkpoint.every
