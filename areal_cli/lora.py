@@ -183,13 +183,14 @@ def merge_state_dict(sd: dict[str, torch.Tensor], s: float, inplace: bool = Fals
     return dict(merged_items(iter(sd.items()), s, inplace))
 
 
-def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: LoraConfig, base_model: str) -> None:
+def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: LoraConfig, base_model: str,
+                 dtype: torch.dtype = torch.float32) -> None:
     """The adapter in peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``
-    (keys ``base_model.model.<module>.lora_A.weight``), float32."""
+    (keys ``base_model.model.<module>.lora_A.weight``), in ``dtype``."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {f"base_model.model.{n}": t.detach().float().cpu().contiguous() for n, t in items}
+    tensors = {f"base_model.model.{n}": t.detach().to(dtype).cpu().contiguous() for n, t in items}
     save_file(tensors, str(out / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
               "lora_dropout": lora.dropout, "target_modules": sorted(lora.target_modules), "bias": "none",

@@ -104,7 +104,8 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
                   Placement(trainer_gpu=True, model_path=path))
     options = policy_options(cfg)
     t = cfg.trainer
-    row = {"row": name, "options": options, "micro_batch_tokens": t.micro_batch_tokens,
+    shown = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in options.items()}  # JSON
+    row = {"row": name, "options": shown, "micro_batch_tokens": t.micro_batch_tokens,
            "logprob_chunk_tokens": t.logprob_chunk_tokens}
     model = build_policy(path, device, torch.bfloat16, **options)
     runner = StepRunner(model, cfg, device, torch.bfloat16, rank=rank, world=world)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import os
 import signal
 import time
@@ -183,6 +184,16 @@ class Trainer:
         dist.barrier()
         return out
 
+    def _warn_skipped(self, step: int, metrics: dict) -> None:
+        """Say so when this step's optimizer step was skipped for a non-finite gradient norm (the weights
+        did not move); counted in ``skipped_steps``."""
+        norm = metrics.get("grad_norm")
+        if isinstance(norm, float) and not math.isfinite(norm):
+            where = getattr(getattr(self, "runner", None), "nonfinite", [])
+            self.log.warning("step %d: gradient norm %s: the optimizer step was skipped and the weights did not "
+                             "change (%d step(s) skipped so far)%s", step, norm, metrics.get("skipped_steps", 0),
+                             f"; non-finite gradients in {', '.join(where)}" if where else "")
+
     def _due(self, version: int) -> bool:
         every = self.cfg.checkpoint.every
         return bool(every) and version % every == 0 and version < self.cfg.trainer.steps
@@ -215,6 +226,7 @@ class Trainer:
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
+                self._warn_skipped(step, metrics)
             if saved and self.stop_requested:
                 return self._finish(save_final=False)
         self._finish(save_final=True)

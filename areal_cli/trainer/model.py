@@ -176,13 +176,21 @@ class HalfGemmFloat32Out(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(x, w)
         flat = x.reshape(-1, x.shape[-1])
-        return torch.ops.aten.mm.dtype(flat, w.t(), torch.float32).reshape(*x.shape[:-1], w.shape[0])
+        return mm_float32_out(flat, w.t()).reshape(*x.shape[:-1], w.shape[0])
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
+        """Only the gradients asked for: a frozen output layer (LoRA) costs no ``[vocab, hidden]`` GEMM."""
         x, w = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
-        return (g @ w).reshape(x.shape), g.t() @ x.reshape(-1, x.shape[-1])
+        gx = (g @ w).reshape(x.shape) if ctx.needs_input_grad[0] else None
+        gw = g.t() @ x.reshape(-1, x.shape[-1]) if ctx.needs_input_grad[1] else None
+        return gx, gw
+
+
+def mm_float32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` of half-precision operands as float32 (``aten::mm.dtype``, CUDA)."""
+    return torch.ops.aten.mm.dtype(a, b, torch.float32)
 
 
 def full_parameters(model, only=None):

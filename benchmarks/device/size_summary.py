@@ -59,6 +59,12 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
         "nvidia_smi_peak_gib_per_gpu": gpu_peaks(csv) if csv else {},
         "weight_sync_s_median": _median([r.get("weight_sync_s") for r in post]),
         "update_pause_s_median": _median([u.get("pause_total_s") for u in updates]),
+        "update_parts_s_median": {k: _median([u.get(k) for u in updates]) for k in sorted({k for u in updates for k in u})
+                                  if k.endswith("_s") and _median([u.get(k) for u in updates]) is not None},
+        "updates": len(updates),
+        "adapter_delta_zero": sum(1 for u in updates if u.get("adapter_delta_zero")),
+        "probe_logp_change_min": min((u["probe_logp_change"] for u in updates
+                                      if isinstance(u.get("probe_logp_change"), (int, float))), default=None),
         "weight_versions_per_worker": {str(k): len(v) for k, v in sorted(per_worker.items(), key=str)},
         "logp_gap_fresh": [r.get("logp_gap_fresh") for r in rows if "logp_gap_fresh" in r],
         "response_length": response_lengths(run_dir, warmup),

@@ -12,7 +12,7 @@ import pytest
 
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
-from areal_cli.rollout.engines.vllm import llm_kwargs, vllm_lora_rank
+from areal_cli.rollout.engines.vllm import engine_dtype, llm_kwargs, sender_specs, vllm_lora_rank
 from tests.rollout.test_vllm_engine import _gpu_vllm
 
 
@@ -26,6 +26,41 @@ def test_llm_kwargs_enable_lora_at_a_rank_vllm_accepts():
     assert vllm_lora_rank(1) == 1 and vllm_lora_rank(300) == 320
     with pytest.raises(ValueError, match="engine.lora_merge=true"):
         vllm_lora_rank(600)
+
+
+def test_merged_updates_to_vllm_name_the_plain_parameters(tiny_model):
+    """engine.lora_merge=true: vLLM's transfer is planned from the merged plain parameters (names and
+    shapes of the model without adapters), not from the adapted model's base_layer / lora_A names."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from areal_cli import lora
+
+    cfg = RootConfig()
+    cfg.engine.name, cfg.engine.lora_merge, cfg.trainer.lora.rank = "vllm", True, 4
+    plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    adapted = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
+    want = [(n, list(p.shape)) for n, p in plain.named_parameters()]
+    assert sender_specs(adapted, cfg) == want
+    cfg.trainer.lora.rank = 0
+    assert sender_specs(plain, cfg) == want
+    assert engine_dtype(cfg.engine) == torch.bfloat16  # "auto"
+
+
+def test_adapter_saved_in_the_engine_dtype_loads_back(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from areal_cli import lora
+    from areal_cli.config.schema import LoraConfig
+
+    a = torch.randn(4, 64)
+    lora.save_adapter(tmp_path, iter([("model.layers.0.self_attn.q_proj.lora_A.weight", a)]),
+                      LoraConfig(rank=4), "base", dtype=torch.bfloat16)
+    got = load_file(str(tmp_path / "adapter_model.safetensors"))
+    t = got["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    assert t.dtype == torch.bfloat16 and torch.equal(t, a.to(torch.bfloat16))
+    assert lora.saved_rank(tmp_path) == 4
 
 
 def _free_port() -> int:
@@ -53,11 +88,25 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     port, box = _free_port(), {}
     setup = EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8,
                         weights=WeightSource(cfg, "127.0.0.1", port))
-    t = threading.Thread(target=lambda: box.setdefault("eng", make_engine(setup)))
-    t.start()
-    tx = make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cpu"))
-    t.join(600)
-    eng = box["eng"]
+
+    def start(key, make):  # an engine that fails to start fails the test at once, with its own error
+        try:
+            box[key] = make()
+        except BaseException as err:  # noqa: BLE001 (handed to the test's thread below)
+            box[f"{key}_error"] = err
+
+    threads = [threading.Thread(target=start, args=("eng", lambda: make_engine(setup)), daemon=True),
+               threading.Thread(target=start, args=("tx", lambda: make_sender(cfg, "127.0.0.1", port, trainer,
+                                                                             torch.device("cpu"))), daemon=True)]
+    for t in threads:
+        t.start()
+    threads[0].join(600)
+    if "eng_error" in box:
+        raise box["eng_error"]
+    threads[1].join(300)
+    if "tx_error" in box:
+        raise box["tx_error"]
+    eng, tx = box["eng"], box["tx"]
 
     def update(version):
         got = {}

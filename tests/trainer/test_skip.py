@@ -80,3 +80,20 @@ def test_no_skipping_with_an_entropy_or_kl_loss_term(tiny_model):
         out = _runner(tiny_model, over).train(batch)
         assert out["skipped_rows"] == 0, over
     assert _runner(tiny_model).train(batch)["skipped_rows"] == 2
+
+
+def test_a_step_skipped_for_a_non_finite_gradient_is_said_in_the_log(caplog):
+    """The optimizer step skipped for a NaN/inf gradient norm (weights unchanged) is a warning naming the
+    step and the count, not only a metric; a finite norm says nothing."""
+    import logging
+    import types
+
+    from areal_cli.trainer.main import Trainer
+
+    log = logging.getLogger("areal-test-skip")
+    me = types.SimpleNamespace(log=log)
+    with caplog.at_level(logging.WARNING, logger="areal-test-skip"):
+        Trainer._warn_skipped(me, 0, {"grad_norm": 0.5, "skipped_steps": 0})
+        assert not caplog.records
+        Trainer._warn_skipped(me, 3, {"grad_norm": float("nan"), "skipped_steps": 2})
+    assert "step 3: gradient norm nan" in caplog.text and "2 step(s) skipped" in caplog.text

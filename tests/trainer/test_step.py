@@ -221,7 +221,23 @@ def test_a_non_finite_gradient_skips_the_step(tiny_model, dtype):
     before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
     bad = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, float("nan"), 0.0, 1.0]))
     assert not math.isfinite(bad["grad_norm"]) and bad["skipped_steps"] == 1
+    names = dict(runner.model.named_parameters())
+    assert runner.nonfinite and all(n in names for n in runner.nonfinite)  # named for the trainer's warning
     assert all(torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
     good = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, 0.0, 0.0, 1.0]))
-    assert math.isfinite(good["grad_norm"]) and good["skipped_steps"] == 1
+    assert math.isfinite(good["grad_norm"]) and good["skipped_steps"] == 1 and runner.nonfinite == []
     assert any(not torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
+
+
+def test_the_parameters_with_non_finite_gradients_are_named(tiny_model):
+    from areal_cli.trainer.step import nonfinite_grads
+
+    model = plain_model(tiny_model)
+    params = list(model.named_parameters())
+    for _, p in params:
+        p.grad = torch.zeros_like(p)
+    assert nonfinite_grads(model) == []
+    params[3][1].grad[0, 0] = float("inf")
+    params[5][1].grad.view(-1)[-1] = float("nan")
+    assert nonfinite_grads(model) == [params[3][0], params[5][0]]
+    assert nonfinite_grads(model, limit=1) == [params[3][0]]

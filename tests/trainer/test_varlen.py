@@ -107,10 +107,39 @@ def test_half_gemm_backward_is_the_linear_layers():
     x = torch.randn(2, 3, 8, generator=gen).bfloat16()
     w = torch.randn(11, 8, generator=gen).bfloat16()
     grad = torch.randn(2, 3, 11, generator=gen)
-    gx, gw = HalfGemmFloat32Out.backward(SimpleNamespace(saved_tensors=(x, w)), grad)
+    gx, gw = HalfGemmFloat32Out.backward(SimpleNamespace(saved_tensors=(x, w), needs_input_grad=(True, True)), grad)
     xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
     (xr @ wr.t()).backward(grad.bfloat16().float())
     assert gx.dtype == gw.dtype == torch.bfloat16 and gx.shape == x.shape and gw.shape == w.shape
     assert torch.allclose(gx.float(), xr.grad, rtol=2e-2, atol=1e-2)
     assert torch.allclose(gw.float(), wr.grad, rtol=2e-2, atol=1e-2)
     assert not half_gemm_float32_out(x, w)  # CPU: the float32 GEMM
+
+
+def test_half_gemm_with_a_frozen_weight_computes_no_weight_gradient(monkeypatch):
+    # LoRA: the output layer is frozen, so its backward returns None for the weight (no [vocab, hidden] GEMM)
+    # and the input's gradient is the linear layer's; the CUDA-only GEMM is replaced by its float32 value
+    import areal_cli.trainer.model as model
+
+    monkeypatch.setattr(model, "mm_float32_out", lambda a, b: a.float() @ b.float())
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(4, 8, generator=gen).bfloat16().requires_grad_()
+    w = torch.randn(11, 8, generator=gen).bfloat16()
+    calls = []
+    orig = model.HalfGemmFloat32Out.backward
+
+    def spy(ctx, grad):
+        out = orig(ctx, grad)
+        calls.append(out)
+        return out
+
+    monkeypatch.setattr(model.HalfGemmFloat32Out, "backward", staticmethod(spy))
+    y = model.HalfGemmFloat32Out.apply(x, w)
+    assert y.dtype == torch.float32
+    grad = torch.randn(4, 11, generator=gen)
+    y.backward(grad)
+    assert calls[0][1] is None and w.grad is None
+    assert torch.allclose(x.grad.float(), grad.bfloat16().float() @ w.float(), rtol=2e-2, atol=1e-2)
+    w.requires_grad_()
+    model.HalfGemmFloat32Out.apply(x, w).backward(grad)
+    assert calls[1][1] is not None and w.grad.shape == w.shape

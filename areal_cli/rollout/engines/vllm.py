@@ -285,7 +285,11 @@ class VLLMAdapter:
             specs = lora.adapter_specs(AutoModelForCausalLM.from_config(config), self.lora)
         device = torch.device("cuda", torch.cuda.current_device()) if str(cfg.weights.backend) == "nccl" else "cpu"
         self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device) for s in specs}
-        self.previous = {n: b.clone() for n, b in self.buffers.items()}
+        # vLLM computes with its adapters in the model's dtype (LoRAConfig.lora_dtype "auto"): the adapter is
+        # rounded to it once here, compared at it (a change lost in rounding is no change to the engine) and
+        # written at it (half the bytes of float32 to write and read back in the pause)
+        self.dtype = engine_dtype(cfg.engine)
+        self.previous = {n: b.to(self.dtype) for n, b in self.buffers.items()}
         shm = Path("/dev/shm")
         self.root = Path(tempfile.mkdtemp(prefix="areal-lora-", dir=shm if shm.is_dir() else None))
         self.probe = probe_ids(config.vocab_size)
@@ -304,18 +308,19 @@ class VLLMAdapter:
         if self.verify.last is None:  # the weights before the first update
             self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), adapter_changed=False)
         out = self.receiver.receive(version)
-        changed = adapter_moved(self.buffers, self.previous)
         t0 = time.perf_counter()
+        rounded = {n: b.to(self.dtype) for n, b in self.buffers.items()}
+        changed = adapter_moved(rounded, self.previous)
         if not faults.skipped("adapter", version):
             path = self.root / f"v{version}"
-            save_adapter(path, iter(self.buffers.items()), self.lora, self.model_path)
+            save_adapter(path, iter(rounded.items()), self.lora, self.model_path, dtype=self.dtype)
+            out["adapter_write_s"] = time.perf_counter() - t0
             self._load(path)
             for old in self.root.iterdir():  # vLLM holds the adapter in memory: older files can go
                 if old != path:
                     shutil.rmtree(old, ignore_errors=True)
         out["adapter_load_s"] = time.perf_counter() - t0
-        for n, b in self.buffers.items():
-            self.previous[n].copy_(b)
+        self.previous = rounded
         t0 = time.perf_counter()
         out.update(self.verify.check(version, self.engine.probe_logprobs(self.probe), changed))
         out["probe_s"] = time.perf_counter() - t0
@@ -351,10 +356,24 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
 
     from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
 
-    specs = [(name, list(p.shape)) for name, p in model.named_parameters()]  # a DTensor's shape is the full one
     return VLLMWeightSender(host, port, group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update, specs=specs,
-                            staged=cfg.weights.staged == "true")
+                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update,
+                            specs=sender_specs(model, cfg), staged=cfg.weights.staged == "true")
+
+
+def sender_specs(model, cfg: RootConfig) -> list[tuple[str, list[int]]]:
+    """(name, full shape) of what one update of ``model`` sends to vLLM, in order: every parameter, or with
+    engine.lora_merge the merged plain parameters (no adapter or ``base_layer`` names, which vLLM's
+    checkpoint format lacks). A DTensor's shape is the full one."""
+    return [(s.name, list(s.shape)) for s in lora.update_specs(model, cfg)]
+
+
+def engine_dtype(e: EngineConfig):
+    """The torch dtype of the engine's weights (engine.dtype; "auto" is bfloat16)."""
+    import torch
+
+    name = str(e.dtype)
+    return torch.bfloat16 if name == "auto" else getattr(torch, name)
 
 
 ENGINE = VLLMEngine
