@@ -128,12 +128,16 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
 
 
-def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
+def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():
     cfg = RootConfig()
     cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
     cfg.engine = resolve_engine(cfg.engine)
     kw = llm_kwargs(cfg.engine, cfg.seed, 0)
-    assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
+    assert "weight_transfer_config" not in kw and "hf_overrides" not in kw
+    module, name = kw["worker_extension_cls"].rsplit(".", 1)  # vLLM imports it by name in its workers
+    import importlib
+
+    assert hasattr(importlib.import_module(module), name)
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):
