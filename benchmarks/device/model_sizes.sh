@@ -27,6 +27,13 @@
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
 #   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
+# Two GPUs (nvidia-h100-x2 / nvidia-h200-x2) are enough for:
+#   build7   carry .models/b          the random Qwen2.5-7B checkpoint only (build15: the 1.5B one)
+#   update7b carry .models/b          build7, then benchmarks/device/vllm_update.py: raw NCCL vs the in-place path into
+#                                     a real vLLM engine (GPU 1) for the 7B bytes, pause while generating, logits check
+#   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
+#                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
+#                                     (7b: trainer.optim_state=bfloat16, which fits a card of > 100 GiB only)
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
@@ -63,7 +70,7 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
         "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
-        "weight_sync_s_median", "update_pause_s_median", "weight_versions_per_worker")
+        "weight_sync_s_median", "update_pause_s_median", "update_total_s_median", "weight_versions_per_worker")
 for k in keys:
     print(f"  {k}: {s.get(k)}")
 r = s["response_length"]
@@ -85,6 +92,23 @@ case $phase in
   build)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  build7) ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  build15) ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b ;;
+  update7b)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    step update7b 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --versions ${VERSIONS:-8} \
+        --out "$OUT/vllm_update.json" ;;
+  inplace11)
+    size=${SIZE:-1.5b}
+    ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
+    fit=""; [ "$size" = 7b ] && fit="trainer.optim_state=bfloat16"
+    sized inplace11_$size 540 1 model=$R/qwen2.5-$size engine=vllm cluster.gpus=[0,1] rollout.workers=1 trainer.ranks=1 \
+        task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=2048 engine.max_model_len=3072 \
+        trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-8} trainer.packing=true \
+        trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 engine.gpu_memory_utilization=0.55 \
+        engine.weight_update=inplace rollout.max_concurrent=0 launcher.peer_timeout_s=600 launcher.startup_timeout_s=900 \
+        eval.at_end=false trainer.skip_zero_advantage=false $fit ${EXTRA:-}
+    grep -h "weights v[0-9]* loaded" /tmp/runs/inplace11_$size/logs/rollout-0.log | tail -n 12 | tee -a $S ;;
   buildbw)
     CUDA_VISIBLE_DEVICES=2,3 setsid timeout 400 python3 benchmarks/weight_broadcast.py --models 7b 1.5b \
         --bucket-mb 1024 --reps 3 --out "$OUT/broadcast.json" > "$L/broadcast.log" 2>&1 &
@@ -159,7 +183,7 @@ PY
     sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
         engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
         trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b inplace11 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

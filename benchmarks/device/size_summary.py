@@ -59,6 +59,7 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
         "nvidia_smi_peak_gib_per_gpu": gpu_peaks(csv) if csv else {},
         "weight_sync_s_median": _median([r.get("weight_sync_s") for r in post]),
         "update_pause_s_median": _median([u.get("pause_total_s") for u in updates]),
+        "update_total_s_median": _median([u.get("update_total_s") for u in updates]),
         "weight_versions_per_worker": {str(k): len(v) for k, v in sorted(per_worker.items(), key=str)},
         "logp_gap_fresh": [r.get("logp_gap_fresh") for r in rows if "logp_gap_fresh" in r],
         "response_length": response_lengths(run_dir, warmup),
