@@ -22,7 +22,9 @@
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
 #   mfu15    carry .models/b          2 GPUs: 1.5B, 1 vLLM worker + 1 trainer rank, 2048-token responses, 6 steps
 #   layouts15 carry .models/b         tp2 then dp2 with the 1.5B checkpoint, 5 steps each
-#   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
+#   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile,
+#                                     32 steps per mode (30 measured) and generation alone in the same call
+#   bench7   carry .models/b          the same at the 7B size (trainer.optim_state=bfloat16 on 80 GB cards)
 #   lora7b   carry .models/b          7B layout with LoRA rank 16 on 2 GPUs: 1 vLLM worker (GPU 0, LoRA enabled, the
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
@@ -82,7 +84,7 @@ PY
 # the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
       trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=${MBT:-16384}
-      engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
+      engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
 LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
@@ -144,7 +146,7 @@ case $phase in
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     sized mfu_1.5b 330 1 model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1] task=arithmetic_long \
         trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 \
-        engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
+        engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
         launcher.startup_timeout_s=900 rollout.length_profile=fixed rollout.max_new_tokens=2048 \
         engine.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
         eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-} ;;
@@ -153,29 +155,35 @@ case $phase in
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
     sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 trainer.steps=5
     sized dp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=2 trainer.ranks=2 trainer.steps=5 ;;
-  bench)
-    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
+  bench|bench7)  # 2 + 2 GPUs; bench7: the 7B checkpoint (trainer.optim_state=bfloat16 on cards under 100 GiB)
+    size=1.5b; [ "$phase" = bench7 ] && size=7b
+    ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
     M=${MAXLEN:-2048}
-    step bench_1.5b 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_1.5b \
-        model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 \
+    fit=""; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "$size" = 7b ] && [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
+    # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
+    step bench_$size 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
+        model=$R/qwen2.5-$size engine=vllm cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
         engine.max_model_len=$((M + 1024)) trainer.batch_size=16 rollout.group_size=8 rollout.max_concurrent=0 \
-        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.85 engine.pause_mode=keep trainer.packing=true \
-        trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-10} bench.warmup=2 bench.eta=4 bench.heldout=false \
-        ${EXTRA:-}
-    cp /tmp/runs/bench_1.5b/bench.json /tmp/runs/bench_1.5b/*.png "$OUT"/ 2>/dev/null
+        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
+        trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
+        $fit ${EXTRA:-}
+    cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S
 import json, sys
 b = json.load(open(sys.argv[1]))
 print("random weights, synthetic lengths (arithmetic_long profile):")
-for k in ("speedup", "step_speedup", "async_vs_ideal", "ideal_bottleneck"):
+for k in ("speedup", "step_speedup", "async_vs_ideal", "measurement_error", "ideal_bottleneck",
+          "generation_in_system_fraction", "split"):
     print(f"  {k}: {b.get(k)}")
 for m in ("sync", "async"):
     s = b["modes"][m]
-    print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s, step median {s['step_wall_s_median']:.2f} s,"
-          f" length p50/p90/max {s['response_length']['p50']}/{s['response_length']['p90']}/{s['response_length']['max']}")
+    print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s over {s['steps'] - s['warmup_steps']} steps, "
+          f"step median {s['step_wall_s_median']:.2f} s, length p50/p90/max {s['response_length']['p50']}/"
+          f"{s['response_length']['p90']}/{s['response_length']['max']}")
 PY
-    tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_1.5b 2>/dev/null ;;
+    tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_$size 2>/dev/null ;;
   lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     merge=false; [ "$phase" = lora7bmerge ] && merge=true
@@ -183,7 +191,7 @@ PY
     sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
         engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
         trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b inplace11 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b inplace11 bench bench7 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
