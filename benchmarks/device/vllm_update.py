@@ -99,6 +99,14 @@ def generate_for(engine, seconds: float, finished: list, args, vocab: int, n: li
     return (produced(engine, finished) - before) / (time.perf_counter() - t0)
 
 
+def probe_or_error(engine, probe: list[int]) -> list[float] | str:
+    """vLLM's prompt logprobs of ``probe``, or what went wrong (the update figures stand without them)."""
+    try:
+        return engine.probe_logprobs(probe).tolist()
+    except (RuntimeError, KeyError, IndexError, TypeError, AttributeError) as err:
+        return f"{type(err).__name__}: {err}"
+
+
 def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -131,7 +139,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background)}
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()
     probe = probe_ids(vocab)
-    before = engine.probe_logprobs(probe).tolist()
+    before = probe_or_error(engine, probe)
     finished, n, rows = [], [0], []
     for v in range(1, args.versions + 1):
         if v > 1:
@@ -145,7 +153,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
         r["tokens_during_receive"] = produced(engine, finished) - made
         rows.append(r)
     out.update(rows=rows, versions_applied=engine.version, probe_before=before,
-               probe_after=engine.probe_logprobs(probe).tolist())
+               probe_after=probe_or_error(engine, probe))
     engine.close()
     q.put(("rollout", out))
 
@@ -155,8 +163,6 @@ def summarize(t: dict, r: dict) -> dict:
     gen = [x for x in r["rows"] if x["generating"]]
     idle = r["rows"][0]
     raw_s = t["raw"]["median_s"]
-    hf = torch.tensor(t["probe_logprobs"])
-    before, after = torch.tensor(r["probe_before"]), torch.tensor(r["probe_after"])
     s = {
         "device": t["device"], "date": time.strftime("%Y-%m-%d"), "random_weights": True,
         "wire_GB": t["wire_bytes"] / 1e9, "buckets": t["buckets"], "staged": r["staged"],
@@ -173,12 +179,17 @@ def summarize(t: dict, r: dict) -> dict:
         "steady_tokens_per_s_median": med(x["steady_tokens_per_s"] for x in gen),
         "tokens_per_s_during_receive_median": med(x["tokens_during_receive"] / x["weight_behind_s"] for x in gen),
         "versions_sent": len(t["rows"]), "versions_applied": r["versions_applied"],
-        "probe_vs_trainer_before": (before - hf).abs().mean().item(),
-        "probe_vs_trainer_after": (after - hf).abs().mean().item(),
-        "probe_vs_trainer_after_max": (after - hf).abs().max().item(),
-        "probe_changed": (after - before).abs().mean().item(),
     }
     s["ratio_to_raw_median"] = raw_s / s["receive_s_median"]
+    if isinstance(r["probe_before"], str) or isinstance(r["probe_after"], str):
+        s["probe_error"] = [x for x in (r["probe_before"], r["probe_after"]) if isinstance(x, str)]
+        return s
+    hf = torch.tensor(t["probe_logprobs"])
+    before, after = torch.tensor(r["probe_before"]), torch.tensor(r["probe_after"])
+    s.update(probe_vs_trainer_before=(before - hf).abs().mean().item(),
+             probe_vs_trainer_after=(after - hf).abs().mean().item(),
+             probe_vs_trainer_after_max=(after - hf).abs().max().item(),
+             probe_changed=(after - before).abs().mean().item())
     return s
 
 
