@@ -33,6 +33,7 @@
 #   build7   carry .models/b          the random Qwen2.5-7B checkpoint only (build15: the 1.5B one)
 #   update7b carry .models/b          build7, then benchmarks/device/vllm_update.py: raw NCCL vs the in-place path into
 #                                     a real vLLM engine (GPU 1) for the 7B bytes, pause while generating, logits check
+#   update7btp2 carry .models/b       the same with the engine at tensor_parallel_size=2 (GPUs 1, 2): needs 3 GPUs
 #   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
 #                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
 #                                     (7b: trainer.optim_state=bfloat16, which fits a card of > 100 GiB only)
@@ -96,10 +97,11 @@ case $phase in
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
   build7) ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
   build15) ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b ;;
-  update7b)
+  update7b|update7btp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    step update7b 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --versions ${VERSIONS:-8} \
-        --out "$OUT/vllm_update.json" ;;
+    tp=1; [ "$phase" = update7btp2 ] && tp=2
+    step $phase 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --tp $tp --versions ${VERSIONS:-8} \
+        --out "$OUT/$phase.json" ;;
   inplace11)
     size=${SIZE:-1.5b}
     ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
@@ -191,7 +193,7 @@ PY
     sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
         engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
         trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b inplace11 bench bench7 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b update7btp2 inplace11 bench bench7 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

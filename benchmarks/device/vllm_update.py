@@ -1,10 +1,11 @@
 """Weight updates into a real vLLM engine on two GPUs: raw NCCL against the in-place path, in one call.
 
-    python3 benchmarks/device/vllm_update.py CHECKPOINT [--versions 8] [--seqs 64] [--out FILE]
+    python3 benchmarks/device/vllm_update.py CHECKPOINT [--tp 1] [--versions 8] [--seqs 64] [--out FILE]
 
 GPU 0 is trainer rank 0 (the checkpoint's architecture built with random weights of its own, bf16),
-GPU 1 a rollout worker's ``VLLMEngine`` (engine.weight_update=inplace, CUDA graphs on) built exactly
-as ``areal train`` builds it, joined to a ``WeightSender`` group of two ranks.
+GPUs 1..tp a rollout worker's ``VLLMEngine`` (engine.weight_update=inplace, CUDA graphs on) built
+exactly as ``areal train`` builds it, joined to a ``WeightSender`` group of 1 + tp ranks (each TP
+rank receives every bucket and its weight loaders keep its slice).
 
 1. raw: one NCCL ``broadcast`` of a bf16 tensor of the update's bytes between the two processes
    (median of 5 after 2 warm-ups), before the engine starts.
@@ -59,7 +60,7 @@ def trainer(args, ports: dict, stores: str, barrier, q) -> None:
            "raw": raw_bw(raw_pg, torch.device("cuda", 0), nbytes, 5)}
     torch.cuda.empty_cache()
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()  # the engine is up when this returns
-    tx = WeightSender(specs, "127.0.0.1", ports["weights"], 2, "nccl", torch.device("cuda", 0), torch.bfloat16,
+    tx = WeightSender(specs, "127.0.0.1", ports["weights"], 1 + args.tp, "nccl", torch.device("cuda", 0), torch.bfloat16,
                       args.bucket_mb << 20, timeout_s=600, staged=True)
     rows = []
     for _ in range(args.versions):
@@ -117,7 +118,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     from areal_cli.transport.weights import _broadcast, new_group
     from benchmarks.weight_broadcast import raw_bw
 
-    torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES=1 for this process
+    torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES=1[,2...] for this process: the raw broadcast goes to GPU 1
     config = AutoConfig.from_pretrained(args.checkpoint)
     vocab = config.vocab_size
     with torch.device("meta"):
@@ -128,7 +129,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.weight_update = "vllm", "inplace"
     cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = args.gpu_memory_utilization, args.prompt + args.max_new + 64
-    cfg.engine.max_num_seqs = max(args.seqs, 16)
+    cfg.engine.max_num_seqs, cfg.engine.tensor_parallel_size = max(args.seqs, 16), args.tp
     cfg.engine = resolve_engine(cfg.engine, args.checkpoint)
     cfg.weights.dtype, cfg.weights.bucket_mb, cfg.weights.backend, cfg.weights.staged = "bfloat16", args.bucket_mb, "nccl", "true"
     cfg.launcher.peer_timeout_s = 300
@@ -136,7 +137,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
                         weights=WeightSource(cfg, "127.0.0.1", ports["weights"], f"{stores}/weights"))
     t0 = time.perf_counter()
     engine = make_engine(setup)
-    out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background)}
+    out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background), "tp": args.tp}
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()
     probe = probe_ids(vocab)
     before = probe_or_error(engine, probe)
@@ -164,7 +165,7 @@ def summarize(t: dict, r: dict) -> dict:
     idle = r["rows"][0]
     raw_s = t["raw"]["median_s"]
     s = {
-        "device": t["device"], "date": time.strftime("%Y-%m-%d"), "random_weights": True,
+        "device": t["device"], "date": time.strftime("%Y-%m-%d"), "random_weights": True, "tp": r["tp"],
         "wire_GB": t["wire_bytes"] / 1e9, "buckets": t["buckets"], "staged": r["staged"],
         "engine_start_s": r["engine_start_s"],
         "raw_broadcast_s": raw_s, "raw_GB_per_s": t["wire_bytes"] / raw_s / 1e9,
@@ -196,6 +197,7 @@ def summarize(t: dict, r: dict) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
+    ap.add_argument("--tp", type=int, default=1, help="the engine's tensor_parallel_size (GPUs 1..tp)")
     ap.add_argument("--versions", type=int, default=8)
     ap.add_argument("--seqs", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=256)
@@ -211,8 +213,9 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     q, barrier = ctx.SimpleQueue(), ctx.Barrier(2)
     procs = []
-    for gpu, target in ((0, trainer), (1, rollout)):
-        os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)  # inherited by the spawned process
+    engine_gpus = ",".join(str(1 + i) for i in range(args.tp))
+    for gpus, target in (("0", trainer), (engine_gpus, rollout)):
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # inherited by the spawned process
         procs.append(ctx.Process(target=target, args=(args, ports, stores, barrier, q)))
         procs[-1].start()
     got = {}
