@@ -14,7 +14,8 @@ rank receives every bucket and its weight loaders keep its slice).
    (so every version differs), casts the update into its wire buffers (``prepare``) and broadcasts;
    the engine's ``update_weights`` receives it behind generation and pauses only for the swap.
    Reported per version: the trainer's transfer, the engine's receive (wire + loads into staging),
-   the pause generation saw, decode tokens/s during the receive and in between.
+   the pause generation saw, decode tokens/s during the receive and over ``--between-s`` after each
+   update (abort: re-prefill included) against a baseline with no update.
 3. logits: vLLM's prompt logprobs of a fixed probe before version 1 and after the last version,
    against the trainer's own (transformers, bf16) for its final weights.
 
@@ -130,6 +131,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     cfg.engine.name, cfg.engine.weight_update = "vllm", "inplace"
     cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = args.gpu_memory_utilization, args.prompt + args.max_new + 64
     cfg.engine.max_num_seqs, cfg.engine.tensor_parallel_size = max(args.seqs, 16), args.tp
+    cfg.engine.pause_mode = args.pause_mode
     cfg.engine = resolve_engine(cfg.engine, args.checkpoint)
     cfg.weights.dtype, cfg.weights.bucket_mb, cfg.weights.backend, cfg.weights.staged = "bfloat16", args.bucket_mb, "nccl", "true"
     cfg.launcher.peer_timeout_s = 300
@@ -137,15 +139,18 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
                         weights=WeightSource(cfg, "127.0.0.1", ports["weights"], f"{stores}/weights"))
     t0 = time.perf_counter()
     engine = make_engine(setup)
-    out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background), "tp": args.tp}
+    out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background), "tp": args.tp,
+           "pause_mode": args.pause_mode}
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()
     probe = probe_ids(vocab)
     before = probe_or_error(engine, probe)
     finished, n, rows = [], [0], []
     for v in range(1, args.versions + 1):
-        if v > 1:
+        if v == 2:  # prefill of the first requests, then decode with no update for a baseline
             refill(engine, args, vocab, n)
-        steady = generate_for(engine, args.between_s, finished, args, vocab, n) if v > 1 else 0.0
+            generate_for(engine, args.between_s, finished, args, vocab, n)
+            out["baseline_tokens_per_s"] = generate_for(engine, args.between_s, finished, args, vocab, n)
+        steady = generate_for(engine, args.between_s, finished, args, vocab, n) if v > 2 else 0.0
         made = produced(engine, finished)
         barrier.wait()
         r = engine.update_weights(v)
@@ -175,10 +180,13 @@ def summarize(t: dict, r: dict) -> dict:
         "trainer_transfer_s_median": med(x["weight_transfer_s"] for x in t["rows"][1:]),
         "trainer_prepare_s_median": med(x["weight_gather_s"] for x in t["rows"]),
         "pause_s_median": med(x["pause_s"] for x in gen), "pause_s_max": max(x["pause_s"] for x in gen),
-        "swap_s_median": med(x["weight_swap_s"] for x in gen),
+        "swap_s_median": med(x.get("weight_swap_s", 0.0) for x in gen),
         "interrupted_median": med(x["interrupted"] for x in gen),
-        "steady_tokens_per_s_median": med(x["steady_tokens_per_s"] for x in gen),
-        "tokens_per_s_during_receive_median": med(x["tokens_during_receive"] / x["weight_behind_s"] for x in gen),
+        "pause_mode": r["pause_mode"], "baseline_tokens_per_s": r["baseline_tokens_per_s"],
+        "tokens_per_s_after_update_median": med(x["steady_tokens_per_s"] for x in gen[1:]),
+        "resume_s_median": med(x["resume_s"] for x in gen),
+        "tokens_per_s_during_receive_median": med(x["tokens_during_receive"] / x["weight_behind_s"] for x in gen)
+        if r["staged"] else None,
         "versions_sent": len(t["rows"]), "versions_applied": r["versions_applied"],
     }
     s["ratio_to_raw_median"] = raw_s / s["receive_s_median"]
@@ -203,6 +211,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--max-new", type=int, default=4096)
     ap.add_argument("--between-s", type=float, default=2.0)
+    ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"], help="engine.pause_mode")
     ap.add_argument("--bucket-mb", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.55)
     ap.add_argument("--out")
