@@ -25,6 +25,7 @@
 #   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile,
 #                                     32 steps per mode (30 measured) and generation alone in the same call
 #   bench7   carry .models/b          the same at the 7B size (trainer.optim_state=bfloat16 on 80 GB cards)
+#   bench2   carry .models/b          the bench at 1.5B on 2 GPUs: 1 vLLM worker + 1 trainer rank, 8 groups per step
 #   lora7b   carry .models/b          7B layout with LoRA rank 16 on 2 GPUs: 1 vLLM worker (GPU 0, LoRA enabled, the
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
@@ -157,17 +158,20 @@ case $phase in
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
     sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 trainer.steps=5
     sized dp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=2 trainer.ranks=2 trainer.steps=5 ;;
-  bench|bench7)  # 2 + 2 GPUs; bench7: the 7B checkpoint (trainer.optim_state=bfloat16 on cards under 100 GiB)
+  bench|bench7|bench2)  # 2 + 2 GPUs; bench7: the 7B checkpoint (trainer.optim_state=bfloat16 on cards under
+    # 100 GiB); bench2: 1.5B on 2 GPUs (1 + 1), 8 groups per step
     size=1.5b; [ "$phase" = bench7 ] && size=7b
+    layout="cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 trainer.batch_size=16"
+    [ "$phase" = bench2 ] && layout="cluster.gpus=[0,1] rollout.workers=1 trainer.ranks=1 trainer.batch_size=8"
     ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
     M=${MAXLEN:-2048}
     fit=""; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     [ "$size" = 7b ] && [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
     # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
     step bench_$size 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
-        model=$R/qwen2.5-$size engine=vllm cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 \
+        model=$R/qwen2.5-$size engine=vllm $layout \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
-        engine.max_model_len=$((M + 1024)) trainer.batch_size=16 rollout.group_size=8 rollout.max_concurrent=0 \
+        engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
         engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
         trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
         $fit ${EXTRA:-}
@@ -183,8 +187,10 @@ for m in ("sync", "async"):
     s = b["modes"][m]
     print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s over {s['steps'] - s['warmup_steps']} steps, "
           f"step median {s['step_wall_s_median']:.2f} s, length p50/p90/max {s['response_length']['p50']}/"
-          f"{s['response_length']['p90']}/{s['response_length']['max']}")
+          f"{s['response_length']['p90']}/{s['response_length']['max']}, update pause median "
+          f"{s['update_pause_s_median']}, weight sync median {s['weight_sync_s_median']}")
 PY
+    grep -h "weight updates:" /tmp/runs/bench_$size/async/logs/rollout-*.log 2>/dev/null | head -2 | tee -a $S
     tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_$size 2>/dev/null ;;
   lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
@@ -193,7 +199,7 @@ PY
     sized ${phase}_8k 560 1 $RUN7L rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
         engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=8192 engine.max_model_len=9216 \
         trainer.batch_size=2 rollout.group_size=4 trainer.steps=${STEPS:-10} ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b update7btp2 inplace11 bench bench7 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 bench lora7b lora7bmerge)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
