@@ -25,6 +25,7 @@ Random weights: label every figure so. Prints one JSON summary.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import random
@@ -44,6 +45,7 @@ def probe_ids(vocab: int) -> list[int]:
 
 
 def trainer(args, ports: dict, stores: str, barrier, q) -> None:
+    faulthandler.dump_traceback_later(args.stacks_after_s, exit=False)  # where a hang waits, in the log
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from areal_cli.transport.weights import WeightSender, _broadcast, new_group, param_specs
@@ -62,14 +64,16 @@ def trainer(args, ports: dict, stores: str, barrier, q) -> None:
     torch.cuda.empty_cache()
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()  # the engine is up when this returns
     tx = WeightSender(specs, "127.0.0.1", ports["weights"], 1 + args.tp, "nccl", torch.device("cuda", 0), torch.bfloat16,
-                      args.bucket_mb << 20, timeout_s=600, staged=True)
+                      args.bucket_mb << 20, timeout_s=600, staged=True, store_path=f"{stores}/weights")
     rows = []
     for _ in range(args.versions):
         with torch.no_grad():
             model.get_input_embeddings().weight.mul_(1.01)
         r = tx.prepare(iter(model.named_parameters()))
         barrier.wait()
+        print("trainer sends", flush=True)
         r.update(tx.broadcast())
+        print("trainer sent", r, flush=True)
         rows.append(r)
     with torch.no_grad():
         ids = torch.tensor([probe_ids(config.vocab_size)], device="cuda")
@@ -119,6 +123,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     from areal_cli.transport.weights import _broadcast, new_group
     from benchmarks.weight_broadcast import raw_bw
 
+    faulthandler.dump_traceback_later(args.stacks_after_s, exit=False)
     torch.cuda.set_device(0)  # CUDA_VISIBLE_DEVICES=1[,2...] for this process: the raw broadcast goes to GPU 1
     config = AutoConfig.from_pretrained(args.checkpoint)
     vocab = config.vocab_size
@@ -137,13 +142,18 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     cfg.launcher.peer_timeout_s = 300
     setup = EngineSetup(cfg.engine, args.checkpoint, 0, Sampling(1.0), args.seqs, cfg.engine.max_model_len,
                         weights=WeightSource(cfg, "127.0.0.1", ports["weights"], f"{stores}/weights"))
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     t0 = time.perf_counter()
     engine = make_engine(setup)
+    print("engine up", flush=True)
     out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background), "tp": args.tp,
            "pause_mode": args.pause_mode}
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()
     probe = probe_ids(vocab)
     before = probe_or_error(engine, probe)
+    print("probe", str(before)[:80], flush=True)
     finished, n, rows = [], [0], []
     for v in range(1, args.versions + 1):
         if v == 2:  # prefill of the first requests, then decode with no update for a baseline
@@ -153,7 +163,9 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
         steady = generate_for(engine, args.between_s, finished, args, vocab, n) if v > 2 else 0.0
         made = produced(engine, finished)
         barrier.wait()
+        print("update", v, flush=True)
         r = engine.update_weights(v)
+        print("updated", v, {k: r[k] for k in ("weight_recv_s", "pause_s") if k in r}, flush=True)
         r["generating"] = v > 1
         r["steady_tokens_per_s"] = steady
         r["tokens_during_receive"] = produced(engine, finished) - made
@@ -214,6 +226,7 @@ def main() -> None:
     ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"], help="engine.pause_mode")
     ap.add_argument("--bucket-mb", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.55)
+    ap.add_argument("--stacks-after-s", type=float, default=300, help="both processes print their stacks then")
     ap.add_argument("--out")
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
