@@ -67,7 +67,7 @@ class EngineConfig:
     """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
     layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's weight
     loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any tensor_parallel_size), received
-    into a staging copy while generation goes on where the GPU has room (the pause is the swap), else
+    into a staging copy while generation goes on at TP 1 where the GPU has room (the pause is the swap), else
     during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
     lora_merge: bool = False
     """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the

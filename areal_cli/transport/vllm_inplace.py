@@ -9,12 +9,14 @@ slice — so any tensor parallel size loads in place, and no layer-wise reload r
 
 Two ways to receive, chosen when the worker joins and logged:
 
-* staged (when the GPU has room for a second copy of its shard of the weights): the buckets are
+* staged (tensor_parallel_size 1, when the GPU has room for a second copy of the weights): the buckets are
   received and loaded into a staging copy by a thread of vLLM's worker process, on a stream of its
   own, **while generation goes on**; the pause is only the swap, one fused copy of staging into the
   live parameters (~5 ms per GB of shard on an H100). The pause does not grow with the bytes moved.
 * direct: the buckets are received during the pause and loaded straight into the live parameters
-  (two bucket buffers; the pause is the wire plus the loads).
+  (two bucket buffers; the pause is the wire plus the loads). At TP > 1 always: a receiving thread's
+  broadcasts beside the engine's own TP collectives (two NCCL communicators, in an order the ranks
+  need not share) is not done until it has been measured not to hang.
 
 ``InplaceWorker`` is mixed into vLLM's GPU worker (``worker_extension_cls``); the rollout worker
 drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``vllm_weights.py``).
@@ -217,7 +219,11 @@ class InplaceWorker:
 
         live = dict(self.get_model().named_parameters())
         device = torch.device("cuda", torch.cuda.current_device())
-        if plan["staging"]:
+        if self.vllm_config.parallel_config.world_size > 1:
+            # a receiving thread's broadcasts would run beside the engine's own TP collectives, on two
+            # NCCL communicators in an order the ranks need not share: not done until measured
+            staged, why = False, "tensor_parallel_size > 1: received while the engine is paused"
+        elif plan["staging"]:
             staged, why = room_for_staging(live, plan["bucket_bytes"], device)
         else:
             staged, why = False, "staging off"
