@@ -2,7 +2,7 @@
 
 * ``inplace``: areal's bucketed broadcast (``transport/weights.py``'s ``WeightSender``, the same path as
   the hf engine's) into the engine's live parameters through its own weight loaders, staged behind
-  generation where the GPU has room (``vllm_inplace.py``). Any tensor parallel size: every GPU rank of a
+  generation at TP 1 where the GPU has room (``vllm_inplace.py``). Any tensor parallel size: every GPU rank of a
   worker receives every bucket and its loaders keep its slice. Llama/Mistral/Qwen2/Qwen3 layouts.
 * ``reload``: vLLM's own ``nccl`` weight transfer, checkpoint-format tensors, packed; the engine loads
   them with its layer-wise reload (``start_weight_update`` → ``update_weights`` →
