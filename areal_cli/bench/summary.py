@@ -161,6 +161,13 @@ def standalone_rates(run_dir: Path, warmup: int) -> dict:
     }
 
 
+def generated_in_window(run_dir: Path, lo: float, hi: float) -> int:
+    """Model tokens of the samples whose group reached the controller in (lo, hi] (trajectory
+    ``done_wall_s``): what generation produced inside the running system over that window."""
+    return sum(int(t.get("num_tokens", 0)) for t in read_jsonl(RunDir(run_dir).trajectories)
+               if t.get("done_wall_s") is not None and lo < t["done_wall_s"] <= hi)
+
+
 def summarize_run(run_dir: Path, warmup: int) -> dict:
     run_dir = Path(run_dir)
     rows = read_jsonl(RunDir(run_dir).metrics)
@@ -184,6 +191,7 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
         "training_trained_tokens_per_s": (sum(r.get("trained_tokens", 0) for r in post)
                                           / max(sum(_busy(r) for r in post), 1e-9)),
         "generation_busy_fraction": gen_busy, "generation_busy_measured_by": gen_how,
+        "generated_tokens_per_s": generated_in_window(run_dir, lo, hi) / window,
         "weight_sync_s_median": _median([r["weight_sync_s"] for r in post if "weight_sync_s" in r]),
         "update_pause_s_median": _median([u["pause_total_s"] for u in updates if "pause_total_s" in u]),
         "reward_curve": [r.get("reward_mean") for r in rows],

@@ -5,18 +5,22 @@ Written to ``<out>/``: ``sync/`` and ``async/`` (ordinary run directories), ``be
 ``timeline.png`` (per run: generation, training and weight-sync spans over wall time; white is
 idle) and ``reward.png`` (mean reward of each batch against wall time).
 
-The ideal asynchronous throughput is min(generation alone, training alone), both in trained
-tokens per second and both measured on the synchronous run, where the two never overlap
-(``summary.standalone_rates``):
+The ideal asynchronous throughput is min(generation alone, training alone), in trained tokens
+per second, both measured in the same call:
 
-* training alone = trained tokens / trainer-busy seconds (``step_time_s + weight_sync_s``),
-  steps after warm-up;
-* generation alone = trained tokens / generation-phase seconds, steps after warm-up (never
-  step 0); a step's generation phase runs from the end of the previous step (new weights
-  out) to the arrival of the last group of its batch (trajectory ``done_wall_s``), or, where
-  trajectories carry no timestamps, is the step's wall time minus its trainer-busy time.
+* generation alone = one rollout worker's engine, configured as in the async run, on that worker's
+  GPUs, generating the task's prompts at the async run's concurrency with no trainer
+  (``bench/alone.py``), × rollout.workers (on GPUs; one worker's rate on the CPU, whose cores
+  the workers share). Generated tokens are the tokens a step trains (the model's tokens);
+* training alone = the async run's own trained tokens / trainer-busy seconds
+  (``step_time_s + weight_sync_s``), steps after warm-up: the same batches, on the trainer's GPUs,
+  which generation never uses.
 
-``async_vs_ideal`` = the async run's effective trained tokens/s of wall time / that ideal.
+``async_vs_ideal`` = the async run's effective trained tokens/s of wall time / that ideal; above
+1.02 it is a measurement error (reported so), never a success. ``generation_in_system_fraction``:
+the async run's generated tokens per second of its window / generation alone. From the two
+per-GPU rates the bench prints the generation / trainer GPU split it would pick. The sync run's
+own split of step time (``summary.standalone_rates``) is kept under ``sync_phases``.
 Each mode also gets its response length distribution (generated tokens per trained sample
 after warm-up: p10 / p50 / p90 / max, and the fraction truncated at max_new_tokens).
 ``bench.json`` repeats these definitions under ``"definitions"``.
@@ -26,7 +30,10 @@ Bench options are overrides too, stripped before composing the run config:
 (steps left out of the rates), ``bench.heldout=true`` (greedy accuracy of both final
 checkpoints on the task's eval split), ``bench.heldout_size=1000`` (problems of that split, so that
 a gap of a few points is not lost in the noise of a small set; 0 = ``eval.size``; a split that
-cannot hold that many falls back to ``eval.size``). ``run_dir=`` names ``<out>``.
+cannot hold that many falls back to ``eval.size``), ``bench.alone=true`` (measure generation alone;
+false: no ideal), ``bench.alone_groups=0`` (groups it measures after warm-up; 0 = 3 × the worker's
+concurrency, at least 8). ``run_dir=`` names ``<out>``. Take ``trainer.steps`` ≥ ``bench.warmup`` + 30
+so that each mode measures at least 30 steps.
 """
 
 from __future__ import annotations
@@ -37,7 +44,9 @@ from pathlib import Path
 
 from areal_cli.rundir import RunDir
 
-BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000}
+BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000, "alone": True, "alone_groups": 0}
+MEASUREMENT_ERROR = 1.02
+"""async / ideal above this is reported as a measurement error."""
 
 
 def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
@@ -52,7 +61,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
         if name not in BENCH_DEFAULTS:
             raise ValueError(f"{key}: unknown bench option; use one of "
                              f"{', '.join('bench.' + k for k in BENCH_DEFAULTS)}")
-        opts[name] = value.lower() in ("1", "true", "yes") if name == "heldout" else int(value)
+        opts[name] = value.lower() in ("1", "true", "yes") if name in ("heldout", "alone") else int(value)
     return run, opts
 
 
@@ -71,7 +80,9 @@ def run_bench(overrides: list[str]) -> Path:
         run_dir = out / mode
         print(f"== {mode}: rollout.max_staleness={staleness} → {run_dir}", flush=True)
         modes[mode] = run_mode(run_overrides, staleness, run_dir, opts)
-    result = compare(modes, eta, opts["warmup"], base)
+    alone = generation_alone(Path(modes["async"]["run_dir"]), out / "generation_alone.json",
+                             opts["alone_groups"]) if opts["alone"] else None
+    result = compare(modes, eta, opts["warmup"], base, alone)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     plot(result, out)
     from areal_cli.tracking.plot import plot_runs
@@ -94,6 +105,29 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
     if opts["heldout"]:
         summary["heldout"] = heldout(RunDir(run_dir).final, cfg, opts["heldout_size"])
     return summary
+
+
+def generation_alone(run_dir: Path, out: Path, groups: int) -> dict:
+    """``bench/alone.py`` on the GPUs of ``run_dir``'s rollout worker 0, in a process of its own (as the
+    worker had); its rate × the workers it stands for (``scale``: rollout.workers on GPUs, 1 on the CPU)."""
+    import os
+    import subprocess
+    import sys
+
+    from areal_cli.config.load import load_yaml
+    from areal_cli.launcher.plan import device_map, worker_gpus
+
+    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    gpus = worker_gpus(cfg, device_map(cfg)["rollout"])[0]
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}))
+    print(f"== generation alone: one worker's engine as in {run_dir.name}/ ({'GPUs ' + str(gpus) if gpus else 'CPU'})",
+          flush=True)
+    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out), str(groups)],
+                   env=env, check=True)
+    got = json.loads(out.read_text())
+    got["scale"] = cfg.rollout.workers if gpus else 1
+    got["gpus_per_worker"] = len(gpus)
+    return got
 
 
 def heldout(model_path: Path, cfg, size: int) -> dict:
@@ -126,18 +160,23 @@ DEFINITIONS = {
     "speedup": "async effective_trained_tokens_per_s / sync effective_trained_tokens_per_s",
     "step_speedup": "sync step_wall_s_median / async step_wall_s_median: the speedup in steps (policy "
         "versions) per second, which does not grow when the async run trains longer responses",
-    "standalone.training_trained_tokens_per_s": "training alone, from the sync run: trained tokens / "
-        "trainer-busy seconds (step_time_s + weight_sync_s of metrics.jsonl), steps after warm-up",
-    "standalone.generation_trained_tokens_per_s": "generation alone, from the sync run: trained tokens "
-        "/ generation-phase seconds, steps after warm-up (never step 0). A step's generation phase runs "
-        "from the previous step's end (wall_time_s; the new weights are out) to the arrival at the "
-        "controller of the last group of its batch (largest trajectory done_wall_s); where trajectories "
-        "carry no timestamps it is the step's wall time minus its trainer-busy time "
-        "(standalone.generation_phase_measured_by says which)",
+    "standalone.generation_trained_tokens_per_s": "generation alone, measured in the same call: one "
+        "rollout worker's engine configured as in the async run (engine, sampling, lengths, its concurrency), "
+        "on that worker's GPUs, no trainer: generated tokens/s of the groups completed after the first "
+        "wave x rollout.workers on GPUs (1 on the CPU); bench/alone.py",
+    "standalone.training_trained_tokens_per_s": "training alone: the async run's trained tokens / "
+        "trainer-busy seconds (step_time_s + weight_sync_s), steps after warm-up: the same batches",
     "ideal_trained_tokens_per_s": "ideal asynchronous throughput: min(standalone generation, standalone "
         "training), trained tokens per second",
     "ideal_bottleneck": "the side that sets the ideal: generation or training",
-    "async_vs_ideal": "async effective_trained_tokens_per_s / ideal_trained_tokens_per_s",
+    "async_vs_ideal": "async effective_trained_tokens_per_s / ideal_trained_tokens_per_s; above 1.02 a "
+        "measurement error (measurement_error true), not a success",
+    "generation_in_system_fraction": "the async run's generated tokens of groups completed in its window / "
+        "window seconds, over standalone generation",
+    "split": "the generation / trainer GPU split of the run's GPUs with the highest min(generation, training), "
+        "each side scaled linearly from its measured per-GPU rate",
+    "sync_phases": "the sync run's generation and training phases (summary.standalone_rates): its step time "
+        "split, not a bound",
     "response_length": "per mode: generated tokens per trained sample (trajectories num_tokens; every "
         "model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, samples",
     "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the token "
@@ -156,29 +195,46 @@ def step_speedup(sync: dict, asyn: dict) -> float | None:
     return a / b if a and b else None
 
 
-def compare(modes: dict, eta: int, warmup: int, cfg) -> dict:
+def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) -> dict:
     from areal_cli.bench.summary import reward_reach, standalone_rates
 
     sync, asyn = modes["sync"], modes["async"]
     speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
-    alone = standalone_rates(Path(sync["run_dir"]), warmup)
-    sides = {"generation": alone["generation_trained_tokens_per_s"],
-             "training": alone["training_trained_tokens_per_s"]}
-    ideal = bottleneck = ratio = None
+    sides = {"generation": alone["generated_tokens_per_s"] * alone["scale"] if alone else None,
+             "training": asyn.get("training_trained_tokens_per_s")}
+    ideal = bottleneck = ratio = fraction = split = None
     if all(v is not None and v > 0 for v in sides.values()):
         bottleneck = min(sides, key=sides.get)
         ideal = sides[bottleneck]
         ratio = asyn["effective_trained_tokens_per_s"] / ideal
+        fraction = asyn["generated_tokens_per_s"] / sides["generation"]
+        split = gpu_split(sides, alone, cfg)
     return {
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,
         "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
         "speedup": speedup, "step_speedup": step_speedup(sync, asyn),
-        "standalone": alone, "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck,
-        "async_vs_ideal": ratio, "reward_reach": reward_reach(sync, asyn),
-        "definitions": DEFINITIONS,
-        "modes": modes,
+        "standalone": {"generation_trained_tokens_per_s": sides["generation"],
+                       "training_trained_tokens_per_s": sides["training"], "generation_alone": alone},
+        "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck, "async_vs_ideal": ratio,
+        "measurement_error": ratio is not None and ratio > MEASUREMENT_ERROR,
+        "generation_in_system_fraction": fraction, "split": split,
+        "sync_phases": standalone_rates(Path(sync["run_dir"]), warmup),
+        "reward_reach": reward_reach(sync, asyn), "definitions": DEFINITIONS, "modes": modes,
     }
+
+
+def gpu_split(sides: dict, alone: dict, cfg) -> dict | None:
+    """``alone.pick_split`` over the run's generation + trainer GPUs (None on the CPU)."""
+    from areal_cli.bench.alone import pick_split
+
+    gen_gpus = alone["scale"] * alone["gpus_per_worker"]
+    if not gen_gpus:
+        return None
+    gpus = gen_gpus + cfg.trainer.ranks
+    best = pick_split(sides["generation"] / gen_gpus, sides["training"] / cfg.trainer.ranks, gpus,
+                      cfg.engine.tensor_parallel_size)
+    return {**best, "now": {"generation_gpus": gen_gpus, "trainer_gpus": cfg.trainer.ranks}} if best else None
 
 
 def _fmt(value, fmt: str) -> str:
@@ -213,18 +269,7 @@ def report(result: dict) -> str:
     cells = [_fmt((m.get("response_length") or {}).get("truncated_fraction"), "{:.2f}") for m in modes]
     lines.append(f"{'truncated at max_new_tokens (' + str(result['max_new_tokens']) + ')':{w}}"
                  f"{cells[0]:>{cw}}{cells[1]:>{cw}}")
-    alone = result.get("standalone") or {}
-    lines.append(f"{'generation alone, trained tokens/s':{w}}"
-                 f"{_fmt(alone.get('generation_trained_tokens_per_s'), '{:.1f}'):>{cw}}")
-    lines.append(f"{'training alone, trained tokens/s':{w}}"
-                 f"{_fmt(alone.get('training_trained_tokens_per_s'), '{:.1f}'):>{cw}}")
-    bound = f"  ({result['ideal_bottleneck']}-bound)" if result.get("ideal_bottleneck") else ""
-    lines.append(f"{'ideal async = min of the two, tokens/s':{w}}"
-                 f"{'':>{cw}}{_fmt(result.get('ideal_trained_tokens_per_s'), '{:.1f}'):>{cw}}{bound}")
-    lines.append(f"{'async / ideal':{w}}{'':>{cw}}{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
-    if (result.get("async_vs_ideal") or 0) > 1:
-        lines.append("(async / ideal > 1: the rates measured on the sync run do not hold for the async "
-                     "run (other response lengths, warm-up, noise); compare the two trainer rates above)")
+    lines.extend(ideal_lines(result, w, cw))
     for mode in modes:
         if "heldout" in mode:
             lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): {mode['heldout']['accuracy']:.3f} "
@@ -237,10 +282,33 @@ def report(result: dict) -> str:
     if result.get("step_speedup"):
         lines.append(f"speedup in steps per second (median step time, sync / async): {result['step_speedup']:.2f}x"
                      " (lower than the token speedup when async trains longer responses)")
-    if alone:
-        lines.append(f"(generation and training alone: measured on the sync run, "
-                     f"{alone.get('generation_phase_measured_by')}; definitions in bench.json)")
     return "\n".join(lines)
+
+
+def ideal_lines(result: dict, w: int, cw: int) -> list[str]:
+    """The report's lines on the ideal: both sides alone, async / ideal, in-system generation, the split."""
+    alone = result.get("standalone") or {}
+    lines = [f"{'generation alone (same call), tokens/s':{w}}{'':>{cw}}"
+             f"{_fmt(alone.get('generation_trained_tokens_per_s'), '{:.1f}'):>{cw}}",
+             f"{'training alone (async batches), tokens/s':{w}}{'':>{cw}}"
+             f"{_fmt(alone.get('training_trained_tokens_per_s'), '{:.1f}'):>{cw}}"]
+    bound = f"  ({result['ideal_bottleneck']}-bound)" if result.get("ideal_bottleneck") else ""
+    lines.append(f"{'ideal async = min of the two, tokens/s':{w}}"
+                 f"{'':>{cw}}{_fmt(result.get('ideal_trained_tokens_per_s'), '{:.1f}'):>{cw}}{bound}")
+    lines.append(f"{'async / ideal':{w}}{'':>{cw}}{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
+    lines.append(f"{'generation in the system / alone':{w}}{'':>{cw}}"
+                 f"{_fmt(result.get('generation_in_system_fraction'), '{:.2f}'):>{cw}}")
+    if result.get("measurement_error"):
+        lines.append(f"MEASUREMENT ERROR: async / ideal = {result['async_vs_ideal']:.2f} > {MEASUREMENT_ERROR}: "
+                     "the async run cannot beat either side alone; the standalone rates do not describe that run "
+                     "(other lengths, too few steps, or a machine shared with other work)")
+    split = result.get("split")
+    if split:
+        now = split["now"]
+        lines.append(f"GPU split from the measured rates: {split['generation_gpus']} generation + "
+                     f"{split['trainer_gpus']} trainer (ideal {split['ideal_trained_tokens_per_s']:.0f} tokens/s); "
+                     f"this run: {now['generation_gpus']} + {now['trainer_gpus']}")
+    return lines
 
 
 COLOURS = {"generation": "tab:blue", "training": "tab:orange", "weight sync": "tab:red"}

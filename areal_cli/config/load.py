@@ -291,9 +291,6 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     problems += _agent_problems(cfg.workflow)
     if unknown_engine(cfg.engine.name):
         problems.append(unknown_engine(cfg.engine.name))
-    e = cfg.engine
-    if e.weight_update == "inplace" and e.tensor_parallel_size != 1:
-        problems.append("engine.weight_update=inplace needs engine.tensor_parallel_size=1: use reload with TP")
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
         problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
                         "or 1..2047")

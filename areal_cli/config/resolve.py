@@ -12,7 +12,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 |---|---|
 | engine.dtype, trainer.dtype | bfloat16 |
 | engine.lm_head_fp32 | true where the engine's logits are float32 (vllm), else false |
-| engine.weight_update | vllm: inplace for a known fused layout at TP 1, else reload; hf: inplace |
+| engine.weight_update | vllm: inplace for a known fused layout (any TP), else reload; hf: inplace |
 | weights.dtype | engine.dtype |
 | weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU, else gloo |
 | weights.staged | true with nccl, false with gloo |

@@ -65,10 +65,10 @@ class EngineConfig:
     up to (max_staleness + 1) × batch_size groups are in flight)."""
     weight_update: WeightUpdate = WeightUpdate.auto
     """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
-    layer-wise reload (any model); "inplace" = vLLM's sparse NCCL transfer, written straight into the
-    engine's fused parameters (Llama/Mistral/Qwen2/Qwen3 layouts, tensor_parallel_size 1): no reload,
-    a pause of ~40 ms instead of ~100 ms for 135M; "auto" = inplace where it applies, else reload (hf:
-    inplace, its only way)."""
+    layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's weight
+    loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any tensor_parallel_size), received
+    into a staging copy while generation goes on at TP 1 where the GPU has room (the pause is the swap), else
+    during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
     lora_merge: bool = False
     """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the
     weight broadcast, instead of the adapter alone (the engine then runs without LoRA)."""

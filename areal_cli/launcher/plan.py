@@ -228,7 +228,8 @@ def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) ->
         why = "decided from config.json once the model is fetched"
     else:
         why = choose_weight_update(asked.engine.weight_update, model_path, tp)[1]
-    how = {"inplace": "in place (vLLM sparse_nccl transfer straight into the fused parameters, no reload)",
+    how = {"inplace": (f"in place (areal's bucketed broadcast, {wt.bucket_mb} MiB buckets, through the engine's "
+                       "weight loaders; staged behind generation at TP 1 where the GPU has room)"),
            "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
            "auto": "inplace or reload"}[cfg.engine.weight_update]
     lines = lora + [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",

@@ -150,12 +150,13 @@ class Worker:
         faults.point("weights", version, self.run_dir)
         t0 = time.perf_counter()
         timings = self.engine.update_weights(version)
-        timings["pause_total_s"] = time.perf_counter() - t0
+        timings["update_total_s"] = time.perf_counter() - t0
+        timings.setdefault("pause_total_s", timings["update_total_s"])  # an engine that generates meanwhile says
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
-        self.log.info("weights v%d loaded in %.3fs (%d sequences continue)%s", version,
-                      timings["pause_total_s"], timings.get("interrupted", 0),
+        self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
+                      timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
                       "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else "")
 
     def close(self) -> None:

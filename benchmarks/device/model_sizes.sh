@@ -22,11 +22,22 @@
 #   dp2      carry .models/b          the same workload with two vLLM workers at TP 1 (GPUs 0, 1)
 #   mfu15    carry .models/b          2 GPUs: 1.5B, 1 vLLM worker + 1 trainer rank, 2048-token responses, 6 steps
 #   layouts15 carry .models/b         tp2 then dp2 with the 1.5B checkpoint, 5 steps each
-#   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile
+#   bench    carry .models/b          areal bench sync-vs-async at the 1.5B size, 2 + 2 GPUs, arithmetic_long profile,
+#                                     32 steps per mode (30 measured) and generation alone in the same call
+#   bench7   carry .models/b          the same at the 7B size (trainer.optim_state=bfloat16 on 80 GB cards)
+#   bench2   carry .models/b          the bench at 1.5B on 2 GPUs: 1 vLLM worker + 1 trainer rank, 8 groups per step
 #   lora7b   carry .models/b          7B layout with LoRA rank 16 on 2 GPUs: 1 vLLM worker (GPU 0, LoRA enabled, the
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
 #   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
+# Two GPUs (nvidia-h100-x2 / nvidia-h200-x2) are enough for:
+#   build7   carry .models/b          the random Qwen2.5-7B checkpoint only (build15: the 1.5B one)
+#   update7b carry .models/b          build7, then benchmarks/device/vllm_update.py: raw NCCL vs the in-place path into
+#                                     a real vLLM engine (GPU 1) for the 7B bytes, pause while generating, logits check
+#   update7btp2 carry .models/b       the same with the engine at tensor_parallel_size=2 (GPUs 1, 2): needs 3 GPUs
+#   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
+#                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
+#                                     (7b: trainer.optim_state=bfloat16, which fits a card of > 100 GiB only)
 # On a 2-GPU machine (nvidia-h100-x2; stage1..2 as above, stage2 also carrying .extwhl with peft and pytest).
 # A call carries at most 64 MiB with the project's tree (~6 MiB): .vllm/a's 60 MiB part no longer fits beside
 # it; split the overlay's two parts again into parts of at most ~44 MiB (same names part00/part01, same SHA256:
@@ -73,8 +84,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
         "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
-        "weight_sync_s_median", "update_pause_s_median", "update_parts_s_median", "updates", "adapter_delta_zero",
-        "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh")
+        "weight_sync_s_median", "update_pause_s_median", "update_total_s_median", "update_parts_s_median", "updates",
+        "adapter_delta_zero", "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh")
 for k in keys:
     print(f"  {k}: {s.get(k)}")
 r = s["response_length"]
@@ -95,7 +106,7 @@ lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 
 # the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
       trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=${MBT:-16384}
-      engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600
+      engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
 LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
@@ -105,6 +116,24 @@ case $phase in
   build)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  build7) ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
+  build15) ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b ;;
+  update7b|update7btp2)
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    tp=1; [ "$phase" = update7btp2 ] && tp=2
+    step $phase 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --tp $tp --versions ${VERSIONS:-8} \
+        --out "$OUT/$phase.json" ;;
+  inplace11)
+    size=${SIZE:-1.5b}
+    ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
+    fit=""; [ "$size" = 7b ] && fit="trainer.optim_state=bfloat16"
+    sized inplace11_$size 540 1 model=$R/qwen2.5-$size engine=vllm cluster.gpus=[0,1] rollout.workers=1 trainer.ranks=1 \
+        task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=2048 engine.max_model_len=3072 \
+        trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-8} trainer.packing=true \
+        trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 engine.gpu_memory_utilization=0.55 \
+        engine.weight_update=inplace rollout.max_concurrent=0 launcher.peer_timeout_s=600 launcher.startup_timeout_s=900 \
+        eval.at_end=false trainer.skip_zero_advantage=false $fit ${EXTRA:-}
+    grep -h "weights v[0-9]* loaded" /tmp/runs/inplace11_$size/logs/rollout-0.log | tail -n 12 | tee -a $S ;;
   buildbw)
     CUDA_VISIBLE_DEVICES=2,3 setsid timeout 400 python3 benchmarks/weight_broadcast.py --models 7b 1.5b \
         --bucket-mb 1024 --reps 3 --out "$OUT/broadcast.json" > "$L/broadcast.log" 2>&1 &
@@ -140,7 +169,7 @@ case $phase in
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     sized mfu_1.5b 330 1 model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1] task=arithmetic_long \
         trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 \
-        engine.gpu_memory_utilization=0.85 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
+        engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
         launcher.startup_timeout_s=900 rollout.length_profile=fixed rollout.max_new_tokens=2048 \
         engine.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
         eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-} ;;
@@ -149,29 +178,40 @@ case $phase in
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
     sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 trainer.steps=5
     sized dp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=2 trainer.ranks=2 trainer.steps=5 ;;
-  bench)
-    ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
+  bench|bench7|bench2)  # 2 + 2 GPUs; bench7: the 7B checkpoint (trainer.optim_state=bfloat16 on cards under
+    # 100 GiB); bench2: 1.5B on 2 GPUs (1 + 1), 8 groups per step
+    size=1.5b; [ "$phase" = bench7 ] && size=7b
+    layout="cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 trainer.batch_size=16"
+    [ "$phase" = bench2 ] && layout="cluster.gpus=[0,1] rollout.workers=1 trainer.ranks=1 trainer.batch_size=8"
+    ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
     M=${MAXLEN:-2048}
-    step bench_1.5b 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_1.5b \
-        model=$R/qwen2.5-1.5b engine=vllm cluster.gpus=[0,1,2,3] rollout.workers=2 trainer.ranks=2 \
+    fit=""; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
+    [ "$size" = 7b ] && [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
+    # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
+    step bench_$size 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
+        model=$R/qwen2.5-$size engine=vllm $layout \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
-        engine.max_model_len=$((M + 1024)) trainer.batch_size=16 rollout.group_size=8 rollout.max_concurrent=0 \
-        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.85 engine.pause_mode=keep trainer.packing=true \
-        trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-10} bench.warmup=2 bench.eta=4 bench.heldout=false \
-        ${EXTRA:-}
-    cp /tmp/runs/bench_1.5b/bench.json /tmp/runs/bench_1.5b/*.png "$OUT"/ 2>/dev/null
+        engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
+        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
+        trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
+        $fit ${EXTRA:-}
+    cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S
 import json, sys
 b = json.load(open(sys.argv[1]))
 print("random weights, synthetic lengths (arithmetic_long profile):")
-for k in ("speedup", "step_speedup", "async_vs_ideal", "ideal_bottleneck"):
+for k in ("speedup", "step_speedup", "async_vs_ideal", "measurement_error", "ideal_bottleneck",
+          "generation_in_system_fraction", "split"):
     print(f"  {k}: {b.get(k)}")
 for m in ("sync", "async"):
     s = b["modes"][m]
-    print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s, step median {s['step_wall_s_median']:.2f} s,"
-          f" length p50/p90/max {s['response_length']['p50']}/{s['response_length']['p90']}/{s['response_length']['max']}")
+    print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s over {s['steps'] - s['warmup_steps']} steps, "
+          f"step median {s['step_wall_s_median']:.2f} s, length p50/p90/max {s['response_length']['p50']}/"
+          f"{s['response_length']['p90']}/{s['response_length']['max']}, update pause median "
+          f"{s['update_pause_s_median']}, weight sync median {s['weight_sync_s_median']}")
 PY
-    tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_1.5b 2>/dev/null ;;
+    grep -h "weight updates:" /tmp/runs/bench_$size/async/logs/rollout-*.log 2>/dev/null | head -2 | tee -a $S
+    tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_$size 2>/dev/null ;;
   lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     merge=false; [ "$phase" = lora7bmerge ] && merge=true
@@ -217,7 +257,7 @@ PY
     python3 benchmarks/device/run_summary.py /tmp/runs/cispo 2 > "$OUT/cispo_summary.json" 2>> "$L/cispo.log"
     head -c 1500 "$OUT/cispo_summary.json" | tee -a $S
     tar czf "$OUT/agents_runs.tgz" --exclude=checkpoints -C /tmp/runs agent_bench cispo 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build train7b train7b31 tp2 dp2 bench lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

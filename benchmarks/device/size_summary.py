@@ -65,6 +65,7 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
         "adapter_delta_zero": sum(1 for u in updates if u.get("adapter_delta_zero")),
         "probe_logp_change_min": min((u["probe_logp_change"] for u in updates
                                       if isinstance(u.get("probe_logp_change"), (int, float))), default=None),
+        "update_total_s_median": _median([u.get("update_total_s") for u in updates]),
         "weight_versions_per_worker": {str(k): len(v) for k, v in sorted(per_worker.items(), key=str)},
         "logp_gap_fresh": [r.get("logp_gap_fresh") for r in rows if "logp_gap_fresh" in r],
         "response_length": response_lengths(run_dir, warmup),

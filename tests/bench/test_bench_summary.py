@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from areal_cli.bench.alone import pick_split
 from areal_cli.bench.summary import (
     merge,
     nearest_rank,
@@ -21,12 +22,14 @@ from areal_cli.bench.summary import (
 )
 from areal_cli.bench.sync_vs_async import compare, plot, report
 
+CPU_ALONE = {"generated_tokens_per_s": 100.0, "scale": 1, "gpus_per_worker": 0}  # generation alone, one CPU worker
+
 TOKENS = 100  # trained tokens per step
 LENGTHS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # num_tokens of the 10 samples of a step
 MAX_NEW = 100
-CFG = SimpleNamespace(engine=SimpleNamespace(name="hf"), model="/models/tiny-smollm2",
+CFG = SimpleNamespace(engine=SimpleNamespace(name="hf", tensor_parallel_size=1), model="/models/tiny-smollm2",
                       task=SimpleNamespace(name="basic_arithmetic"),
-                      trainer=SimpleNamespace(steps=5, batch_size=2),
+                      trainer=SimpleNamespace(steps=5, batch_size=2, ranks=2),
                       rollout=SimpleNamespace(group_size=5, max_new_tokens=MAX_NEW))
 
 
@@ -112,18 +115,25 @@ def test_response_lengths(tmp_path):
 
 def test_compare_ideal_and_bench_json(tmp_path):
     modes = _modes(tmp_path)
-    result = compare(modes, eta=1, warmup=1, cfg=CFG)
+    result = compare(modes, eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE)
     json.dumps(result)  # bench.json is plain JSON
-    assert result["standalone"]["generation_trained_tokens_per_s"] == pytest.approx(50.0)
+    # training alone: the async run's batches, TOKENS per 1.0 s step + 0.2 s weight sync
     assert result["standalone"]["training_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
-    assert result["ideal_trained_tokens_per_s"] == pytest.approx(50.0)
-    assert result["ideal_bottleneck"] == "generation"
-    # async: a step every 1.2 s → 83.3 tokens/s, above the generation-bound ideal of this synthetic run
+    assert result["standalone"]["generation_trained_tokens_per_s"] == pytest.approx(100.0)  # measured alone
+    assert result["ideal_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
+    assert result["ideal_bottleneck"] == "training"
+    # async: a step every 1.2 s → 83.3 tokens/s: exactly the training-bound ideal
     assert modes["async"]["effective_trained_tokens_per_s"] == pytest.approx(TOKENS / 1.2)
-    assert result["async_vs_ideal"] == pytest.approx((TOKENS / 1.2) / 50.0)
+    assert result["async_vs_ideal"] == pytest.approx(1.0) and not result["measurement_error"]
+    # in the system: groups of steps 2..4 arrive inside the window (6.2, 11.0]: 3 × 550 tokens in 4.8 s
+    assert modes["async"]["generated_tokens_per_s"] == pytest.approx(3 * 550 / 4.8)
+    assert result["generation_in_system_fraction"] == pytest.approx(3 * 550 / 4.8 / 100.0)
+    assert result["split"] is None  # the CPU: no GPUs to split
+    assert result["sync_phases"]["generation_trained_tokens_per_s"] == pytest.approx(50.0)  # kept, not a bound
     assert result["reward_reach"]["reached_at_step"] == 4  # both runs: reward 0.1 * step
-    for key in ("ideal_trained_tokens_per_s", "async_vs_ideal", "response_length", "reward_reach",
-                "standalone.generation_trained_tokens_per_s", "standalone.training_trained_tokens_per_s"):
+    for key in ("ideal_trained_tokens_per_s", "async_vs_ideal", "response_length", "reward_reach", "split",
+                "standalone.generation_trained_tokens_per_s", "standalone.training_trained_tokens_per_s",
+                "generation_in_system_fraction", "sync_phases"):
         assert key in result["definitions"]
     for m in modes.values():
         rl = m["response_length"]
@@ -134,16 +144,38 @@ def test_compare_ideal_and_bench_json(tmp_path):
     sync_step, async_step = modes["sync"]["step_wall_s_median"], modes["async"]["step_wall_s_median"]
     assert result["step_speedup"] == pytest.approx(sync_step / async_step) and "step_speedup" in result["definitions"]
     table = report(result)
+    assert "MEASUREMENT ERROR" not in table
     for text in ("generation alone", "training alone", "ideal async", "async / ideal", "steps per second",
+                 "generation in the system / alone",
                  "response tokens p10/p50/p90/max", "10/50/90/100", "truncated at max_new_tokens",
                  "sync final mean reward", "async reached it at step 4"):
         assert text in table
 
 
+def test_async_above_the_ideal_is_a_measurement_error(tmp_path):
+    slow = dict(CPU_ALONE, generated_tokens_per_s=50.0)  # generation alone slower than the async run itself
+    result = compare(_modes(tmp_path), eta=1, warmup=1, cfg=CFG, alone=slow)
+    assert result["async_vs_ideal"] == pytest.approx((TOKENS / 1.2) / 50.0) and result["measurement_error"]
+    assert "MEASUREMENT ERROR: async / ideal = 1.67 > 1.02" in report(result)
+
+
+def test_gpu_split_is_picked_from_the_per_gpu_rates(tmp_path):
+    # 100 tokens/s per generation GPU, 60 per trainer GPU, 4 GPUs: 1+3 → 100, 2+2 → min(200, 120) = 120, 3+1 → 60
+    assert pick_split(100.0, 60.0, 4, 1) == {"generation_gpus": 2, "trainer_gpus": 2, "ideal_trained_tokens_per_s": 120.0}
+    assert pick_split(100.0, 20.0, 4, 1)["generation_gpus"] == 1  # a slow trainer takes 3
+    assert pick_split(100.0, 60.0, 4, 2)["generation_gpus"] == 2  # TP 2: generation in pairs
+    assert pick_split(100.0, 60.0, 1, 1) is None
+    gpus = dict(CPU_ALONE, scale=2, gpus_per_worker=1)  # two workers of one GPU each, 2 trainer ranks
+    split = compare(_modes(tmp_path), eta=1, warmup=1, cfg=CFG, alone=gpus)["split"]
+    # generation 200 tokens/s over 2 GPUs, training 83.3 over 2: 1 + 3 gives min(100, 125) = 100
+    assert split["generation_gpus"] == 1 and split["now"] == {"generation_gpus": 2, "trainer_gpus": 2}
+    assert split["ideal_trained_tokens_per_s"] == pytest.approx(100.0)
+
+
 def test_plots_written(tmp_path):
     for timestamps in (True, False):
         out = tmp_path / f"out-{timestamps}"
-        result = compare(_modes(out, timestamps=timestamps), eta=1, warmup=1, cfg=CFG)
+        result = compare(_modes(out, timestamps=timestamps), eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE)
         plot(result, out)
         assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
 

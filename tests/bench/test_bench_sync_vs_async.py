@@ -21,7 +21,7 @@ def test_covered_merges_overlaps():
 def test_bench_options_are_stripped():
     run, opts = split_overrides(["trainer.steps=3", "bench.eta=2", "bench.heldout=false"])
     assert run == ["trainer.steps=3"]
-    assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000}
+    assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000, "alone": True, "alone_groups": 0}
 
 
 @pytest.mark.slow
@@ -30,7 +30,7 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
 
     out = run_bench([f"model={tiny_model}", *TINY_RUN, f"run_dir={tmp_path}", "trainer.steps=3",
                      "bench.warmup=1", "bench.eta=1", "eval.size=4", "task.eval_size=4",
-                     "bench.heldout_size=6"])
+                     "bench.heldout_size=6", "bench.alone_groups=8"])
     bench = json.loads((out / "bench.json").read_text())
     assert set(bench["modes"]) == {"sync", "async"}
     assert bench["modes"]["sync"]["max_staleness"] == 0 and bench["modes"]["async"]["max_staleness"] == 1
@@ -49,10 +49,17 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
         assert len(m["reward_wall_s"]) == 3
     alone = bench["standalone"]
     assert alone["generation_trained_tokens_per_s"] > 0 and alone["training_trained_tokens_per_s"] > 0
-    assert alone["generation_phase_measured_by"].startswith("trajectory timestamps")
+    measured = alone["generation_alone"]  # the engine alone at the async run's concurrency, in this call
+    from areal_cli.config.load import load_yaml
+    from areal_cli.config.schema import worker_concurrency
+
+    in_async = worker_concurrency(load_yaml(out / "async" / "config.yaml", check=False))
+    assert measured["groups"] == 8 and measured["concurrency_groups"] == in_async
+    assert (out / "generation_alone.json").is_file()
+    assert bench["sync_phases"]["generation_phase_measured_by"].startswith("trajectory timestamps")
     assert bench["ideal_trained_tokens_per_s"] == min(alone["generation_trained_tokens_per_s"],
                                                       alone["training_trained_tokens_per_s"])
-    assert bench["async_vs_ideal"] > 0
+    assert bench["async_vs_ideal"] > 0 and 0 < bench["generation_in_system_fraction"]
     assert {"ideal_trained_tokens_per_s", "async_vs_ideal", "response_length"} <= set(bench["definitions"])
     assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
     assert (out / "curves.png").stat().st_size > 0

@@ -23,9 +23,9 @@ def test_one_tp2_vllm_worker_and_two_trainer_ranks_on_four_gpus(tiny_model, tmp_
              "engine.tensor_parallel_size=2", "rollout.workers=1", "trainer.ranks=2")
     assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
     assert env_of(p, "rollout-0") == "0,1" and env_of(p, "trainer") == "2,3"
-    assert p.cfg.engine.weight_update == "reload"  # vLLM's in-place transfer is TP=1 only
+    assert p.cfg.engine.weight_update == "inplace"  # each TP rank's weight loaders keep its slice
     text = p.describe()
-    assert "engine.weight_update=reload" in text and "TP=1 only" in text
+    assert "engine.weight_update=inplace" in text and "tensor_parallel_size=2" in text
     assert "one NCCL group of 3 ranks" in text and "rollout-0: ranks 1..2" in text
 
 

@@ -128,12 +128,16 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
 
 
-def test_inplace_updates_use_the_sparse_backend_and_head_can_stay_bf16():
+def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():
     cfg = RootConfig()
     cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
     cfg.engine = resolve_engine(cfg.engine)
     kw = llm_kwargs(cfg.engine, cfg.seed, 0)
-    assert kw["weight_transfer_config"] == {"backend": "sparse_nccl"} and "hf_overrides" not in kw
+    assert "weight_transfer_config" not in kw and "hf_overrides" not in kw
+    module, name = kw["worker_extension_cls"].rsplit(".", 1)  # vLLM imports it by name in its workers
+    import importlib
+
+    assert hasattr(importlib.import_module(module), name)
 
 
 def test_missing_vllm_names_the_extra(monkeypatch):
@@ -182,3 +186,56 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
         assert all(lp <= 0 for lp in done[0].logprobs)
     finally:
         eng.close()
+
+
+class LocalIntake:
+    """``InplaceReceiver``'s calls without the RPC: a real ``StagedUpdate`` over gloo in this process."""
+
+    background = True
+
+    def __init__(self, staged):
+        self.staged = staged
+
+    def begin(self):
+        self.staged.begin()
+
+    def done(self):
+        return self.staged.done()
+
+    def apply(self):
+        return self.staged.apply()
+
+
+def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_swap():
+    import threading
+
+    import torch
+
+    from tests.transport.test_vllm_inplace import _ends
+
+    trainer, tx, live, staged = _ends(staged=True)
+    eng = fake_engine()
+    eng.receiver = LocalIntake(staged)
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=10_000))
+    tx.prepare(iter(trainer.named_parameters()))
+    sent = threading.Thread(target=lambda: (time_to_generate(eng), tx.broadcast()))
+    sent.start()
+    timings = eng.update_weights(1)
+    sent.join()
+    seq = eng.seqs["a"]
+    # tokens came while the update was on its way, under the old version; the rest follows under the new
+    assert timings["steps_behind"] > 0 and seq.versions.count(0) >= timings["steps_behind"]
+    assert timings["pause_total_s"] == timings["pause_s"] < timings["weight_behind_s"]
+    assert eng.version == 1 and eng.core.aborted == ["a#1"] and "a#2" in eng.core.requests
+    for name, p in trainer.named_parameters():
+        assert torch.equal(live[name], p.detach().to(torch.bfloat16))
+    staged.close()
+
+
+def time_to_generate(eng) -> None:
+    """Hold the broadcast back until the engine has stepped its request a few times meanwhile."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(eng.seqs["a"].output_ids) < 5 and time.monotonic() < deadline:
+        time.sleep(0.001)

@@ -11,7 +11,6 @@ import torch
 from areal_cli.config.resolve import Placement, resolve, resolve_engine
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import device_map, shares_rank0_gpu
-from areal_cli.transport.vllm_weights import WireSpec, fused_plan
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
 
 
@@ -69,24 +68,6 @@ def test_weight_order_mismatch_is_an_error():
         tx.prepare(reversed(list(trainer.named_parameters())))
 
 
-def test_fused_plan_matches_the_engines_qkv_and_gate_up_layout():
-    names = ["model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.weight",
-             "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight",
-             "model.layers.0.self_attn.o_proj.weight", "model.layers.0.mlp.gate_proj.weight",
-             "model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.down_proj.weight", "model.norm.weight"]
-    shapes = [[100, 8], [8, 8], [4, 8], [4, 8], [8, 8], [16, 8], [16, 8], [8, 16], [8]]
-    plan = fused_plan(names, shapes)
-    assert [(t, s) for t, _, s in plan] == [
-        ("model.embed_tokens.weight", [100, 8]), ("model.layers.0.self_attn.qkv_proj.weight", [16, 8]),
-        ("model.layers.0.self_attn.o_proj.weight", [8, 8]), ("model.layers.0.mlp.gate_up_proj.weight", [32, 8]),
-        ("model.layers.0.mlp.down_proj.weight", [8, 16]), ("model.norm.weight", [8])]
-    assert plan[1][1] == names[1:4]  # q, k, v rows in that order
-    info = WireSpec(names, ["bfloat16"] * len(names), shapes).inplace_update_info()
-    assert info["num_updates_list"][1] == 16 * 8 and len(info["names"]) == 6
-    with pytest.raises(ValueError, match="misses a fused part"):
-        fused_plan(names[:2] + names[3:], shapes[:2] + shapes[3:])
-
-
 def test_one_gpu_run_sends_weights_through_host_memory_and_refuses_vllm():
     cfg = RootConfig()
     devices = device_map(cfg, gpus=[0])
@@ -122,14 +103,14 @@ def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
     assert resolve_engine(cfg.engine).lm_head_fp32 == "true"  # on with vllm
 
 
-def test_auto_weight_update_is_inplace_only_where_the_fused_layout_is_known(tiny_model, tmp_path):
+def test_auto_weight_update_is_inplace_where_the_fused_layout_is_known_at_any_tp(tiny_model, tmp_path):
     from transformers import AutoConfig
 
     from areal_cli.transport.vllm_weights import choose_weight_update
 
     assert choose_weight_update("auto", tiny_model, 1)[0] == "inplace"  # SmolLM2 is a Llama
     mode, why = choose_weight_update("auto", tiny_model, 2)
-    assert mode == "reload" and "TP=1 only" in why
+    assert mode == "inplace" and "tensor_parallel_size=2" in why
     assert choose_weight_update("reload", tiny_model, 1)[0] == "reload"
     other = AutoConfig.from_pretrained(tiny_model)
     other.architectures = ["GPT2LMHeadModel"]

@@ -9,13 +9,14 @@ the log-softmax of the logits after temperature (and top-p), i.e. of the distrib
 token was sampled from — what the trainer recomputes as ``log_softmax(logits / T)``. vLLM's
 default, raw logprobs, are of the temperature-1 distribution and disagree whenever T ≠ 1.
 
-Interruptible: on a weight update every unfinished request is aborted, the new weights
-arrive through vLLM's own NCCL weight transfer (``transport/vllm_weights.py``), the prefix
-cache (KV of the old weights) is reset, and each sequence is resubmitted as prompt + the
-tokens it has so far — re-prefilled under the new version, exactly as the hf engine does.
-``engine.pause_mode=keep`` skips the abort: sequences keep their old-weight KV. The receiving
-end (``VLLMWeightReceiver``) is built here when the engine has a weight source; the trainer's end
-is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
+Interruptible: on a weight update every unfinished request is aborted, the new weights are
+swapped in (``engine.weight_update=inplace``: received behind generation into a staging copy through
+areal's bucketed broadcast, ``transport/vllm_inplace.py``; ``reload``: vLLM's own NCCL transfer and
+layer-wise reload, ``transport/vllm_weights.py``), the prefix cache (KV of the old weights) is reset,
+and each sequence is resubmitted as prompt + the tokens it has so far — re-prefilled under the new
+version, exactly as the hf engine does. ``engine.pause_mode=keep`` skips the abort: sequences keep
+their old-weight KV. The receiving end is built here when the engine has a weight source; the
+trainer's end is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
               enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
+    elif e.weight_update == WeightUpdate.inplace:
+        kw["worker_extension_cls"] = "areal_cli.transport.vllm_inplace.InplaceWorker"
     else:
-        kw["weight_transfer_config"] = dict(
-            backend="sparse_nccl" if e.weight_update == WeightUpdate.inplace else "nccl")
+        kw["weight_transfer_config"] = dict(backend="nccl")
     if e.lm_head_fp32 == Switch.true:
         kw["hf_overrides"] = {"head_dtype": "float32"}
     if e.max_num_seqs:
@@ -229,6 +231,35 @@ class VLLMEngine(Engine):
                        gen_busy_s=self._busy_s)
         self._busy_s = 0.0
 
+    def update_weights(self, version: int) -> dict:
+        """As ``Engine.update_weights``; a staged receiver takes the update in while this engine keeps
+        stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the pause
+        is only the swap. ``pause_total_s``: the time generation was held."""
+        if not getattr(self.receiver, "background", False):
+            return super().update_weights(version)
+        t0 = time.perf_counter()
+        self.receiver.begin()
+        steps, checked = 0, 0.0
+        while True:
+            now = time.perf_counter()
+            if now - checked >= 0.005:  # an RPC to the engine's workers: not on every step
+                if self.receiver.done():
+                    break
+                checked = now
+            if self.segment:
+                steps += 1
+                for out in self.core.step():
+                    seq = self._apply(out)
+                    if seq is not None:
+                        self._done.append(seq)
+            else:
+                time.sleep(0.001)
+        behind = time.perf_counter() - t0
+        with self.paused(version) as timings:
+            timings.update(self.receiver.apply())
+        timings.update(weight_behind_s=behind, steps_behind=steps, pause_total_s=timings["pause_s"])
+        return timings
+
     def close(self) -> None:
         if self.segment:
             self.core.abort_request(list(self.segment))
@@ -240,11 +271,13 @@ class VLLMEngine(Engine):
 
 
 def weight_receiver(llm, model_path, source: WeightSource, index: int):
-    """This rollout worker's end of vLLM's own NCCL weight transfer (transport/vllm_weights.py): its
-    GPU ranks follow trainer rank 0 at ``rank_offset``."""
+    """This rollout worker's end of the weight transfer (engine.weight_update): its GPU ranks follow
+    trainer rank 0 at ``rank_offset``."""
     import torch
 
+    from areal_cli.config.resolve import bucket_bytes
     from areal_cli.transport.vllm_weights import (
+        InplaceReceiver,
         VLLMWeightReceiver,
         group_size,
         rank_offset,
@@ -253,9 +286,13 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
 
     cfg, e = source.cfg, source.cfg.engine
     wire = getattr(torch, cfg.weights.dtype)  # resolved when the run was planned
-    return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port,
-                              rank_offset(index, e.tensor_parallel_size),
-                              group_size(cfg.rollout.workers, e.tensor_parallel_size), mode=e.weight_update)
+    first, world = rank_offset(index, e.tensor_parallel_size), group_size(cfg.rollout.workers, e.tensor_parallel_size)
+    if e.weight_update == WeightUpdate.inplace:
+        return InplaceReceiver(llm, wire_spec(model_path, wire), dict(
+            host=source.host, port=source.port, store=source.store, rank_offset=first, world_size=world,
+            backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype, bucket_bytes=bucket_bytes(cfg.weights),
+            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=True))
+    return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first, world)
 
 
 class VLLMAdapter:
@@ -344,9 +381,10 @@ class VLLMAdapter:
 
 
 def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str = ""):
-    """Trainer rank 0's end of vLLM's NCCL weight transfer: rank 0, every worker's GPU ranks after it (with
-    engine.lora_merge: the merged weights); a LoRA adapter goes through areal's bucketed broadcast instead
-    (``VLLMAdapter`` receives)."""
+    """Trainer rank 0's end of the weight transfer: rank 0, every worker's GPU ranks after it (with
+    engine.lora_merge: the merged weights). inplace: areal's bucketed broadcast (``InplaceReceiver``
+    receives); reload: vLLM's NCCL transfer; a LoRA adapter goes through areal's bucketed broadcast to
+    ``VLLMAdapter``."""
     import torch
 
     if lora.sends_adapter(cfg):
@@ -354,11 +392,17 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
 
         return broadcast_sender(cfg, host, port, model, device, store)
 
+    from areal_cli.config.resolve import bucket_bytes
     from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
+    from areal_cli.transport.weights import WeightSender
 
-    return VLLMWeightSender(host, port, group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size),
-                            getattr(torch, cfg.weights.dtype), mode=cfg.engine.weight_update,
-                            specs=sender_specs(model, cfg), staged=cfg.weights.staged == "true")
+    world = group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size)
+    wire, staged = getattr(torch, cfg.weights.dtype), cfg.weights.staged == "true"
+    if cfg.engine.weight_update == WeightUpdate.inplace:
+        return WeightSender(lora.update_specs(model, cfg), host, port, world, str(cfg.weights.backend), device, wire,
+                            bucket_bytes(cfg.weights), timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged,
+                            store_path=store)
+    return VLLMWeightSender(host, port, world, wire, specs=sender_specs(model, cfg), staged=staged)
 
 
 def sender_specs(model, cfg: RootConfig) -> list[tuple[str, list[int]]]:

@@ -1,0 +1,104 @@
+"""Generation alone, for the ideal of ``areal bench sync-vs-async``.
+
+    python -m areal_cli.bench.alone RUN_DIR OUT.json [GROUPS]
+
+One rollout worker's engine built exactly as in the run of RUN_DIR (its resolved ``config.yaml``:
+engine, sampling, KV cache, length profile) on the GPUs that worker had, generating the task's
+training prompts with that worker's concurrency (``worker_concurrency`` groups of
+``rollout.group_size`` sequences in flight, refilled as each group completes): no trainer, no
+weight update, no reward. The first ``worker_concurrency`` completed groups are warm-up; the rate is
+the generated tokens of the groups completed after them over the seconds they took. GROUPS (default
+3 × the concurrency, at least 8) completed groups end the measurement, or ``LIMIT_S`` seconds.
+
+The bench runs it after the asynchronous run (its concurrency is the larger one) and multiplies the
+rate by rollout.workers (workers are independent engines on GPUs of their own).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+LIMIT_S = 600.0
+"""The measurement stops here even if fewer groups completed."""
+
+
+def measure(run_dir: Path, groups: int = 0) -> dict:
+    from areal_cli.config.load import load_yaml
+    from areal_cli.config.schema import worker_concurrency
+    from areal_cli.models import resolve_model
+    from areal_cli.rollout.engines.base import Sequence
+    from areal_cli.rollout.engines.factory import make_engine
+    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+    from areal_cli.rollout.length_profile import load_profile
+    from areal_cli.rundir import RunDir
+    from areal_cli.tasks import load_problems, load_tokenizer
+    from areal_cli.tasks.tokens import prompt_ids
+
+    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    model = resolve_model(cfg.model)
+    tok = load_tokenizer(model)
+    capacity, g = worker_concurrency(cfg), cfg.rollout.group_size
+    groups = groups or max(8, 3 * capacity)
+    problems = [prompt_ids(tok, p, cfg.task) for p in load_problems(cfg.task, "train")]
+    context = max(len(p) for p in problems) + cfg.rollout.max_new_tokens + 128
+    engine = make_engine(EngineSetup(cfg.engine, model, tok.eos_token_id, Sampling(cfg.rollout.temperature,
+                                     cfg.rollout.top_p), sequences=capacity * g, context=context, seed=cfg.seed))
+    lengths = load_profile(cfg.rollout.length_profile, cfg.seed)
+    left: dict[int, int] = {}  # group → sequences not finished
+    made: dict[int, int] = {}  # group → generated tokens
+    done: list[tuple[float, int]] = []  # (completion time, generated tokens) per group
+    started, t0 = 0, time.perf_counter()
+
+    def start() -> None:
+        nonlocal started
+        ids, gid = problems[started % len(problems)], started
+        left[gid], made[gid], started = g, 0, started + 1
+        for i in range(g):
+            n = cfg.rollout.max_new_tokens if lengths is None else lengths.draw(cfg.rollout.max_new_tokens, f"{gid}-{i}")
+            engine.submit(Sequence((gid, i), list(ids), n, ignore_eos=lengths is not None))
+
+    while len(done) < capacity + groups and time.perf_counter() - t0 < LIMIT_S:
+        while len(left) < capacity:
+            start()
+        for seq in engine.poll(0.05):
+            gid = seq.rid[0]
+            made[gid] += len(seq.output_ids)
+            left[gid] -= 1
+            if left[gid] == 0:
+                del left[gid]
+                done.append((time.perf_counter(), made.pop(gid)))
+    engine.close()
+    measured = done[capacity:]
+    if len(done) <= capacity or not measured:
+        raise RuntimeError(f"generation alone: {len(done)} groups completed in {LIMIT_S:.0f} s, not more than the "
+                           f"{capacity} of warm-up")
+    seconds = measured[-1][0] - done[capacity - 1][0]
+    tokens = sum(n for _, n in measured)
+    return {"generated_tokens_per_s": tokens / seconds, "groups": len(measured), "warmup_groups": capacity,
+            "concurrency_groups": capacity, "sequences_in_flight": capacity * g, "seconds": seconds,
+            "generated_tokens": tokens}
+
+
+def pick_split(gen_per_gpu: float, train_per_gpu: float, gpus: int, step: int) -> dict | None:
+    """The generation / trainer GPU split of ``gpus`` (generation in multiples of ``step``, the tensor
+    parallel size; at least one GPU each) whose min(generation, training) rate is highest, both sides
+    assumed to scale linearly from their per-GPU rates; None with fewer than two GPUs."""
+    best = None
+    for gen in range(step, gpus, step):
+        rate = min(gen * gen_per_gpu, (gpus - gen) * train_per_gpu)
+        if best is None or rate > best["ideal_trained_tokens_per_s"]:
+            best = {"generation_gpus": gen, "trainer_gpus": gpus - gen, "ideal_trained_tokens_per_s": rate}
+    return best
+
+
+def main() -> None:
+    run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
+    groups = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+    out.write_text(json.dumps(measure(run_dir, groups), indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,248 @@
+"""In-place weight updates of a vLLM engine through areal's bucketed broadcast (engine.weight_update=inplace).
+
+Trainer rank 0 sends the update exactly as it does to the hf engine (``transport/weights.py``:
+checkpoint-format tensors packed into buckets of ``weights.bucket_mb``, cast into wire buffers before
+the workers are told, one NCCL broadcast per bucket). On the receiving side, every GPU rank of a vLLM
+worker (rank ``rank_offset + its TP rank`` in the weight group) receives every bucket and writes each
+tensor through the engine's own weight loaders, which fuse q/k/v and gate/up and keep this TP rank's
+slice — so any tensor parallel size loads in place, and no layer-wise reload runs.
+
+Two ways to receive, chosen when the worker joins and logged:
+
+* staged (tensor_parallel_size 1, when the GPU has room for a second copy of the weights): the buckets are
+  received and loaded into a staging copy by a thread of vLLM's worker process, on a stream of its
+  own, **while generation goes on**; the pause is only the swap, one fused copy of staging into the
+  live parameters (~5 ms per GB of shard on an H100). The pause does not grow with the bytes moved.
+* direct: the buckets are received during the pause and loaded straight into the live parameters
+  (two bucket buffers; the pause is the wire plus the loads). At TP > 1 always: a receiving thread's
+  broadcasts beside the engine's own TP collectives (two NCCL communicators, in an order the ranks
+  need not share) is not done until it has been measured not to hang.
+
+``InplaceWorker`` is mixed into vLLM's GPU worker (``worker_extension_cls``); the rollout worker
+drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``vllm_weights.py``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from areal_cli.transport.weights import ParamSpec, _broadcast, _views, plan_buckets
+
+log = logging.getLogger(__name__)
+
+# checkpoint module → (the engine's fused module, the shard id its weight loader takes)
+FUSED_SHARDS = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+                "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+STAGING_HEADROOM = 1 << 30
+"""Bytes of the GPU left free beyond the staging copy and the two bucket buffers."""
+
+
+def route(name: str) -> tuple[str, str | int | None]:
+    """(the engine's parameter, shard id or None) a checkpoint tensor is loaded into:
+    ``model.layers.0.self_attn.k_proj.weight`` → (``model.layers.0.self_attn.qkv_proj.weight``, "k")."""
+    *prefix, module, leaf = name.split(".")
+    if module in FUSED_SHARDS:
+        target, shard = FUSED_SHARDS[module]
+        return ".".join([*prefix, target, leaf]), shard
+    return name, None
+
+
+def routes(specs: list[ParamSpec], params: dict[str, torch.Tensor]) -> dict[str, tuple[str, str | int | None]]:
+    """``route`` of every checkpoint tensor, checked against the engine's parameters (name → tensor):
+    ValueError naming engine.weight_update=reload where a tensor has no parameter or a parameter
+    receives nothing (a layout this module does not know)."""
+    out = {s.name: route(s.name) for s in specs}
+    missing = sorted(n for n, (p, _) in out.items() if p not in params)
+    fed = {p for p, _ in out.values()}
+    unfed = sorted(p for p in params if p not in fed)
+    if missing or unfed:
+        raise ValueError(f"engine.weight_update=inplace: the engine's parameters do not match the checkpoint's "
+                         f"(no engine parameter for {missing[:3]}, nothing sent to {unfed[:3]}); "
+                         "set engine.weight_update=reload")
+    return out
+
+
+def shadow(param: torch.nn.Parameter) -> torch.nn.Parameter:
+    """A parameter of the same class and attributes (vLLM's weight loader, output_dim, TP rank...) over
+    new memory of the same shape: the engine's loaders write into it exactly as into ``param``."""
+    data = torch.empty_like(param.data)
+    cls = type(param)
+    out = torch.nn.Parameter(data, requires_grad=False) if cls is torch.nn.Parameter else cls.__new__(cls, data)
+    out.__dict__.update(param.__dict__)
+    return out
+
+
+def load_into(param: torch.nn.Parameter, tensor: torch.Tensor, shard: str | int | None) -> None:
+    """``tensor`` written into ``param`` by the engine's weight loader for it (a plain copy where it has none)."""
+    loader: Callable | None = getattr(param, "weight_loader", None)
+    if loader is None:
+        if param.shape != tensor.shape:
+            raise RuntimeError(f"weight of shape {list(tensor.shape)} for a parameter of shape {list(param.shape)}")
+        param.data.copy_(tensor)
+    elif shard is None:
+        loader(param, tensor)
+    else:
+        loader(param, tensor, shard)
+
+
+class BucketLoader:
+    """Receives one update's buckets (the sender's plan of ``specs``) from ``pg`` and writes each tensor
+    through ``load_into`` into ``targets`` (engine parameter name → parameter: the live ones, or their
+    shadows). ``device``: where the bucket buffers live (the GPU with NCCL, the host with gloo)."""
+
+    def __init__(self, specs: list[ParamSpec], targets: dict[str, torch.nn.Parameter], pg, wire_dtype: torch.dtype,
+                 bucket_bytes: int, device: torch.device):
+        self.routes = routes(specs, targets)
+        self.targets, self.pg = targets, pg
+        self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
+        self.sizes = [sum(s.numel for s in b) for b in self.buckets]
+        self.slots = [torch.empty(max(self.sizes), dtype=wire_dtype, device=device)
+                      for _ in range(min(2, len(self.buckets)))]
+
+    def _flat(self, k: int) -> torch.Tensor:
+        return self.slots[k % len(self.slots)][:self.sizes[k]]
+
+    @torch.no_grad()
+    def receive(self) -> float:
+        """Every bucket of the next update, loaded (bucket k+1 on the wire while bucket k loads; the
+        loads of a slot are queued before the broadcast that refills it). Returns the load time (s)."""
+        load, n = 0.0, len(self.buckets)
+        works = {k: _broadcast(self.pg, self._flat(k)) for k in range(len(self.slots))}
+        for k in range(n):
+            works.pop(k).wait()
+            t0 = time.perf_counter()
+            for spec, view in zip(self.buckets[k], _views(self._flat(k), self.buckets[k]), strict=True):
+                target, shard = self.routes[spec.name]
+                load_into(self.targets[target], view, shard)
+            load += time.perf_counter() - t0
+            if k + len(self.slots) < n:
+                works[k + len(self.slots)] = _broadcast(self.pg, self._flat(k + len(self.slots)))
+        return load
+
+
+class StagedUpdate:
+    """One engine's staged intake: ``begin`` receives the next update into shadows of ``live`` in a
+    thread (a stream of its own on a GPU) while the engine keeps generating; ``apply`` waits for it and
+    copies every shadow into its live parameter at once. Without ``staged`` (no room for the shadows),
+    ``begin`` does nothing and ``apply`` receives straight into the live parameters."""
+
+    def __init__(self, specs: list[ParamSpec], live: dict[str, torch.nn.Parameter], pg, backend: str,
+                 wire_dtype: torch.dtype, bucket_bytes: int, device: torch.device, staged: bool):
+        self.live, self.device, self.staged = live, device, staged
+        self.shadows = {n: shadow(p) for n, p in live.items()} if staged else {}
+        buffers = device if backend == "nccl" else torch.device("cpu")
+        self.loader = BucketLoader(specs, self.shadows if staged else live, pg, wire_dtype, bucket_bytes, buffers)
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="areal-weights")
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.pending: concurrent.futures.Future | None = None
+
+    def _receive(self) -> dict:
+        t0 = time.perf_counter()
+        if self.stream is None:
+            load = self.loader.receive()
+        else:
+            torch.cuda.set_device(self.device)
+            with torch.cuda.stream(self.stream):
+                load = self.loader.receive()
+            self.stream.synchronize()
+        return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
+
+    def begin(self) -> None:
+        """Start receiving the next update (staged; a no-op otherwise)."""
+        if self.pending is not None:
+            raise RuntimeError("a weight update is already being received")
+        if self.staged:
+            self.pending = self.pool.submit(self._receive)
+
+    def done(self) -> bool:
+        """Whether ``apply`` would not wait for the wire (always true unstaged: it receives itself)."""
+        return self.pending is None or self.pending.done()
+
+    @torch.no_grad()
+    def apply(self) -> dict:
+        """The update in the live parameters; timings (a failure of the receiving thread is raised here)."""
+        if not self.staged:
+            self._sync()
+            out = self._receive()
+            out["weight_swap_s"] = 0.0
+            return out
+        if self.pending is None:
+            raise RuntimeError("apply before begin: no update is being received")
+        out, self.pending = self.pending.result(), None
+        t0 = time.perf_counter()
+        self._sync()  # nothing queued by the engine may still read the old weights
+        live = [p.data for p in self.live.values()]
+        staged = [s.data for s in self.shadows.values()]
+        if self.device.type == "cuda":
+            torch._foreach_copy_(live, staged)
+        else:
+            for d, s in zip(live, staged, strict=True):
+                d.copy_(s)
+        self._sync()
+        out["weight_swap_s"] = time.perf_counter() - t0
+        return out
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.shadows.clear()
+
+
+def room_for_staging(live: dict[str, torch.nn.Parameter], bucket_bytes: int, device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` has room for a shadow of every live parameter beside two bucket buffers, and why."""
+    need = sum(p.numel() * p.element_size() for p in live.values())
+    if device.type != "cuda":
+        return True, f"host memory ({need / 2**30:.2f} GiB of staging)"
+    free, _ = torch.cuda.mem_get_info(device)
+    fits = need + 2 * bucket_bytes + STAGING_HEADROOM <= free
+    return fits, (f"{need / 2**30:.2f} GiB of staging {'fits in' if fits else 'exceeds'} the {free / 2**30:.2f} GiB "
+                  "free beside the engine (lower engine.gpu_memory_utilization to make room)")
+
+
+class InplaceWorker:
+    """Mixed into vLLM's GPU worker (``worker_extension_cls``): its methods run in every GPU worker of the
+    engine, called by ``LLM.collective_rpc`` (``vllm_weights.InplaceReceiver``). ``self`` is vLLM's worker."""
+
+    def areal_weights_join(self, plan: dict) -> dict:
+        """Join the weight group at ``plan["rank_offset"]`` + this worker's TP rank and decide staged or
+        direct; returns the rank, the choice and why."""
+        from areal_cli.transport.weights import new_group
+
+        live = dict(self.get_model().named_parameters())
+        device = torch.device("cuda", torch.cuda.current_device())
+        if self.vllm_config.parallel_config.world_size > 1:
+            # a receiving thread's broadcasts would run beside the engine's own TP collectives, on two
+            # NCCL communicators in an order the ranks need not share: not done until measured
+            staged, why = False, "tensor_parallel_size > 1: received while the engine is paused"
+        elif plan["staging"]:
+            staged, why = room_for_staging(live, plan["bucket_bytes"], device)
+        else:
+            staged, why = False, "staging off"
+        rank = plan["rank_offset"] + self.vllm_config.parallel_config.rank
+        self.areal_store, pg = new_group(plan["host"], plan["port"], rank, plan["world_size"], plan["backend"],
+                                         plan["timeout_s"], plan["store"])
+        specs = [ParamSpec(n, tuple(s), int(torch.Size(s).numel())) for n, s in plan["specs"]]
+        self.areal_weights = StagedUpdate(specs, live, pg, plan["backend"], getattr(torch, plan["wire_dtype"]),
+                                          plan["bucket_bytes"], device, staged)
+        return {"rank": rank, "staged": staged, "why": why}
+
+    def areal_weights_begin(self) -> None:
+        self.areal_weights.begin()
+
+    def areal_weights_done(self) -> bool:
+        return self.areal_weights.done()
+
+    def areal_weights_apply(self) -> dict:
+        return self.areal_weights.apply()
+
+    def areal_weights_close(self) -> None:
+        self.areal_weights.close()

@@ -1,0 +1,104 @@
+"""In-place intake of the vLLM engine (transport/vllm_inplace.py) on the CPU: areal's bucketed broadcast
+(gloo, trainer and engine ends in two threads) received behind the live weights, which change only at
+``apply``; the routing of checkpoint tensors into the engine's fused parameters. vLLM's own weight
+loaders and GPU worker are exercised on a GPU (benchmarks/device/vllm_update.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from areal_cli.transport.vllm_inplace import StagedUpdate, route, routes, shadow
+from areal_cli.transport.weights import ParamSpec, WeightSender, new_group, param_specs
+from tests.transport.test_weights import free_port, small_model
+
+
+def _ends(staged: bool, bucket: int = 300):
+    """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback."""
+    trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
+    with torch.no_grad():
+        for p in engine.parameters():
+            p.zero_()
+    port, box = free_port(), {}
+    live = dict(engine.named_parameters())
+
+    def join():
+        box["store"], pg = new_group("127.0.0.1", port, 1, 2, "gloo", 30)
+        box["rx"] = StagedUpdate(param_specs(engine), live, pg, "gloo", torch.bfloat16, bucket,
+                                 torch.device("cpu"), staged)
+
+    t = threading.Thread(target=join)
+    t.start()
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+                      bucket, timeout_s=30)
+    t.join()
+    return trainer, tx, live, box["rx"]
+
+
+def test_staged_update_is_received_behind_the_live_weights_and_swapped_at_apply():
+    trainer, tx, live, rx = _ends(staged=True)
+    assert len(rx.loader.buckets) > 1  # several buckets, two slots
+    tx.prepare(iter(trainer.named_parameters()))
+    rx.begin()
+    assert not rx.done()  # the receiving thread waits for the wire
+    sent = threading.Thread(target=tx.broadcast)
+    sent.start()
+    while not rx.done():  # "generation" goes on reading the live weights meanwhile: still the old ones
+        assert all(not p.any() for p in live.values())
+    sent.join()
+    assert all(not p.any() for p in live.values())
+    out = rx.apply()
+    assert set(out) == {"weight_recv_s", "weight_load_s", "weight_swap_s"}
+    for name, p in trainer.named_parameters():
+        assert torch.equal(live[name], p.detach().to(torch.bfloat16))  # bit-exact in the wire dtype
+    with pytest.raises(RuntimeError, match="apply before begin"):
+        rx.apply()
+    rx.close()
+
+
+def test_direct_update_is_received_by_apply_into_the_live_weights():
+    trainer, tx, live, rx = _ends(staged=False)
+    assert rx.shadows == {}  # no second copy
+    tx.prepare(iter(trainer.named_parameters()))
+    rx.begin()
+    assert rx.done()  # nothing in the background: apply receives
+    sent = threading.Thread(target=tx.broadcast)
+    sent.start()
+    out = rx.apply()
+    sent.join()
+    assert out["weight_swap_s"] == 0.0
+    for name, p in trainer.named_parameters():
+        assert torch.equal(live[name], p.detach().to(torch.bfloat16))
+    rx.close()
+
+
+def test_checkpoint_tensors_route_into_the_engines_fused_parameters():
+    layer = "model.layers.3"
+    assert route(f"{layer}.self_attn.k_proj.weight") == (f"{layer}.self_attn.qkv_proj.weight", "k")
+    assert route(f"{layer}.self_attn.q_proj.bias") == (f"{layer}.self_attn.qkv_proj.bias", "q")
+    assert route(f"{layer}.mlp.up_proj.weight") == (f"{layer}.mlp.gate_up_proj.weight", 1)
+    assert route(f"{layer}.mlp.down_proj.weight") == (f"{layer}.mlp.down_proj.weight", None)
+    assert route("model.norm.weight") == ("model.norm.weight", None)
+    specs = [ParamSpec(f"{layer}.self_attn.{m}.weight", (4, 4), 16) for m in ("q_proj", "k_proj", "v_proj")]
+    fused = {f"{layer}.self_attn.qkv_proj.weight": torch.zeros(12, 4)}
+    assert set(routes(specs, fused).values()) == {(f"{layer}.self_attn.qkv_proj.weight", s) for s in "qkv"}
+    with pytest.raises(ValueError, match="nothing sent to .*o_proj.*engine.weight_update=reload"):
+        routes(specs, {**fused, f"{layer}.self_attn.o_proj.weight": torch.zeros(4, 4)})
+    with pytest.raises(ValueError, match="no engine parameter for .*q_proj"):
+        routes(specs, {f"{layer}.self_attn.q_proj.weight": torch.zeros(4, 4)})
+
+
+class Sharded(torch.nn.Parameter):
+    """A parameter class carrying its own loading attributes, as vLLM's do."""
+
+
+def test_shadow_keeps_the_parameter_class_and_its_loading_attributes_over_new_memory():
+    p = Sharded(torch.ones(3, 2), requires_grad=False)
+    p.output_dim, p.weight_loader = 0, lambda param, w, shard=None: param.data.copy_(w)
+    s = shadow(p)
+    assert type(s) is Sharded and s.output_dim == 0 and s.weight_loader is p.weight_loader
+    assert s.shape == p.shape and s.data_ptr() != p.data_ptr()
+    s.weight_loader(s, torch.full((3, 2), 7.0))  # the loader writes into the shadow, never the live one
+    assert torch.equal(p, torch.ones(3, 2)) and torch.equal(s, torch.full((3, 2), 7.0))
