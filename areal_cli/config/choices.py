@@ -80,6 +80,13 @@ class WandbMode(StrEnum):
     disabled = "disabled"
 
 
+class CpuBatching(StrEnum):
+    """hf on the CPU: areal's slot loop over one contiguous KV cache | transformers' paged continuous batching."""
+
+    slots = "slots"
+    paged = "paged"
+
+
 class PauseMode(StrEnum):
     """vLLM on a weight update: abort (re-prefill unfinished sequences) | keep (keep their KV)."""
 

@@ -17,6 +17,7 @@ from areal_cli.config.choices import (
     AgentCredit,
     Allocator,
     BatchOrder,
+    CpuBatching,
     Dtype,
     LauncherName,
     LrDecay,
@@ -50,6 +51,10 @@ class EngineConfig:
     """KV cache page (block) size in tokens."""
     threads: int = 0
     """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
+    cpu_batching: CpuBatching = CpuBatching.slots
+    """hf on the CPU: "slots" (one batched forward of every live sequence over a contiguous KV cache,
+    ~4x the tokens/s of "paged" at 32 sequences on one core: docs/design.md) | "paged" (transformers'
+    continuous batching, always used on a GPU)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for the KV cache)."""
     tensor_parallel_size: int = 1

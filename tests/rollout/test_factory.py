@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.config.task import RewardConfig
-from areal_cli.rollout.engines import ENGINES, spec
+from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine
 from areal_cli.rollout.engines.factory import make_engine, make_sender
 from areal_cli.rollout.engines.setup import EngineSetup, Sampling
@@ -87,8 +87,8 @@ def test_the_evaluator_gets_its_engine_from_the_factory_without_a_weight_source(
     from areal_cli.evaluator.runner import Evaluator
 
     with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"), max_concurrent=4) as ev:
-        assert type(ev.engine) is spec("hf").load().ENGINE and ev.engine.receiver is None
-        assert ev.engine.manager.generation_config.do_sample is False  # greedy until a pass says otherwise
+        assert isinstance(ev.engine, Engine) and ev.engine.receiver is None
+        assert ev.engine._running[0].greedy  # greedy until a pass says otherwise
         with pytest.raises(RuntimeError, match="without a weight source"):
             ev.engine.update_weights(1)
 
@@ -112,8 +112,8 @@ def test_sender_broadcasts_into_the_rollout_engines_own_update_weights(tiny_mode
     sender = join_sender()
     try:
         assert isinstance(sender, WeightSenderBase) and engine.receiver is not None
-        gen = engine.manager.generation_config  # rollout.temperature / top_p, as the config says
-        assert gen.do_sample and gen.temperature == 0.7 and gen.top_p == 0.9
+        sampling = engine._running[0]  # rollout.temperature / top_p, as the config says
+        assert not sampling.greedy and sampling.temperature == 0.7 and sampling.top_p == 0.9
         with torch.no_grad():
             for p in trainer.parameters():
                 p.add_(torch.randn_like(p) * 0.1)

@@ -1,18 +1,21 @@
-"""The embedded engine (transformers continuous batching), for real: interruption by a
+"""The embedded engine, both CPU loops (slots, paged), for real: interruption by a
 weight update mid-generation, behaviour logprobs vs teacher-forced forwards."""
 
 from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 from conftest import hf_engine
 
 from areal_cli.rollout.engines.base import Sequence
 
+BATCHINGS = pytest.mark.parametrize("batching", ["slots", "paged"])
 
-def _engine(path):
-    return hf_engine(path)
+
+def _engine(path, batching):
+    return hf_engine(path, cpu_batching=batching)
 
 
 def _teacher_forced(model, prompt, out):
@@ -22,7 +25,8 @@ def _teacher_forced(model, prompt, out):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(out)[:, None])[:, 0]
 
 
-def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model):
+@BATCHINGS
+def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model, batching):
     from transformers import AutoModelForCausalLM
 
     old = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
@@ -31,7 +35,7 @@ def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model):
     with torch.no_grad():
         for p in new.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    eng = _engine(tiny_model)
+    eng = _engine(tiny_model, batching)
     prompts = [[1, 9690, 198, 504 + i, 30, 28] for i in range(4)]
     for i, p in enumerate(prompts):
         eng.submit(Sequence(f"s{i}", p, max_new_tokens=48))
@@ -58,11 +62,12 @@ def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model):
         assert s.segments == 2
 
 
-def test_logprobs_match_forward_without_interruption(tiny_model):
+@BATCHINGS
+def test_logprobs_match_forward_without_interruption(tiny_model, batching):
     from transformers import AutoModelForCausalLM
 
     ref = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    eng = _engine(tiny_model)
+    eng = _engine(tiny_model, batching)
     eng.submit(Sequence("a", [1, 9690, 198, 33, 44], max_new_tokens=16))
     out = []
     while not out:

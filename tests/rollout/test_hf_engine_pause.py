@@ -1,4 +1,4 @@
-"""The embedded engine's weight-update pause, at its edges: cache pressure (the scheduler holding
+"""The embedded engine's weight-update pause (paged loop), at its edges: cache pressure (the scheduler holding
 back new requests), weights that are not finite, a sequence whose budget is spent, and KV cache
 and input buffers full of garbage (what an accelerator's fresh or recycled memory may hold)."""
 
@@ -16,7 +16,9 @@ from areal_cli.rollout.engines.base import Sequence
 
 
 def _engine(path, **kw):
-    return hf_engine(path, **kw)
+    """The paged loop (transformers' continuous batching: the GPU's, and engine.cpu_batching=paged);
+    the slot loop's edges: test_hf_slots.py."""
+    return hf_engine(path, cpu_batching="paged", **kw)
 
 
 def _processor(eng):

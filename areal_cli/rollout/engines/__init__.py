@@ -63,7 +63,7 @@ class EngineSpec:
 
 ENGINES = {
     "hf": EngineSpec("hf", loads_model=False, tensor_parallel=False, weight_transfer="broadcast",
-                     fp32_logits=False),
+                     fp32_logits=False, module="hf_select"),
     "vllm": EngineSpec("vllm", loads_model=True, tensor_parallel=True, weight_transfer="engine",
                        fp32_logits=True, package="vllm",
                        install="pip install 'areal-cli[vllm]' (GPU machines only)"),
