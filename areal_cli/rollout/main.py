@@ -66,23 +66,26 @@ def concurrency(cfg: RootConfig) -> int:
 
 
 class GenerationSpeed:
-    """Tokens of finished sequences over the time the engine held sequences, logged every
-    ``every_s``: the engine's speed inside the run, where the step lines' "gen tok/s" is also
-    bounded by how much work the trainer lets the worker start."""
+    """Tokens of finished sequences over the time the engine held sequences, and how many it held
+    on average then, logged every ``every_s``: the engine's speed inside the run, where the step
+    lines' "gen tok/s" is also bounded by how much work the trainer lets the worker start."""
 
     def __init__(self, every_s: float = 30.0):
-        self.every_s, self.tokens, self.busy_s = every_s, 0, 0.0
+        self.every_s, self.tokens, self.busy_s, self.held_s = every_s, 0, 0.0, 0.0
         self.wall0 = self.last = time.perf_counter()
 
-    def add(self, busy: bool, log) -> None:
-        """One turn of the worker's loop; ``busy``: the engine held sequences when it began."""
+    def add(self, held: int, log) -> None:
+        """One turn of the worker's loop; ``held``: sequences in the engine when it began."""
         now = time.perf_counter()
-        self.busy_s += now - self.last if busy else 0.0
+        self.busy_s += now - self.last if held else 0.0
+        self.held_s += (now - self.last) * held
         self.last = now
         if now - self.wall0 >= self.every_s:
-            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s generating",
-                     self.tokens, now - self.wall0, self.busy_s, self.tokens / max(self.busy_s, 1e-9))
-            self.tokens, self.busy_s, self.wall0 = 0, 0.0, now
+            busy = max(self.busy_s, 1e-9)
+            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s generating, "
+                     "%.1f sequences at once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
+                     self.held_s / busy)
+            self.tokens, self.busy_s, self.held_s, self.wall0 = 0, 0.0, 0.0, now
 
 
 class Worker:
@@ -147,12 +150,12 @@ class Worker:
             self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             if not self.stopping:
                 self._take_work()
-            busy = self.engine.in_flight() > 0
+            in_engine = self.engine.in_flight()
             for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
                 self.hb.advance()
                 self.speed.tokens += len(seq.output_ids)
-            self.speed.add(busy, self.log)
+            self.speed.add(in_engine, self.log)
             for result in self.flow.poll():
                 self.results.send(result)
                 self.hb.advance()
