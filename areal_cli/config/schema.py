@@ -37,7 +37,7 @@ class EngineConfig:
     """The generation engine of every rollout worker."""
 
     name: str = "hf"
-    """"hf" (transformers continuous batching, CPU or GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
+    """"hf" (embedded: the slot loop on the CPU, transformers continuous batching on a GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
     dtype: Dtype = Dtype.auto
     """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
     trainer.dtype=float16 brings the behaviour and trainer logprobs 8x closer than bfloat16 (docs/gpu.md)."""
@@ -53,7 +53,7 @@ class EngineConfig:
     """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
     cpu_batching: CpuBatching = CpuBatching.slots
     """hf on the CPU: "slots" (one batched forward of every live sequence over a contiguous KV cache,
-    ~4x the tokens/s of "paged" at 32 sequences on one core: docs/design.md) | "paged" (transformers'
+    2-4x the tokens/s of "paged" at 32-64 sequences on one core: docs/cpu.md) | "paged" (transformers'
     continuous batching, always used on a GPU)."""
     gpu_memory_utilization: float = 0.5
     """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for the KV cache)."""

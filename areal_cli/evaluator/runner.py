@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,7 +139,10 @@ class Evaluator:
                     for j in range(n)]
         scored = {}
         self.engine.configure(Sampling(temperature, top_p), max(map(len, prompts), default=1) + max_new_tokens)
-        for seq in generate(self.engine, requests, self.max_concurrent, self.timeout_s):
+        t0 = time.monotonic()
+        for k, seq in enumerate(generate(self.engine, requests, self.max_concurrent, self.timeout_s), 1):
+            if k % PROGRESS_EVERY == 0 or k == len(requests):
+                say(f"  {name}: {k}/{len(requests)} completions ({time.monotonic() - t0:.0f}s)")
             i, j = seq.rid.problem, seq.rid.sample
             text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
             scored[i, j] = (seq, text, self.pool.submit(text, problems[i]))
@@ -160,6 +164,14 @@ class Evaluator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+PROGRESS_EVERY = 50
+"""A pass prints a progress line (stderr) every this many completions, and at its end."""
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 def generate(engine, requests: list[Sequence], max_concurrent: int, timeout_s: float = 0.0):

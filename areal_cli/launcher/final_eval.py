@@ -48,10 +48,13 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     cache = _cache_path(cfg, base_path, problems)
     if cache.is_file():
         base = json.loads(cache.read_text())
+        say("  base model: the figure of an earlier run (cached)")
     else:
+        say("  base model:")
         base = _summary(evaluate(base_path, cfg.task, cfg.reward.verifier(), **options))
         cache.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(cache, json.dumps(base))
+    say("  trained model:")
     trained = _summary(evaluate(final, cfg.task, cfg.reward.verifier(), **options))
     out = {"task": cfg.task.name, "problems": len(problems), "base": {"model": cfg.model, **base},
            "trained": {"model": str(final), **trained},

@@ -65,6 +65,29 @@ def concurrency(cfg: RootConfig) -> int:
     return worker_concurrency(cfg)
 
 
+class GenerationSpeed:
+    """Tokens of finished sequences over the time the engine held sequences, and how many it held
+    on average then, logged every ``every_s``: the engine's speed inside the run, where the step
+    lines' "gen tok/s" is also bounded by how much work the trainer lets the worker start."""
+
+    def __init__(self, every_s: float = 30.0):
+        self.every_s, self.tokens, self.busy_s, self.held_s = every_s, 0, 0.0, 0.0
+        self.wall0 = self.last = time.perf_counter()
+
+    def add(self, held: int, log) -> None:
+        """One turn of the worker's loop; ``held``: sequences in the engine when it began."""
+        now = time.perf_counter()
+        self.busy_s += now - self.last if held else 0.0
+        self.held_s += (now - self.last) * held
+        self.last = now
+        if now - self.wall0 >= self.every_s:
+            busy = max(self.busy_s, 1e-9)
+            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s generating, "
+                     "%.1f sequences at once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
+                     self.held_s / busy)
+            self.tokens, self.busy_s, self.held_s, self.wall0 = 0, 0.0, 0.0, now
+
+
 class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
@@ -93,6 +116,7 @@ class Worker:
         self.held: collections.deque = collections.deque()  # work waiting for a newer version
         self.capacity = concurrency(self.cfg)
         self.hb.busy = lambda: self.flow.busy() + len(self.held)  # work held: progress is due
+        self.speed = GenerationSpeed()
         self.hb.send(Hello(self.name))
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
 
@@ -126,9 +150,12 @@ class Worker:
             self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             if not self.stopping:
                 self._take_work()
+            in_engine = self.engine.in_flight()
             for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
                 self.hb.advance()
+                self.speed.tokens += len(seq.output_ids)
+            self.speed.add(in_engine, self.log)
             for result in self.flow.poll():
                 self.results.send(result)
                 self.hb.advance()

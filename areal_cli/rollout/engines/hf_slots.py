@@ -26,7 +26,7 @@ import time
 import torch
 
 from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine
+from areal_cli.rollout.engines.hf import HFEngine, kv_cache_tokens
 from areal_cli.rollout.engines.setup import Sampling
 
 
@@ -276,8 +276,6 @@ class SlotEngine(HFEngine):
     def configure(self, sampling: Sampling, context: int) -> None:
         if self.seqs:
             raise RuntimeError(f"configure() with {len(self.seqs)} sequences in flight")
-        from areal_cli.rollout.engines.hf import kv_cache_tokens
-
         self._start(sampling, kv_cache_tokens(self.setup.engine, self.setup.sequences, context, None))
 
     def _check_alive(self) -> None:
