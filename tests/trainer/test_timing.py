@@ -40,6 +40,4 @@ def test_the_parts_sum_to_the_step_time(tiny_model, overrides, extra):
     parts = {k[len("time/"):-len("_s")]: v for k, v in out.items() if k.startswith("time/") and k != "time/step_s"}
     assert set(parts) == STEP_PARTS | extra
     assert all(v > 0 for v in parts.values()), parts
-    # the layers' backward (recomputing them) outlasts their forward
-    assert parts["backward"] > parts["forward"]
     assert sum(parts.values()) == pytest.approx(out["time/step_s"], rel=0.05)
