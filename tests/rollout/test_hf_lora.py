@@ -32,7 +32,9 @@ def _forward_logprobs(model, ids):
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
 
 
-def _update(eng, tx, trainer, version):
+def update_in_thread(eng, tx, trainer, version: int, timeout_s: float = 60) -> dict:
+    """Send ``trainer``'s adapter as ``version`` while ``eng`` receives it on a thread of its own:
+    ``{"timings": ...}``, or ``{"error": AdapterSyncError}`` when the engine's verification failed."""
     box: dict = {}
 
     def run():
@@ -45,7 +47,7 @@ def _update(eng, tx, trainer, version):
     t.start()
     tx.prepare(lora.adapter_items(iter(trainer.named_parameters())))
     tx.broadcast()
-    t.join(60)
+    t.join(timeout_s)
     return box
 
 
@@ -65,14 +67,14 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
     ids = [1, 9690, 198, 504, 30, 28, 77, 1200, 9, 45]
     try:
         before = _forward_logprobs(eng.model, ids)
-        got = _update(eng, tx, trainer, 1)  # a fresh adapter: random A, B = 0, so B @ A moves nothing
+        got = update_in_thread(eng, tx, trainer, 1)  # a fresh adapter: random A, B = 0, so B @ A moves nothing
         assert "error" not in got and got["timings"]["adapter_delta_zero"] == 1
         torch.manual_seed(1)
         with torch.no_grad():
             for n, p in trainer.named_parameters():
                 if "lora_B" in n:
                     p.normal_(std=0.05)
-        got = _update(eng, tx, trainer, 2)
+        got = update_in_thread(eng, tx, trainer, 2)
         assert "error" not in got, got
         assert got["timings"]["adapter_delta_zero"] == 0 and got["timings"]["probe_logp_change"] > 0
         after = _forward_logprobs(eng.model, ids)
@@ -80,7 +82,7 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
         trainer.eval()
         torch.testing.assert_close(after, _forward_logprobs(trainer, ids), atol=1e-4, rtol=1e-4)  # ... the trainer's
 
-        got = _update(eng, tx, trainer, 3)  # the adapter did not change (a step that moved nothing)
+        got = update_in_thread(eng, tx, trainer, 3)  # the adapter did not change (a step that moved nothing)
         assert "error" not in got and got["timings"]["adapter_delta_zero"] == 1
         assert got["timings"]["probe_logp_change"] == 0.0
 
@@ -90,7 +92,7 @@ def test_adapter_updates_change_the_engines_logprobs_and_a_noop_sync_is_named(ti
                     p.add_(0.01)
         monkeypatch.setattr(faults, "_SPEC", "adapter@4")
         monkeypatch.setenv("AREAL_FAULT_MODE", "skip")
-        got = _update(eng, tx, trainer, 4)
+        got = update_in_thread(eng, tx, trainer, 4)
         assert isinstance(got.get("error"), AdapterSyncError), got
         assert "version 4" in str(got["error"]) and "did not take effect" in str(got["error"])
     finally:

@@ -13,6 +13,7 @@ import pytest
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.engines.vllm import engine_dtype, llm_kwargs, sender_specs, vllm_lora_rank
+from tests.rollout.test_hf_lora import update_in_thread
 from tests.rollout.test_vllm_engine import _gpu_vllm
 
 
@@ -109,20 +110,7 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     eng, tx = box["eng"], box["tx"]
 
     def update(version):
-        got = {}
-
-        def run():
-            try:
-                got["timings"] = eng.update_weights(version)
-            except AdapterSyncError as err:
-                got["error"] = err
-
-        th = threading.Thread(target=run)
-        th.start()
-        tx.prepare(lora.adapter_items(iter(trainer.named_parameters())))
-        tx.broadcast()
-        th.join(300)
-        return got
+        return update_in_thread(eng, tx, trainer, version, timeout_s=300)
 
     ids = probe_ids(trainer.config.vocab_size)
     try:
