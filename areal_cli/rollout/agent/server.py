@@ -27,6 +27,7 @@ from collections import Counter
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from areal_cli.config.choices import ToolFormat
 from areal_cli.rollout.agent import requests as rq
 from areal_cli.rollout.agent.bridge import EngineBridge
 from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
@@ -113,7 +114,7 @@ class Endpoint:
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
         forced = forced_text(self.renderer.style, req.tool_name, req.tools) if req.tool_choice == "required" else ""
         ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids  # forced: prompt, not trained
-        close = [CALL_CLOSE] if forced.startswith("<tool_call>") else []  # a forced call ends the reply
+        close = [CALL_CLOSE] if forced and self.renderer.style.format == ToolFormat.hermes else []  # a forced call ends there
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
         out = []
         for i, c in enumerate(choices):
