@@ -114,7 +114,8 @@ class Endpoint:
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
         forced = forced_text(self.renderer.style, req.tool_name, req.tools) if req.tool_choice == "required" else ""
         ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids  # forced: prompt, not trained
-        close = [CALL_CLOSE] if forced and self.renderer.style.format == ToolFormat.hermes else []  # a forced call ends there
+        hermes = self.renderer.style.format == ToolFormat.hermes
+        close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
         out = []
         for i, c in enumerate(choices):
