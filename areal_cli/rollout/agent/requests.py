@@ -132,7 +132,8 @@ def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
     if isinstance(raw, str) and raw in ("auto", "none", "required"):
         choice, name = raw, None
     elif isinstance(raw, dict) and raw.get("type") == "function":
-        name = (raw.get("function") or {}).get("name") if isinstance(raw.get("function"), dict) else raw.get("name")
+        fn = raw.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else raw.get("name")
         if not isinstance(name, str):
             raise _bad("a named tool_choice is {type: function, function: {name}}", "tool_choice")
         choice = "required"
