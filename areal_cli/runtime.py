@@ -71,6 +71,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def physical_gpus(ids: list[int]) -> str:
+    """CUDA_VISIBLE_DEVICES for GPU ids counted among this process's visible GPUs: under
+    ``CUDA_VISIBLE_DEVICES=2,3`` (a scheduler's allocation, say), ids 0 and 1 are the cards 2 and 3."""
+    parent = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return ",".join(parent[g] if g < len(parent) else str(g) for g in ids)
+
+
 def set_threads(requested: int, share: int = 2) -> int:
     """torch CPU threads: ``requested`` or the usable cores divided among ``share`` processes."""
     import torch

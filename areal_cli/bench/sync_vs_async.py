@@ -116,10 +116,11 @@ def generation_alone(run_dir: Path, out: Path, groups: int) -> dict:
 
     from areal_cli.config.load import load_yaml
     from areal_cli.launcher.plan import device_map, worker_gpus
+    from areal_cli.runtime import physical_gpus
 
     cfg = load_yaml(RunDir(run_dir).config, check=False)
     gpus = worker_gpus(cfg, device_map(cfg)["rollout"])[0]
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {}))
+    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
     print(f"== generation alone: one worker's engine as in {run_dir.name}/ ({'GPUs ' + str(gpus) if gpus else 'CPU'})",
           flush=True)
     subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out), str(groups)],

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from areal_cli.durable import atomic_write
 from areal_cli.evaluator.metrics import summarize
-from areal_cli.runtime import usable_cores
+from areal_cli.runtime import physical_gpus, usable_cores
 
 PASSES = ("greedy", "sample")
 
@@ -48,12 +48,6 @@ def shard_bounds(n_items: int, k: int, n: int) -> tuple[int, int]:
 def shard(items: list, k: int, n: int) -> list:
     start, end = shard_bounds(len(items), k, n)
     return items[start:end]
-
-
-def physical_gpus(ids: list[int]) -> str:
-    """CUDA_VISIBLE_DEVICES for GPU ids counted among this process's visible GPUs."""
-    parent = [x for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
-    return ",".join(parent[g] if g < len(parent) else str(g) for g in ids)
 
 
 def device_label(gpus: list[int]) -> str:

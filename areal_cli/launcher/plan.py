@@ -22,6 +22,7 @@ from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.launcher.rundir import check_links, claim_run_dir
 from areal_cli.private import make_private_dir
 from areal_cli.rundir import RunDir
+from areal_cli.runtime import physical_gpus
 from areal_cli.transport.auth import make_keys
 from areal_cli.transport.channels import check_ports, free_ports, is_loopback
 
@@ -302,10 +303,10 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         idle = [g for g in devices.pop("idle", []) if g not in devices["reward"]]
         devices.update({"idle": idle} if idle else {})
     for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, ids))} if ids else {**cpu_env, **ROLLOUT_CPU_ENV}
+        env = {"CUDA_VISIBLE_DEVICES": physical_gpus(ids)} if ids else {**cpu_env, **ROLLOUT_CPU_ENV}
         procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
     master_port = cfg.launcher.port_base + 6 if cfg.launcher.port_base else free_ports(cfg.launcher.host, 1)[0]
-    tenv = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, devices["trainer"]))} if devices["trainer"] else dict(cpu_env)
+    tenv = {"CUDA_VISIBLE_DEVICES": physical_gpus(devices["trainer"])} if devices["trainer"] else dict(cpu_env)
     if is_loopback(cfg.launcher.host) and "GLOO_SOCKET_IFNAME" not in os.environ:
         tenv["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo transport listens on loopback too
     if cfg.trainer.ranks == 1 and not devices["trainer"]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.runtime import physical_gpus
 
 NAME = "reward-model"
 
@@ -37,5 +38,5 @@ def reward_proc(cfg: RootConfig, run_dir, visible: list[int], cpu_env: dict):
     missing = [g for g in gpus if g not in visible]
     if missing:
         raise ValueError(f"reward.gpus={gpus}: GPU id(s) {missing} do not exist here (visible: {visible or 'none'})")
-    env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, gpus))} if gpus else {**cpu_env, "CUDA_VISIBLE_DEVICES": ""}
+    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {**cpu_env, "CUDA_VISIBLE_DEVICES": ""}
     return NAME, [sys.executable, "-m", "areal_cli.rewards.server", str(run_dir)], env

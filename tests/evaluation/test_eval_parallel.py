@@ -159,7 +159,7 @@ def test_merge_orders_passes_then_problems():
 
 
 def test_gpu_ids_map_through_the_callers_visible_devices(monkeypatch):
-    from areal_cli.evaluation.parallel import physical_gpus
+    from areal_cli.runtime import physical_gpus
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert physical_gpus([0, 1]) == "0,1"

@@ -46,6 +46,14 @@ def test_two_tp2_workers_leave_the_trainer_the_rest(tiny_model, tmp_path):
     assert "one NCCL group of 5 ranks" in p.describe() and "rollout-1: ranks 3..4" in p.describe()
 
 
+def test_gpu_ids_count_among_the_gpus_this_process_was_given(tiny_model, tmp_path, monkeypatch):
+    # under CUDA_VISIBLE_DEVICES=4,5,6,7 (a scheduler's allocation) GPU 0 of the run is card 4, never card 0
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2", "trainer.ranks=2")
+    assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
+    assert [env_of(p, "rollout-0"), env_of(p, "rollout-1"), env_of(p, "trainer")] == ["4", "5", "6,7"]
+
+
 def test_gpus_no_process_uses_are_shown_idle(tiny_model, tmp_path):
     p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm")
     assert p.devices == {"rollout": [0], "trainer": [1], "idle": [2, 3]}
