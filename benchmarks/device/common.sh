@@ -37,6 +37,10 @@ step() { local name=$1 t=$2; shift 2; local l; l=$(left); [ "$t" -gt "$l" ] && t
     kill -TERM -- -$pid 2>/dev/null; sleep 8; kill -KILL -- -$pid 2>/dev/null; fi
   wait $pid; local rc=$?; echo "== $name rc=$rc ($(date -u +%T))" | tee -a $S
   tail -n ${TAIL:-12} $L/$name.log | tee -a $S; return $rc; }
+cvd() {  # IDS...: CUDA_VISIBLE_DEVICES for GPU ids counted among this script's visible GPUs (cvd 0 1 under
+         # CUDA_VISIBLE_DEVICES=2,3 prints 2,3), so that a phase runs on any pair of a larger machine
+  local IFS=, out=() i; local -a v; read -ra v <<< "${CUDA_VISIBLE_DEVICES:-}"
+  for i in "$@"; do out+=("${v[$i]:-$i}"); done; echo "${out[*]}"; }
 model() {  # GGUF -> HF directory, once (cached under AREAL_CACHE)
   [ -s /tmp/model_path ] || python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log
   cat /tmp/model_path; }

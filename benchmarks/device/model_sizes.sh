@@ -30,6 +30,7 @@
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
 #   lora7bmerge carry .models/b       the same with engine.lora_merge=true (merged full weights, vLLM's NCCL transfer)
+# Phases that need two GPUs run side by side on a 4-GPU machine through pairs.sh (agents@0,1 update7b@2,3).
 # Two GPUs (nvidia-h100-x2 / nvidia-h200-x2) are enough for:
 #   build7   carry .models/b          the random Qwen2.5-7B checkpoint only (build15: the 1.5B one)
 #   update7b carry .models/b          build7, then benchmarks/device/vllm_update.py: raw NCCL vs the in-place path into
@@ -63,7 +64,7 @@ R=/tmp/rand
 ckpt() {  # ARCH DIR: the random checkpoint $R/DIR of benchmarks/models/ARCH, built once per machine
   if [ ! -f "$R/$2/random_weights.json" ]; then
     local tok; tok=$(model)
-    step "build_$2" 300 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/random_model.py "$1" "$R/$2" --device cuda \
+    step "build_$2" 300 env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 benchmarks/random_model.py "$1" "$R/$2" --device cuda \
         --tokenizer "$tok"
   fi
   [ -f "$R/$2/random_weights.json" ] && { echo "checkpoint $R/$2: $(tr -d '\n ' < "$R/$2/random_weights.json")" | tee -a $S; }
@@ -113,6 +114,7 @@ LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 eng
           trainer.batch_size=4 rollout.group_size=4 trainer.steps=${STEPS:-6}"
 
 case $phase in
+  model) model ;;  # the default model as a Hugging Face directory (pairs.sh converts it before its phases)
   build)
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
@@ -135,7 +137,7 @@ case $phase in
         eval.at_end=false trainer.skip_zero_advantage=false $fit ${EXTRA:-}
     grep -h "weights v[0-9]* loaded" /tmp/runs/inplace11_$size/logs/rollout-0.log | tail -n 12 | tee -a $S ;;
   buildbw)
-    CUDA_VISIBLE_DEVICES=2,3 setsid timeout 400 python3 benchmarks/weight_broadcast.py --models 7b 1.5b \
+    CUDA_VISIBLE_DEVICES=$(cvd 2 3) setsid timeout 400 python3 benchmarks/weight_broadcast.py --models 7b 1.5b \
         --bucket-mb 1024 --reps 3 --out "$OUT/broadcast.json" > "$L/broadcast.log" 2>&1 &
     bw=$!
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b
@@ -218,11 +220,11 @@ PY
     lora7 $phase $merge ${STEPS:-10} 560 ;;
   levers15)  # 2 GPUs, no vLLM, no model needed: trainer_profile rows of the 1.5B layout (8 x 8k tokens), ROWS0 on
              # GPU 0 and ROWS1 on GPU 1 at once -> $OUT/levers_gpu{0,1}/results.json
-    step build_1.5b 120 env CUDA_VISIBLE_DEVICES=0 python3 -c \
+    step build_1.5b 120 env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -c \
         "from benchmarks.trainer_variants import checkpoint; print(checkpoint('qwen2.5-1.5b-instruct'))"
     for g in 0 1; do
       rows=ROWS$g
-      step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$g python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} \
+      step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$(cvd $g) python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} \
           --profile --out "$OUT/levers_gpu$g" --rows ${!rows} &
     done
     wait
@@ -232,7 +234,7 @@ PY
     m=$(model)
     # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
     # prints no report)
-    step lora_vllm_test 240 env CUDA_VISIBLE_DEVICES=1 python3 -m pytest -s -v -p no:cacheprovider \
+    step lora_vllm_test 240 env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rollout/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait
@@ -257,7 +259,7 @@ PY
     python3 benchmarks/device/run_summary.py /tmp/runs/cispo 2 > "$OUT/cispo_summary.json" 2>> "$L/cispo.log"
     head -c 1500 "$OUT/cispo_summary.json" | tee -a $S
     tar czf "$OUT/agents_runs.tgz" --exclude=checkpoints -C /tmp/runs agent_bench cispo 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

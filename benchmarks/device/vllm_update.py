@@ -36,6 +36,8 @@ import time
 import torch
 import torch.multiprocessing as mp
 
+from areal_cli.runtime import physical_gpus
+
 PROBE = 64
 
 
@@ -235,8 +237,9 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     q, barrier = ctx.SimpleQueue(), ctx.Barrier(2)
     procs = []
-    engine_gpus = ",".join(str(1 + i) for i in range(args.tp))
-    for gpus, target in (("0", trainer), (engine_gpus, rollout)):
+    # GPU 0 trains, the next tp GPUs generate: ids counted among this process's visible GPUs
+    engine_gpus = physical_gpus([1 + i for i in range(args.tp)])
+    for gpus, target in ((physical_gpus([0]), trainer), (engine_gpus, rollout)):
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # inherited by the spawned process
         procs.append(ctx.Process(target=target, args=(args, ports, stores, barrier, q)))
         procs[-1].start()
