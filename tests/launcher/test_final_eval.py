@@ -25,7 +25,9 @@ def test_final_eval_reports_both_models_and_caches_the_base(tiny_model, tmp_path
     cached = list((tmp_path / "cache" / "eval").glob("base-*.json"))
     assert len(cached) == 1
     cached[0].write_text(json.dumps({**json.loads(cached[0].read_text()), "accuracy": 0.5}))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    # set, then removed: the undo restores the variable as it was (evaluate_run sets it in this process)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     again = evaluate_run(cfg, run_dir, say=lines.append, gpus="5")
     assert again["base"]["accuracy"] == 0.5  # read from the cache, not measured again
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "5"  # on the run's generation GPU, not GPU 0

@@ -9,6 +9,11 @@ from areal_cli.config.load import compose
 from areal_cli.launcher.plan import device_map, make_plan
 
 
+@pytest.fixture(autouse=True)
+def _no_visible_devices_set(monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)  # GPU ids are the cards' own here
+
+
 def plan(tiny_model, tmp_path, gpus, *overrides):
     cfg = compose([f"model={tiny_model}", f"run_dir={tmp_path}", *overrides])
     return make_plan(cfg, gpus=gpus)
