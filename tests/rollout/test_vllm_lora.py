@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -77,14 +78,15 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
 
     from areal_cli import faults, lora
     from areal_cli.config.load import compose
-    from areal_cli.config.resolve import resolve
+    from areal_cli.config.resolve import Placement, resolve
     from areal_cli.rollout.engines.adapter import AdapterSyncError, probe_ids
     from areal_cli.rollout.engines.factory import make_engine, make_sender
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
     cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "weights.backend=gloo",
                            "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",
-                           "engine.max_model_len=512", "launcher.peer_timeout_s=120"]))
+                           "engine.max_model_len=512", "launcher.peer_timeout_s=120"]),
+                  Placement(model_path=Path(tiny_model)))  # as the launcher resolves it: no "auto" left
     trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
     port, box = _free_port(), {}
     setup = EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8,
