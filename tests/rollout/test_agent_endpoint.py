@@ -6,6 +6,7 @@ API and completions; and every way an agent or a request can be wrong."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -19,7 +20,7 @@ from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.agent.bridge import CallId
 from areal_cli.rollout.agent.toolcalls import forced_text
-from areal_cli.rollout.agent.workflow import AgentWorkflow
+from areal_cli.rollout.agent.workflow import SWITCH_INTERVAL_S, AgentWorkflow
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.messages import WorkItem
 
@@ -30,7 +31,7 @@ PROBLEM = {"id": "p0", "prompt": "What is 3 + 4?", "answer": "7", "meta": {}, "k
 def setup(tiny_model):
     eng = hf_engine(tiny_model, sequences=16, kv_cache_tokens=8192)
     pool = RewardPool(RootConfig().reward, 1)
-    made = []
+    made, interval = [], sys.getswitchinterval()  # the workflow lowers it for the whole process
 
     def make(agent: str, **kw):
         cfg = WorkflowConfig(name="agent", agent=f"agent_cases:{agent}", max_turns=4, **kw)
@@ -44,6 +45,7 @@ def setup(tiny_model):
         f.close()
     eng.close()
     pool.close()
+    sys.setswitchinterval(interval)
 
 
 def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tuple[list, list]:
@@ -75,6 +77,7 @@ def _in_flight_with_tokens(eng):
 def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup):
     eng, make = setup
     flow = make("three_calls")
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # the endpoint's thread gets the GIL soon
     flow.start(item(0))
     [g], seen = drive(flow, eng, 1, update_at=_in_flight_with_tokens(eng))
     assert not g.failed and g.counters["agent_calls"] == 6 and g.counters["agent_splits"] == 0
