@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from areal_cli.config.choices import Switch
 from areal_cli.config.schema import LoraConfig, RootConfig
 from areal_cli.transport.weights import ParamSpec, clean_name
 
@@ -34,7 +35,7 @@ def enabled(cfg: RootConfig) -> bool:
 
 def sends_adapter(cfg: RootConfig) -> bool:
     """Weight updates carry the adapter alone (LoRA on, engine.lora_merge off)."""
-    return enabled(cfg) and not cfg.engine.lora_merge
+    return enabled(cfg) and cfg.engine.lora_merge != Switch.true
 
 
 def scale(lora: LoraConfig) -> float:

@@ -13,6 +13,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | engine.dtype, trainer.dtype | bfloat16 |
 | engine.lm_head_fp32 | true where the engine's logits are float32 (vllm), else false |
 | engine.weight_update | vllm: inplace for a known fused layout (any TP), else reload; hf: inplace |
+| engine.lora_merge | true with vllm (merged weights through its in-place update), false with hf (the adapter) |
 | weights.dtype | engine.dtype |
 | weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU, else gloo |
 | weights.staged | true with nccl, false with gloo |
@@ -91,6 +92,7 @@ def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates
     e = copy.deepcopy(engine)
     e.dtype = _dtype(e.dtype)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
+    e.lora_merge = _switch(e.lora_merge, spec(e.name).weight_transfer == "engine")
     e.weight_update = _auto(WeightUpdate, e.weight_update,
                             lambda: _weight_update(e, model_path) if updates else WeightUpdate.reload)
     return e

@@ -216,7 +216,7 @@ def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) ->
     engine.weight_update is what it is (``asked``: the config before it was resolved)."""
     w, tp, wt = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.weights
     lora = lora_notes(cfg, model_path)
-    if lora and not cfg.engine.lora_merge:
+    if lora and cfg.engine.lora_merge != "true":
         return lora + [f"one {wt.backend} group of {1 + w} ranks (trainer rank 0 + {w} rollout worker(s)), "
                        f"{wt.bucket_mb} MiB buckets"]
     if cfg.engine.name != "vllm":
@@ -246,7 +246,7 @@ def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
     if lo.rank <= 0:
         return []
     what = f"LoRA rank {lo.rank}, alpha {lo.alpha:g}, on {','.join(lo.target_modules)}"
-    if cfg.engine.lora_merge:
+    if cfg.engine.lora_merge == "true":
         return [f"{what}: engine.lora_merge=true: the trainer merges the adapter and sends full weights"]
     size = ""
     if model_path is not None:

@@ -96,6 +96,16 @@ def test_what_the_user_set_is_kept_and_weights_follow_the_engine():
     assert r.weights.dtype == "float16"  # weights.dtype=auto: the engine's
 
 
+def test_lora_merge_auto_merges_for_vllm_and_sends_the_adapter_to_hf():
+    from areal_cli import lora
+
+    assert resolve(compose(["engine=vllm", "trainer.lora.rank=8"]), GPUS).engine.lora_merge == "true"
+    hf = resolve(compose(["trainer.lora.rank=8"]), CPU)
+    assert hf.engine.lora_merge == "false" and lora.sends_adapter(hf)
+    kept = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "engine.lora_merge=false"]), GPUS)
+    assert kept.engine.lora_merge == "false" and lora.sends_adapter(kept)
+
+
 def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values():
     for placement in (CPU, GPUS, Placement(trainer_gpu=True, shared_gpu=True)):
         once = resolve(compose(["engine=vllm"]), placement)
@@ -106,8 +116,8 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
-        "engine.dtype", "engine.weight_update", "engine.lm_head_fp32", "trainer.optim_state", "trainer.dtype",
-        "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
+        "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
+        "trainer.dtype", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
     assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
     plan.write()

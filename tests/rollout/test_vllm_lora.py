@@ -39,7 +39,7 @@ def test_merged_updates_to_vllm_name_the_plain_parameters(tiny_model):
     from areal_cli import lora
 
     cfg = RootConfig()
-    cfg.engine.name, cfg.engine.lora_merge, cfg.trainer.lora.rank = "vllm", True, 4
+    cfg.engine.name, cfg.engine.lora_merge, cfg.trainer.lora.rank = "vllm", "true", 4
     plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     adapted = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
     want = [(n, list(p.shape)) for n, p in plain.named_parameters()]
@@ -83,8 +83,8 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     from areal_cli.rollout.engines.factory import make_engine, make_sender
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 
-    cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "weights.backend=gloo",
-                           "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",
+    cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "engine.lora_merge=false",
+                           "weights.backend=gloo", "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",
                            "engine.max_model_len=512", "launcher.peer_timeout_s=120"]),
                   Placement(model_path=Path(tiny_model)))  # as the launcher resolves it: no "auto" left
     trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
