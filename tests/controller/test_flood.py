@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 
+import pytest
 from conftest import AREAL, ROOT, TINY_RUN
 
 from areal_cli.transport.auth import HANDSHAKE_S
@@ -47,6 +48,7 @@ def _flood(ports: list[int], controller: int) -> tuple[int, list[socket.socket]]
     return peak, held
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_a_connection_flood_adds_few_log_lines_and_no_lasting_descriptors(tiny_model, tmp_path):
     run = tmp_path / "run"
     cmd = AREAL + ["train", "--quiet", f"run_dir={run}", f"model={tiny_model}", *TINY_RUN, "trainer.steps=400",

@@ -37,6 +37,7 @@ def test_async_run_keeps_staleness_bound(tiny_model, tmp_path):
     AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final")
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_synchronous_mode_is_on_policy(tiny_model, tmp_path):
     proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "rollout.max_staleness=0",
               "eval.every=2", "eval.at_end=true", "eval.size=4")
@@ -50,6 +51,7 @@ def test_synchronous_mode_is_on_policy(tiny_model, tmp_path):
     assert all(t["version_start"] == t["version_end"] == t["trained_version"] for t in traj)
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_weight_broadcast_bit_exact_two_trainer_ranks(tiny_model, tmp_path):
     run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "trainer.ranks=2",
               "rollout.workers=2", "weights.verify=true", "weights.bucket_mb=1")
@@ -70,6 +72,7 @@ def _start_until_first_step(cmd, run_dir):
     return proc
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_killed_rollout_worker_stops_the_run(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50"]

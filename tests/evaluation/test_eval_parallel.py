@@ -27,6 +27,7 @@ def table(stdout: str) -> list[str]:
     return [line.rsplit("│", 2)[0] for line in stdout.splitlines() if line.startswith("│")]
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_two_cpu_workers_give_the_one_process_result(tmp_path):
     """SmolLM2-135M-Instruct, greedy, 2 tasks × 3 problems: 2 workers (shards of 1 and 2 problems
     per task) merge into exactly the samples and metrics of one process. float32, because bf16

@@ -23,6 +23,7 @@ def two_runs(tiny_model, tmp_path_factory):
     return runs
 
 
+@pytest.mark.slow  # two whole runs (50 s on 2 cores): `make test-slow`, which CI runs too
 def test_plot_writes_a_png_with_one_line_per_run_in_every_panel(two_runs, tmp_path):
     out = tmp_path / "compare.png"
     proc = subprocess.run(AREAL + ["plot", *map(str, two_runs), "--out", str(out)], capture_output=True,
@@ -53,6 +54,7 @@ def test_plot_of_a_directory_that_is_no_run_exits_2(tmp_path):
     assert proc.returncode == 2 and "no metrics.jsonl" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # two whole runs (50 s on 2 cores): `make test-slow`, which CI runs too
 def test_status_shows_key_figures_and_the_reward_sparkline(two_runs):
     proc = subprocess.run(AREAL + ["status", str(two_runs[1])], capture_output=True, text=True, cwd=ROOT,
                           timeout=60)

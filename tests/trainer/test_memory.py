@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import allocator_env
@@ -45,6 +47,7 @@ print(json.dumps(metrics))
 """
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_trainer_peak_memory_of_four_default_steps():
     here = Path(__file__).parent
     allocator = resolve(RootConfig()).launcher.allocator  # launcher.allocator=auto, as planned here

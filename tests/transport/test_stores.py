@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from areal_cli.config.schema import RootConfig
@@ -135,6 +136,7 @@ def _store_client_reads(host: str, port: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_a_live_runs_stores_refuse_a_client_without_the_runs_files(tiny_model, tmp_path):
     """A real run with two CPU trainer ranks: no TCP store answers at the weight group's or the
     rendezvous' port, and the file stores sit in stores/ (0700), which another user cannot open.
