@@ -119,7 +119,7 @@ def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
-    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lm_head_fp32=auto: resolve"):
+    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lora_merge, engine.lm_head_fp32=auto: resolve"):
         llm_kwargs(cfg.engine, cfg.seed, 1)
     cfg.engine = resolve_engine(cfg.engine, updates=False)  # an engine no weights reach: reload
     kw = llm_kwargs(cfg.engine, cfg.seed, 1)
@@ -216,7 +216,9 @@ def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_sw
     trainer, tx, live, staged = _ends(staged=True)
     eng = fake_engine()
     eng.receiver = LocalIntake(staged)
-    eng.submit(Sequence("a", [1, 2], max_new_tokens=10_000))
+    # a budget no receive outlasts: the fake core steps without pause (10,000 tokens once ran out
+    # before the broadcast ended on an idle machine)
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=10**9))
     tx.prepare(iter(trainer.named_parameters()))
     sent = threading.Thread(target=lambda: (time_to_generate(eng), tx.broadcast()))
     sent.start()
