@@ -49,6 +49,8 @@
 #                                     then lora7b (10 steps) and lora7bmerge (MSTEPS, eager vLLM), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
 #                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
+#   judge3   carry nothing more       3 GPUs: a judge on its own GPU beside 1 + 1 (default model), against the
+#                                     verifier alone: step time, samples scored/s, the judge's batches and failures
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
@@ -259,7 +261,33 @@ PY
     python3 benchmarks/device/run_summary.py /tmp/runs/cispo 2 > "$OUT/cispo_summary.json" 2>> "$L/cispo.log"
     head -c 1500 "$OUT/cispo_summary.json" | tee -a $S
     tar czf "$OUT/agents_runs.tgz" --exclude=checkpoints -C /tmp/runs agent_bench cispo 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents)"; exit 2 ;;
+  judge3)  # 3 GPUs, the default model: the judge on its own GPU (reward.gpus=[2], the policy's initial weights,
+           # frozen) beside 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1), against the same run with the verifier alone
+    m=$(model)
+    J="engine=vllm model=$m cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0
+       trainer.batch_size=32 rollout.group_size=8 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300
+       trainer.steps=${STEPS:-12} eval.at_end=false"
+    step verifier ${LIMIT:-200} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/verifier $J
+    step judge ${LIMIT:-260} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/judge $J \
+        "reward.fn=[auto,judge]" "reward.weights=[1,1]" "reward.gpus=[2]"
+    for r in verifier judge; do
+      python3 benchmarks/device/run_summary.py /tmp/runs/$r 2 > "$OUT/${r}_summary.json" 2>> "$L/$r.log"; done
+    python3 - "$OUT" /tmp/runs/judge/metrics.jsonl <<'PY' | tee -a $S
+import json, statistics, sys
+for r in ("verifier", "judge"):
+    s = json.load(open(f"{sys.argv[1]}/{r}_summary.json"))
+    n = s["steps"] - s["warmup_steps"]
+    print(f"{r}: step median {s['step_wall_s_median']:.2f} s, {s['effective_trained_tokens_per_s']:.0f} trained tokens/s, "
+          f"{256 * n / s['window_s']:.1f} samples scored/s over {n} steps, reward {s['reward_first_quarter']:.3f} -> "
+          f"{s['reward_last_quarter']:.3f}")
+rows = [json.loads(x) for x in open(sys.argv[2])]
+for k in ("reward_judge_mean", "reward_judge_batch_mean", "reward_judge_batch_workers_max", "reward_judge_parse_error",
+          "reward_judge_timeout", "reward_judge_error"):
+    v = [row[k] for row in rows if k in row]
+    print(f"  {k}: median {statistics.median(v) if v else None} over {len(v)} steps")
+PY
+    tar czf "$OUT/judge_runs.tgz" --exclude=checkpoints -C /tmp/runs verifier judge 2>/dev/null ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents judge3)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
