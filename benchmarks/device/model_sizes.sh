@@ -44,7 +44,7 @@
 # it; split the overlay's two parts again into parts of at most ~44 MiB (same names part00/part01, same SHA256:
 # `cat a/*.part00 b/*.part01 | split -b 44M`) and carry each with the wheels or the tree.
 #   levers15 carry .models/a          (stage3 and) trainer_profile rows of the 1.5B layout on one GPU each: ROWS0 on
-#                                     GPU 0, ROWS1 on GPU 1, at once
+#                                     GPU 0, ROWS1 on GPU 1, at once; PROFILE=ROW: a torch-profiler step of that row
 #   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
 #                                     then lora7b (10 steps) and lora7bmerge (MSTEPS, eager vLLM), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
@@ -227,7 +227,7 @@ PY
     for g in 0 1; do
       rows=ROWS$g
       step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$(cvd $g) python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} \
-          --profile --out "$OUT/levers_gpu$g" --rows ${!rows} &
+          --profile ${PROFILE:-} --out "$OUT/levers_gpu$g" --rows ${!rows} &
     done
     wait
     for g in 0 1; do grep -h "step .* MFU" "$L/levers_gpu$g.log" | tee -a $S; done ;;
