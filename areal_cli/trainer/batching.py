@@ -132,6 +132,16 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None,
     return bins
 
 
+
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """``t`` on ``device``. A host tensor bound for a GPU goes through pinned memory without blocking:
+    a copy from pageable memory waits until the GPU has run everything queued before it, so the GPU
+    then idles while the host builds the next micro-batch's inputs."""
+    device = torch.device(device)
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
 @dataclass
 class Inputs:
     """Model inputs of one micro-batch and where its response tokens sit in the kept logits."""
@@ -149,7 +159,7 @@ class Inputs:
     max_seqlen: int = 0  # varlen: the longest segment
 
     def to(self, device: torch.device) -> Inputs:
-        move = {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in vars(self).items()}
+        move = {k: (to_device(v, device) if torch.is_tensor(v) else v) for k, v in vars(self).items()}
         return Inputs(**move)
 
     def model_kwargs(self) -> dict:
@@ -233,7 +243,8 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
         from areal_cli.trainer.varlen import segments
 
         starts = [[s for (r, s) in where if r == k] for k in range(R)]
-        x.cu_seqlens, x.max_seqlen = segments(fill, starts, T, x.ids.device)
+        cu_seqlens, x.max_seqlen = segments(fill, starts, T, "cpu")
+        x.cu_seqlens = to_device(cu_seqlens, x.ids.device)
         x.attention_mask = None
         return x
     seg_t = x.attention_mask

@@ -29,6 +29,7 @@ from areal_cli.trainer.batching import (
     model_inputs,
     reduce_stats,
     shard,
+    to_device,
 )
 from areal_cli.trainer.logprobs import forward_logprobs
 from areal_cli.trainer.loss import (
@@ -289,19 +290,19 @@ class StepRunner:
     def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
         logp, ent = self._forward(ro, mb, self.clock)
         dev = logp.device
-        behav = ro.behav_logp[mb].to(dev)
+        behav = to_device(ro.behav_logp[mb], dev)
         if prox:
-            prox_lp = torch.stack([prox[i] for i in mb]).to(dev)
+            prox_lp = to_device(torch.stack([prox[i] for i in mb]), dev)
         elif self.cfg.algorithm.recompute_proximal:
             prox_lp = logp.detach()
         else:
             prox_lp = None  # π_prox = μ: the clip bounds π_θ/μ, the policy that sampled
-        loss, st = policy_loss(logp, prox_lp, behav, adv[mb].to(dev),
-                               ro.loss_mask[mb].to(dev), self.cfg.algorithm, global_tokens=global_tokens,
+        loss, st = policy_loss(logp, prox_lp, behav, to_device(adv[mb], dev),
+                               to_device(ro.loss_mask[mb], dev), self.cfg.algorithm, global_tokens=global_tokens,
                                global_seqs=float(ro.n), max_len=max_len, entropy=ent,
-                               ref_logp=None if ref is None else ref[mb].to(dev))
+                               ref_logp=None if ref is None else to_device(ref[mb], dev))
         if version is not None and ro.versions is not None:
-            fresh = ro.loss_mask[mb].to(dev) & (ro.versions[mb].to(dev) == version)
+            fresh = to_device(ro.loss_mask[mb], dev) & (to_device(ro.versions[mb], dev) == version)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
         self.clock.mark("loss")
