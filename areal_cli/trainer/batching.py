@@ -132,7 +132,6 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None,
     return bins
 
 
-
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """``t`` on ``device``. A host tensor bound for a GPU goes through pinned memory without blocking:
     a copy from pageable memory waits until the GPU has run everything queued before it, so the GPU
@@ -141,6 +140,7 @@ def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     if t.device.type == "cpu" and device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
     return t.to(device)
+
 
 @dataclass
 class Inputs:

@@ -297,12 +297,12 @@ class StepRunner:
             prox_lp = logp.detach()
         else:
             prox_lp = None  # π_prox = μ: the clip bounds π_θ/μ, the policy that sampled
-        loss, st = policy_loss(logp, prox_lp, behav, to_device(adv[mb], dev),
-                               to_device(ro.loss_mask[mb], dev), self.cfg.algorithm, global_tokens=global_tokens,
-                               global_seqs=float(ro.n), max_len=max_len, entropy=ent,
+        mask = to_device(ro.loss_mask[mb], dev)
+        loss, st = policy_loss(logp, prox_lp, behav, to_device(adv[mb], dev), mask, self.cfg.algorithm,
+                               global_tokens=global_tokens, global_seqs=float(ro.n), max_len=max_len, entropy=ent,
                                ref_logp=None if ref is None else to_device(ref[mb], dev))
         if version is not None and ro.versions is not None:
-            fresh = to_device(ro.loss_mask[mb], dev) & (to_device(ro.versions[mb], dev) == version)
+            fresh = mask & (to_device(ro.versions[mb], dev) == version)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
         self.clock.mark("loss")

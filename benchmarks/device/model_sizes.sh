@@ -264,21 +264,22 @@ PY
   judge3)  # 3 GPUs, the default model: the judge on its own GPU (reward.gpus=[2], the policy's initial weights,
            # frozen) beside 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1), against the same run with the verifier alone
     m=$(model)
+    b=32 g=8
     J="engine=vllm model=$m cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0
-       trainer.batch_size=32 rollout.group_size=8 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300
+       trainer.batch_size=$b rollout.group_size=$g trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300
        trainer.steps=${STEPS:-12} eval.at_end=false"
     step verifier ${LIMIT:-200} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/verifier $J
     step judge ${LIMIT:-260} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/judge $J \
         "reward.fn=[auto,judge]" "reward.weights=[1,1]" "reward.gpus=[2]"
     for r in verifier judge; do
       python3 benchmarks/device/run_summary.py /tmp/runs/$r 2 > "$OUT/${r}_summary.json" 2>> "$L/$r.log"; done
-    python3 - "$OUT" /tmp/runs/judge/metrics.jsonl <<'PY' | tee -a $S
+    python3 - "$OUT" /tmp/runs/judge/metrics.jsonl $((b * g)) <<'PY' | tee -a $S
 import json, statistics, sys
 for r in ("verifier", "judge"):
     s = json.load(open(f"{sys.argv[1]}/{r}_summary.json"))
     n = s["steps"] - s["warmup_steps"]
     print(f"{r}: step median {s['step_wall_s_median']:.2f} s, {s['effective_trained_tokens_per_s']:.0f} trained tokens/s, "
-          f"{256 * n / s['window_s']:.1f} samples scored/s over {n} steps, reward {s['reward_first_quarter']:.3f} -> "
+          f"{int(sys.argv[3]) * n / s['window_s']:.1f} samples scored/s over {n} steps, reward {s['reward_first_quarter']:.3f} -> "
           f"{s['reward_last_quarter']:.3f}")
 rows = [json.loads(x) for x in open(sys.argv[2])]
 for k in ("reward_judge_mean", "reward_judge_batch_mean", "reward_judge_batch_workers_max", "reward_judge_parse_error",
