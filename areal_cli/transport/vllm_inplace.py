@@ -215,8 +215,11 @@ class InplaceWorker:
     def areal_weights_join(self, plan: dict) -> dict:
         """Join the weight group at ``plan["rank_offset"]`` + this worker's TP rank and decide staged or
         direct; returns the rank, the choice and why."""
+        from areal_cli.runtime import short_gil_switch
         from areal_cli.transport.weights import new_group
 
+        # the receiving thread takes the GIL after every bucket beside the engine's busy loop
+        short_gil_switch()
         live = dict(self.get_model().named_parameters())
         device = torch.device("cuda", torch.cuda.current_device())
         if self.vllm_config.parallel_config.world_size > 1:

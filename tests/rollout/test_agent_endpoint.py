@@ -20,7 +20,8 @@ from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.rewards import RewardPool
 from areal_cli.rollout.agent.bridge import CallId
 from areal_cli.rollout.agent.toolcalls import forced_text
-from areal_cli.rollout.agent.workflow import SWITCH_INTERVAL_S, AgentWorkflow
+from areal_cli.rollout.agent.workflow import AgentWorkflow
+from areal_cli.runtime import SWITCH_INTERVAL_S
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.messages import WorkItem
 

@@ -17,11 +17,11 @@ class FakeCore:
     """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version."""
 
     def __init__(self):
-        self.requests, self.aborted, self.version, self.params = {}, [], 0, {}
+        self.requests, self.aborted, self.version, self.params, self.salts = {}, [], 0, {}, {}
 
     def add_request(self, req, prompt, params, lora_request=None):
         self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
-        self.params[req] = params
+        self.params[req], self.salts[req] = params, prompt.get("cache_salt")
 
     def step(self):
         outs = []
@@ -43,10 +43,14 @@ class FakeCore:
             self.requests.pop(i, None)
 
 
+def never_reset():
+    raise AssertionError("the prefix cache is salted by weight version; a reset would hold generation")
+
+
 def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
-    eng.llm = types.SimpleNamespace(reset_prefix_cache=lambda: True)
+    eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
     eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
@@ -67,6 +71,8 @@ def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
     # resubmitted as prompt + tokens so far, with the remaining budget
     ids, budget, _ = eng.core.requests["a#2"]
     assert ids == [1, 2] + eng.seqs["a"].output_ids and budget == 5 - made
+    # the prefix cache is keyed by weight version: the new segment cannot reuse the old weights' KV
+    assert eng.core.salts == {"a#1": "areal-w0", "a#2": "areal-w1"}
     done = []
     while not done:
         done = eng.poll(0.01)

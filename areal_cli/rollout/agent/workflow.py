@@ -19,7 +19,6 @@ import asyncio
 import concurrent.futures as cf
 import json
 import logging
-import sys
 import time
 import traceback
 from collections import Counter
@@ -36,15 +35,11 @@ from areal_cli.rollout.agent.episode import EpisodeLog, episode_reward, import_a
 from areal_cli.rollout.agent.server import Endpoint, Server, build_app, new_token
 from areal_cli.rollout.agent.toolcalls import detect
 from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.runtime import short_gil_switch
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 
 log = logging.getLogger(__name__)
-
-SWITCH_INTERVAL_S = 0.0005
-"""The GIL switch interval of a worker that serves the endpoint (Python's default: 5 ms). With the main
-thread busy, ``benchmarks/gil_switch.py`` served 99–162 calls/s at 5 ms and 255–257 at 0.5 ms in two
-runs (2-core CPU, the test suite running beside it)."""
 
 
 @dataclass
@@ -82,7 +77,7 @@ class AgentWorkflow:
                                  context, {eos} if isinstance(eos, int) else set(eos or []))
         # the endpoint's thread waits for the GIL at every await while the main thread steps the engine;
         # at Python's default 5 ms switch interval an HTTP round trip queues there many times over
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        short_gil_switch()
         self.server = Server(build_app(self.endpoint))
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)

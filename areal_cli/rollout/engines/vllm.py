@@ -12,11 +12,13 @@ default, raw logprobs, are of the temperature-1 distribution and disagree whenev
 Interruptible: on a weight update every unfinished request is aborted, the new weights are
 swapped in (``engine.weight_update=inplace``: received behind generation into a staging copy through
 areal's bucketed broadcast, ``transport/vllm_inplace.py``; ``reload``: vLLM's own NCCL transfer and
-layer-wise reload, ``transport/vllm_weights.py``), the prefix cache (KV of the old weights) is reset,
-and each sequence is resubmitted as prompt + the tokens it has so far — re-prefilled under the new
-version, exactly as the hf engine does. ``engine.pause_mode=keep`` skips the abort: sequences keep
-their old-weight KV. The receiving end is built here when the engine has a weight source; the
-trainer's end is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
+layer-wise reload, ``transport/vllm_weights.py``), and each sequence is resubmitted as prompt + the
+tokens it has so far — re-prefilled under the new version, exactly as the hf engine does. Every
+request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
+other weights to it (requests of one version still share their prompts' blocks) and is never reset
+(a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
+the abort: sequences keep their old-weight KV. The receiving end is built here when the engine has a
+weight source; the trainer's end is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.rollout.engines import ENGINES
 from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+from areal_cli.runtime import short_gil_switch
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +91,9 @@ class VLLMEngine(Engine):
         vllm = import_vllm()
 
         doing("loading the model")
+        # vLLM's output thread decodes the engine's outputs beside this loop; at the default 5 ms switch
+        # interval each call of the loop into vLLM (abort, add_request) can wait for the GIL that long
+        short_gil_switch()
         self.engine_cfg = setup.engine
         adapter = setup.weights is not None and lora.sends_adapter(setup.weights.cfg)
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
@@ -133,10 +139,15 @@ class VLLMEngine(Engine):
         req = seq.segment_id()
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
-        self.core.add_request(req, {"prompt_token_ids": ids}, self._params(remaining, seq.ignore_eos),
+        self.core.add_request(req, self._prompt(ids), self._params(remaining, seq.ignore_eos),
                               lora_request=self.lora_request)
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
+
+    def _prompt(self, ids: list[int]) -> dict:
+        """A request's prompt, salted with the weight version: its blocks are cached and found only
+        among requests of the same weights."""
+        return {"prompt_token_ids": ids, "cache_salt": f"areal-w{self.version}"}
 
     def poll(self, timeout_s: float) -> list[Sequence]:
         done, self._done = self._done, []
@@ -164,7 +175,7 @@ class VLLMEngine(Engine):
         rid = f"areal-probe-{self._probes}"
         params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
                                      output_kind=RequestOutputKind.FINAL_ONLY)
-        self.core.add_request(rid, {"prompt_token_ids": list(ids)}, params, lora_request=self.lora_request)
+        self.core.add_request(rid, self._prompt(list(ids)), params, lora_request=self.lora_request)
         deadline = time.perf_counter() + 120
         while time.perf_counter() < deadline:
             for out in self.core.step():
@@ -219,9 +230,7 @@ class VLLMEngine(Engine):
         timings: dict = {}
         yield timings  # the caller loads the weights
         loaded = time.perf_counter()
-        if abort and not self.llm.reset_prefix_cache():
-            log.warning("vLLM refused to reset its prefix cache: KV of old weights may be reused")
-        self.version = version
+        self.version = version  # the salt of every request from now on (``_prompt``)
         if abort:
             for seq in list(self.seqs.values()):
                 seq.segments += 1
