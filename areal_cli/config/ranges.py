@@ -67,7 +67,7 @@ RANGES: dict[str, dict[str, Range]] = {
     },
     "RewardModelConfig": {"max_tokens": COUNT},
     "JudgeConfig": {"score_min": Range(-INF), "score_max": Range(-INF), "max_new_tokens": Range(1, 256),
-                    "min_verdict_mass": FRACTION, "max_tokens": COUNT},
+                    "min_verdict_mass": FRACTION, "max_tokens": COUNT, "gpu_memory_utilization": PROB},
     "AlgorithmConfig": {
         "gamma": FRACTION, "lam": FRACTION, "eps_clip_low": Range(0, 1, lo_open=True, note="1 = no lower bound"),
         "eps_clip_high": pos(), "dual_clip": Range(1, lo_open=True, note="or null = off"),

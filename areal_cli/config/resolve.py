@@ -14,6 +14,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | engine.lm_head_fp32 | true where the engine's logits are float32 (vllm), else false |
 | engine.weight_update | vllm: inplace for a known fused layout (any TP), else reload; hf: inplace |
 | engine.lora_merge | true with vllm (merged weights through its in-place update), false with hf (the adapter) |
+| reward.judge.engine | vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf |
 | weights.dtype | engine.dtype |
 | weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU, else gloo |
 | weights.staged | true with nccl, false with gloo |
@@ -45,6 +46,7 @@ from areal_cli.config.choices import (
     WeightsBackend,
     WeightUpdate,
 )
+from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import EngineConfig, RootConfig, WeightsConfig
 from areal_cli.rollout.engines import spec
 
@@ -70,6 +72,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
     out = copy.deepcopy(cfg)
     out.engine = resolve_engine(out.engine, where.model_path)
+    out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
     t, w = out.trainer, out.weights
     t.dtype = _dtype(t.dtype)
     t.optim_state = _auto(OptimState, t.optim_state,
@@ -169,6 +172,14 @@ def layer_params(model_path: Path) -> float:
     d = c.get("head_dim") or h // heads
     kv = c.get("num_key_value_heads") or heads
     return float(layers * (2 * h * heads * d + 2 * h * kv * d + 3 * h * inter))
+
+
+def _judge_engine(cfg: RootConfig) -> JudgeEngine:
+    """reward.judge.engine=auto: on reward.gpus the run's own engine where it can serve the judge (with
+    engine=vllm, vLLM is installed), else hf."""
+    if cfg.reward.gpus and cfg.engine.name in set(JudgeEngine):
+        return JudgeEngine(cfg.engine.name)
+    return JudgeEngine.hf
 
 
 def _switch(value, on: bool) -> Switch:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import StrEnum
 
 MODEL_PARTS = ("model", "judge")
 """reward.fn values scored by the reward-model process; every other value is a verifier."""
@@ -13,6 +14,16 @@ VERDICTS = ("yes_no", "number")
 PARSE_ERROR_SCORES = ("min", "error")
 PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 PLACEHOLDERS = ("problem", "reference", "completion")
+
+
+class JudgeEngine(StrEnum):
+    """What runs the judge; auto = vllm on reward.gpus where the run's engine is vllm, else hf. The
+    names are the generation engines' (engine=hf | vllm)."""
+
+    auto = "auto"
+    hf = "hf"
+    vllm = "vllm"
+
 
 DEFAULT_JUDGE_TEMPLATE = (
     "Here is a question and an answer to it.\n\nQuestion: {problem}\n\nAnswer: {completion}\n\n"
@@ -60,6 +71,12 @@ class JudgeConfig:
     fails like a crashed call (status "error", reward_judge_error and reward_errors)."""
     max_tokens: int = 1024
     """Tokens of the rendered template the judge reads; longer prompts keep their last tokens."""
+    engine: JudgeEngine = JudgeEngine.auto
+    """hf = a transformers model in the reward-model process (the CPU or reward.gpus); vllm = a
+    vllm.LLM on the GPU of reward.gpus (the vllm extra); auto = vllm where reward.gpus is set and
+    the run's engine is vllm, else hf (resolved when the run is planned)."""
+    gpu_memory_utilization: float = 0.8
+    """engine=vllm: the share of the judge GPU's memory vLLM takes (its weights and KV cache)."""
 
 
 def reward_parts(fn) -> list[str]:
@@ -88,8 +105,12 @@ def template_problems(template: str) -> list[str]:
     return errors
 
 
-def judge_problems(j: JudgeConfig) -> list[str]:
+def judge_problems(j: JudgeConfig, gpus: list) -> list[str]:
+    """What is wrong with reward.judge for a reward-model process on ``gpus`` (reward.gpus)."""
     errors = template_problems(j.template)
+    if j.engine == JudgeEngine.vllm and not gpus:
+        errors.append("reward.judge.engine=vllm needs a GPU and reward.gpus is empty: set reward.gpus=[<gpu id>] "
+                      "(a GPU of its own), or reward.judge.engine=hf")
     if j.verdict not in VERDICTS:
         errors.append(f"reward.judge.verdict={j.verdict!r}: use one of {', '.join(VERDICTS)}")
     if j.on_parse_error not in PARSE_ERROR_SCORES:

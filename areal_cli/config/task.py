@@ -279,7 +279,7 @@ class RewardConfig:
             errors.append("reward.fn includes model but reward.model.path is empty: set it to the reward "
                           "model's directory or Hub id")
         if "judge" in parts:
-            errors += judge_problems(self.judge)
+            errors += judge_problems(self.judge, self.gpus)
         return errors
 
 

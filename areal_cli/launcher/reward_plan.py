@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 
+from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import RootConfig
 from areal_cli.runtime import physical_gpus
 
@@ -24,10 +25,19 @@ def reward_notes(cfg: RootConfig) -> list[str]:
         lines.append(f"reward model {rc.model.path} → {path}, output {index}")
     if "judge" in rc.parts:
         judge = rc.judge.model or cfg.model
-        lines.append(f"judge {judge} → {resolve_model(judge)} (frozen), verdict={rc.judge.verdict}")
+        lines.append(f"judge {judge} → {resolve_model(judge)} (frozen), verdict={rc.judge.verdict}, "
+                     f"{judge_engine_note(cfg)}")
     weights = [float(w) for w in rc.weights] or [1.0] * len(rc.parts)
     lines.append("reward = " + " + ".join(f"{w:g}·{p}" for w, p in zip(weights, rc.parts, strict=True)))
     return lines
+
+
+def judge_engine_note(cfg: RootConfig) -> str:
+    """Which engine runs the judge, where (the resolved reward.judge.engine)."""
+    j, where = cfg.reward.judge, f"GPU {','.join(map(str, cfg.reward.gpus))}" if cfg.reward.gpus else "the CPU"
+    if j.engine == JudgeEngine.vllm:
+        return f"reward.judge.engine=vllm: a vllm.LLM on {where}, {j.gpu_memory_utilization:.0%} of its memory"
+    return f"reward.judge.engine=hf: transformers on {where}"
 
 
 def reward_proc(cfg: RootConfig, run_dir, visible: list[int], cpu_env: dict):

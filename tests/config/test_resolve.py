@@ -106,6 +106,25 @@ def test_lora_merge_auto_merges_for_vllm_and_sends_the_adapter_to_hf():
     assert kept.engine.lora_merge == "false" and lora.sends_adapter(kept)
 
 
+def test_judge_engine_auto_is_vllm_only_on_reward_gpus_of_a_vllm_run():
+    # vllm needs the GPU of reward.gpus and is installed where the run's engine is vllm; else hf
+    assert resolve(compose([]), CPU).reward.judge.engine == "hf"
+    assert resolve(compose(["engine=vllm"]), GPUS).reward.judge.engine == "hf"  # no reward.gpus: the CPU
+    assert resolve(compose(["reward.gpus=[2]"]), GPUS).reward.judge.engine == "hf"  # engine=hf
+    assert resolve(compose(["engine=vllm", "reward.gpus=[2]"]), GPUS).reward.judge.engine == "vllm"
+    kept = compose(["engine=vllm", "reward.gpus=[2]", "reward.judge.engine=hf"])
+    assert resolve(kept, GPUS).reward.judge.engine == "hf"
+
+
+def test_judge_engine_vllm_without_a_gpu_names_the_fix():
+    with pytest.raises(ConfigError) as err:
+        compose(["reward.fn=judge", "reward.judge.engine=vllm", "eval.at_end=false"])
+    assert str(err.value) == ("  - reward.judge.engine=vllm needs a GPU and reward.gpus is empty: set "
+                              "reward.gpus=[<gpu id>] (a GPU of its own), or reward.judge.engine=hf")
+    compose(["reward.fn=judge", "reward.judge.engine=vllm", "reward.gpus=[0]", "eval.at_end=false"])
+    compose(["reward.judge.engine=vllm"])  # no judge in reward.fn: nothing runs it
+
+
 def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values():
     for placement in (CPU, GPUS, Placement(trainer_gpu=True, shared_gpu=True)):
         once = resolve(compose(["engine=vllm"]), placement)
@@ -116,7 +135,7 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
-        "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
+        "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
         "trainer.dtype", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
     assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
@@ -128,7 +147,7 @@ def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_
 
 
 def test_a_process_refuses_a_config_that_was_not_resolved():
-    with pytest.raises(ValueError, match=r"run/config.yaml: engine.dtype, engine.weight_update, .* still auto: "
+    with pytest.raises(ValueError, match=r"run/config.yaml: reward.judge.engine, engine.dtype, .* still auto: "
                                          r"start the run with `areal train`"):
         require_resolved(compose([]), "run/config.yaml")
 
@@ -152,6 +171,7 @@ def test_dry_run_prints_the_resolved_config():
     ("launcher.allocator=mimalloc", "launcher.allocator=mimalloc: use auto, tcmalloc, jemalloc or system"),
     ("logging.wandb_mode=cloud", "logging.wandb_mode=cloud: use auto, online, offline or disabled"),
     ("rollout.batch_order=newest", "rollout.batch_order=newest: use finished or admission"),
+    ("reward.judge.engine=sglang", "reward.judge.engine=sglang: use auto, hf or vllm"),
 ])
 def test_a_value_outside_a_choice_names_the_valid_ones(override, message):
     with pytest.raises(ConfigError) as err:

@@ -89,6 +89,8 @@ def test_a_killed_reward_model_process_is_named(tiny_model, tmp_path):
     (["reward.fn=model", "reward.model.path=RM2"], "set reward.model.label"),
     (["reward.fn=model", "reward.model.path=RM2", "reward.model.label=l9"], "reward.model.label='l9' is not"),
     (["reward.fn=[auto,judge]", "reward.weights=[1]"], "give one weight per part"),
+    (["reward.fn=judge", "reward.judge.engine=vllm"], "set reward.gpus=[<gpu id>] (a GPU of its own), or "
+     "reward.judge.engine=hf"),
 ])
 def test_bad_reward_config_exits_2_before_start(tmp_path, overrides, needle):
     rm2 = tiny_classifier(tmp_path / "rm2", 2)

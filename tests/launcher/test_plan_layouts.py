@@ -118,7 +118,9 @@ def test_a_judge_reward_plans_the_reward_model_process(tiny_model, tiny_reward_m
     assert env_of(p, "reward-model") == "2"
     text = p.describe()
     assert "reward = 1·auto + 0.5·judge + 2·model" in text and "areal_cli.rewards.server" in text
+    assert "reward.judge.engine=vllm: a vllm.LLM on GPU 2, 80% of its memory" in text  # auto: GPU 2, engine=vllm
     on_cpu = plan(tiny_model, tmp_path / "cpu", [], "reward.fn=judge", "eval.at_end=false")
     assert env_of(on_cpu, "reward-model") == "" and on_cpu.devices["reward"] == []
+    assert "reward.judge.engine=hf: transformers on the CPU" in on_cpu.describe()
     with pytest.raises(ValueError, match=r"reward.gpus=\[5\]"):
         plan(tiny_model, tmp_path / "bad", [0, 1], "reward.fn=judge", "eval.at_end=false", "reward.gpus=[5]")
