@@ -6,6 +6,9 @@ the judge's chat template. verdict=yes_no scores P(yes) / (P(yes) + P(no)) of th
 the judge's reply, in one forward; verdict=number lets it write up to max_new_tokens (greedy) and
 scales the first number in [score_min, score_max] to [0, 1]. A verdict that parses as neither is a
 ``parse_error``: counted, and scored per reward.judge.on_parse_error.
+
+``JudgeBase`` holds what the engines share (the prompts, the verdict rules); ``Judge`` runs the
+judge with transformers (reward.judge.engine=hf), ``vllm_judge.VLLMJudge`` with vLLM.
 """
 
 from __future__ import annotations
@@ -52,22 +55,18 @@ def single_token_ids(tok, words) -> list[int]:
     return sorted({i[0] for i in ids if len(i) == 1})
 
 
-class Judge:
-    """The loaded judge model (frozen, eval mode, no gradients)."""
+class JudgeBase:
+    """What every judge engine shares: the judge's tokenizer, the prompts as token ids and the verdict
+    rules. An engine loads the model and runs the forwards: ``_yes_no_mass`` and ``_replies``."""
 
-    def __init__(self, model_dir, cfg: JudgeConfig, dtype, device: str = "cpu"):
-        import torch
-        from transformers import AutoModelForCausalLM
-
+    def __init__(self, model_dir, cfg: JudgeConfig):
         from areal_cli.tasks import load_tokenizer
 
-        self.cfg, self.torch = cfg, torch
+        self.cfg = cfg
         self.tok = load_tokenizer(model_dir)
         self.tok.padding_side, self.tok.truncation_side = "left", "left"
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
-        self.model.requires_grad_(False)
         self.yes, self.no = single_token_ids(self.tok, YES), single_token_ids(self.tok, NO)
         if cfg.verdict == "yes_no" and not (self.yes and self.no):
             raise ValueError("reward.judge.model: its tokenizer has no single-token yes/no; use "
@@ -78,19 +77,27 @@ class Judge:
         return self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                             add_generation_prompt=True)
 
+    def encode(self, items: list[tuple[str, str, str]], **kw):
+        """The prompts of ``items`` tokenized, each its last ``max_tokens`` tokens (``kw``: padding, tensors)."""
+        return self.tok([self.prompt(*it) for it in items], truncation=True, max_length=self.cfg.max_tokens,
+                        add_special_tokens=False, **kw)
+
     def score(self, items: list[tuple[str, str, str]]) -> list[Verdict]:
         """Verdicts of (problem, reference, completion) items, in one batch."""
-        enc = self.tok([self.prompt(*it) for it in items], return_tensors="pt", padding=True, truncation=True,
-                       max_length=self.cfg.max_tokens, add_special_tokens=False).to(device_of(self.model))
-        with self.torch.inference_mode():
-            if self.cfg.verdict == "yes_no":
-                return self._yes_no(enc)
-            return self._number(enc)
+        if self.cfg.verdict == "yes_no":
+            return self.yes_no_verdicts(*self._yes_no_mass(items))
+        return self.number_verdicts(self._replies(items))
 
-    def _yes_no(self, enc) -> list[Verdict]:
-        logits = self.model(**enc).logits[:, -1].float()
-        probs = self.torch.softmax(logits, dim=-1)
-        p_yes, p_no = probs[:, self.yes].sum(-1).tolist(), probs[:, self.no].sum(-1).tolist()
+    def _yes_no_mass(self, items) -> tuple[list[float], list[float]]:
+        """P(yes) and P(no) of each item's first reply token."""
+        raise NotImplementedError
+
+    def _replies(self, items) -> list[list[int]]:
+        """Each item's greedy reply, up to ``max_new_tokens`` token ids."""
+        raise NotImplementedError
+
+    def yes_no_verdicts(self, p_yes: list[float], p_no: list[float]) -> list[Verdict]:
+        """P(yes) / (P(yes) + P(no)); a parse failure where P(yes) + P(no) < ``min_verdict_mass``."""
         out = []
         for y, n in zip(p_yes, p_no, strict=True):
             if y + n < self.cfg.min_verdict_mass:
@@ -100,11 +107,10 @@ class Judge:
                 out.append(Verdict(y / (y + n), "ok"))
         return out
 
-    def _number(self, enc) -> list[Verdict]:
-        new = self.model.generate(**enc, max_new_tokens=self.cfg.max_new_tokens, do_sample=False,
-                                  pad_token_id=self.tok.pad_token_id)[:, enc["input_ids"].shape[1]:]
+    def number_verdicts(self, replies: list[list[int]]) -> list[Verdict]:
+        """The first number in [score_min, score_max] of each decoded reply, scaled to [0, 1]."""
         out = []
-        for text in self.tok.batch_decode(new, skip_special_tokens=True):
+        for text in self.tok.batch_decode(replies, skip_special_tokens=True):
             value = parse_number(text, self.cfg.score_min, self.cfg.score_max)
             if value is None:
                 out.append(failed_parse(self.cfg, f"no number in [{self.cfg.score_min:g}, {self.cfg.score_max:g}] "
@@ -112,6 +118,34 @@ class Judge:
             else:
                 out.append(Verdict(value, "ok"))
         return out
+
+
+class Judge(JudgeBase):
+    """reward.judge.engine=hf: the judge as a transformers model (frozen, eval mode, no gradients)."""
+
+    def __init__(self, model_dir, cfg: JudgeConfig, dtype, device: str = "cpu"):
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        super().__init__(model_dir, cfg)
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        self.model.requires_grad_(False)
+
+    def _batch(self, items):
+        return self.encode(items, return_tensors="pt", padding=True).to(device_of(self.model))
+
+    def _yes_no_mass(self, items) -> tuple[list[float], list[float]]:
+        with self.torch.inference_mode():
+            probs = self.torch.softmax(self.model(**self._batch(items)).logits[:, -1].float(), dim=-1)
+        return probs[:, self.yes].sum(-1).tolist(), probs[:, self.no].sum(-1).tolist()
+
+    def _replies(self, items) -> list[list[int]]:
+        enc = self._batch(items)
+        with self.torch.inference_mode():
+            out = self.model.generate(**enc, max_new_tokens=self.cfg.max_new_tokens, do_sample=False,
+                                      pad_token_id=self.tok.pad_token_id)
+        return out[:, enc["input_ids"].shape[1]:].tolist()
 
 
 def device_of(model) -> str:

@@ -22,6 +22,7 @@ import zmq
 
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
+from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
 from areal_cli.models import resolve_model
@@ -36,21 +37,30 @@ NAME = "reward-model"
 
 
 def load_scorers(cfg: RootConfig, device: str) -> dict:
-    """part → its loaded scorer: ``RewardModel`` (model) and/or ``Judge`` (judge)."""
+    """part → its loaded scorer: ``RewardModel`` (model) and/or the judge of reward.judge.engine (judge)."""
     import torch
 
     dtype = getattr(torch, cfg.reward.dtype)
     scorers = {}
+    if "judge" in cfg.reward.parts:  # first: vLLM sizes its share of the GPU before the reward model takes any
+        scorers["judge"] = load_judge(cfg, dtype, device)
     if "model" in cfg.reward.parts:
         from areal_cli.rewards.reward_model import RewardModel
 
         scorers["model"] = RewardModel(resolve_model(cfg.reward.model.path), cfg.reward.model, dtype, device)
-    if "judge" in cfg.reward.parts:
-        from areal_cli.rewards.judge import Judge
-
-        scorers["judge"] = Judge(resolve_model(cfg.reward.judge.model or cfg.model), cfg.reward.judge, dtype,
-                                 device)
     return scorers
+
+
+def load_judge(cfg: RootConfig, dtype, device: str):
+    """The judge on the engine of the resolved reward.judge.engine: a vllm.LLM, or a transformers model."""
+    path, jc = resolve_model(cfg.reward.judge.model or cfg.model), cfg.reward.judge
+    if jc.engine == JudgeEngine.vllm:
+        from areal_cli.rewards.vllm_judge import VLLMJudge
+
+        return VLLMJudge(path, jc, dtype)
+    from areal_cli.rewards.judge import Judge
+
+    return Judge(path, jc, dtype, device)
 
 
 def score_part(scorer, part: str, requests: list[RewardRequest]) -> list[tuple[float, str, str]]:
@@ -79,6 +89,8 @@ class Server:
         self.served = 0
         atomic_write(RunDir(run_dir).reward_endpoint, json.dumps({"reward": self.sock.addr}))
         self.log.info("serving %s on %s (%s)", ", ".join(self.scorers), self.sock.addr, device)
+        if "judge" in self.scorers:
+            self.log.info("judge: reward.judge.engine=%s", cfg.reward.judge.engine)
 
     def run(self) -> None:
         while not isinstance(self.control.recv(0), Stop):
