@@ -51,6 +51,7 @@
 #                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
 #   judge3   carry nothing more       3 GPUs: a judge on its own GPU beside 1 + 1 (default model), against the
 #                                     verifier alone: step time, samples scored/s, the judge's batches and failures
+#   judgetest carry nothing more      1 GPU: tests/rewards/test_vllm_judge.py (the vLLM judge against the hf judge)
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
@@ -262,7 +263,8 @@ PY
     head -c 1500 "$OUT/cispo_summary.json" | tee -a $S
     tar czf "$OUT/agents_runs.tgz" --exclude=checkpoints -C /tmp/runs agent_bench cispo 2>/dev/null ;;
   judge3)  # 3 GPUs, the default model: the judge on its own GPU (reward.gpus=[2], the policy's initial weights,
-           # frozen) beside 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1), against the same run with the verifier alone
+           # frozen, served by vLLM) beside 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1), against the same run
+           # with the verifier alone
     m=$(model)
     b=32 g=8
     J="engine=vllm model=$m cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0
@@ -270,7 +272,7 @@ PY
        trainer.steps=${STEPS:-12} eval.at_end=false"
     step verifier ${LIMIT:-200} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/verifier $J
     step judge ${LIMIT:-260} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/judge $J \
-        "reward.fn=[auto,judge]" "reward.weights=[1,1]" "reward.gpus=[2]"
+        "reward.fn=[auto,judge]" "reward.weights=[1,1]" "reward.gpus=[2]" reward.judge.engine=vllm
     for r in verifier judge; do
       python3 benchmarks/device/run_summary.py /tmp/runs/$r 2 > "$OUT/${r}_summary.json" 2>> "$L/$r.log"; done
     python3 - "$OUT" /tmp/runs/judge/metrics.jsonl $((b * g)) <<'PY' | tee -a $S
@@ -288,7 +290,12 @@ for k in ("reward_judge_mean", "reward_judge_batch_mean", "reward_judge_batch_wo
     print(f"  {k}: median {statistics.median(v) if v else None} over {len(v)} steps")
 PY
     tar czf "$OUT/judge_runs.tgz" --exclude=checkpoints -C /tmp/runs verifier judge 2>/dev/null ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents judge3)"; exit 2 ;;
+  judgetest)  # 1 GPU: the vLLM judge against the hf judge on the default model (tests/rewards/test_vllm_judge.py)
+    # the default model's HF directory (the test finds it by its alias), converted before the test's clock starts
+    python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
+    step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
+        tests/rewards/test_vllm_judge.py -x -rs ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents judge3 judgetest)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
