@@ -44,9 +44,10 @@
 # it; split the overlay's two parts again into parts of at most ~44 MiB (same names part00/part01, same SHA256:
 # `cat a/*.part00 b/*.part01 | split -b 44M`) and carry each with the wheels or the tree.
 #   levers15 carry .models/a          (stage3 and) trainer_profile rows of the 1.5B layout on one GPU each: ROWS0 on
-#                                     GPU 0, ROWS1 on GPU 1, at once; PROFILE=ROW: a torch-profiler step of that row
+#                                     GPU 0, ROWS1 on GPU 1, at once (an empty ROWSi: that GPU idles, the other has the
+#                                     host to itself); PROFILE=ROW: a torch-profiler step of that row
 #   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
-#                                     then lora7b (10 steps) and lora7bmerge (MSTEPS, eager vLLM), LEN-token responses
+#                                     then lora7bmerge (STEPS, 10) and lora7b (MSTEPS, 3), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
 #                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
 #   judge3   carry nothing more       3 GPUs: a judge on its own GPU beside 1 + 1 (default model), against the
@@ -225,29 +226,29 @@ PY
              # GPU 0 and ROWS1 on GPU 1 at once -> $OUT/levers_gpu{0,1}/results.json
     step build_1.5b 120 env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -c \
         "from benchmarks.trainer_variants import checkpoint; print(checkpoint('qwen2.5-1.5b-instruct'))"
+    # a GPU whose ROWS is empty runs nothing; two at once split the host's cores (each process would take
+    # them all, and the host's share of a step grows)
+    threads=$(nproc); [ -n "${ROWS0:-}" ] && [ -n "${ROWS1:-}" ] && threads=$((threads / 2))
     for g in 0 1; do
       rows=ROWS$g
-      step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$(cvd $g) python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} \
-          --profile ${PROFILE:-} --out "$OUT/levers_gpu$g" --rows ${!rows} &
+      [ -n "${!rows:-}" ] || continue
+      step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$(cvd $g) OMP_NUM_THREADS=$threads \
+          python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} --profile ${PROFILE:-} --out "$OUT/levers_gpu$g" \
+          --rows ${!rows} &
     done
     wait
-    for g in 0 1; do grep -h "step .* MFU" "$L/levers_gpu$g.log" | tee -a $S; done ;;
+    for g in 0 1; do grep -h "step .* MFU" "$L/levers_gpu$g.log" 2>/dev/null | tee -a $S; done ;;
   lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
-          # checkpoint builds (GPU 0); then lora7b and lora7bmerge (merge first where the test failed)
+          # checkpoint builds (GPU 0); then lora7bmerge (STEPS, the default path with vLLM) and lora7b (MSTEPS)
     m=$(model)
     # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
     # prints no report)
-    step lora_vllm_test 240 env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
+    step lora_vllm_test ${TLIMIT:-180} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rollout/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait
-    if grep -q " passed" "$L/lora_vllm_test.log" && ! grep -q "failed\|error" "$L/lora_vllm_test.log"; then
-      lora7 lora7b false ${STEPS:-10} ${LIMIT:-270}
-      lora7 lora7bmerge true ${MSTEPS:-3} 150 engine.enforce_eager=true
-    else
-      lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}
-      lora7 lora7b false ${MSTEPS:-3} 150
-    fi ;;
+    lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}
+    lora7 lora7b false ${MSTEPS:-3} ${MLIMIT:-150} ;;
   agents)  # 2 GPUs, the default model: the agent endpoint against single_turn (benchmarks/agent_throughput.py),
            # then algorithm=cispo on the GPU bench task (B = 32 x G = 8, <= 128 tokens)
     m=$(model)
