@@ -57,9 +57,13 @@ LEVERS = {
     "compile": ["trainer.compile=true"],
     "no_reshard": ["trainer.reshard_after_forward=false"],
     "auto": ["trainer.compile=auto", "trainer.logprob_chunk_tokens=0"],
+    "lora16": ["trainer.lora.rank=16"],
+    "entropy": ["algorithm.entropy_coef=1.0", "trainer.lr=2e-4"],
 }
 """Lever name → overrides on top of ``BASELINE``; also ``chunkN`` (``logprob_chunk_tokens=N``) and
-``mbtN`` (``micro_batch_tokens=N``). A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
+``mbtN`` (``micro_batch_tokens=N``). ``lora16`` and ``entropy`` are not speed levers: LoRA's step, and a
+gradient that is not zero (the batch's rewards leave half the advantages 0; the entropy bonus reaches
+every token), each row reporting its gradient norms. A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
 ``auto``: what ``config/resolve.py`` picks for the trainer on a GPU."""
 
 
@@ -124,6 +128,7 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
                mfu=statistics.median(m.get("mfu", 0.0) for m in measured),
                tflops_per_gpu=statistics.median(m["model_tflops_per_s"] for m in measured) / world,
                peak_gpu_mem_gb=max(m.get("peak_gpu_mem_gb", 0.0) for m in measured),
+               grad_norms=[m.get("grad_norm") for m in metrics],
                breakdown={k[len("time/"):-len("_s")]: statistics.median(m.get(k, 0.0) for m in measured)
                           for k in parts})
     if name in args.profile:
@@ -171,7 +176,7 @@ def print_row(r: dict) -> None:
     parts = "  ".join(f"{k} {v:.3f}" for k, v in r["breakdown"].items() if k != "step")
     print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak {r['peak_gpu_mem_gb']:5.1f} GiB  "
           f"(warm-up {r['warmup_s']:.1f} s, logprobs vs first row {r.get('logprob_max_abs_diff_vs_first_row', 0):.1e}) "
-          f"| {parts}", flush=True)
+          f"| {parts} | grad norms {', '.join(f'{g:.3g}' for g in r['grad_norms'])}", flush=True)
 
 
 def main() -> None:
