@@ -57,6 +57,7 @@ LEVERS = {
     "compile": ["trainer.compile=true"],
     "no_reshard": ["trainer.reshard_after_forward=false"],
     "auto": ["trainer.compile=auto", "trainer.logprob_chunk_tokens=0"],
+    "cudnn": ["trainer.varlen_kernel=cudnn"],
     "lora16": ["trainer.lora.rank=16"],
     "entropy": ["algorithm.entropy_coef=1.0", "trainer.lr=2e-4"],
 }

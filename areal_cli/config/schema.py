@@ -25,6 +25,7 @@ from areal_cli.config.choices import (
     PauseMode,
     Switch,
     ToolFormat,
+    VarlenKernel,
     WandbMode,
     WeightsBackend,
     WeightUpdate,
@@ -197,6 +198,10 @@ class TrainerConfig:
     varlen: bool = True
     """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead of
     SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""
+    varlen_kernel: VarlenKernel = VarlenKernel.flash
+    """The kernel of trainer.varlen: flash (torch's varlen_attn, FlashAttention 2) | cudnn (cuDNN's
+    attention over the same segment offsets; twice flash's forward + backward speed on one H200 in
+    benchmarks/attention_kernels.py, not yet measured in a training step)."""
     dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""
