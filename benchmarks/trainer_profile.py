@@ -116,7 +116,9 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
     runner = StepRunner(model, cfg, device, torch.bfloat16, rank=rank, world=world)
     ro = from_batch(b)
     with torch.no_grad():  # the initial weights' logprobs of the first sequence: what each lever computes
-        row["logprobs"] = runner._forward(ro, [0])[0][0].float().cpu() if 0 in shard(ro.n, rank, world) else None
+        # every rank runs the forward (FSDP's all-gathers are collectives); the rank that holds row 0 keeps it
+        first = runner._forward(ro, [0])[0][0].float().cpu()
+        row["logprobs"] = first if 0 in shard(ro.n, rank, world) else None
     times, metrics = [], []
     for _ in range(args.steps + 1):
         sync(device)
