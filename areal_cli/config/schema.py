@@ -73,8 +73,13 @@ class EngineConfig:
     """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
     layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's weight
     loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any tensor_parallel_size), received
-    into a staging copy while generation goes on at TP 1 where the GPU has room (the pause is the swap), else
-    during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
+    into a staging copy while generation goes on at TP 1 (and at TP > 1 with engine.staged_tp) where the GPU
+    has room (the pause is the swap), else during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
+    staged_tp: bool = False
+    """vLLM, engine.weight_update=inplace at tensor_parallel_size > 1: receive each update behind generation
+    into a staging copy as at TP 1 (the pause is the swap) instead of during the pause. Off by default: the
+    receiving thread's broadcasts then run beside the engine's own TP collectives on a second NCCL
+    communicator, not yet measured not to hang."""
     lora_merge: Switch = Switch.auto
     """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the
     weight broadcast, instead of the adapter alone (the engine then runs without LoRA). "auto" = true with

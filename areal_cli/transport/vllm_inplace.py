@@ -13,10 +13,11 @@ Two ways to receive, chosen when the worker joins and logged:
   received and loaded into a staging copy by a thread of vLLM's worker process, on a stream of its
   own, **while generation goes on**; the pause is only the swap, one fused copy of staging into the
   live parameters (~5 ms per GB of shard on an H100). The pause does not grow with the bytes moved.
+  At TP > 1 only with ``engine.staged_tp=true``: a receiving thread's broadcasts then run beside the
+  engine's own TP collectives (two NCCL communicators, in an order the ranks need not share), which is
+  off until it has been measured not to hang.
 * direct: the buckets are received during the pause and loaded straight into the live parameters
-  (two bucket buffers; the pause is the wire plus the loads). At TP > 1 always: a receiving thread's
-  broadcasts beside the engine's own TP collectives (two NCCL communicators, in an order the ranks
-  need not share) is not done until it has been measured not to hang.
+  (two bucket buffers; the pause is the wire plus the loads). At TP > 1 by default.
 
 ``InplaceWorker`` is mixed into vLLM's GPU worker (``worker_extension_cls``); the rollout worker
 drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``vllm_weights.py``).
@@ -208,6 +209,18 @@ def room_for_staging(live: dict[str, torch.nn.Parameter], bucket_bytes: int, dev
                   "free beside the engine (lower engine.gpu_memory_utilization to make room)")
 
 
+def staging_choice(tp: int, plan: dict, room: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:
+    """Whether a GPU rank of an engine at tensor parallel size ``tp`` receives behind generation, and why:
+    where ``plan["staging"]`` asks for it and ``room()`` finds the memory, at TP 1, or at TP > 1 only with
+    ``plan["staged_tp"]`` (engine.staged_tp): there the receiving thread's broadcasts run beside the engine's
+    own TP collectives, on two NCCL communicators in an order the ranks need not share."""
+    if not plan["staging"]:
+        return False, "staging off"
+    if tp > 1 and not plan.get("staged_tp", False):
+        return False, "tensor_parallel_size > 1: received while the engine is paused (engine.staged_tp=false)"
+    return room()
+
+
 class InplaceWorker:
     """Mixed into vLLM's GPU worker (``worker_extension_cls``): its methods run in every GPU worker of the
     engine, called by ``LLM.collective_rpc`` (``vllm_weights.InplaceReceiver``). ``self`` is vLLM's worker."""
@@ -222,14 +235,8 @@ class InplaceWorker:
         short_gil_switch()
         live = dict(self.get_model().named_parameters())
         device = torch.device("cuda", torch.cuda.current_device())
-        if self.vllm_config.parallel_config.world_size > 1:
-            # a receiving thread's broadcasts would run beside the engine's own TP collectives, on two
-            # NCCL communicators in an order the ranks need not share: not done until measured
-            staged, why = False, "tensor_parallel_size > 1: received while the engine is paused"
-        elif plan["staging"]:
-            staged, why = room_for_staging(live, plan["bucket_bytes"], device)
-        else:
-            staged, why = False, "staging off"
+        staged, why = staging_choice(self.vllm_config.parallel_config.world_size, plan,
+                                     lambda: room_for_staging(live, plan["bucket_bytes"], device))
         rank = plan["rank_offset"] + self.vllm_config.parallel_config.rank
         self.areal_store, pg = new_group(plan["host"], plan["port"], rank, plan["world_size"], plan["backend"],
                                          plan["timeout_s"], plan["store"])

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from areal_cli.transport.vllm_inplace import StagedUpdate, route, routes, shadow
+from areal_cli.transport.vllm_inplace import StagedUpdate, route, routes, shadow, staging_choice
 from areal_cli.transport.weights import ParamSpec, WeightSender, new_group, param_specs
 from tests.transport.test_weights import free_port, small_model
 
@@ -102,3 +102,14 @@ def test_shadow_keeps_the_parameter_class_and_its_loading_attributes_over_new_me
     assert s.shape == p.shape and s.data_ptr() != p.data_ptr()
     s.weight_loader(s, torch.full((3, 2), 7.0))  # the loader writes into the shadow, never the live one
     assert torch.equal(p, torch.ones(3, 2)) and torch.equal(s, torch.full((3, 2), 7.0))
+
+
+def test_tensor_parallel_ranks_stage_only_with_staged_tp():
+    fits, short = (lambda: (True, "fits")), (lambda: (False, "too little memory"))
+    assert staging_choice(1, {"staging": True}, fits) == (True, "fits")
+    assert staging_choice(1, {"staging": True}, short) == (False, "too little memory")
+    assert staging_choice(1, {"staging": False}, fits)[0] is False
+    staged, why = staging_choice(2, {"staging": True}, fits)
+    assert not staged and "engine.staged_tp=false" in why  # the default at TP > 1: received in the pause
+    assert staging_choice(2, {"staging": True, "staged_tp": True}, fits) == (True, "fits")
+    assert staging_choice(4, {"staging": True, "staged_tp": True}, short)[0] is False  # memory still decides
