@@ -17,7 +17,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.models import resolve_model
 from areal_cli.rewards.judge import Judge, JudgeBase
 from areal_cli.rewards.vllm_judge import VLLMJudge, import_vllm
-from tests.rollout.test_vllm_engine import _gpu_vllm
+from tests.rollout.test_vllm_engine import _gpu_vllm, hide_vllm
 
 ITEMS = [
     ("What is the capital of France?", "Paris", "Paris is the capital of France."),
@@ -92,16 +92,7 @@ def test_number_decodes_the_reply_tokens(judge_dir):
 
 
 def test_without_vllm_the_error_names_the_extra(monkeypatch):
-    import builtins
-
-    real = builtins.__import__
-
-    def no_vllm(name, *a, **k):
-        if name == "vllm":
-            raise ImportError("No module named 'vllm'")
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(builtins, "__import__", no_vllm)
+    hide_vllm(monkeypatch)
     with pytest.raises(ValueError, match=r"reward.judge.engine=vllm needs vllm .*areal-cli\[vllm\].*"
                                          r"reward.judge.engine=hf"):
         import_vllm()

@@ -146,7 +146,8 @@ def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():
     assert hasattr(importlib.import_module(module), name)
 
 
-def test_missing_vllm_names_the_extra(monkeypatch):
+def hide_vllm(monkeypatch) -> None:
+    """``import vllm`` fails for the rest of the test, as where it is not installed."""
     import builtins
 
     real = builtins.__import__
@@ -157,6 +158,10 @@ def test_missing_vllm_names_the_extra(monkeypatch):
         return real(name, *a, **k)
 
     monkeypatch.setattr(builtins, "__import__", no_vllm)
+
+
+def test_missing_vllm_names_the_extra(monkeypatch):
+    hide_vllm(monkeypatch)
     from areal_cli.rollout.engines.vllm import import_vllm
 
     with pytest.raises(ValueError, match=r"areal-cli\[vllm\]"):
