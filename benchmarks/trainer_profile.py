@@ -59,12 +59,14 @@ LEVERS = {
     "auto": ["trainer.compile=auto", "trainer.logprob_chunk_tokens=0"],
     "cudnn": ["trainer.varlen_kernel=cudnn"],
     "lora16": ["trainer.lora.rank=16"],
+    "anomaly": ["trainer.detect_anomaly=true"],
     "entropy": ["algorithm.entropy_coef=1.0", "trainer.lr=2e-4"],
 }
 """Lever name → overrides on top of ``BASELINE``; also ``chunkN`` (``logprob_chunk_tokens=N``) and
-``mbtN`` (``micro_batch_tokens=N``). ``lora16`` and ``entropy`` are not speed levers: LoRA's step, and a
-gradient that is not zero (the batch's rewards leave half the advantages 0; the entropy bonus reaches
-every token), each row reporting its gradient norms. A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
+``mbtN`` (``micro_batch_tokens=N``). ``lora16``, ``entropy`` and ``anomaly`` are not speed levers: LoRA's
+step, a gradient that is not zero (the batch's rewards leave half the advantages 0; the entropy bonus
+reaches every token), and the operation where a NaN gradient starts (``trainer.detect_anomaly``), each row
+reporting its gradient norms. A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
 ``auto``: what ``config/resolve.py`` picks for the trainer on a GPU."""
 
 
@@ -215,6 +217,10 @@ def main() -> None:
             rows.append(run_row(name, args.overrides, args, path, b, device, rank, world))
         except torch.cuda.OutOfMemoryError as e:
             rows.append({"row": name, "error": f"out of memory: {str(e)[:200]}"})
+        except RuntimeError as e:  # trainer.detect_anomaly's named operation; the next row still runs
+            if "trainer.detect_anomaly" not in str(e):
+                raise
+            rows.append({"row": name, "error": str(e)[:400]})
         lp = rows[-1].pop("logprobs", None)
         if lp is not None:  # each row's logprobs against the first row's (bf16 rounding differs, values do not)
             base = lp if base is None else base

@@ -235,6 +235,10 @@ class TrainerConfig:
     sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
     peak_flops: float = 0.0
     """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
+    detect_anomaly: bool = False
+    """Find where a non-finite gradient starts: every micro-batch's forward and backward run under
+    torch.autograd.detect_anomaly, and the first operation whose backward returns NaN stops the trainer,
+    named, with the stack of its forward in the trainer's log. Slow; for diagnosis only."""
     gpus: list = field(default_factory=list)
     """GPU ids for training; [] = from cluster.gpus."""
     lora: LoraConfig = field(default_factory=LoraConfig)

@@ -288,6 +288,18 @@ class StepRunner:
         return out
 
     def _micro_step(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
+        if not self.cfg.trainer.detect_anomaly:
+            return self._micro_step_inner(ro, adv, mb, prox, ref, global_tokens, max_len, version)
+        try:
+            with torch.autograd.detect_anomaly(check_nan=True):
+                return self._micro_step_inner(ro, adv, mb, prox, ref, global_tokens, max_len, version)
+        except RuntimeError as err:
+            if "nan" not in str(err).lower():
+                raise
+            raise RuntimeError(f"trainer.detect_anomaly: {str(err).splitlines()[0]} (the stack of its forward is "
+                               "in this log above)") from err
+
+    def _micro_step_inner(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
         logp, ent = self._forward(ro, mb, self.clock)
         dev = logp.device
         behav = to_device(ro.behav_logp[mb], dev)

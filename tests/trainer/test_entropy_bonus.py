@@ -80,3 +80,24 @@ def test_entropy_bonus_is_the_only_gradient_of_a_zero_advantage_batch(tiny_model
     plain = _runner(tiny_model, "trainer.skip_zero_advantage=false")
     plain.train(batch)
     assert all(float(g.abs().max()) == 0.0 for g in _grads(plain.model).values())
+
+
+def _nan_in_backward(runner) -> None:
+    """The last decoder layer's output gradient turns NaN in backward (its forward stays finite)."""
+    def hook(_module, _inputs, out):
+        hidden = out[0] if isinstance(out, tuple) else out
+        hidden.register_hook(lambda grad: grad * float("nan"))
+
+    runner.model.model.layers[-1].register_forward_hook(hook)
+
+
+def test_detect_anomaly_names_the_operation_where_a_nan_gradient_starts(tiny_model):
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4)
+    plain = _runner(tiny_model, "algorithm.entropy_coef=0.05")
+    _nan_in_backward(plain)
+    out = plain.train(batch)  # without it: the step is skipped and the weights are kept
+    assert out["skipped_steps"] == 1 and out["grad_norm"] != out["grad_norm"]
+    runner = _runner(tiny_model, "algorithm.entropy_coef=0.05", "trainer.detect_anomaly=true")
+    _nan_in_backward(runner)
+    with pytest.raises(RuntimeError, match=r"trainer.detect_anomaly: Function '\w+' returned nan values"):
+        runner.train(batch)
