@@ -54,10 +54,14 @@ def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tup
     ``update_at(seqs)``: True once to load new weights (version 1) while sequences are in flight."""
     results, seen, deadline = [], [], time.monotonic() + timeout_s
     while len(results) < groups and time.monotonic() < deadline:
-        for s in eng.poll(0.02):
+        # until the update, one engine step per poll (a poll runs until a sequence finishes: a whole
+        # 8-token call can start and end inside one, and no state with a call in flight would be seen)
+        for s in eng.poll(0.02 if update_at is None else 0.0):
             seen.append(s)
             flow.on_generated(s)
         results += flow.poll()
+        if update_at is not None and not eng.seqs:
+            time.sleep(0.0005)  # the next call is still on its way through the endpoint
         if update_at is not None and update_at(seen):
             update_at = None
             with eng.paused(1), torch.no_grad():
