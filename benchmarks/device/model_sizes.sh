@@ -47,6 +47,8 @@
 #   levers15 carry .models/a          (stage3 and) trainer_profile rows of the 1.5B layout on one GPU each: ROWS0 on
 #                                     GPU 0, ROWS1 on GPU 1, at once (an empty ROWSi: that GPU idles, the other has the
 #                                     host to itself); PROFILE=ROW: a torch-profiler step of that row
+#   long7b   carry nothing more       NGPU GPUs (2), no vLLM: a 7B trainer step of LENGTH-token responses (32768), one
+#                                     per rank, checkpointing every layer / every other layer (EXTRA: bf16 moments)
 #   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
 #                                     then lora7bmerge (STEPS, 10) and lora7b (MSTEPS, 3), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
@@ -239,6 +241,18 @@ PY
     done
     wait
     for g in 0 1; do grep -h "step .* MFU" "$L/levers_gpu$g.log" 2>/dev/null | tee -a $S; done ;;
+  long7b)  # NGPU GPUs (2), no vLLM: the 7B layout's trainer step with LENGTH-token responses (32768), one
+            # sequence per rank, activation checkpointing, through torchrun -> $OUT/long7b/results.json
+    n=${NGPU:-2}
+    step build_7b 300 env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -c \
+        "from benchmarks.trainer_variants import checkpoint; print(checkpoint('qwen2.5-7b-instruct'))"
+    mbt=$(( ${LENGTH:-32768} + 128 ))
+    step long7b ${LIMIT:-420} env CUDA_VISIBLE_DEVICES=$(cvd $(seq -s ' ' 0 $((n - 1)))) python3 -m torch.distributed.run \
+        --nproc-per-node $n -m benchmarks.trainer_profile --arch qwen2.5-7b-instruct --seqs $(( n < 2 ? 2 : n )) \
+        --length ${LENGTH:-32768} \
+        --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
+        ${EXTRA:-trainer.optim_state=bfloat16}
+    grep -h "step .* MFU\|out of memory" "$L/long7b.log" | tee -a $S ;;
   lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
           # checkpoint builds (GPU 0); then lora7bmerge (STEPS, the default path with vLLM) and lora7b (MSTEPS)
     m=$(model)
@@ -297,7 +311,7 @@ PY
     python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 lora2 agents judge3 judgetest)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
