@@ -251,7 +251,7 @@ PY
         --nproc-per-node $n -m benchmarks.trainer_profile --arch qwen2.5-7b-instruct --seqs $(( n < 2 ? 2 : n )) \
         --length ${LENGTH:-32768} \
         --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
-        ${EXTRA:-trainer.optim_state=bfloat16}
+        -- ${EXTRA:-trainer.optim_state=bfloat16}
     grep -h "step .* MFU\|out of memory" "$L/long7b.log" | tee -a $S ;;
   lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
           # checkpoint builds (GPU 0); then lora7bmerge (STEPS, the default path with vLLM) and lora7b (MSTEPS)
