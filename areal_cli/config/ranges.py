@@ -96,6 +96,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": AUTO0,
         "checkpoint_every": COUNT,
         "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
+        "max_nonfinite_steps": at_least(0, "0 = never stop"),
         "shape_buckets": Range(0, 64, note="sizes per doubling; 0 = exact shapes"),
     },
     "LoraConfig": {"rank": at_least(0, "0 = full fine-tuning"), "alpha": pos(), "dropout": Range(0, 1, hi_open=True)},

@@ -235,6 +235,10 @@ class TrainerConfig:
     sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
     peak_flops: float = 0.0
     """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
+    max_nonfinite_steps: int = 5
+    """Steps in a row whose gradient norm is not finite (each skipped, the weights kept) after which the
+    trainer stops the run with an error naming the parameters; 0 = never. A float16 run, whose loss scale
+    halves at each overflow, does not count."""
     detect_anomaly: bool = False
     """Find where a non-finite gradient starts: every micro-batch's forward and backward run under
     torch.autograd.detect_anomaly, and the first operation whose backward returns NaN stops the trainer,

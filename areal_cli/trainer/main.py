@@ -194,6 +194,19 @@ class Trainer:
                              "change (%d step(s) skipped so far)%s", step, norm, metrics.get("skipped_steps", 0),
                              f"; non-finite gradients in {', '.join(where)}" if where else "")
 
+    def _stop_on_nonfinite(self, step: int, metrics: dict) -> None:
+        """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm (every rank
+        sees the same all-reduced norm, so all of them stop at the same step)."""
+        self.nonfinite_streak = nonfinite_streak(getattr(self, "nonfinite_streak", 0), metrics, self.cfg.trainer)
+        limit = self.cfg.trainer.max_nonfinite_steps
+        if limit and self.nonfinite_streak >= limit:
+            where = getattr(getattr(self, "runner", None), "nonfinite", [])
+            raise RuntimeError(
+                f"steps {step - limit + 1}-{step}: the gradient norm was not finite in {limit} steps in a row (each "
+                f"skipped: the weights have not moved in those steps){'; in ' + ', '.join(where) if where else ''}."
+                " Run one step with trainer.detect_anomaly=true to name the operation where it starts; "
+                "trainer.max_nonfinite_steps=0 lets the run go on")
+
     def _due(self, version: int) -> bool:
         every = self.cfg.checkpoint.every
         return bool(every) and version % every == 0 and version < self.cfg.trainer.steps
@@ -227,6 +240,7 @@ class Trainer:
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
                 self._warn_skipped(step, metrics)
+            self._stop_on_nonfinite(step, metrics)
             if saved and self.stop_requested:
                 return self._finish(save_final=False)
         self._finish(save_final=True)
@@ -287,6 +301,15 @@ def redirect_output(path: Path) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def nonfinite_streak(streak: int, metrics: dict, trainer) -> int:
+    """Steps in a row with a non-finite gradient norm, after this step's ``metrics``; float16 runs (their
+    loss scale finds its level through overflows) stay at 0."""
+    norm = metrics.get("grad_norm")
+    if str(trainer.dtype) == "float16" or not isinstance(norm, float) or math.isfinite(norm):
+        return 0
+    return streak + 1
 
 
 def batch_reward(batch) -> float:
