@@ -14,6 +14,7 @@ judge with transformers (reward.judge.engine=hf), ``vllm_judge.VLLMJudge`` with 
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from areal_cli.config.reward_models import PLACEHOLDER, PLACEHOLDERS, JudgeConfig
@@ -55,7 +56,7 @@ def single_token_ids(tok, words) -> list[int]:
     return sorted({i[0] for i in ids if len(i) == 1})
 
 
-class JudgeBase:
+class JudgeBase(ABC):
     """What every judge engine shares: the judge's tokenizer, the prompts as token ids and the verdict
     rules. An engine loads the model and runs the forwards: ``_yes_no_mass`` and ``_replies``."""
 
@@ -88,13 +89,13 @@ class JudgeBase:
             return self.yes_no_verdicts(*self._yes_no_mass(items))
         return self.number_verdicts(self._replies(items))
 
+    @abstractmethod
     def _yes_no_mass(self, items) -> tuple[list[float], list[float]]:
         """P(yes) and P(no) of each item's first reply token."""
-        raise NotImplementedError
 
+    @abstractmethod
     def _replies(self, items) -> list[list[int]]:
         """Each item's greedy reply, up to ``max_new_tokens`` token ids."""
-        raise NotImplementedError
 
     def yes_no_verdicts(self, p_yes: list[float], p_no: list[float]) -> list[Verdict]:
         """P(yes) / (P(yes) + P(no)); a parse failure where P(yes) + P(no) < ``min_verdict_mass``."""

@@ -25,12 +25,9 @@ LEN_MARGIN = 8
 
 def import_vllm():
     """vLLM, or a ValueError naming the extra to install."""
-    spec = ENGINES["vllm"]
-    try:
-        import vllm
-    except ImportError as err:
-        raise ValueError(f"reward.judge.engine=vllm needs {spec.package} ({err}): {spec.install}, or set "
-                         "reward.judge.engine=hf") from None
+    ENGINES["vllm"].require("reward.judge.engine")
+    import vllm
+
     return vllm
 
 

@@ -46,15 +46,16 @@ class EngineSpec:
     install: str = ""
     """How to install ``package``."""
 
-    def require(self) -> None:
-        """Import ``package``, or ValueError naming how to install it."""
+    def require(self, setting: str = "engine") -> None:
+        """Import ``package``, or ValueError naming how to install it (``setting``: the key that chose
+        this engine, e.g. reward.judge.engine)."""
         if not self.package:
             return
         try:
             importlib.import_module(self.package)
         except ImportError as err:
-            raise ValueError(f"engine={self.name} needs {self.package} ({err}): {self.install}, "
-                             "or use engine=hf") from None
+            raise ValueError(f"{setting}={self.name} needs {self.package} ({err}): {self.install}, "
+                             f"or use {setting}=hf") from None
 
     def load(self):
         """The engine's module (``ENGINE``, ``make_sender``); importing it imports no optional package."""
