@@ -97,6 +97,7 @@ class Trainer:
                                        self.world)
         self.sender = None
         self.stop_requested = False
+        self.nonfinite_streak = 0  # steps in a row with a non-finite gradient norm
         if self.rank == 0:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
@@ -197,7 +198,7 @@ class Trainer:
     def _stop_on_nonfinite(self, step: int, metrics: dict) -> None:
         """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm (every rank
         sees the same all-reduced norm, so all of them stop at the same step)."""
-        self.nonfinite_streak = nonfinite_streak(getattr(self, "nonfinite_streak", 0), metrics, self.cfg.trainer)
+        self.nonfinite_streak = nonfinite_streak(self.nonfinite_streak, metrics, self.cfg.trainer)
         limit = self.cfg.trainer.max_nonfinite_steps
         if limit and self.nonfinite_streak >= limit:
             where = getattr(getattr(self, "runner", None), "nonfinite", [])

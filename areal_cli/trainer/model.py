@@ -30,11 +30,11 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     from areal_cli.trainer import varlen as varlen_attention
 
     attn = "sdpa"
-    missing = device.type == "cuda" and not varlen_attention.available(device, varlen_kernel)
-    if varlen and varlen_kernel != "flash" and missing:
+    packed = varlen and varlen_attention.available(device, varlen_kernel)
+    if varlen and not packed and device.type == "cuda" and varlen_kernel != "flash":
         raise ValueError(f"trainer.varlen_kernel={varlen_kernel}: this torch ({torch.__version__}) has no such "
                          "kernel; set trainer.varlen_kernel=flash (or trainer.varlen=false)")
-    if varlen and varlen_attention.available(device, varlen_kernel):
+    if packed:
         attn = varlen_attention.register(varlen_kernel)
     unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu" and dist.get_world_size() == 1)
     lora_on = lora is not None and lora.rank > 0

@@ -17,6 +17,7 @@ def trainer(**cfg) -> Trainer:
     t = Trainer.__new__(Trainer)  # the step loop's state only: no run directory, no processes
     t.cfg = SimpleNamespace(trainer=TrainerConfig(**cfg))
     t.runner = SimpleNamespace(nonfinite=["model.layers.0.self_attn.q_proj.lora_A.default.weight"])
+    t.nonfinite_streak = 0
     return t
 
 
