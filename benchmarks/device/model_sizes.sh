@@ -48,7 +48,7 @@
 #                                     GPU 0, ROWS1 on GPU 1, at once (an empty ROWSi: that GPU idles, the other has the
 #                                     host to itself); PROFILE=ROW: a torch-profiler step of that row
 #   long7b   carry nothing more       NGPU GPUs (2), no vLLM: a 7B trainer step of LENGTH-token responses (32768), one
-#                                     per rank, checkpointing every layer / every other layer (EXTRA: bf16 moments)
+#                                     per rank (SEQS in all), checkpointing every layer / every other layer (EXTRA: bf16 moments)
 #   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
 #                                     then lora7bmerge (STEPS, 10) and lora7b (MSTEPS, 3), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
@@ -248,7 +248,7 @@ PY
         "from benchmarks.trainer_variants import checkpoint; print(checkpoint('qwen2.5-7b-instruct'))"
     mbt=$(( ${LENGTH:-32768} + 128 ))
     step long7b ${LIMIT:-420} env CUDA_VISIBLE_DEVICES=$(cvd $(seq -s ' ' 0 $((n - 1)))) python3 -m torch.distributed.run \
-        --nproc-per-node $n -m benchmarks.trainer_profile --arch qwen2.5-7b-instruct --seqs $(( n < 2 ? 2 : n )) \
+        --nproc-per-node $n -m benchmarks.trainer_profile --arch qwen2.5-7b-instruct --seqs ${SEQS:-$(( n < 2 ? 2 : n ))} \
         --length ${LENGTH:-32768} \
         --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
         -- ${EXTRA:-trainer.optim_state=bfloat16}
