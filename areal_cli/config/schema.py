@@ -205,8 +205,9 @@ class TrainerConfig:
     SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""
     varlen_kernel: VarlenKernel = VarlenKernel.flash
     """The kernel of trainer.varlen: flash (torch's varlen_attn, FlashAttention 2) | cudnn (cuDNN's
-    attention over the same segment offsets; twice flash's forward + backward speed on one H200 in
-    benchmarks/attention_kernels.py, not yet measured in a training step)."""
+    attention over the same segment offsets, experimental: twice flash's speed in
+    benchmarks/attention_kernels.py on one H200, but its first training step at 7B, 3 x H200, torch
+    2.11, stopped with an illegal memory access in the backward; the trainer warns)."""
     dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""

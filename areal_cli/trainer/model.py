@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -11,6 +12,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+log = logging.getLogger(__name__)
 
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
@@ -29,12 +32,18 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
 
     from areal_cli.trainer import varlen as varlen_attention
 
+    if device.type == "cuda":
+        no_cudnn_sdpa()
     attn = "sdpa"
     packed = varlen and varlen_attention.available(device, varlen_kernel)
     if varlen and not packed and device.type == "cuda" and varlen_kernel != "flash":
         raise ValueError(f"trainer.varlen_kernel={varlen_kernel}: this torch ({torch.__version__}) has no such "
                          "kernel; set trainer.varlen_kernel=flash (or trainer.varlen=false)")
     if packed:
+        if varlen_kernel != "flash":
+            log.warning("trainer.varlen_kernel=%s is experimental: its first 7B training step on H200s (torch 2.11) "
+                        "stopped with an illegal memory access in the backward; trainer.varlen_kernel=flash is the "
+                        "measured kernel", varlen_kernel)
         attn = varlen_attention.register(varlen_kernel)
     unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu" and dist.get_world_size() == 1)
     lora_on = lora is not None and lora.rank > 0
@@ -70,6 +79,21 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     if compile_layers:  # after sharding: the forward compiled is the sharded class's (checkpointing's wrapper)
         compile_decoder_layers(model)
     return model
+
+
+def no_cudnn_sdpa() -> None:
+    """Keep scaled_dot_product_attention off its cuDNN backend in this process (the trainer's).
+
+    cuDNN's SDPA backward, torch's first choice for attention with a mask on H100/H200 since torch
+    2.11, returns NaN query gradients when the key length is 64 past a multiple of 128 and a query
+    row's log-sum-exp is below ln(FLT_MAX) ≈ -88.7 (a fully masked padding row is one): its last
+    128-wide key tile scores the padding half as 0 instead of -inf (pytorch/pytorch#196678). The
+    forward is right, so the loss looks sane while the gradient is NaN and the step is skipped.
+    `engine=vllm` runs of the default model on H200s (torch 2.11; padded micro-batches whose width
+    trainer.shape_buckets rounds to sizes such as 192 and 320) had a NaN gradient at every step
+    after the first, which these conditions fit. FlashAttention and the memory-efficient kernel take
+    these calls instead; generation and evaluation (no backward) keep the default choice."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def policy_options(cfg) -> dict:
