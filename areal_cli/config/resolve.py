@@ -20,6 +20,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | weights.staged | true with nccl, false with gloo |
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
+| trainer.packing | true for the trainer on GPUs, false on the CPU |
 | trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
 | trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
@@ -77,6 +78,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.dtype = _dtype(t.dtype)
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
+    t.packing = _switch(t.packing, where.trainer_gpu)
     t.compile = _switch(t.compile, _compile(where))
     t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)

@@ -198,8 +198,10 @@ class TrainerConfig:
     """Max gradient norm."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch (sequences are packed up to it)."""
-    packing: bool = True
-    """Pack sequences into micro-batches without padding (False = pad each micro-batch)."""
+    packing: Switch = Switch.auto
+    """Pack sequences into micro-batches without padding ("false" = pad each micro-batch); "auto": true for a
+    trainer on GPUs, false on the CPU (a packed row needs a dense block mask there, which CPU SDPA runs at
+    O(T²))."""
     varlen: bool = True
     """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead of
     SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""

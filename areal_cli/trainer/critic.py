@@ -68,7 +68,7 @@ class Critic:
 
     def _values(self, ro: Rollouts, mb: list[int]) -> torch.Tensor:
         t = self.cfg.trainer
-        x = model_inputs(ro, mb, t.packing, buckets=t.shape_buckets).to(self.device)
+        x = model_inputs(ro, mb, t.packing == "true", buckets=t.shape_buckets).to(self.device)
         return to_rows(forward(self.model, x, self.dtype)[:, 0], x.valid)
 
     @torch.no_grad()

@@ -76,8 +76,8 @@ class StepRunner:
         total = t.steps * cfg.algorithm.ppo_epochs  # the schedule counts optimizer steps
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: lr_factor(s, total, t.warmup_steps, t.lr_decay, t.min_lr_ratio))
-        self.packing = t.packing
-        self.varlen = t.packing and varlen_attention.uses(model)
+        self.packing = t.packing == "true"
+        self.varlen = self.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
         self.nonfinite: list[str] = []  # parameters whose gradient held a NaN/inf at the last skipped step
@@ -94,7 +94,7 @@ class StepRunner:
         alg = cfg.algorithm
         critic = Critic.load(model_path, cfg, device, compute_dtype, world) if alg.needs_critic else None
         t = cfg.trainer
-        reference = (Reference(model_path, device, compute_dtype, t.packing, cfg.rollout.temperature,
+        reference = (Reference(model_path, device, compute_dtype, t.packing == "true", cfg.rollout.temperature,
                                t.logprob_chunk_tokens, t.shape_buckets) if alg.needs_reference else None)
         return cls(model, cfg, device, compute_dtype, rank, world, critic=critic, reference=reference)
 

@@ -42,6 +42,8 @@ def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
     assert (cpu.trainer.optim_state, gpu.trainer.optim_state) == ("bfloat16", "float32")
     assert (cpu.weights.backend, cpu.weights.staged, cpu.weights.bucket_mb) == ("gloo", "false", 32)
     assert (gpu.weights.backend, gpu.weights.staged, gpu.weights.bucket_mb) == ("nccl", "true", 1024)
+    # padded micro-batches on the CPU (a packed row's dense mask is O(T²) in CPU SDPA), packed on GPUs
+    assert (cpu.trainer.packing, gpu.trainer.packing) == ("false", "true")
     for r in (cpu, gpu):  # the same wherever the run is
         assert (r.engine.dtype, r.trainer.dtype, r.weights.dtype) == ("bfloat16",) * 3
         assert (r.engine.lm_head_fp32, r.engine.weight_update) == ("false", "inplace")  # hf
@@ -136,7 +138,7 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
         "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
-        "trainer.dtype", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
+        "trainer.packing", "trainer.dtype", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
     assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
     plan.write()
