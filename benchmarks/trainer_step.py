@@ -53,7 +53,7 @@ def main() -> None:
     path = resolve_model(cfg.model)
     dtype = getattr(torch, cfg.trainer.dtype)
     device = torch.device("cpu")
-    model = build_policy(path, device, dtype, cfg.trainer.activation_checkpointing)
+    model = build_policy(path, device, dtype, cfg.trainer.activation_checkpointing == "true")
     runner = StepRunner.build(model, path, cfg, device, dtype, rank=0, world=1)
     batch = default_shaped_batch()
     walls, cpus = [], []

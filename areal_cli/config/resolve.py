@@ -21,6 +21,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
 | trainer.packing | true for the trainer on GPUs, false on the CPU |
+| trainer.activation_checkpointing | true on the CPU; on GPUs the least recomputation whose estimate fits the card (none, every other layer: checkpoint_every 2, every layer; config/memory_plan.py) |
 | trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
 | trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
@@ -38,6 +39,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 
+from areal_cli.config import memory_plan
 from areal_cli.config.choices import (
     Allocator,
     Dtype,
@@ -63,6 +65,8 @@ class Placement:
     model_path: Path | None = None
     """The model's local directory (its config.json decides engine.weight_update with vllm); None =
     not fetched yet (a --dry-run of an uncached Hub model): engine.weight_update stays auto."""
+    gpu_memory_bytes: int = 0
+    """Memory of trainer rank 0's GPU; 0 = not known here (a plan for other nodes)."""
 
 
 CPU = Placement()
@@ -86,6 +90,10 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)
     w.staged = _switch(w.staged, w.backend == WeightsBackend.nccl)
     w.bucket_mb = w.bucket_mb or (1024 if w.backend == WeightsBackend.nccl else 32)
+    if t.activation_checkpointing == Switch.auto:
+        every, _ = checkpointing(out, where)
+        t.activation_checkpointing = Switch.false if every is None else Switch.true
+        t.checkpoint_every = every or t.checkpoint_every
     out.launcher.allocator = _auto(Allocator, out.launcher.allocator, _installed_allocator)
     out.logging.wandb_mode = _auto(WandbMode, out.logging.wandb_mode, _wandb_mode)
     return out
@@ -182,6 +190,26 @@ def _judge_engine(cfg: RootConfig) -> JudgeEngine:
     if cfg.reward.gpus and cfg.engine.name in set(JudgeEngine):
         return JudgeEngine(cfg.engine.name)
     return JudgeEngine.hf
+
+
+def checkpointing(cfg: RootConfig, where: Placement) -> tuple[int | None, int]:
+    """``(every, estimated bytes)`` of ``trainer.activation_checkpointing=auto`` for a config whose other
+    keys are resolved: every layer (1) on the CPU and wherever the card or the model is not known here
+    (estimate 0); on GPUs ``memory_plan.choose``'s (None = no checkpointing)."""
+    t = cfg.trainer
+    if not where.trainer_gpu or not where.gpu_memory_bytes or where.model_path is None:
+        return t.checkpoint_every, 0
+    try:
+        lay = memory_plan.Layout.from_config(where.model_path)
+    except (OSError, KeyError, TypeError, ValueError):  # no config.json of a decoder-only layout: the safe choice
+        return t.checkpoint_every, 0
+    from areal_cli import lora
+
+    return memory_plan.choose(lay, where.gpu_memory_bytes, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens,
+                              moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8,
+                              lora=t.lora.rank > 0,
+                              staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg),
+                              chunk=t.logprob_chunk_tokens)
 
 
 def _switch(value, on: bool) -> Switch:

@@ -213,8 +213,11 @@ class TrainerConfig:
     dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""
-    activation_checkpointing: bool = False
-    """Recompute each decoder layer's activations in backward (less memory, about a third more compute)."""
+    activation_checkpointing: Switch = Switch.auto
+    """Recompute decoder layers' activations in backward (less memory, about a third more compute for every
+    layer). "auto": true on the CPU; on GPUs the least recomputation whose estimated peak fits the trainer's
+    card (none, every other layer, every layer; config/memory_plan.py), which also sets checkpoint_every;
+    printed at start."""
     checkpoint_every: int = 1
     """With activation_checkpointing: recompute every k-th decoder layer only (1 = all; 2 = every other:
     half the recomputation, the other layers' activations held)."""

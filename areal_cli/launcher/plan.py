@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.config.load import save_yaml, to_yaml
-from areal_cli.config.resolve import ALLOCATORS, Placement, find_allocator, resolve
+from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator, resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.launcher.rundir import check_links, claim_run_dir
@@ -114,6 +114,33 @@ def visible_gpus() -> list[int]:
     except ImportError:
         return []
     return list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+
+
+def gpu_memory(gpus: list[int]) -> int:
+    """Bytes of memory of the first of ``gpus`` (torch's device ids here); 0 where none is visible here."""
+    if not gpus or not visible_gpus():
+        return 0
+    import torch
+
+    try:
+        return int(torch.cuda.get_device_properties(int(gpus[0])).total_memory)
+    except (RuntimeError, AssertionError, ValueError):  # an id this process does not see
+        return 0
+
+
+def checkpointing_notes(asked: RootConfig, cfg: RootConfig, placement: Placement) -> list[str]:
+    """What trainer.activation_checkpointing=auto chose for the trainer, and from what."""
+    if asked.trainer.activation_checkpointing != "auto" or not placement.trainer_gpu:
+        return []
+    every, need = checkpointing(cfg, placement)
+    what = ("none" if cfg.trainer.activation_checkpointing == "false" else
+            "every layer" if cfg.trainer.checkpoint_every == 1 else
+            "every other layer" if cfg.trainer.checkpoint_every == 2 else f"every {cfg.trainer.checkpoint_every}th layer")
+    if not need:
+        return [f"trainer: activation checkpointing {what} (auto: the card or the model's layout is not known here)"]
+    gib = 1024 ** 3
+    return [f"trainer: activation checkpointing {what} (auto: ~{need / gib:.0f} GiB estimated per trainer GPU of "
+            f"{placement.gpu_memory_bytes / gib:.0f} GiB at micro_batch_tokens={cfg.trainer.micro_batch_tokens})"]
 
 
 def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
@@ -288,11 +315,13 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
     devices = device_map(cfg, gpus)
     shared = shares_rank0_gpu(cfg, devices)
     model_path, model_lines = resolve_model_for_run(cfg)
-    placement = placement or Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared)
-    asked, cfg = cfg, resolve(cfg, dataclasses.replace(placement, model_path=model_path))
+    placement = placement or Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared,
+                                       gpu_memory_bytes=gpu_memory(devices["trainer"][:1]))
+    placement = dataclasses.replace(placement, model_path=model_path)
+    asked, cfg = cfg, resolve(cfg, placement)
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
     notes = {"model": model_lines, "weights": weight_notes(asked, cfg, model_path),
-             "lengths": length_notes(cfg), "memory": [alloc_note]}
+             "lengths": length_notes(cfg), "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
     served = reward_proc(cfg, run_dir, visible_gpus() if gpus is None else gpus, cpu_env)

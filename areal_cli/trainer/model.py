@@ -99,7 +99,7 @@ def no_cudnn_sdpa() -> None:
 def policy_options(cfg) -> dict:
     """``build_policy``'s keywords from a resolved config (``RootConfig``)."""
     t = cfg.trainer
-    return dict(activation_checkpointing=t.activation_checkpointing, fp32_head=cfg.engine.lm_head_fp32 == "true",
+    return dict(activation_checkpointing=t.activation_checkpointing == "true", fp32_head=cfg.engine.lm_head_fp32 == "true",
                 varlen=t.packing == "true" and t.varlen, checkpoint_every=t.checkpoint_every,
                 compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward, lora=t.lora,
                 varlen_kernel=str(t.varlen_kernel))

@@ -111,9 +111,10 @@ lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 
       engine.max_model_len=$((len + 1024)) trainer.batch_size=2 rollout.group_size=4 trainer.steps=$n "$@"
 }
 
-# the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest)
+# the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest); activation checkpointing
+# auto (printed in the plan's memory notes): MBT=8704 leaves it off on 141 GB cards at 3 ranks
 RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_long
-      trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=${MBT:-16384}
+      trainer.packing=true trainer.micro_batch_tokens=${MBT:-16384}
       engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens

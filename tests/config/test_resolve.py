@@ -138,7 +138,7 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
         "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
-        "trainer.packing", "trainer.dtype", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
+        "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
     assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
     plan.write()

@@ -39,7 +39,7 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 cfg = resolve(compose([]))  # the CPU's values, as `areal train` plans them here
 torch.set_num_threads(cfg.trainer.threads)
 path = resolve_model(cfg.model)
-model = build_policy(path, torch.device("cpu"), torch.bfloat16, cfg.trainer.activation_checkpointing)
+model = build_policy(path, torch.device("cpu"), torch.bfloat16, cfg.trainer.activation_checkpointing == "true")
 runner = StepRunner.build(model, path, cfg, torch.device("cpu"), torch.bfloat16, 0, 1)
 for seed in range(4):  # lengths differ between the batches, as between the steps of a run
     metrics = runner.train(default_shaped_batch(seed=seed), version=0)
