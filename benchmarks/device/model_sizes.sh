@@ -56,6 +56,8 @@
 #   judge3   carry nothing more       3 GPUs: a judge on its own GPU beside 1 + 1 (default model), against the
 #                                     verifier alone: step time, samples scored/s, the judge's batches and failures
 #   judgetest carry nothing more      1 GPU: tests/rewards/test_vllm_judge.py (the vLLM judge against the hf judge)
+#   gradcheck carry nothing more      2 GPUs: the trainer's attention GPU tests, then the default model's engine=vllm run
+#                                     (STEPS, 16): every gradient norm finite, the reward's first and last quarter
 # Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
@@ -307,12 +309,33 @@ for k in ("reward_judge_mean", "reward_judge_batch_mean", "reward_judge_batch_wo
     print(f"  {k}: median {statistics.median(v) if v else None} over {len(v)} steps")
 PY
     tar czf "$OUT/judge_runs.tgz" --exclude=checkpoints -C /tmp/runs verifier judge 2>/dev/null ;;
+  gradcheck)  # 2 GPUs, the default model: the trainer's attention GPU tests (GPU 1) while nothing else runs, then
+              # engine=vllm 1 + 1 for STEPS (16) steps of B = 32 x G = 8: every gradient norm must be finite and the
+              # reward should rise (the cuDNN attention fault skipped every step after the first); EXTRA is added
+              # (e.g. trainer.detect_anomaly=true to name the operation where a NaN starts)
+    m=$(model)
+    step attention_gpu_tests ${TLIMIT:-120} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -q -p no:cacheprovider \
+        tests/trainer/test_cudnn_sdpa.py tests/trainer/test_varlen.py -rs
+    step gradcheck ${LIMIT:-300} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/gradcheck engine=vllm model=$m \
+        cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0 trainer.batch_size=32 rollout.group_size=8 \
+        trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 trainer.steps=${STEPS:-16} eval.at_end=false ${EXTRA:-}
+    python3 - /tmp/runs/gradcheck/metrics.jsonl <<'PY' | tee -a $S
+import json, math, sys
+rows = [json.loads(x) for x in open(sys.argv[1])]
+norms = [r.get("grad_norm") for r in rows]
+bad = [r["step"] for r in rows if not isinstance(r.get("grad_norm"), float) or not math.isfinite(r["grad_norm"])]
+q = max(1, len(rows) // 4)
+first, last = (sum(r["reward_mean"] for r in part) / len(part) for part in (rows[:q], rows[-q:]))
+print(f"gradcheck: {len(rows)} steps, non-finite gradient norms at steps {bad or 'none'}, reward {first:.3f} -> {last:.3f}")
+print("  grad norms: " + ", ".join(f"{g:.3g}" if isinstance(g, float) else str(g) for g in norms))
+PY
+    tar czf "$OUT/gradcheck_run.tgz" --exclude=checkpoints -C /tmp/runs gradcheck 2>/dev/null ;;
   judgetest)  # 1 GPU: the vLLM judge against the hf judge on the default model (tests/rewards/test_vllm_judge.py)
     # the default model's HF directory (the test finds it by its alias), converted before the test's clock starts
     python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S
