@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from areal_cli.config.load import compose
+from areal_cli.config.resolve import Placement
 from areal_cli.launcher.plan import device_map, make_plan
 
 
@@ -124,3 +125,17 @@ def test_a_judge_reward_plans_the_reward_model_process(tiny_model, tiny_reward_m
     assert "reward.judge.engine=hf: transformers on the CPU" in on_cpu.describe()
     with pytest.raises(ValueError, match=r"reward.gpus=\[5\]"):
         plan(tiny_model, tmp_path / "bad", [0, 1], "reward.fn=judge", "eval.at_end=false", "reward.gpus=[5]")
+
+
+def test_the_plan_says_what_activation_checkpointing_auto_chose(tiny_model, tmp_path):
+    """A trainer on GPUs of known memory: the choice and its estimate in the plan's memory lines (the tiny
+    model fits any card whole); a plan for other nodes (memory unknown) says so and checkpoints every layer."""
+    cfg = compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"])
+    plan = make_plan(cfg, gpus=[], placement=Placement(trainer_gpu=True, gpu_memory_bytes=80 * 10**9))
+    assert plan.cfg.trainer.activation_checkpointing == "false"
+    assert any("activation checkpointing none (auto: ~" in n and "of 75 GiB" in n for n in plan.notes["memory"])
+    unknown = make_plan(cfg, gpus=[], placement=Placement(trainer_gpu=True))
+    assert unknown.cfg.trainer.activation_checkpointing == "true"
+    assert any("every layer (auto: the card or the model's layout is not known here)" in n
+               for n in unknown.notes["memory"])
+    assert "activation checkpointing" in unknown.describe()
