@@ -189,6 +189,8 @@ def main() -> None:
     ap.add_argument("--arch", default="qwen2.5-1.5b-instruct")
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--length", type=int, default=8192)
+    ap.add_argument("--ragged", action="store_true",
+                    help="prompts of 32-256 tokens and responses of length/2-length (padded rows, as a real batch)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rows", nargs="+", default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
                                                   "mbt32768", "auto"], help="levers joined by +, e.g. no_ckpt+compile")
@@ -205,10 +207,10 @@ def main() -> None:
             checkpoint(args.arch)
         dist.barrier()
         path = checkpoint(args.arch)
-    b = batch(args.seqs, args.length)
+    b = batch(args.seqs, args.length, args.ragged)
     head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU", "gpus": world, "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "arch": args.arch, "weights": "random",
-            "batch": f"{args.seqs} x (64 + {args.length}) tokens", "baseline": BASELINE, "overrides": args.overrides}
+            "batch": f"{args.seqs} x (64 + {args.length}) tokens" + (", ragged" if args.ragged else ""), "baseline": BASELINE, "overrides": args.overrides}
     if rank == 0:
         print(json.dumps(head), flush=True)
     rows, base = [], None

@@ -61,15 +61,19 @@ def checkpoint(arch: str) -> Path:
     return out
 
 
-def batch(seqs: int, length: int) -> Batch:
+def batch(seqs: int, length: int, ragged: bool = False) -> Batch:
+    """``seqs`` sequences in groups of 2 (rewards 0 and 1) of a 64-token prompt and a ``length``-token response
+    of random ids; ``ragged``: prompts of 32-256 tokens and responses of ``length / 2``-``length`` instead, as
+    a real batch has (packed rows then end in padding)."""
     rng = np.random.default_rng(0)
     groups = []
     for g in range(seqs // 2):
-        prompt = rng.integers(100, 10000, 64).astype(np.int32)
-        samples = [Sample(sample_index=i, prompt_ids=prompt, output_ids=rng.integers(100, 10000, length).astype(np.int32),
-                          logprobs=np.full(length, -2.0, np.float32), versions=np.zeros(length, np.int32),
-                          loss_mask=np.ones(length, np.uint8), reward=float(i), reward_status="ok",
-                          finish_reason="length", num_turns=1, completion="") for i in range(2)]
+        prompt = rng.integers(100, 10000, int(rng.integers(32, 257)) if ragged else 64).astype(np.int32)
+        lens = [int(rng.integers(length // 2, length + 1)) if ragged else length for _ in range(2)]
+        samples = [Sample(sample_index=i, prompt_ids=prompt, output_ids=rng.integers(100, 10000, n).astype(np.int32),
+                          logprobs=np.full(n, -2.0, np.float32), versions=np.zeros(n, np.int32),
+                          loss_mask=np.ones(n, np.uint8), reward=float(i), reward_status="ok",
+                          finish_reason="length", num_turns=1, completion="") for i, n in enumerate(lens)]
         groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
                                   gen_tokens=0))
     return Batch(step=0, groups=groups)

@@ -58,7 +58,7 @@
 #   judgetest carry nothing more      1 GPU: tests/rewards/test_vllm_judge.py (the vLLM judge against the hf judge)
 #   gradcheck carry nothing more      2 GPUs: the trainer's attention GPU tests, then the default model's engine=vllm run
 #                                     (STEPS, 16): every gradient norm finite, the reward's first and last quarter
-# Env: STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
+# Env: PARGS (more trainer_profile.py arguments for levers15 and long7b, e.g. --ragged --arch ...), STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
 # trainer memory option), BUDGET (seconds of the call, 570).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
 # 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
@@ -239,7 +239,7 @@ PY
       rows=ROWS$g
       [ -n "${!rows:-}" ] || continue
       step levers_gpu$g ${LIMIT:-300} env CUDA_VISIBLE_DEVICES=$(cvd $g) OMP_NUM_THREADS=$threads \
-          python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} --profile ${PROFILE:-} --out "$OUT/levers_gpu$g" \
+          python3 -m benchmarks.trainer_profile --steps ${STEPS:-3} --profile ${PROFILE:-} --out "$OUT/levers_gpu$g" ${PARGS:-} \
           --rows ${!rows} &
     done
     wait
@@ -252,7 +252,7 @@ PY
     mbt=$(( ${LENGTH:-32768} + 128 ))
     step long7b ${LIMIT:-420} env CUDA_VISIBLE_DEVICES=$(cvd $(seq -s ' ' 0 $((n - 1)))) python3 -m torch.distributed.run \
         --nproc-per-node $n -m benchmarks.trainer_profile --arch qwen2.5-7b-instruct --seqs ${SEQS:-$(( n < 2 ? 2 : n ))} \
-        --length ${LENGTH:-32768} \
+        --length ${LENGTH:-32768} ${PARGS:-} \
         --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
         -- ${EXTRA:-trainer.optim_state=bfloat16}
     grep -h "step .* MFU\|out of memory" "$L/long7b.log" | tee -a $S ;;
