@@ -79,5 +79,5 @@ def choose(lay: Layout, card_bytes: int, **kw) -> tuple[int | None, int]:
     for every in (None, 2, 1):
         need = estimate_bytes(lay, every=every, **kw)
         if need <= FILL * card_bytes:
-            return every, need
-    return 1, estimate_bytes(lay, every=1, **kw)
+            break
+    return every, need

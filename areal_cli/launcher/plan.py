@@ -132,7 +132,7 @@ def checkpointing_notes(asked: RootConfig, cfg: RootConfig, placement: Placement
     """What trainer.activation_checkpointing=auto chose for the trainer, and from what."""
     if asked.trainer.activation_checkpointing != "auto" or not placement.trainer_gpu:
         return []
-    every, need = checkpointing(cfg, placement)
+    _, need = checkpointing(cfg, placement)
     what = ("none" if cfg.trainer.activation_checkpointing == "false" else
             "every layer" if cfg.trainer.checkpoint_every == 1 else
             "every other layer" if cfg.trainer.checkpoint_every == 2 else f"every {cfg.trainer.checkpoint_every}th layer")
@@ -315,10 +315,11 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
     devices = device_map(cfg, gpus)
     shared = shares_rank0_gpu(cfg, devices)
     model_path, model_lines = resolve_model_for_run(cfg)
-    card = gpu_memory(devices["trainer"][:1])
-    if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
-        card = int(card * (1 - cfg.engine.gpu_memory_utilization)) if cfg.engine.name == "vllm" else card // 2
-    placement = placement or Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared, gpu_memory_bytes=card)
+    if placement is None:
+        card = gpu_memory(devices["trainer"][:1])
+        if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
+            card = int(card * (1 - cfg.engine.gpu_memory_utilization)) if cfg.engine.name == "vllm" else card // 2
+        placement = Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
