@@ -59,7 +59,8 @@
 #   gradcheck carry nothing more      2 GPUs: the trainer's attention GPU tests, then the default model's engine=vllm run
 #                                     (STEPS, 16): every gradient norm finite, the reward's first and last quarter
 # Env: PARGS (more trainer_profile.py arguments for levers15 and long7b, e.g. --ragged --arch ...), STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
-# trainer memory option), BUDGET (seconds of the call, 570).
+# trainer memory option), BUDGET (seconds of the call, 570); skips: LORATEST=0 (lora2's vLLM test), MSTEPS=0
+# (lora2's adapter-path run), AGENT=none (agents' throughput bench), GPUTESTS=0 (gradcheck's tests).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
 # 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
 # Every figure is of random weights with synthetic lengths: label it so. Random weights earn reward 0,
@@ -95,7 +96,8 @@ s = json.load(open(sys.argv[1]))
 keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
         "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
         "weight_sync_s_median", "update_pause_s_median", "update_total_s_median", "update_parts_s_median", "updates",
-        "adapter_delta_zero", "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh")
+        "adapter_delta_zero", "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh",
+        "skipped_steps", "grad_norm_per_step")
 for k in keys:
     print(f"  {k}: {s.get(k)}")
 r = s["response_length"]
@@ -261,18 +263,18 @@ PY
     m=$(model)
     # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
     # prints no report)
-    step lora_vllm_test ${TLIMIT:-180} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
+    [ "${LORATEST:-1}" = 0 ] || step lora_vllm_test ${TLIMIT:-180} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rollout/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait
     lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}
-    lora7 lora7b false ${MSTEPS:-3} ${MLIMIT:-150} ;;
+    [ "${MSTEPS:-3}" = 0 ] || lora7 lora7b false ${MSTEPS:-3} ${MLIMIT:-150} ;;
   agents)  # 2 GPUs, the default model: the agent endpoint against single_turn (benchmarks/agent_throughput.py),
            # then algorithm=cispo on the GPU bench task (B = 32 x G = 8, <= 128 tokens)
     m=$(model)
     GB="engine=vllm model=$m cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0
         trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300"
-    step agent_bench ${LIMIT:-150} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 --batch 32 \
+    [ "${AGENT:-}" = none ] || step agent_bench ${LIMIT:-150} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 --batch 32 \
         --group 8 --out /tmp/runs/agent_bench --agent ${AGENT:-examples.agents.plan_then_answer:run} \
         workflow.max_turns=2 $GB
     cp /tmp/runs/agent_bench/agent_throughput.json "$OUT"/ 2>/dev/null
@@ -314,7 +316,7 @@ PY
               # reward should rise (the cuDNN attention fault skipped every step after the first); EXTRA is added
               # (e.g. trainer.detect_anomaly=true to name the operation where a NaN starts)
     m=$(model)
-    step attention_gpu_tests ${TLIMIT:-120} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -q -p no:cacheprovider \
+    [ "${GPUTESTS:-1}" = 0 ] || step attention_gpu_tests ${TLIMIT:-120} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -q -p no:cacheprovider \
         tests/trainer/test_cudnn_sdpa.py tests/trainer/test_varlen.py -rs
     step gradcheck ${LIMIT:-300} python3 -m areal_cli.cli train --quiet run_dir=/tmp/runs/gradcheck engine=vllm model=$m \
         cluster.gpus=[0,1] rollout.max_new_tokens=128 rollout.max_concurrent=0 trainer.batch_size=32 rollout.group_size=8 \

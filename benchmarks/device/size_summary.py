@@ -54,6 +54,8 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
         "trained_tokens_per_step_median": _median([r.get("trained_tokens") for r in post]),
         "mfu_median": _median([r.get("mfu") for r in post]),
         "mfu_per_step": [r.get("mfu") for r in rows],
+        "grad_norm_per_step": [r.get("grad_norm") for r in rows],
+        "skipped_steps": max((r.get("skipped_steps") or 0 for r in rows), default=0),
         "peak_gpu_mem_gb": {k: max((r[k] for r in rows if isinstance(r.get(k), (int, float))), default=None)
                             for k in mem_keys},
         "nvidia_smi_peak_gib_per_gpu": gpu_peaks(csv) if csv else {},
