@@ -11,6 +11,11 @@ and the [tokens × vocab] logits, a large share of a 1.5B model's FLOPs and of t
 memory, stay real. Sampling is not restricted: an id past the tokenizer decodes to nothing (the
 rewards of random text are 0 anyway) and vLLM runs without detokenising. bos/eos/pad ids are set
 to the tokenizer's. Use with ``rollout.length_profile`` (random weights never stop on their own).
+
+transformers' initialisation zeroes the pad token's embedding row; a real checkpoint has none, and in a
+random one a sequence that starts with that token keeps a zero hidden state through every layer (its
+attention sees only itself, every bias is 0), whose RMSNorm backward multiplies the gradient by up to
+1 / sqrt(eps) per layer. The row is initialised like the others unless ``--keep-zero-pad-row``.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from pathlib import Path
 MODELS = Path(__file__).resolve().parent / "models"
 
 
-def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cpu", seed: int = 0) -> dict:
+def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cpu", seed: int = 0,
+          keep_zero_pad_row: bool = False) -> dict:
     """Write the checkpoint (unless there already); returns its description (also in OUT/random_weights.json)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -46,6 +52,7 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     params = sum(p.numel() for p in model.parameters())
+    filled = [] if keep_zero_pad_row else fill_zero_rows(model, config)
     model.generation_config.bos_token_id = config.bos_token_id
     model.generation_config.eos_token_id = config.eos_token_id
     model.generation_config.pad_token_id = config.pad_token_id
@@ -55,10 +62,27 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     tok.save_pretrained(tmp)
     info = {"architecture": name, "config_from": str(src), "params": params, "dtype": "bfloat16",
             "seed": seed, "vocab_size": config.vocab_size, "tokenizer_ids": len(tok),
-            "weights": "random (transformers from_config initialisation)", "build_s": time.perf_counter() - t0}
+            "weights": "random (transformers from_config initialisation)", "zero_rows_filled": filled,
+            "build_s": time.perf_counter() - t0}
     (tmp / "random_weights.json").write_text(json.dumps(info, indent=1))
     tmp.rename(out)
     return info
+
+
+def fill_zero_rows(model, config) -> list[int]:
+    """Initialise the embedding rows transformers left at zero (the pad token's: ``padding_idx``) like the
+    others, normal(0, initializer_range); the ids filled."""
+    import torch
+
+    emb = model.get_input_embeddings()
+    w = emb.weight
+    with torch.no_grad():
+        ids = (w.float().norm(dim=1) == 0).nonzero().flatten().tolist()
+        if ids:
+            rows = torch.empty(len(ids), w.shape[1], device=w.device, dtype=torch.float32)
+            rows.normal_(0.0, float(getattr(config, "initializer_range", 0.02)))
+            w[ids] = rows.to(w.dtype)
+    return ids
 
 
 def main() -> None:
@@ -68,8 +92,11 @@ def main() -> None:
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the default model's")
     ap.add_argument("--device", default="cpu", help="where to initialise (cuda is much faster at 7B)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep-zero-pad-row", action="store_true",
+                    help="keep the all-zero embedding row transformers gives the pad token (checkpoints built before)")
     args = ap.parse_args()
-    print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed), indent=1))
+    print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed, args.keep_zero_pad_row),
+                     indent=1))
 
 
 if __name__ == "__main__":

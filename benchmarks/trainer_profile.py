@@ -18,7 +18,11 @@ reported as such. ``--profile ROW``: one more step of that row under the torch p
 to DIR as a Chrome trace (``trace_ROW.json.gz``) and a table of the top kernels by GPU time
 (``kernels_ROW.txt``), whose NCCL kernels are the FSDP collectives. Batch: ``--seqs`` sequences of
 a 64-token prompt and a ``--length``-token response (random ids, two rewards per group), split
-over the ranks as the trainer splits it. Results: DIR/results.json and a table on stdout.
+over the ranks as the trainer splits it; ``--batch FILE``: a batch the trainer kept for a step whose
+gradient norm was not finite (``RUN_DIR/nonfinite/``), replayed with its own tokens, logprobs and
+rewards (``--arch`` then names the run's model directory); ``--grad-probe``: where the first step's
+gradient grows, layer by layer (``benchmarks/grad_probe.py``). Results: DIR/results.json and a table
+on stdout.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from areal_cli.config.resolve import Placement, resolve
 from areal_cli.trainer.batching import from_batch, shard
 from areal_cli.trainer.model import build_policy, policy_options
 from areal_cli.trainer.step import StepRunner
+from benchmarks.grad_probe import GradProbe, print_report
 from benchmarks.trainer_variants import batch, checkpoint
 
 BASELINE = ["trainer.packing=true", "trainer.varlen=true", "trainer.activation_checkpointing=true",
@@ -57,7 +62,6 @@ LEVERS = {
     "compile": ["trainer.compile=true"],
     "no_reshard": ["trainer.reshard_after_forward=false"],
     "auto": ["trainer.compile=auto", "trainer.logprob_chunk_tokens=0"],
-    "cudnn": ["trainer.varlen_kernel=cudnn"],
     "lora16": ["trainer.lora.rank=16"],
     "anomaly": ["trainer.detect_anomaly=true"],
     "entropy": ["algorithm.entropy_coef=1.0", "trainer.lr=2e-4"],
@@ -83,6 +87,15 @@ def row_overrides(row: str) -> list[str]:
         else:
             raise ValueError(f"row {row!r}: unknown lever {lever!r}: use {', '.join(LEVERS)}, chunkN or mbtN")
     return out
+
+
+def kept_batch(path: str):
+    """The ``Batch`` the trainer kept for a step with a non-finite gradient norm (its wire frame)."""
+    from areal_cli.transport.messages import Batch, decode
+
+    b = decode(Path(path).read_bytes(), (Batch,))
+    b.step = 0
+    return b
 
 
 def init() -> tuple[int, int, torch.device]:
@@ -122,11 +135,22 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
         first = runner._forward(ro, [0])[0][0].float().cpu()
         row["logprobs"] = first if 0 in shard(ro.n, rank, world) else None
     times, metrics = [], []
-    for _ in range(args.steps + 1):
+    probe = GradProbe(model) if args.grad_probe else None
+    for k in range(args.steps + 1):
+        if probe and k == 0:
+            probe.arm()
         sync(device)
         t0 = time.perf_counter()
         metrics.append(runner.train(b))
         times.append(time.perf_counter() - t0)
+        if probe and k == 0:
+            row["grad_probe"] = probe.report()
+            probe.remove()
+            if rank == 0:
+                print(f"{name}: gradient of each decoder layer's output, first micro-batch of rank 0's first step "
+                      f"(gradient norm {metrics[0].get('grad_norm')}):", flush=True)
+                print_report(row["grad_probe"])
+            probe = None
     measured = metrics[1:]
     parts = sorted({k for m in measured for k in m if k.startswith("time/")})
     row.update(step_s=statistics.median(times[1:]), step_s_all=times, warmup_s=times[0],
@@ -191,6 +215,11 @@ def main() -> None:
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--ragged", action="store_true",
                     help="prompts of 32-256 tokens and responses of length/2-length (padded rows, as a real batch)")
+    ap.add_argument("--batch", help="a batch kept by the trainer (RUN_DIR/nonfinite/batch_STEP.msgpack) instead "
+                                    "of random ids: its tokens, logprobs and rewards (--seqs, --length, --ragged unused)")
+    ap.add_argument("--grad-probe", action="store_true",
+                    help="each decoder layer's largest output gradient in the first step, the token where it sits and "
+                         "its hidden-state RMS (benchmarks/grad_probe.py; use rows without compile)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rows", nargs="+", default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
                                                   "mbt32768", "auto"], help="levers joined by +, e.g. no_ckpt+compile")
@@ -207,10 +236,13 @@ def main() -> None:
             checkpoint(args.arch)
         dist.barrier()
         path = checkpoint(args.arch)
-    b = batch(args.seqs, args.length, args.ragged)
+    b = kept_batch(args.batch) if args.batch else batch(args.seqs, args.length, args.ragged)
+    if args.batch:  # its longest response is the rows' max_new_tokens
+        args.length = max(len(s.output_ids) for g in b.groups for s in g.samples)
     head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU", "gpus": world, "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "arch": args.arch, "weights": "random",
-            "batch": f"{args.seqs} x (64 + {args.length}) tokens" + (", ragged" if args.ragged else ""), "baseline": BASELINE, "overrides": args.overrides}
+            "batch": args.batch or f"{args.seqs} x (64 + {args.length}) tokens" + (", ragged" if args.ragged else ""),
+            "baseline": BASELINE, "overrides": args.overrides}
     if rank == 0:
         print(json.dumps(head), flush=True)
     rows, base = [], None

@@ -45,13 +45,6 @@ class WeightUpdate(StrEnum):
     inplace = "inplace"
 
 
-class VarlenKernel(StrEnum):
-    """The kernel of packed attention over segment offsets (trainer.varlen) on CUDA."""
-
-    flash = "flash"
-    cudnn = "cudnn"
-
-
 class Switch(StrEnum):
     """On, off, or auto (decided from the rest of the config). A CLI ``key=true`` is taken as the
     word, not YAML's boolean (``load.py`` quotes it)."""

@@ -25,7 +25,6 @@ from areal_cli.config.choices import (
     PauseMode,
     Switch,
     ToolFormat,
-    VarlenKernel,
     WandbMode,
     WeightsBackend,
     WeightUpdate,
@@ -205,11 +204,6 @@ class TrainerConfig:
     varlen: bool = True
     """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead of
     SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""
-    varlen_kernel: VarlenKernel = VarlenKernel.flash
-    """The kernel of trainer.varlen: flash (torch's varlen_attn, FlashAttention 2) | cudnn (cuDNN's
-    attention over the same segment offsets, experimental: twice flash's speed in
-    benchmarks/attention_kernels.py on one H200, but its first training step at 7B, 3 x H200, torch
-    2.11, stopped with an illegal memory access in the backward; the trainer warns)."""
     dtype: Dtype = Dtype.auto
     """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
     "float32". Master weights stay float32."""

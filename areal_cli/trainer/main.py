@@ -22,6 +22,7 @@ import zmq
 from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
+from areal_cli.durable import atomic_write
 from areal_cli.models import resolve_model
 from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
@@ -39,6 +40,7 @@ from areal_cli.transport.messages import (
     StepDone,
     Stop,
     WeightsReady,
+    encode,
 )
 from areal_cli.transport.ranks import share_message
 
@@ -185,15 +187,17 @@ class Trainer:
         dist.barrier()
         return out
 
-    def _warn_skipped(self, step: int, metrics: dict) -> None:
+    def _warn_skipped(self, step: int, metrics: dict, kept: Path | None = None) -> None:
         """Say so when this step's optimizer step was skipped for a non-finite gradient norm (the weights
-        did not move); counted in ``skipped_steps``."""
+        did not move); counted in ``skipped_steps``. ``kept``: where its batch was kept for a replay."""
         norm = metrics.get("grad_norm")
         if isinstance(norm, float) and not math.isfinite(norm):
             where = getattr(getattr(self, "runner", None), "nonfinite", [])
             self.log.warning("step %d: gradient norm %s: the optimizer step was skipped and the weights did not "
-                             "change (%d step(s) skipped so far)%s", step, norm, metrics.get("skipped_steps", 0),
-                             f"; non-finite gradients in {', '.join(where)}" if where else "")
+                             "change (%d step(s) skipped so far)%s%s", step, norm, metrics.get("skipped_steps", 0),
+                             f"; non-finite gradients in {', '.join(where)}" if where else "",
+                             f"; the step's batch is kept in {kept} (replay it on the trainer alone: python -m "
+                             f"benchmarks.trainer_profile --arch MODEL_DIR --batch {kept} --grad-probe)" if kept else "")
 
     def _stop_on_nonfinite(self, step: int, metrics: dict) -> None:
         """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm (every rank
@@ -240,7 +244,8 @@ class Trainer:
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
-                self._warn_skipped(step, metrics)
+                kept = keep_nonfinite_batch(self.run_dir, step, batch, metrics, self.cfg.trainer)
+                self._warn_skipped(step, metrics, kept)
             self._stop_on_nonfinite(step, metrics)
             if saved and self.stop_requested:
                 return self._finish(save_final=False)
@@ -311,6 +316,26 @@ def nonfinite_streak(streak: int, metrics: dict, trainer) -> int:
     if str(trainer.dtype) == "float16" or not isinstance(norm, float) or math.isfinite(norm):
         return 0
     return streak + 1
+
+
+KEEP_NONFINITE = 2
+"""Batches of steps with a non-finite gradient norm kept in ``RUN_DIR/nonfinite/`` (the first ones)."""
+
+
+def keep_nonfinite_batch(run_dir: Path, step: int, batch, metrics: dict, trainer) -> Path | None:
+    """Write ``batch`` (its wire frame) to ``run_dir/nonfinite/batch_STEP.msgpack`` when this step's gradient
+    norm was not finite, so that the step can be replayed with the same tokens, logprobs and rewards
+    (``benchmarks/trainer_profile.py --batch``); at most ``KEEP_NONFINITE`` per run, none for float16 runs (their
+    loss scale finds its level through overflows). The path, or None."""
+    if not nonfinite_streak(0, metrics, trainer):
+        return None
+    where = Path(run_dir) / "nonfinite"
+    if where.is_dir() and len(list(where.glob("batch_*.msgpack"))) >= KEEP_NONFINITE:
+        return None
+    where.mkdir(exist_ok=True)
+    path = where / f"batch_{step}.msgpack"
+    atomic_write(path, encode(batch), mode=0o600)
+    return path
 
 
 def batch_reward(batch) -> float:

@@ -19,13 +19,13 @@ log = logging.getLogger(__name__)
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
                  activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False,
                  checkpoint_every: int = 1, compile_layers: bool = False, reshard_after_forward: bool = True,
-                 lora=None, varlen_kernel: str = "flash"):
+                 lora=None):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
     one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
     only parameters that require gradients (on one unsharded rank the frozen linear weights stay in
     the compute dtype: ``frozen_linear_to``);
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
-    segments where this device and torch have ``varlen_kernel``'s op (``trainer.varlen``, ``trainer.varlen_kernel``);
+    segments where this device and torch have FlashAttention's varlen op (``trainer.varlen``);
     ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``: the trainer keys of those
     names (``trainer.compile`` for the second)."""
     from transformers import AutoModelForCausalLM
@@ -35,16 +35,8 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     if device.type == "cuda":
         no_cudnn_sdpa()
     attn = "sdpa"
-    packed = varlen and varlen_attention.available(device, varlen_kernel)
-    if varlen and not packed and device.type == "cuda" and varlen_kernel != "flash":
-        raise ValueError(f"trainer.varlen_kernel={varlen_kernel}: this torch ({torch.__version__}) has no such "
-                         "kernel; set trainer.varlen_kernel=flash (or trainer.varlen=false)")
-    if packed:
-        if varlen_kernel != "flash":
-            log.warning("trainer.varlen_kernel=%s is experimental: its first 7B training step on H200s (torch 2.11) "
-                        "stopped with an illegal memory access in the backward; trainer.varlen_kernel=flash is the "
-                        "measured kernel", varlen_kernel)
-        attn = varlen_attention.register(varlen_kernel)
+    if varlen and varlen_attention.available(device):
+        attn = varlen_attention.register()
     unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu" and dist.get_world_size() == 1)
     lora_on = lora is not None and lora.rank > 0
     frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16, torch.float16) \
@@ -101,8 +93,7 @@ def policy_options(cfg) -> dict:
     t = cfg.trainer
     return dict(activation_checkpointing=t.activation_checkpointing == "true", fp32_head=cfg.engine.lm_head_fp32 == "true",
                 varlen=t.packing == "true" and t.varlen, checkpoint_every=t.checkpoint_every,
-                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward, lora=t.lora,
-                varlen_kernel=str(t.varlen_kernel))
+                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward, lora=t.lora)
 
 
 def checkpoint_layers(model, every: int = 1) -> None:

@@ -18,10 +18,10 @@ sequence, a step 10% faster than masked SDPA; rows of up to 2,048 tokens packed 
 sequences, 5-15% slower (the step is bound by launching kernels there), hence varlen only for
 rows longer than a packed row.
 
-Two kernels take the same segments (``trainer.varlen_kernel``): ``flash``, torch's ``varlen_attn``
-(FlashAttention 2), and ``cudnn``, cuDNN's attention (``aten::_cudnn_attention_forward`` with the
-cumulative offsets as its ragged layout, differentiable like SDPA's cuDNN backend), which ran the
-forward + backward of 2 × 8,256-token sequences twice as fast on an H200 (benchmarks/attention_kernels.py).
+The kernel is torch's ``varlen_attn`` (FlashAttention 2). cuDNN's attention over the same offsets ran the
+forward + backward of 2 × 8,256-token sequences twice as fast on an H200 (benchmarks/attention_kernels.py)
+but is not offered: its first 7B training step stopped with an illegal memory access, and on ragged
+segments its gradients differed from FlashAttention's by their whole size (H200, torch 2.11).
 """
 
 from __future__ import annotations
@@ -42,31 +42,9 @@ def _varlen_attn():
     return varlen_attn
 
 
-def _cudnn_attn():
-    """cuDNN's attention op with ragged (cumulative-offset) inputs, or None where this torch lacks it."""
-    return getattr(torch.ops.aten, "_cudnn_attention_forward", None)
-
-
-KERNEL = {"kernel": "flash"}
-"""The kernel ``varlen_attention`` runs (``register`` sets it; one trainer per process)."""
-
-
-def available(device: torch.device, kernel: str = "flash") -> bool:
-    """Whether ``device`` is a CUDA device and this torch has ``kernel``'s op."""
-    op = _varlen_attn() if kernel == "flash" else _cudnn_attn()
-    return device.type == "cuda" and op is not None
-
-
-@torch.compiler.disable  # the op has no meta kernel to trace: compiled layers run it eagerly between two graphs
-def cudnn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor, longest: int,
-                 scale: float | None) -> torch.Tensor:
-    """Causal attention of each segment to itself, ``q`` ``[T, Hq, D]``, ``k``/``v`` ``[T, Hkv, D]``, through
-    cuDNN (the key/value heads repeated to the query's: its ragged path takes equal head counts)."""
-    hq, hkv = q.shape[1], k.shape[1]
-    if hkv != hq:
-        k, v = (x.repeat_interleave(hq // hkv, dim=1) for x in (k, v))
-    out = _cudnn_attn()(q, k, v, None, cu, cu, longest, longest, True, 0.0, True, False, scale=scale)
-    return out[0]
+def available(device: torch.device) -> bool:
+    """Whether ``device`` is a CUDA device and this torch has ``varlen_attn``."""
+    return device.type == "cuda" and _varlen_attn() is not None
 
 
 @functools.lru_cache(maxsize=16)
@@ -96,9 +74,6 @@ def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
         raise ValueError(f"attention '{NAME}' has no dropout; the trainer sets every dropout to 0")
     b, hq, t, d = query.shape
     hkv = key.shape[1]
-    if KERNEL["kernel"] == "cudnn":
-        q, k, v = (x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (query, key, value))
-        return cudnn_varlen(q, k, v, cu, longest, scaling).reshape(b, t, hq, d), None
     fn = _varlen_attn()
     kw = dict(_causal_kwargs(fn, scaling, gqa=hkv != hq))
     if hkv != hq and "enable_gqa" not in kw:  # an older varlen_attn: repeat the key/value heads
@@ -114,11 +89,10 @@ def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torc
     return out.reshape(b, t, hq, d), None
 
 
-def register(kernel: str = "flash") -> str:
-    """Make ``varlen_attention`` (running ``kernel``) an attention implementation of transformers; its name."""
+def register() -> str:
+    """Make ``varlen_attention`` an attention implementation of transformers; its name."""
     from transformers import AttentionInterface
 
-    KERNEL["kernel"] = str(kernel)
     AttentionInterface.register(NAME, varlen_attention)
     return NAME
 

@@ -56,6 +56,8 @@
 #   judge3   carry nothing more       3 GPUs: a judge on its own GPU beside 1 + 1 (default model), against the
 #                                     verifier alone: step time, samples scored/s, the judge's batches and failures
 #   judgetest carry nothing more      1 GPU: tests/rewards/test_vllm_judge.py (the vLLM judge against the hf judge)
+#   nanprobe carry nothing more       2 GPUs: the 7B LoRA NaN gradient, located (the batch kept and replayed with
+#                                     trainer_profile.py --grad-probe), then lora7bmerge on the default checkpoint
 #   gradcheck carry nothing more      2 GPUs: the trainer's attention GPU tests, then the default model's engine=vllm run
 #                                     (STEPS, 16): every gradient norm finite, the reward's first and last quarter
 # Env: PARGS (more trainer_profile.py arguments for levers15 and long7b, e.g. --ragged --arch ...), STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
@@ -71,11 +73,11 @@ LOGS=/tmp/mslogs/$phase
 source benchmarks/device/common.sh
 R=/tmp/rand
 
-ckpt() {  # ARCH DIR: the random checkpoint $R/DIR of benchmarks/models/ARCH, built once per machine
+ckpt() {  # ARCH DIR [ARGS...]: the random checkpoint $R/DIR of benchmarks/models/ARCH, built once per machine
   if [ ! -f "$R/$2/random_weights.json" ]; then
     local tok; tok=$(model)
     step "build_$2" 300 env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 benchmarks/random_model.py "$1" "$R/$2" --device cuda \
-        --tokenizer "$tok"
+        --tokenizer "$tok" "${@:3}"
   fi
   [ -f "$R/$2/random_weights.json" ] && { echo "checkpoint $R/$2: $(tr -d '\n ' < "$R/$2/random_weights.json")" | tee -a $S; }
 }
@@ -110,6 +112,7 @@ lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 
            # rank (GPU 1), every response LEN tokens (8192)
   local ph=$1 merge=$2 n=$3 t=$4 len=${LEN:-8192}; shift 4
   local run=${RUN7/cluster.gpus=\[0,1,2,3\]/cluster.gpus=[0,1]}
+  [ -n "${R7:-}" ] && run=${run/model=$R\/qwen2.5-7b /model=$R7 }
   sized ${ph}_$((len / 1024))k "$t" 1 $run rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
       engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=$len \
       engine.max_model_len=$((len + 1024)) trainer.batch_size=2 rollout.group_size=4 trainer.steps=$n "$@"
@@ -332,12 +335,40 @@ print(f"gradcheck: {len(rows)} steps, non-finite gradient norms at steps {bad or
 print("  grad norms: " + ", ".join(f"{g:.3g}" if isinstance(g, float) else str(g) for g in norms))
 PY
     tar czf "$OUT/gradcheck_run.tgz" --exclude=checkpoints -C /tmp/runs gradcheck 2>/dev/null ;;
+  nanprobe)  # 2 GPUs: where a 7B LoRA run's NaN gradient starts. With the checkpoint built as before
+             # (--keep-zero-pad-row: the pad token's embedding row all zero), one step of lora7bmerge (LEN 4096,
+             # entropy bonus) keeps its batch (RUN_DIR/nonfinite/), replayed on GPU 1 by trainer_profile.py
+             # --grad-probe (each layer's largest output gradient, its token and input RMS); then lora7bmerge
+             # (STEPS, 10) with the default checkpoint (no zero row) and the same entropy bonus
+    ckpt qwen2.5-7b-instruct qwen2.5-7b-padrow --keep-zero-pad-row || exit 1
+    python3 - $R/qwen2.5-7b-padrow <<'PY' | tee -a $S
+import glob, sys
+from safetensors import safe_open
+for f in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
+    with safe_open(f, "pt", device="cuda") as h:
+        for k in h.keys():
+            if "embed" in k or "lm_head" in k:
+                n = h.get_tensor(k).float().norm(dim=1)
+                z = (n == 0).nonzero().flatten().tolist()
+                print(f"{k}: {len(z)} all-zero rows {z[:20]}, row norm median {float(n.median()):.3g}")
+PY
+    ENT="trainer.lr=2e-4 algorithm.entropy_coef=1.0"
+    LEN=${LEN:-4096} R7=$R/qwen2.5-7b-padrow lora7 nanprobe true 1 240 $ENT trainer.max_nonfinite_steps=0
+    kept=$(ls /tmp/runs/nanprobe_*k/nonfinite/batch_*.msgpack 2>/dev/null | head -1)
+    if [ -n "$kept" ]; then
+      cp "$kept" "$OUT/"
+      step replay 240 env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m benchmarks.trainer_profile --arch $R/qwen2.5-7b-padrow \
+          --batch "$kept" --grad-probe --steps 1 --profile --out $OUT/replay --rows baseline+lora16+entropy
+      grep -h "^layer\|gradient of each" $L/replay.log | tee -a $S
+    else echo "nanprobe: no batch kept (every gradient norm finite)" | tee -a $S; fi
+    ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
+    LEN=${LEN:-4096} lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-300} $ENT ;;
   judgetest)  # 1 GPU: the vLLM judge against the hf judge on the default model (tests/rewards/test_vllm_judge.py)
     # the default model's HF directory (the test finds it by its alias), converted before the test's clock starts
     python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck nanprobe)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

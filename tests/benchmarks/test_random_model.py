@@ -54,3 +54,10 @@ def test_random_checkpoint_keeps_the_real_vocab_and_loads(tmp_path, tiny_model):
     logits = model(torch.tensor([[1, 2, 3]])).logits
     assert logits.shape == (1, 3, 151936)
     assert build(str(tmp_path / "arch"), out, tokenizer=tiny_model) == info  # built once
+    # no all-zero embedding row (transformers zeroes the pad token's, id 2), unless asked to keep it
+    rows = model.get_input_embeddings().weight.float().norm(dim=1)
+    assert info["zero_rows_filled"] == [2] and float(rows.min()) > 0.5 * float(rows.median())
+    kept = build(str(tmp_path / "arch"), tmp_path / "kept", tokenizer=tiny_model, keep_zero_pad_row=True)
+    assert kept["zero_rows_filled"] == []
+    zero = AutoModelForCausalLM.from_pretrained(tmp_path / "kept").get_input_embeddings().weight.float().norm(dim=1)
+    assert (zero == 0).nonzero().flatten().tolist() == [2]

@@ -45,32 +45,17 @@ def older_signature(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale
     return sdpa_by_segment(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, scale=scale)
 
 
-def cudnn_contract(q, k, v, bias, cu_q, cu_k, max_q, max_k, logsumexp, dropout, causal, debug, *, scale=None):
-    """aten::_cudnn_attention_forward's ragged contract on the CPU (its output first): equal head counts,
-    causal, no bias or dropout, the log-sum-exp asked for (backward needs it)."""
-    assert k.shape[1] == q.shape[1], "key/value heads not repeated for cuDNN's ragged path"
-    assert bias is None and dropout == 0.0 and causal and logsumexp and not debug
-    return (sdpa_by_segment(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), scale=scale), None)
-
-
-@pytest.mark.parametrize("kernel", [sdpa_by_segment, older_signature, cudnn_contract],
-                         ids=["gqa", "no_gqa", "cudnn"])
+@pytest.mark.parametrize("kernel", [sdpa_by_segment, older_signature], ids=["gqa", "no_gqa"])
 @pytest.mark.parametrize("row_tokens", [None, 12])
 def test_varlen_path_equals_masked_path(tiny_model, monkeypatch, row_tokens, kernel):
-    name = "cudnn" if kernel is cudnn_contract else "flash"
-    monkeypatch.setitem(varlen.KERNEL, "kernel", "flash")  # restored after the test
-    if name == "cudnn":
-        monkeypatch.setattr(varlen, "_cudnn_attn", lambda: kernel)
-        monkeypatch.setattr(varlen, "_varlen_attn", lambda: pytest.fail("the flash kernel ran for cudnn"))
-    else:
-        monkeypatch.setattr(varlen, "_varlen_attn", lambda: kernel)
+    monkeypatch.setattr(varlen, "_varlen_attn", lambda: kernel)
     ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=3, seed=2))
     weights = torch.randn(ro.loss_mask.shape, dtype=F64, generator=torch.Generator().manual_seed(2))
     results = []
     for use_varlen in (False, True):
         from transformers import AutoModelForCausalLM
 
-        attn = varlen.register(name) if use_varlen else "sdpa"
+        attn = varlen.register() if use_varlen else "sdpa"
         model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=F64, attn_implementation=attn)
         assert varlen.uses(model) == use_varlen
         x = model_inputs(ro, list(range(ro.n)), True, row_tokens=row_tokens, varlen=use_varlen)
@@ -110,35 +95,6 @@ def test_without_segments_it_is_sdpa(tiny_model, monkeypatch):
 
 def test_not_available_on_cpu():
     assert not varlen.available(torch.device("cpu"))
-    assert not varlen.available(torch.device("cpu"), "cudnn")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's attention needs a CUDA GPU")
-def test_cudnn_kernel_equals_flash_on_ragged_segments():
-    """The two kernels on the GPU: uneven segments (a row's padding among them), GQA heads, bf16; outputs
-    and gradients within bf16 rounding of each other."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    lengths = [700, 65, 1283, 1]
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    t = sum(lengths)
-    q, k, v = (torch.randn(t, h, 128, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(True)
-               for h in (12, 2, 2))
-    grad = torch.randn(t, 12, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
-    results = []
-    for kernel in ("flash", "cudnn"):
-        for x in (q, k, v):
-            x.grad = None
-        if kernel == "cudnn":
-            out = varlen.cudnn_varlen(q, k, v, cu, max(lengths), None)
-        else:
-            fn = varlen._varlen_attn()
-            kw = varlen._causal_kwargs(fn, None, gqa=True)
-            kk, vv = (k, v) if "enable_gqa" in kw else (x.repeat_interleave(6, dim=1) for x in (k, v))
-            out = fn(q, kk, vv, cu, cu, max(lengths), max(lengths), **kw)
-        out.backward(grad)
-        results.append([out.float(), q.grad.float(), k.grad.float(), v.grad.float()])
-    for a, b in zip(*results, strict=True):
-        assert float((a - b).abs().max()) <= 0.05 * float(a.abs().max()) + 0.02
 
 
 def test_half_gemm_backward_is_the_linear_layers():
