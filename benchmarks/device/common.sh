@@ -6,7 +6,8 @@
 #   stage3  carry .models/a           model part 1
 # The stage phases exit here. Any other phase gets the staged environment, $OUT, $S (summary),
 # $L (logs), $TF (a prefix that runs a command with transformers 5.24) and `step NAME LIMIT CMD…`,
-# which runs CMD in its own process group within LIMIT and the time left of BUDGET (default 570 s).
+# which runs CMD in its own process group within LIMIT and the time left of BUDGET (default 570 s)
+# (an existing run_dir=/tmp/runs/X among CMD's words is moved aside first).
 OUT=${OUT:-/tmp/areal_out}; mkdir -p "$OUT"
 T0=$(date +%s); BUDGET=${BUDGET:-570}
 case $phase in
@@ -27,8 +28,10 @@ TF="env PYTHONPATH=/tmp/tf524:$PYTHONPATH"
 S=$OUT/summary.txt; L=${LOGS:-/tmp/logs/$phase}; mkdir -p $L /tmp/runs
 { nvidia-smi -L; date -u +%FT%TZ; echo "phase $phase"; } | tee $S
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-step() { local name=$1 t=$2; shift 2; local l; l=$(left); [ "$t" -gt "$l" ] && t=$l
+step() { local name=$1 t=$2; shift 2; local l a; l=$(left); [ "$t" -gt "$l" ] && t=$l
   [ "$t" -lt 20 ] && { echo "== $name skipped (no time left)" | tee -a $S; return 1; }
+  # a run directory left by an earlier run of the same name moves aside (areal refuses to start in one)
+  for a in "$@"; do case $a in run_dir=/tmp/runs/*) [ -e "${a#run_dir=}" ] && mv "${a#run_dir=}" "${a#run_dir=}.$(date +%s)";; esac; done
   echo "== $name (limit ${t}s, $(date -u +%T))" | tee -a $S
   # own process group, so that a run stopped at its limit leaves no worker holding a GPU
   setsid "$@" > $L/$name.log 2>&1 & local pid=$! n=0
