@@ -320,21 +320,26 @@ def nonfinite_streak(streak: int, metrics: dict, trainer) -> int:
 
 KEEP_NONFINITE = 2
 """Batches of steps with a non-finite gradient norm kept in ``RUN_DIR/nonfinite/`` (the first ones)."""
+KEEP_NONFINITE_BYTES = 256 << 20
+"""A larger batch (its wire frame) is not kept."""
 
 
 def keep_nonfinite_batch(run_dir: Path, step: int, batch, metrics: dict, trainer) -> Path | None:
     """Write ``batch`` (its wire frame) to ``run_dir/nonfinite/batch_STEP.msgpack`` when this step's gradient
     norm was not finite, so that the step can be replayed with the same tokens, logprobs and rewards
-    (``benchmarks/trainer_profile.py --batch``); at most ``KEEP_NONFINITE`` per run, none for float16 runs (their
-    loss scale finds its level through overflows). The path, or None."""
+    (``benchmarks/trainer_profile.py --batch``); at most ``KEEP_NONFINITE`` per run and ``KEEP_NONFINITE_BYTES``
+    each, none for float16 runs (their loss scale finds its level through overflows). The path, or None."""
     if not nonfinite_streak(0, metrics, trainer):
         return None
     where = Path(run_dir) / "nonfinite"
     if where.is_dir() and len(list(where.glob("batch_*.msgpack"))) >= KEEP_NONFINITE:
         return None
+    frame = encode(batch)
+    if len(frame) > KEEP_NONFINITE_BYTES:
+        return None
     where.mkdir(exist_ok=True)
     path = where / f"batch_{step}.msgpack"
-    atomic_write(path, encode(batch), mode=0o600)
+    atomic_write(path, frame, mode=0o600)
     return path
 
 

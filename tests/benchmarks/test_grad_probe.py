@@ -61,13 +61,17 @@ def test_the_probe_names_the_zero_hidden_token_where_the_gradient_explodes():
     assert all(r["growth"] > 10 for r in rows[1:])  # every layer multiplies it (1-2 without the zero token)
 
 
-def test_a_nonfinite_step_keeps_its_batch_and_the_replay_reads_it_back(tmp_path):
+def test_a_nonfinite_step_keeps_its_batch_and_the_replay_reads_it_back(tmp_path, monkeypatch):
     b = batch(4, 16, ragged=True)
     assert keep_nonfinite_batch(tmp_path, 3, b, OK, TrainerConfig()) is None
     assert keep_nonfinite_batch(tmp_path, 3, b, NAN, TrainerConfig(dtype="float16")) is None
     paths = [keep_nonfinite_batch(tmp_path, s, b, NAN, TrainerConfig()) for s in (4, 5, 6)]
     assert paths[:KEEP_NONFINITE] == [tmp_path / "nonfinite" / "batch_4.msgpack", tmp_path / "nonfinite" / "batch_5.msgpack"]
     assert paths[KEEP_NONFINITE:] == [None]  # the first ones only
+    (tmp_path / "big").mkdir()
+    monkeypatch.setattr("areal_cli.trainer.main.KEEP_NONFINITE_BYTES", 100)  # too large to keep: not written
+    assert keep_nonfinite_batch(tmp_path / "big", 1, b, NAN, TrainerConfig()) is None
+    assert not (tmp_path / "big" / "nonfinite").exists()
     again = kept_batch(str(paths[0]))
     for g, h in zip(b.groups, again.groups, strict=True):
         for s, t in zip(g.samples, h.samples, strict=True):
