@@ -15,7 +15,9 @@ to the tokenizer's. Use with ``rollout.length_profile`` (random weights never st
 transformers' initialisation zeroes the pad token's embedding row; a real checkpoint has none, and in a
 random one a sequence that starts with that token keeps a zero hidden state through every layer (its
 attention sees only itself, every bias is 0), whose RMSNorm backward multiplies the gradient by up to
-1 / sqrt(eps) per layer. The row is initialised like the others unless ``--keep-zero-pad-row``.
+1 / sqrt(eps) per layer. It did: transformers 5.17 reads the default model's GGUF tokenizer with no pad
+token and eos = ``<|im_start|>``, the first token of every chat prompt, which became the pad id here. The
+row is initialised like the others unless ``--keep-zero-pad-row``.
 """
 
 from __future__ import annotations
