@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import logging
 import math
 import os
 import signal
@@ -43,6 +44,8 @@ from areal_cli.transport.messages import (
     encode,
 )
 from areal_cli.transport.ranks import share_message
+
+log = logging.getLogger(__name__)
 
 
 def init_ranks(backend: str, timeout: datetime.timedelta) -> None:
@@ -337,9 +340,13 @@ def keep_nonfinite_batch(run_dir: Path, step: int, batch, metrics: dict, trainer
     frame = encode(batch)
     if len(frame) > KEEP_NONFINITE_BYTES:
         return None
-    where.mkdir(exist_ok=True)
     path = where / f"batch_{step}.msgpack"
-    atomic_write(path, frame, mode=0o600)
+    try:
+        where.mkdir(exist_ok=True)
+        atomic_write(path, frame, mode=0o600)
+    except OSError as err:  # a full or read-only disk costs the replay, not the run
+        log.warning("step %d: its batch could not be kept in %s (%s)", step, where, err)
+        return None
     return path
 
 

@@ -91,3 +91,8 @@ def test_trainer_profile_replays_a_kept_batch_with_the_probe(tmp_path, tiny_mode
     row = json.loads((out / "results.json").read_text())["rows"][0]
     assert [r["layer"] for r in row["grad_probe"]] == [1, 0]
     assert all(np.isfinite(r["grad_max"]) for r in row["grad_probe"])
+
+
+def test_a_batch_that_cannot_be_written_costs_the_replay_not_the_run(tmp_path):
+    (tmp_path / "nonfinite").write_text("a file where the folder goes")
+    assert keep_nonfinite_batch(tmp_path, 0, batch(2, 8), NAN, TrainerConfig()) is None
