@@ -28,7 +28,13 @@ from areal_cli.models import resolve_model
 from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
-from areal_cli.trainer.model import build_policy, full_parameters, policy_options, save_hf
+from areal_cli.trainer.model import (
+    build_policy,
+    full_parameters,
+    policy_options,
+    save_hf,
+    zero_row_starts,
+)
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
@@ -103,6 +109,7 @@ class Trainer:
         self.sender = None
         self.stop_requested = False
         self.nonfinite_streak = 0  # steps in a row with a non-finite gradient norm
+        self.zero_rows_warned: set[int] = set()
         if self.rank == 0:
             self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
@@ -202,6 +209,17 @@ class Trainer:
                              f"; the step's batch is kept in {kept} (replay it on the trainer alone: python -m "
                              f"benchmarks.trainer_profile --arch MODEL_DIR --batch {kept} --grad-probe)" if kept else "")
 
+    def _warn_zero_rows(self, step: int, batch) -> None:
+        """Once per token id: sequences of this batch start with a token whose embedding row is all zero."""
+        starts = zero_row_starts(batch, getattr(self.model, "zero_embedding_rows", frozenset()))
+        for tok in sorted(set(starts) - self.zero_rows_warned):
+            self.zero_rows_warned.add(tok)
+            self.log.warning("step %d: %d sequence(s) start with token id %d, whose embedding row in %s is all zero: "
+                             "such a sequence keeps a zero hidden state through the layers and its gradient can "
+                             "grow by up to 1/sqrt(rms_norm_eps) per layer to NaN; give that row values (a trained "
+                             "or initialised embedding) or start the prompts with another token",
+                             step, starts[tok], tok, self.model_path)
+
     def _stop_on_nonfinite(self, step: int, metrics: dict) -> None:
         """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm (every rank
         sees the same all-reduced norm, so all of them stop at the same step)."""
@@ -231,6 +249,8 @@ class Trainer:
                     self._checkpoint(step, "checkpoint")
                 return self._finish(save_final=False)
             self._doing(f"training step {step}")
+            if self.rank == 0:
+                self._warn_zero_rows(step, batch)
             faults.point("train", step, self.run_dir)
             t0 = time.perf_counter()
             metrics = self.runner.train(batch, version=step)

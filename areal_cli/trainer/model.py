@@ -43,6 +43,7 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  attn_implementation=attn).to(device)
+    zero_rows = zero_embedding_rows(model)
     if frozen != torch.float32:
         frozen_linear_to(model, frozen)
     model.config.use_cache = False
@@ -70,7 +71,31 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if compile_layers:  # after sharding: the forward compiled is the sharded class's (checkpointing's wrapper)
         compile_decoder_layers(model)
+    model.zero_embedding_rows = zero_rows
     return model
+
+
+def zero_embedding_rows(model: torch.nn.Module) -> frozenset[int]:
+    """Token ids whose input embedding row is all zero (transformers' initialisation gives the pad token one;
+    some checkpoints keep them for tokens never trained). A sequence that starts with one keeps a zero hidden
+    state through every layer of a model without attention biases or with zero ones, and its gradient grows
+    by up to 1 / sqrt(rms_norm_eps) per layer in RMSNorm's backward: NaN in a deep model."""
+    w = model.get_input_embeddings().weight.detach()
+    rows: list[int] = []
+    for start in range(0, w.shape[0], 8192):  # a 7B vocabulary's float32 rows are 2 GiB: no full-size copy
+        part = w[start:start + 8192]
+        rows += (part.abs().amax(dim=1) == 0).nonzero().flatten().add(start).tolist()
+    return frozenset(rows)
+
+
+def zero_row_starts(batch, rows: frozenset[int]) -> dict[int, int]:
+    """``{token id: sequences of batch that start with it}`` for the ids in ``rows``."""
+    out: dict[int, int] = {}
+    for g in batch.groups:
+        for s in g.samples:
+            if len(s.prompt_ids) and int(s.prompt_ids[0]) in rows:
+                out[int(s.prompt_ids[0])] = out.get(int(s.prompt_ids[0]), 0) + 1
+    return out
 
 
 def no_cudnn_sdpa() -> None:
