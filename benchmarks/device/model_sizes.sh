@@ -354,6 +354,7 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.safetensors")):
 PY
     ENT="trainer.lr=2e-4 algorithm.entropy_coef=1.0"
     LEN=${LEN:-4096} R7=$R/qwen2.5-7b-padrow lora7 nanprobe true 1 240 $ENT trainer.max_nonfinite_steps=0
+    grep -h "embedding row" /tmp/runs/nanprobe_*k/logs/trainer-0.log 2>/dev/null | head -2 | tee -a $S
     kept=$(ls /tmp/runs/nanprobe_*k/nonfinite/batch_*.msgpack 2>/dev/null | head -1)
     if [ -n "$kept" ]; then
       cp "$kept" "$OUT/"
