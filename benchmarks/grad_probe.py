@@ -6,8 +6,8 @@ to replay a kept batch (``RUN_DIR/nonfinite/batch_STEP.msgpack``) on the trainer
 
 A gradient that grows by a constant factor per layer, on one token whose hidden state is near zero, is
 RMSNorm's backward (its gain is 1 / RMS(x), up to 1 / sqrt(eps)); a non-finite count that starts in one
-layer's attention is that kernel's backward. Run it without compiled layers (hooks on a compiled layer
-break its graph).
+layer's attention is that kernel's backward. Compiled layers keep their graphs: the hooks run around each
+layer's compiled forward, not inside it.
 """
 
 from __future__ import annotations

@@ -219,7 +219,7 @@ def main() -> None:
                                     "of random ids: its tokens, logprobs and rewards (--seqs, --length, --ragged unused)")
     ap.add_argument("--grad-probe", action="store_true",
                     help="each decoder layer's largest output gradient in the first step, the token where it sits and "
-                         "its hidden-state RMS (benchmarks/grad_probe.py; use rows without compile)")
+                         "its hidden-state RMS (benchmarks/grad_probe.py)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--rows", nargs="+", default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
                                                   "mbt32768", "auto"], help="levers joined by +, e.g. no_ckpt+compile")
