@@ -76,10 +76,11 @@ def fill_zero_rows(model, config) -> list[int]:
     others, normal(0, initializer_range); the ids filled."""
     import torch
 
-    emb = model.get_input_embeddings()
-    w = emb.weight
+    from areal_cli.trainer.model import zero_embedding_rows
+
+    w = model.get_input_embeddings().weight
+    ids = sorted(zero_embedding_rows(model))
     with torch.no_grad():
-        ids = (w.float().norm(dim=1) == 0).nonzero().flatten().tolist()
         if ids:
             rows = torch.empty(len(ids), w.shape[1], device=w.device, dtype=torch.float32)
             rows.normal_(0.0, float(getattr(config, "initializer_range", 0.02)))

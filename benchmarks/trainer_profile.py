@@ -136,14 +136,14 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
         row["logprobs"] = first if 0 in shard(ro.n, rank, world) else None
     times, metrics = [], []
     probe = GradProbe(model) if args.grad_probe else None
-    for k in range(args.steps + 1):
-        if probe and k == 0:
-            probe.arm()
+    if probe:
+        probe.arm()  # the first (warm-up) step
+    for _ in range(args.steps + 1):
         sync(device)
         t0 = time.perf_counter()
         metrics.append(runner.train(b))
         times.append(time.perf_counter() - t0)
-        if probe and k == 0:
+        if probe:
             row["grad_probe"] = probe.report()
             probe.remove()
             if rank == 0:

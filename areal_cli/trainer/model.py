@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import collections
 import gc
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -12,8 +12,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
-
-log = logging.getLogger(__name__)
 
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
@@ -90,12 +88,10 @@ def zero_embedding_rows(model: torch.nn.Module) -> frozenset[int]:
 
 def zero_row_starts(batch, rows: frozenset[int]) -> dict[int, int]:
     """``{token id: sequences of batch that start with it}`` for the ids in ``rows``."""
-    out: dict[int, int] = {}
-    for g in batch.groups:
-        for s in g.samples:
-            if len(s.prompt_ids) and int(s.prompt_ids[0]) in rows:
-                out[int(s.prompt_ids[0])] = out.get(int(s.prompt_ids[0]), 0) + 1
-    return out
+    if not rows:  # a trained checkpoint: nothing to look at
+        return {}
+    firsts = (int(s.prompt_ids[0]) for g in batch.groups for s in g.samples if len(s.prompt_ids))
+    return dict(collections.Counter(t for t in firsts if t in rows))
 
 
 def no_cudnn_sdpa() -> None:
