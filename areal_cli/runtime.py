@@ -44,24 +44,34 @@ def short_gil_switch() -> None:
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
 
+def exit_now(code: int = 0) -> None:
+    """Flush stdout/stderr and end the process with ``code``, skipping the interpreter's finalization.
+
+    A gloo worker thread can still be releasing a finished collective's tensors while the main thread
+    finalizes the interpreter; taking the GIL then ends that thread inside a noexcept destructor and
+    the process aborts ("terminate called without an active exception", SIGABRT) after all its work
+    is done. Measured on the 2-core CPU machine: 7 of 228 two-rank gloo training steps ended so."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_main(main) -> None:
     """Run a process's main; any exception is printed and ends the process at once with code 1
     (a library thread that is still alive, e.g. an engine loop, must not keep a failed process
-    hanging where the launcher cannot see it fail)."""
+    hanging where the launcher cannot see it fail). Every end goes through ``exit_now``."""
     import traceback
 
     try:
         main()
-    except SystemExit as err:
-        sys.stderr.flush()
-        os._exit(err.code if isinstance(err.code, int) else 1)
+    except SystemExit as err:  # sys.exit(): None is success, a message is printed and fails
+        if err.code is not None and not isinstance(err.code, int):
+            print(err.code, file=sys.stderr)
+        exit_now(0 if err.code is None else err.code if isinstance(err.code, int) else 1)
     except BaseException:  # noqa: BLE001 — report and exit, whatever it was
         traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+        exit_now(1)
+    exit_now(0)
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

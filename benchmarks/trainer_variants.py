@@ -179,4 +179,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from areal_cli.runtime import run_main
+
+    run_main(main)

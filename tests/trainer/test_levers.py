@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import config, grads, init_gloo, make_batch, plain_model
 
+from areal_cli.runtime import exit_now
 from areal_cli.trainer.batching import from_batch
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
@@ -75,6 +76,7 @@ def _two_ranks(rank: int, init: str, path: str, out: str) -> None:
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()
+    exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_keeping_parameters_gathered_after_forward_gives_the_same_step(tiny_model, tmp_path):

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from areal_cli.runtime import exit_now
 from areal_cli.trainer.batching import reduce_stats
 
 
@@ -26,6 +27,7 @@ def _aliased(rank: int, init: str, out: str) -> None:
     if rank == 0:
         open(out, "w").write(json.dumps(got))
     dist.destroy_process_group()
+    exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_aliased_stats_are_reduced_each_once(tmp_path):
@@ -57,6 +59,7 @@ def _step(rank: int, init: str, model: str, out: str) -> None:
     if rank == 0:
         open(out, "w").write(json.dumps({k: stats[k] for k in ("logp_gap_fresh", "fresh_tokens", "skipped_rows")}))
     dist.destroy_process_group()
+    exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_gap_of_two_ranks_counts_only_fresh_tokens(tmp_path, tiny_model):

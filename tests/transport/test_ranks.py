@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from areal_cli.runtime import exit_now
 from areal_cli.transport.messages import Batch, GroupResult, Sample, Stop
 from areal_cli.transport.ranks import share_message
 
@@ -36,6 +37,7 @@ def _rank(rank: int, init: str, out: str) -> None:
         ok = ok and b.step == 4 and np.array_equal(b.groups[0].samples[1].logprobs, batch().groups[0].samples[1].logprobs)
         open(out, "w").write("ok" if ok else f"mismatch: {[type(m).__name__ for m in got]}")
     dist.destroy_process_group()
+    exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_batch_reaches_every_rank_as_tensors(tmp_path):

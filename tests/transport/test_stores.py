@@ -81,6 +81,8 @@ if int(os.environ["RANK"]) == 0:
               open({out!r}, "w"))
 dist.barrier()
 dist.destroy_process_group()
+from areal_cli.runtime import exit_now
+exit_now(0)
 """
 
 

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from areal_cli.runtime import exit_now
 from areal_cli.transport.vllm_weights import transfer_plan, wire_tensors
 from areal_cli.transport.weights import clean_name
 
@@ -44,6 +45,7 @@ def _rank(rank: int, init: str, path: str, out: str) -> None:
     if rank == 0:
         torch.save(got, out)
     dist.destroy_process_group()
+    exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_streamed_wire_tensors_equal_the_gathered_update(tiny_model, tmp_path):
