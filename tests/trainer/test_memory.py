@@ -44,6 +44,8 @@ runner = StepRunner.build(model, path, cfg, torch.device("cpu"), torch.bfloat16,
 for seed in range(4):  # lengths differ between the batches, as between the steps of a run
     metrics = runner.train(default_shaped_batch(seed=seed), version=0)
 print(json.dumps(metrics))
+from areal_cli.runtime import exit_now
+exit_now(0)  # as `areal train` ends its trainer: no interpreter teardown beside a gloo thread
 """
 
 
