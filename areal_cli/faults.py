@@ -9,6 +9,9 @@ rollout worker starting a group), ``train`` (a trainer rank inside a step), ``we
 rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
 ``adapter`` (a LoRA engine about to apply a received adapter; ``AREAL_FAULT_MODE=skip`` leaves it
 unapplied: a weight sync that does nothing, which the engine's verification must catch).
+``grad`` (a trainer rank whose step ``version`` gets a NaN gradient after its backward, as an overflow
+would leave it: the step is skipped, its batch kept, and the run goes on or stops per
+``trainer.max_nonfinite_steps``; ``AREAL_FAULT=grad@1,2`` arms several versions).
 ``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a dictionary lookup and nothing else.
 """
 
@@ -38,6 +41,17 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
         return
     while True:
         time.sleep(3600)
+
+
+def armed(name: str, version: int) -> bool:
+    """Whether ``AREAL_FAULT=<name>@<v>[,<v>...]`` names this ``version`` (and ``AREAL_FAULT_RANK``, where set,
+    this trainer rank): for a point that changes what a step computes instead of stopping the process."""
+    if not _SPEC or "@" not in _SPEC:
+        return False
+    spec_name, versions = _SPEC.split("@", 1)
+    rank = os.environ.get("AREAL_FAULT_RANK")
+    return (spec_name == name and str(version) in versions.split(",")
+            and (rank is None or rank == os.environ.get("RANK", "0")))
 
 
 def skipped(name: str, version: int) -> bool:

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from areal_cli import faults
 from areal_cli.config.choices import OptimState
 from areal_cli.config.schema import RootConfig
 from areal_cli.trainer import varlen as varlen_attention
@@ -236,6 +237,8 @@ class StepRunner:
             merge_stats(stats, st, STAT_REDUCTIONS)
         for k in POLICY_STATS:  # no row forwarded on this rank: the same keys, as 0
             stats.setdefault(k, torch.zeros((), device=self.device))
+        if faults.armed("grad", version):  # tests only: a NaN gradient, as an overflow leaves one
+            next(p for p in self.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
         self.scale.unscale_(self.model.parameters())
         # clip_grad_norm_ in its two halves, so that a non-finite norm leaves the gradients as they came (the
         # clip would multiply every one by NaN) and the parameters that carry it can be named

@@ -114,3 +114,22 @@ def test_hostile_input_gets_a_clear_message(tmp_path, overrides, needle):
     assert needle in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "r" / "logs").exists()
+
+
+@pytest.mark.slow
+def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_model, tmp_path, monkeypatch):
+    """A real run whose step 1 gets a NaN gradient (as an overflow leaves one): that step leaves the
+    weights alone and is counted, its batch is kept for a replay and named, and the run finishes."""
+    from areal_cli.transport.messages import decode
+
+    monkeypatch.setenv("AREAL_FAULT", "grad@1")
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=4")
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert [r["skipped_steps"] for r in rows] == [0, 1, 1, 1]
+    assert [r["grad_norm"] != r["grad_norm"] for r in rows] == [False, True, False, False]  # NaN at step 1 only
+    kept = tmp_path / "nonfinite" / "batch_1.msgpack"
+    assert sorted(p.name for p in (tmp_path / "nonfinite").iterdir()) == [kept.name]
+    assert decode(kept.read_bytes()).groups  # the wire frame of the step's batch
+    assert str(kept) in proc.stderr + (tmp_path / "logs" / "trainer-0.log").read_text()
+    assert (tmp_path / "checkpoints" / "final").is_dir()
