@@ -133,3 +133,20 @@ def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_
     assert decode(kept.read_bytes()).groups  # the wire frame of the step's batch
     assert str(kept) in proc.stderr + (tmp_path / "logs" / "trainer-0.log").read_text()
     assert (tmp_path / "checkpoints" / "final").is_dir()
+
+
+@pytest.mark.slow
+def test_nan_gradients_in_a_row_stop_the_run_naming_the_parameters(tiny_model, tmp_path, monkeypatch):
+    """trainer.max_nonfinite_steps such steps in a row end the run with an error that names the parameters
+    and the fix, with no process left; the batches of the first two are kept."""
+    monkeypatch.setenv("AREAL_FAULT", "grad@1,2")
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=6", "trainer.max_nonfinite_steps=2",
+                     check=False)
+    assert proc.returncode != 0
+    said = proc.stderr + (tmp_path / "logs" / "trainer-0.log").read_text()
+    assert "steps 1-2: the gradient norm was not finite in 2 steps in a row" in said
+    assert "model.embed_tokens.weight" in said and "trainer.detect_anomaly=true" in said
+    assert sorted(p.name for p in (tmp_path / "nonfinite").iterdir()) == ["batch_1.msgpack", "batch_2.msgpack"]
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] <= 2  # nothing trained after the stop
+    time.sleep(0.5)
+    assert not _left(tmp_path)
