@@ -1,4 +1,4 @@
-"""Fault injection for the reliability tests: ``AREAL_FAULT=<point>@<version>``.
+"""Fault injection for the reliability tests: ``AREAL_FAULT=<point>@<version>[,<version>...]``.
 
 When a process reaches ``point`` at policy ``version`` it writes ``<run_dir>/FAULT_REACHED``
 and then either freezes (``hang``, the default: the test kills or stops it from outside at
@@ -27,10 +27,7 @@ _SPEC = os.environ.get("AREAL_FAULT", "")
 
 
 def point(name: str, version: int, run_dir: str | Path) -> None:
-    if not _SPEC or _SPEC != f"{name}@{version}":
-        return
-    rank = os.environ.get("AREAL_FAULT_RANK")
-    if rank is not None and rank != os.environ.get("RANK", "0"):
+    if not armed(name, version):
         return
     RunDir(run_dir).fault_reached.write_text(f"{name}@{version} pid {os.getpid()}\n")
     mode = os.environ.get("AREAL_FAULT_MODE", "hang")
@@ -45,7 +42,8 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
 
 def armed(name: str, version: int) -> bool:
     """Whether ``AREAL_FAULT=<name>@<v>[,<v>...]`` names this ``version`` (and ``AREAL_FAULT_RANK``, where set,
-    this trainer rank): for a point that changes what a step computes instead of stopping the process."""
+    this trainer rank): every fault point asks this; ``grad`` alone acts on it directly (it changes what a step
+    computes instead of stopping the process)."""
     if not _SPEC or "@" not in _SPEC:
         return False
     spec_name, versions = _SPEC.split("@", 1)
@@ -56,4 +54,4 @@ def armed(name: str, version: int) -> bool:
 
 def skipped(name: str, version: int) -> bool:
     """Whether ``AREAL_FAULT=<name>@<version>`` with ``AREAL_FAULT_MODE=skip`` asks to leave this step out."""
-    return bool(_SPEC) and _SPEC == f"{name}@{version}" and os.environ.get("AREAL_FAULT_MODE") == "skip"
+    return armed(name, version) and os.environ.get("AREAL_FAULT_MODE") == "skip"

@@ -65,9 +65,11 @@ def run_main(main) -> None:
     try:
         main()
     except SystemExit as err:  # sys.exit(): None is success, a message is printed and fails
-        if err.code is not None and not isinstance(err.code, int):
-            print(err.code, file=sys.stderr)
-        exit_now(0 if err.code is None else err.code if isinstance(err.code, int) else 1)
+        code = 0 if err.code is None else err.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        exit_now(code)
     except BaseException:  # noqa: BLE001 — report and exit, whatever it was
         traceback.print_exc()
         exit_now(1)

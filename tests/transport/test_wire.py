@@ -45,7 +45,7 @@ def test_receive_times_out_instead_of_hanging(keys, gate):
 
 
 CHILD = """
-import logging, os, sys, time, zmq
+import logging, sys, time, zmq
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import Channel, shutdown
 from areal_cli.transport.messages import Stop
@@ -58,7 +58,8 @@ pub.send(Stop())
 pub.close(linger_s=1.0)
 gate.stop()
 shutdown()
-os._exit(0)  # as run_main ends every process
+from areal_cli.runtime import exit_now
+exit_now(0)  # as run_main ends every process
 """
 
 
