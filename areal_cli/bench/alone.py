@@ -7,7 +7,9 @@ engine, sampling, KV cache, length profile) on the GPUs that worker had, generat
 training prompts with that worker's concurrency (``worker_concurrency`` groups of
 ``rollout.group_size`` sequences in flight, refilled as each group completes): no trainer, no
 weight update, no reward. The first ``worker_concurrency`` completed groups are warm-up; the rate is
-the generated tokens of the groups completed after them over the seconds they took. GROUPS (default
+the generated tokens of the groups completed after them over the seconds they took, and
+``sequences_held_mean`` the unfinished sequences the engine held on average meanwhile (the rollout
+worker's "generation:" log line counts the same way). GROUPS (default
 3 × the concurrency, at least 8) completed groups end the measurement, or ``LIMIT_S`` seconds.
 
 The bench runs it after the asynchronous run (its concurrency is the larger one) and multiplies the
@@ -60,16 +62,23 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
             n = cfg.rollout.max_new_tokens if lengths is None else lengths.draw(cfg.rollout.max_new_tokens, f"{gid}-{i}")
             engine.submit(Sequence((gid, i), list(ids), n, ignore_eos=lengths is not None))
 
+    held_s, measured_from = 0.0, None  # sequence-seconds in the engine after warm-up, and since when
     while len(done) < capacity + groups and time.perf_counter() - t0 < LIMIT_S:
         while len(left) < capacity:
             start()
-        for seq in engine.poll(0.05):
+        held, before = engine.in_flight(), time.perf_counter()
+        finished = engine.poll(0.05)
+        if measured_from is not None:
+            held_s += held * (time.perf_counter() - before)
+        for seq in finished:
             gid = seq.rid[0]
             made[gid] += len(seq.output_ids)
             left[gid] -= 1
             if left[gid] == 0:
                 del left[gid]
                 done.append((time.perf_counter(), made.pop(gid)))
+                if len(done) == capacity:
+                    measured_from = done[-1][0]
     engine.close()
     measured = done[capacity:]
     if len(done) <= capacity or not measured:
@@ -79,7 +88,7 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
     tokens = sum(n for _, n in measured)
     return {"generated_tokens_per_s": tokens / seconds, "groups": len(measured), "warmup_groups": capacity,
             "concurrency_groups": capacity, "sequences_in_flight": capacity * g, "seconds": seconds,
-            "generated_tokens": tokens}
+            "generated_tokens": tokens, "sequences_held_mean": held_s / max(seconds, 1e-9)}
 
 
 def pick_split(gen_per_gpu: float, train_per_gpu: float, gpus: int, step: int) -> dict | None:

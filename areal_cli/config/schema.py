@@ -88,6 +88,9 @@ class EngineConfig:
     """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
     behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
     on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
+    log_stats: bool = False
+    """vLLM: its own counters every 10 s in the rollout worker's log (requests running and waiting, prompt and
+    generation tokens/s, KV cache use), beside the worker's "generation:" line of what it saw finish."""
 
 
 @dataclass

@@ -211,7 +211,7 @@ case $phase in
         engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
         engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
         trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
-        $fit ${EXTRA:-}
+        trainer.skip_zero_advantage=false engine.log_stats=true $fit ${EXTRA:-}
     cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S
 import json, sys
@@ -228,6 +228,11 @@ for m in ("sync", "async"):
           f"{s['update_pause_s_median']}, weight sync median {s['weight_sync_s_median']}")
 PY
     grep -h "weight updates:" /tmp/runs/bench_$size/async/logs/rollout-*.log 2>/dev/null | head -2 | tee -a $S
+    # what the worker saw finish against what vLLM counted (running / waiting requests, generation tokens/s)
+    for m in sync async; do grep -h "generation: \|Avg generation throughput" \
+        /tmp/runs/bench_$size/$m/logs/rollout-0.log 2>/dev/null | tail -n 8 | sed "s/^/$m: /" | tee -a $S; done
+    python3 -c "import json, sys; print('generation alone:', json.load(open(sys.argv[1]))['standalone']['generation_alone'])" \
+        "$OUT/bench.json" | tee -a $S
     tar czf "$OUT/bench_runs.tgz" --exclude=checkpoints -C /tmp/runs bench_$size 2>/dev/null ;;
   lora7b|lora7bmerge)  # 1 generation + 1 training GPU; the full fine-tuning figures are train7b's and train7b31's
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1

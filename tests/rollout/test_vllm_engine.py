@@ -132,6 +132,9 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
     assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
+    assert "disable_log_stats" not in kw  # vllm.LLM's default: no stats
+    cfg.engine.log_stats = True
+    assert llm_kwargs(cfg.engine, cfg.seed, 1)["disable_log_stats"] is False
 
 
 def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():

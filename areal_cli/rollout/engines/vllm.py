@@ -83,6 +83,8 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
         kw["max_num_seqs"] = e.max_num_seqs
     if e.max_model_len:
         kw["max_model_len"] = e.max_model_len
+    if e.log_stats:
+        kw["disable_log_stats"] = False
     return kw
 
 
