@@ -184,7 +184,8 @@ class Worker:
         self.hb.send(WeightsLoaded(self.name, version, timings))
         self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
                       timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
-                      "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else "")
+                      "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
+                      "; the weights did not change" if timings.get("weights_unchanged") else "")
 
     def close(self) -> None:
         if hasattr(self.flow, "close"):

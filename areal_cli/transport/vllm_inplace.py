@@ -79,6 +79,18 @@ def shadow(param: torch.nn.Parameter) -> torch.nn.Parameter:
     return out
 
 
+INT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+@torch.no_grad()
+def fingerprint(tensors) -> torch.Tensor:
+    """One int64 per tensor: the sum of its elements' bit patterns (each element viewed as a signed integer of
+    its width). Any change of an element changes it unless other changes cancel it exactly; two updates
+    with the same weights give the same fingerprint. On the tensors' device, no copy of them."""
+    sums = [t.detach().reshape(-1).view(INT_VIEWS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+
+
 def load_into(param: torch.nn.Parameter, tensor: torch.Tensor, shard: str | int | None) -> None:
     """``tensor`` written into ``param`` by the engine's weight loader for it (a plain copy where it has none)."""
     loader: Callable | None = getattr(param, "weight_loader", None)
@@ -131,7 +143,11 @@ class StagedUpdate:
     """One engine's staged intake: ``begin`` receives the next update into shadows of ``live`` in a
     thread (a stream of its own on a GPU) while the engine keeps generating; ``apply`` waits for it and
     copies every shadow into its live parameter at once. Without ``staged`` (no room for the shadows),
-    ``begin`` does nothing and ``apply`` receives straight into the live parameters."""
+    ``begin`` does nothing and ``apply`` receives straight into the live parameters.
+
+    ``apply`` also says whether the update changed the weights at all (``weights_changed``, from
+    ``fingerprint`` of the received weights against the live ones before it): an update that changed them
+    must change the engine's outputs, which the engine then checks (``VLLMEngine``)."""
 
     def __init__(self, specs: list[ParamSpec], live: dict[str, torch.nn.Parameter], pg, backend: str,
                  wire_dtype: torch.dtype, bucket_bytes: int, device: torch.device, staged: bool):
@@ -142,17 +158,29 @@ class StagedUpdate:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="areal-weights")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.pending: concurrent.futures.Future | None = None
+        self.printed = fingerprint(p.data for p in live.values())  # of the live weights
 
     def _receive(self) -> dict:
+        """The next update into the shadows (staged) or the live parameters, and its fingerprint
+        (computed here: behind generation when staged)."""
         t0 = time.perf_counter()
+        targets = self.shadows if self.staged else self.live
         if self.stream is None:
             load = self.loader.receive()
+            self.received = fingerprint(p.data for p in targets.values())
         else:
             torch.cuda.set_device(self.device)
             with torch.cuda.stream(self.stream):
                 load = self.loader.receive()
+                self.received = fingerprint(p.data for p in targets.values())
             self.stream.synchronize()
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
+
+    def _changed(self, out: dict) -> dict:
+        """``out`` with ``weights_changed`` (1: the received weights differ from the live ones before)."""
+        out["weights_changed"] = int(not torch.equal(self.received.cpu(), self.printed.cpu()))
+        self.printed = self.received
+        return out
 
     def begin(self) -> None:
         """Start receiving the next update (staged; a no-op otherwise)."""
@@ -172,7 +200,7 @@ class StagedUpdate:
             self._sync()
             out = self._receive()
             out["weight_swap_s"] = 0.0
-            return out
+            return self._changed(out)
         if self.pending is None:
             raise RuntimeError("apply before begin: no update is being received")
         out, self.pending = self.pending.result(), None
@@ -187,7 +215,7 @@ class StagedUpdate:
                 d.copy_(s)
         self._sync()
         out["weight_swap_s"] = time.perf_counter() - t0
-        return out
+        return self._changed(out)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -197,6 +197,7 @@ class InplaceReceiver:
         from areal_cli.transport.vllm_inplace import InplaceWorker
 
         self.llm, self.worker = llm, InplaceWorker
+        self.reports_change = True  # apply's timings say whether the update changed the weights
         joined = self._call(InplaceWorker.areal_weights_join, plan=dict(plan, specs=[
             [n, s] for n, s in zip(spec.names, spec.shapes, strict=True)]))
         self.background = all(j["staged"] for j in joined)

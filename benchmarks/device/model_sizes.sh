@@ -98,7 +98,7 @@ s = json.load(open(sys.argv[1]))
 keys = ("steps", "step_time_s_median", "mfu_median", "peak_gpu_mem_gb", "nvidia_smi_peak_gib_per_gpu",
         "train_tokens_per_s_median", "gen_tokens_per_s_median", "trained_tokens_per_step_median",
         "weight_sync_s_median", "update_pause_s_median", "update_total_s_median", "update_parts_s_median", "updates",
-        "adapter_delta_zero", "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh",
+        "adapter_delta_zero", "weights_unchanged", "probe_logp_change_min", "weight_versions_per_worker", "logp_gap_fresh",
         "skipped_steps", "grad_norm_per_step")
 for k in keys:
     print(f"  {k}: {s.get(k)}")

@@ -65,6 +65,7 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
                                   if k.endswith("_s") and _median([u.get(k) for u in updates]) is not None},
         "updates": len(updates),
         "adapter_delta_zero": sum(1 for u in updates if u.get("adapter_delta_zero")),
+        "weights_unchanged": sum(1 for u in updates if u.get("weights_unchanged")),
         "probe_logp_change_min": min((u["probe_logp_change"] for u in updates
                                       if isinstance(u.get("probe_logp_change"), (int, float))), default=None),
         "update_total_s_median": _median([u.get("update_total_s") for u in updates]),

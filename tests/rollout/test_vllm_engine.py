@@ -205,10 +205,9 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
 class LocalIntake:
     """``InplaceReceiver``'s calls without the RPC: a real ``StagedUpdate`` over gloo in this process."""
 
-    background = True
-
-    def __init__(self, staged):
-        self.staged = staged
+    def __init__(self, staged, verified: bool = False):
+        self.staged, self.reports_change = staged, verified
+        self.background = staged.staged
 
     def begin(self):
         self.staged.begin()
@@ -218,6 +217,10 @@ class LocalIntake:
 
     def apply(self):
         return self.staged.apply()
+
+    def receive(self, version: int = -1):
+        self.begin()
+        return self.apply()
 
 
 def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_swap():
@@ -255,3 +258,63 @@ def time_to_generate(eng) -> None:
     deadline = time.monotonic() + 30
     while len(eng.seqs["a"].output_ids) < 5 and time.monotonic() < deadline:
         time.sleep(0.001)
+
+
+def verified_engine(staged: bool, engine_reads_weights: bool):
+    """A fake engine over a real ``StagedUpdate`` whose probe logprobs are a function of the live weights
+    (as a real engine's forward is), or stay as they were (an engine that never reads the new weights)."""
+    import torch
+
+    from tests.transport.test_vllm_inplace import _ends
+
+    trainer, tx, live, rx = _ends(staged=staged)
+    eng = fake_engine()
+    eng.receiver = LocalIntake(rx, verified=True)
+    eng.core.model_config = types.SimpleNamespace(get_vocab_size=lambda: 1000)
+    frozen = torch.zeros(31)
+
+    def probe(ids):
+        if not engine_reads_weights:
+            return frozen
+        total = sum(float(p.detach().float().sum()) for p in live.values())
+        return torch.linspace(-1.0, -0.1, len(ids) - 1) * (1.0 + total)
+
+    eng.probe_logprobs = probe
+
+    def update(version: int) -> dict:
+        import threading
+
+        tx.prepare(iter(trainer.named_parameters()))
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        try:
+            return eng.update_weights(version)
+        finally:
+            sent.join()
+
+    return eng, trainer, update, rx
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_an_in_place_update_is_verified_by_the_probe_and_an_unchanged_one_is_named(staged):
+    import torch
+
+    eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=True)
+    first = update(1)
+    assert first["weights_changed"] == 1 and first["weights_unchanged"] == 0 and first["probe_logp_change"] > 0
+    again = update(2)  # the trainer's weights did not move (a skipped step): reported, not an error
+    assert again["weights_changed"] == 0 and again["weights_unchanged"] == 1 and again["probe_logp_change"] == 0
+    with torch.no_grad():
+        next(trainer.parameters()).mul_(2.0)
+    assert update(3)["probe_logp_change"] > 0
+    rx.close()
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
+    from areal_cli.rollout.engines.adapter import WeightSyncError
+
+    eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
+    with pytest.raises(WeightSyncError, match="update to version 1: the weights changed but the engine's logprobs"):
+        update(1)
+    rx.close()

@@ -50,7 +50,8 @@ def test_staged_update_is_received_behind_the_live_weights_and_swapped_at_apply(
     sent.join()
     assert all(not p.any() for p in live.values())
     out = rx.apply()
-    assert set(out) == {"weight_recv_s", "weight_load_s", "weight_swap_s"}
+    assert set(out) == {"weight_recv_s", "weight_load_s", "weight_swap_s", "weights_changed"}
+    assert out["weights_changed"] == 1
     for name, p in trainer.named_parameters():
         assert torch.equal(live[name], p.detach().to(torch.bfloat16))  # bit-exact in the wire dtype
     with pytest.raises(RuntimeError, match="apply before begin"):
@@ -72,6 +73,38 @@ def test_direct_update_is_received_by_apply_into_the_live_weights():
     for name, p in trainer.named_parameters():
         assert torch.equal(live[name], p.detach().to(torch.bfloat16))
     rx.close()
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_apply_says_whether_the_update_changed_the_weights(staged):
+    trainer, tx, live, rx = _ends(staged=staged)
+
+    def update():
+        tx.prepare(iter(trainer.named_parameters()))
+        rx.begin()
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        out = rx.apply()
+        sent.join()
+        return out["weights_changed"]
+
+    assert update() == 1  # zeros → the trainer's weights
+    assert update() == 0  # the same weights again: nothing for the engine's outputs to show
+    with torch.no_grad():
+        next(trainer.parameters())[0, 0] += 1.0  # one element of one tensor
+    assert update() == 1
+    rx.close()
+
+
+def test_fingerprint_sees_one_element_moved_by_one_unit_in_the_last_place():
+    from areal_cli.transport.vllm_inplace import INT_VIEWS, fingerprint
+
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        a = torch.randn(64, 32).to(dtype)
+        b = a.clone()
+        assert torch.equal(fingerprint([a, a[:3]]), fingerprint([b, b[:3]]))
+        b.view(INT_VIEWS[b.element_size()])[17, 5] += 1  # the next representable value
+        assert not torch.equal(a, b) and not torch.equal(fingerprint([a]), fingerprint([b])), dtype
 
 
 def test_checkpoint_tensors_route_into_the_engines_fused_parameters():

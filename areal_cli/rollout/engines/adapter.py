@@ -28,7 +28,11 @@ PROBE_POSITIONS = 4
 """hf: positions at the end of the probe whose next-token distributions are compared."""
 
 
-class AdapterSyncError(RuntimeError):
+class WeightSyncError(RuntimeError):
+    """A weight update that changed the weights left the engine's outputs unchanged."""
+
+
+class AdapterSyncError(WeightSyncError):
     """A weight update whose adapter changed left the engine's outputs unchanged."""
 
 
@@ -73,24 +77,30 @@ def adapter_moved(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) ->
 
 
 class ProbeCheck:
-    """Compares each version's probe logprobs with the previous version's."""
+    """Compares each version's probe logprobs with the previous version's. ``of``: what an update changes,
+    "adapter" (LoRA adapters: AdapterSyncError, ``adapter_delta_zero``) or "weights" (full weights, merged
+    adapters included: WeightSyncError, ``weights_unchanged``)."""
 
-    def __init__(self):
-        self.last: torch.Tensor | None = None
+    def __init__(self, of: str = "adapter"):
+        self.of, self.last = of, None
 
-    def check(self, version: int, logprobs: torch.Tensor, adapter_changed: bool) -> dict:
-        """Timings-style figures of this update; AdapterSyncError if the adapter changed but the
-        logprobs did not."""
+    def check(self, version: int, logprobs: torch.Tensor, changed: bool) -> dict:
+        """Timings-style figures of this update; AdapterSyncError (WeightSyncError) if the adapter (the
+        weights) changed but the logprobs did not."""
         logprobs = logprobs.detach().float().cpu()
         last, self.last = self.last, logprobs
         moved = float((logprobs - last).abs().max()) if last is not None else float("nan")
-        if last is not None and adapter_changed and moved == 0.0:
-            raise AdapterSyncError(
-                f"weight update to version {version}: the adapter changed but the engine's logprobs of the "
+        if last is not None and changed and moved == 0.0:
+            error, fix = ((AdapterSyncError, "check the engine's LoRA loading (or run with engine.lora_merge=true to "
+                           "send merged weights instead)") if self.of == "adapter" else
+                          (WeightSyncError, "check the engine's weight loading (or run with "
+                           "engine.weight_update=reload)"))
+            raise error(
+                f"weight update to version {version}: the {self.of} changed but the engine's logprobs of the "
                 "probe sequence did not: the update did not take effect, and generation would go on "
-                "sampling from the previous policy. Stopped; check the engine's LoRA loading (or run with "
-                "engine.lora_merge=true to send merged weights instead)")
-        return {"probe_logp_change": moved, "adapter_delta_zero": int(not adapter_changed)}
+                f"sampling from the previous policy. Stopped; {fix}")
+        key = "adapter_delta_zero" if self.of == "adapter" else "weights_unchanged"
+        return {"probe_logp_change": moved, key: int(not changed)}
 
 
 def engine_merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
@@ -128,7 +138,7 @@ class MergedAdapter:
     @torch.no_grad()
     def receive(self, version: int = -1) -> dict:
         if self.verify.last is None:  # the weights before the first update
-            self.verify.check(version - 1, self.probe_logprobs(), adapter_changed=False)
+            self.verify.check(version - 1, self.probe_logprobs(), changed=False)
         out = self.receiver.receive(version)
         t0, changed, skip = time.perf_counter(), False, faults.skipped("adapter", version)
         for name, m in self.layers:

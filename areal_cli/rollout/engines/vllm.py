@@ -19,6 +19,11 @@ other weights to it (requests of one version still share their prompts' blocks) 
 (a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
 the abort: sequences keep their old-weight KV. The receiving end is built here when the engine has a
 weight source; the trainer's end is ``make_sender``. vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
+
+Verified: after an in-place update that changed the weights (the receiver compares fingerprints of the
+received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe sequence must
+differ from the previous version's, else ``WeightSyncError`` stops the run: an engine that kept sampling
+from the previous policy while the trainer believes it is on-policy is the failure this catches.
 """
 
 from __future__ import annotations
@@ -245,7 +250,37 @@ class VLLMEngine(Engine):
     def update_weights(self, version: int) -> dict:
         """As ``Engine.update_weights``; a staged receiver takes the update in while this engine keeps
         stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the pause
-        is only the swap. ``pause_total_s``: the time generation was held."""
+        is only the swap. ``pause_total_s``: the time generation was held. An in-place update is then
+        verified (``_verify``)."""
+        verified = self._probe_before(version)
+        timings = self._receive(version)
+        if verified:
+            timings.update(self._verify(version, timings))
+        return timings
+
+    def _probe_before(self, version: int) -> bool:
+        """Whether this update is verified (its receiver says whether it changed the weights: in place); the
+        probe's logprobs under the weights before the first update are taken here."""
+        if not getattr(self.receiver, "reports_change", False):
+            return False
+        from areal_cli.rollout.engines.adapter import ProbeCheck, probe_ids
+
+        if getattr(self, "_weights_check", None) is None:
+            self._weights_check = ProbeCheck("weights")
+            self._probe = probe_ids(self.core.model_config.get_vocab_size())
+            self._weights_check.check(version - 1, self.probe_logprobs(self._probe), changed=False)
+        return True
+
+    def _verify(self, version: int, timings: dict) -> dict:
+        """An update that changed the weights must change the engine's logprobs of the probe (taken once the
+        pause is over, beside the requests that continue); WeightSyncError, which stops the run, where they
+        did not: the engine would go on sampling from the previous policy."""
+        t0 = time.perf_counter()
+        out = self._weights_check.check(version, self.probe_logprobs(self._probe), bool(timings["weights_changed"]))
+        out["probe_s"] = time.perf_counter() - t0
+        return out
+
+    def _receive(self, version: int) -> dict:
         if not getattr(self.receiver, "background", False):
             return super().update_weights(version)
         t0 = time.perf_counter()
@@ -354,7 +389,7 @@ class VLLMAdapter:
         from areal_cli.rollout.engines.adapter import adapter_moved
 
         if self.verify.last is None:  # the weights before the first update
-            self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), adapter_changed=False)
+            self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), changed=False)
         out = self.receiver.receive(version)
         t0 = time.perf_counter()
         rounded = {n: b.to(self.dtype) for n, b in self.buffers.items()}
