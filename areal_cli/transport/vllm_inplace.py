@@ -71,8 +71,11 @@ def routes(specs: list[ParamSpec], params: dict[str, torch.Tensor]) -> dict[str,
 
 def shadow(param: torch.nn.Parameter) -> torch.nn.Parameter:
     """A parameter of the same class and attributes (vLLM's weight loader, output_dim, TP rank...) over
-    new memory of the same shape: the engine's loaders write into it exactly as into ``param``."""
-    data = torch.empty_like(param.data)
+    new memory holding a copy of ``param``: the engine's loaders write into it exactly as into ``param``,
+    and what no loader writes (the padding rows of a vocabulary padded to a multiple of 64) keeps the
+    live values, so the swap carries nothing else into the engine and an update with the same weights
+    leaves the same bytes."""
+    data = param.data.clone()
     cls = type(param)
     out = torch.nn.Parameter(data, requires_grad=False) if cls is torch.nn.Parameter else cls.__new__(cls, data)
     out.__dict__.update(param.__dict__)

@@ -96,6 +96,52 @@ def test_apply_says_whether_the_update_changed_the_weights(staged):
     rx.close()
 
 
+@pytest.mark.parametrize("staged", [True, False])
+def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(staged):
+    """vLLM pads its vocabulary to a multiple of 64; its loader writes the real rows only. Weights the engine
+    already has (the trainer skipped its first step) must not count as a change, or the probe check would
+    stop a healthy run."""
+    trainer = torch.nn.Sequential(torch.nn.Embedding(10, 4))
+
+    def padded_rows_loader(param, tensor):
+        param.data[: tensor.shape[0]].copy_(tensor)
+
+    table = torch.nn.Parameter(torch.full((16, 4), 7.0, dtype=torch.bfloat16), requires_grad=False)
+    with torch.no_grad():  # the engine starts from the trainer's weights, as both load one checkpoint
+        table[:10] = trainer[0].weight.to(torch.bfloat16)
+    table.weight_loader = padded_rows_loader
+    live = {"0.weight": table}
+    port, box = free_port(), {}
+
+    def join():
+        box["store"], pg = new_group("127.0.0.1", port, 1, 2, "gloo", 30)
+        box["rx"] = StagedUpdate(param_specs(trainer), live, pg, "gloo", torch.bfloat16, 1 << 20,
+                                 torch.device("cpu"), staged)
+
+    t = threading.Thread(target=join)
+    t.start()
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+                      1 << 20, timeout_s=30)
+    t.join()
+    rx = box["rx"]
+
+    def update():
+        tx.prepare(iter(trainer.named_parameters()))
+        rx.begin()
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        out = rx.apply()
+        sent.join()
+        return out["weights_changed"]
+
+    assert update() == 0  # the first update, after a skipped step: the engine already has these weights
+    with torch.no_grad():
+        trainer[0].weight[3] += 1.0
+    assert update() == 1 and update() == 0
+    assert torch.equal(table.data[10:], torch.full((6, 4), 7.0, dtype=torch.bfloat16))  # padding untouched
+    rx.close()
+
+
 def test_fingerprint_sees_one_element_moved_by_one_unit_in_the_last_place():
     from areal_cli.transport.vllm_inplace import INT_VIEWS, fingerprint
 
