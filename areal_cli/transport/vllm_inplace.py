@@ -82,16 +82,25 @@ def shadow(param: torch.nn.Parameter) -> torch.nn.Parameter:
     return out
 
 
-INT_VIEWS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 @torch.no_grad()
 def fingerprint(tensors) -> torch.Tensor:
-    """One int64 per tensor: the sum of its elements' bit patterns (each element viewed as a signed integer of
-    its width). Any change of an element changes it unless other changes cancel it exactly; two updates
-    with the same weights give the same fingerprint. On the tensors' device, no copy of them."""
-    sums = [t.detach().reshape(-1).view(INT_VIEWS[t.element_size()]).sum(dtype=torch.int64) for t in tensors]
-    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int64)
+    """One int32 per tensor: the sum, wrapping at 2**32, of its bytes read as 32-bit words. Any change of an
+    element changes it unless other changes cancel it exactly; the same weights give the same fingerprint.
+    On the tensors' device, with no copy of them (a reduction in the input's own integer type makes none;
+    a widening one would write a temporary four times the tensor's size)."""
+    sums = []
+    for t in tensors:
+        raw = t.detach().reshape(-1).view(torch.uint8)
+        n = raw.numel() - raw.numel() % 4
+        try:
+            words = raw[:n].view(torch.int32)
+        except RuntimeError:  # a view whose start is not 4-byte aligned
+            words = raw[:n].clone().view(torch.int32)
+        total = words.sum(dtype=torch.int32)
+        if n < raw.numel():
+            total = total + raw[n:].to(torch.int32).sum(dtype=torch.int32)
+        sums.append(total)
+    return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int32)
 
 
 def load_into(param: torch.nn.Parameter, tensor: torch.Tensor, shard: str | int | None) -> None:

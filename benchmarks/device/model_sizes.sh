@@ -26,6 +26,8 @@
 #                                     32 steps per mode (30 measured) and generation alone in the same call
 #   bench7   carry .models/b          the same at the 7B size (trainer.optim_state=bfloat16 on 80 GB cards)
 #   bench2   carry .models/b          the bench at 1.5B on 2 GPUs: 1 vLLM worker + 1 trainer rank, 8 groups per step
+#                                     (PYSPY=1: py-spy stacks of the rollout worker and vLLM's engine process, async
+#                                     run and generation alone, $OUT/pyspy_*.txt)
 #   lora7b   carry .models/b          7B layout with LoRA rank 16 on 2 GPUs: 1 vLLM worker (GPU 0, LoRA enabled, the
 #                                     adapter loaded through vLLM's LoRA API) + ONE trainer rank (GPU 1), 10 steps of
 #                                     8192-token responses: peak memory, step time, MFU, the adapter update pause
@@ -106,6 +108,21 @@ r = s["response_length"]
 print(f"  response length p10/p50/p90/max {r['p10']}/{r['p50']}/{r['p90']}/{r['max']} over {r['samples']} samples")
 PY
   tar czf "$OUT/${name}_run.tgz" --exclude=checkpoints -C /tmp/runs "$name" 2>/dev/null
+}
+
+spy_bench() {  # ASYNC_RUN_DIR: py-spy samples of the bench's async run, then of its generation alone
+  local spy=/tmp/site/bin/py-spy d=$1 pid i
+  [ -x $spy ] || { echo "py-spy: not installed (carry its wheel with the extra wheels)" | tee -a $S; return; }
+  for i in $(seq 900); do [ -s $d/pids.json ] && break; sleep 1; done
+  sleep ${SPY_AFTER:-75}
+  pid=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rollout-0'])" $d/pids.json)
+  $spy record --subprocesses --idle --threads --nonblocking -p $pid -d 20 -r 100 --format raw \
+      -o $OUT/pyspy_async_rollout.txt > $L/pyspy_async.log 2>&1
+  for i in $(seq 600); do pid=$(pgrep -f "areal_cli.bench.alone" | head -1); [ -n "$pid" ] && break; sleep 1; done
+  [ -n "$pid" ] || return
+  sleep ${SPY_ALONE_AFTER:-70}
+  $spy record --subprocesses --idle --threads --nonblocking -p $pid -d 12 -r 100 --format raw \
+      -o $OUT/pyspy_alone.txt > $L/pyspy_alone.log 2>&1
 }
 
 lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 vLLM worker (GPU 0) + ONE trainer
@@ -204,6 +221,9 @@ case $phase in
     M=${MAXLEN:-2048}
     fit=""; mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
     [ "$size" = 7b ] && [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
+    # PYSPY=1 (py-spy installed with the extra wheels): where the rollout worker and vLLM's engine process spend
+    # their time, 20 s of the async run and 12 s of generation alone (py-spy's raw stacks, idle frames kept)
+    [ "${PYSPY:-0}" = 1 ] && spy_bench /tmp/runs/bench_$size/async &
     # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
     step bench_$size 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
         model=$R/qwen2.5-$size engine=vllm $layout \

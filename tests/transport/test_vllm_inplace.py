@@ -143,14 +143,16 @@ def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(stag
 
 
 def test_fingerprint_sees_one_element_moved_by_one_unit_in_the_last_place():
-    from areal_cli.transport.vllm_inplace import INT_VIEWS, fingerprint
+    from areal_cli.transport.vllm_inplace import fingerprint
 
+    same_width = {2: torch.int16, 4: torch.int32}
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        a = torch.randn(64, 32).to(dtype)
-        b = a.clone()
-        assert torch.equal(fingerprint([a, a[:3]]), fingerprint([b, b[:3]]))
-        b.view(INT_VIEWS[b.element_size()])[17, 5] += 1  # the next representable value
-        assert not torch.equal(a, b) and not torch.equal(fingerprint([a]), fingerprint([b])), dtype
+        for shape in ((64, 32), (7, 5)):  # a whole number of 32-bit words, and an odd count of 16-bit values
+            a = torch.randn(*shape).to(dtype)
+            b = a.clone()
+            assert torch.equal(fingerprint([a, a[1:4]]), fingerprint([b, b[1:4]]))  # also a view at an offset
+            b.view(same_width[b.element_size()])[3, 4] += 1  # the next representable value
+            assert not torch.equal(a, b) and not torch.equal(fingerprint([a]), fingerprint([b])), (dtype, shape)
 
 
 def test_checkpoint_tensors_route_into_the_engines_fused_parameters():
