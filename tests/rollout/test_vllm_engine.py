@@ -273,7 +273,9 @@ def verified_engine(staged: bool, engine_reads_weights: bool):
     eng.core.model_config = types.SimpleNamespace(get_vocab_size=lambda: 1000)
     frozen = torch.zeros(31)
 
-    def probe(ids):
+    def probe(ids, wait_s=120.0, required=True):
+        if engine_reads_weights is None:  # vLLM's queue never reaches the probe
+            return None
         if not engine_reads_weights:
             return frozen
         total = sum(float(p.detach().float().sum()) for p in live.values())
@@ -317,4 +319,11 @@ def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
     with pytest.raises(WeightSyncError, match="update to version 1: the weights changed but the engine's logprobs"):
         update(1)
+    rx.close()
+
+
+def test_a_probe_that_vllm_does_not_answer_in_time_leaves_that_version_unchecked_not_the_run_stopped():
+    eng, trainer, update, rx = verified_engine(staged=True, engine_reads_weights=None)
+    got = update(1)
+    assert got["probe_skipped"] == 1 and got["weights_changed"] == 1 and "probe_logp_change" not in got
     rx.close()

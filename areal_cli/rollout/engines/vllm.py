@@ -53,6 +53,10 @@ def import_vllm():
     return vllm
 
 
+PROBE_WAIT_S = 10.0
+"""How long an update's verification waits for its probe request (it queues behind the requests vLLM could
+not yet schedule); past it that version goes unchecked, with a warning."""
+
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.26 accepts for max_lora_rank."""
 
@@ -170,9 +174,11 @@ class VLLMEngine(Engine):
                 time.sleep(max(0.0, deadline - time.perf_counter()))
         return done
 
-    def probe_logprobs(self, ids: list[int]):
+    def probe_logprobs(self, ids: list[int], wait_s: float = 120.0, required: bool = True):
         """log π(ids[t] | ids[:t]) for t ≥ 1 under the current weights and adapter: a one-token request
-        with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are kept."""
+        with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are kept. Not
+        answered within ``wait_s`` (queued behind requests a full KV cache holds): RuntimeError, or None
+        where not ``required``."""
         import torch
 
         vllm = import_vllm()
@@ -183,7 +189,7 @@ class VLLMEngine(Engine):
         params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
                                      output_kind=RequestOutputKind.FINAL_ONLY)
         self.core.add_request(rid, self._prompt(list(ids)), params, lora_request=self.lora_request)
-        deadline = time.perf_counter() + 120
+        deadline = time.perf_counter() + wait_s
         while time.perf_counter() < deadline:
             for out in self.core.step():
                 if out.request_id == rid and out.finished:
@@ -192,7 +198,10 @@ class VLLMEngine(Engine):
                 seq = self._apply(out) if out.request_id != rid else None
                 if seq is not None:
                     self._done.append(seq)
-        raise RuntimeError("vLLM did not answer the weight-update probe within 120 s")
+        self.core.abort_request([rid])
+        if required:
+            raise RuntimeError(f"vLLM did not answer the weight-update probe within {wait_s:.0f} s")
+        return None
 
     def _apply(self, out) -> Sequence | None:
         """Fold one delta output into its sequence; the sequence when it just finished."""
@@ -268,15 +277,24 @@ class VLLMEngine(Engine):
         if getattr(self, "_weights_check", None) is None:
             self._weights_check = ProbeCheck("weights")
             self._probe = probe_ids(self.core.model_config.get_vocab_size())
-            self._weights_check.check(version - 1, self.probe_logprobs(self._probe), changed=False)
+            before = self.probe_logprobs(self._probe, PROBE_WAIT_S, required=False)
+            if before is not None:
+                self._weights_check.check(version - 1, before, changed=False)
         return True
 
     def _verify(self, version: int, timings: dict) -> dict:
         """An update that changed the weights must change the engine's logprobs of the probe (taken once the
         pause is over, beside the requests that continue); WeightSyncError, which stops the run, where they
-        did not: the engine would go on sampling from the previous policy."""
+        did not: the engine would go on sampling from the previous policy. A probe that waits past
+        ``PROBE_WAIT_S`` behind other requests leaves this version unchecked (said in the log) rather than
+        holding the worker; the next version is compared with the last one probed."""
         t0 = time.perf_counter()
-        out = self._weights_check.check(version, self.probe_logprobs(self._probe), bool(timings["weights_changed"]))
+        now = self.probe_logprobs(self._probe, PROBE_WAIT_S, required=False)
+        if now is None:
+            log.warning("weights v%d: the probe was not answered within %.0f s (vLLM's queue is full); this "
+                        "update is not verified", version, PROBE_WAIT_S)
+            return {"probe_skipped": 1, "probe_s": time.perf_counter() - t0}
+        out = self._weights_check.check(version, now, bool(timings["weights_changed"]))
         out["probe_s"] = time.perf_counter() - t0
         return out
 
