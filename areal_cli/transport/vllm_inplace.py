@@ -170,7 +170,8 @@ class StagedUpdate:
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="areal-weights")
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.pending: concurrent.futures.Future | None = None
-        self.printed = fingerprint(p.data for p in live.values())  # of the live weights
+        self.live_print = fingerprint(p.data for p in live.values())  # of the weights the engine runs
+        self.received = self.live_print  # of the last update received
 
     def _receive(self) -> dict:
         """The next update into the shadows (staged) or the live parameters, and its fingerprint
@@ -190,8 +191,8 @@ class StagedUpdate:
 
     def _changed(self, out: dict) -> dict:
         """``out`` with ``weights_changed`` (1: the received weights differ from the live ones before)."""
-        out["weights_changed"] = int(not torch.equal(self.received.cpu(), self.printed.cpu()))
-        self.printed = self.received
+        out["weights_changed"] = int(not torch.equal(self.received.cpu(), self.live_print.cpu()))
+        self.live_print = self.received
         return out
 
     def begin(self) -> None:
