@@ -15,18 +15,20 @@ from areal_cli.transport.weights import ParamSpec, WeightSender, new_group, para
 from tests.transport.test_weights import free_port, small_model
 
 
-def _ends(staged: bool, bucket: int = 300):
-    """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback."""
-    trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
-    with torch.no_grad():
-        for p in engine.parameters():
-            p.zero_()
+def _ends(staged: bool, bucket: int = 300, trainer=None, live=None):
+    """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback; by default
+    the small model, the engine's copy zeroed."""
+    if trainer is None:
+        trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
+        with torch.no_grad():
+            for p in engine.parameters():
+                p.zero_()
+        live = dict(engine.named_parameters())
     port, box = free_port(), {}
-    live = dict(engine.named_parameters())
 
     def join():
         box["store"], pg = new_group("127.0.0.1", port, 1, 2, "gloo", 30)
-        box["rx"] = StagedUpdate(param_specs(engine), live, pg, "gloo", torch.bfloat16, bucket,
+        box["rx"] = StagedUpdate(param_specs(trainer), live, pg, "gloo", torch.bfloat16, bucket,
                                  torch.device("cpu"), staged)
 
     t = threading.Thread(target=join)
@@ -35,6 +37,17 @@ def _ends(staged: bool, bucket: int = 300):
                       bucket, timeout_s=30)
     t.join()
     return trainer, tx, live, box["rx"]
+
+
+def _send(trainer, tx, rx) -> dict:
+    """One update of the trainer's weights, received and applied; apply's timings."""
+    tx.prepare(iter(trainer.named_parameters()))
+    rx.begin()
+    sent = threading.Thread(target=tx.broadcast)
+    sent.start()
+    out = rx.apply()
+    sent.join()
+    return out
 
 
 def test_staged_update_is_received_behind_the_live_weights_and_swapped_at_apply():
@@ -80,13 +93,7 @@ def test_apply_says_whether_the_update_changed_the_weights(staged):
     trainer, tx, live, rx = _ends(staged=staged)
 
     def update():
-        tx.prepare(iter(trainer.named_parameters()))
-        rx.begin()
-        sent = threading.Thread(target=tx.broadcast)
-        sent.start()
-        out = rx.apply()
-        sent.join()
-        return out["weights_changed"]
+        return _send(trainer, tx, rx)["weights_changed"]
 
     assert update() == 1  # zeros → the trainer's weights
     assert update() == 0  # the same weights again: nothing for the engine's outputs to show
@@ -110,29 +117,10 @@ def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(stag
     with torch.no_grad():  # the engine starts from the trainer's weights, as both load one checkpoint
         table[:10] = trainer[0].weight.to(torch.bfloat16)
     table.weight_loader = padded_rows_loader
-    live = {"0.weight": table}
-    port, box = free_port(), {}
-
-    def join():
-        box["store"], pg = new_group("127.0.0.1", port, 1, 2, "gloo", 30)
-        box["rx"] = StagedUpdate(param_specs(trainer), live, pg, "gloo", torch.bfloat16, 1 << 20,
-                                 torch.device("cpu"), staged)
-
-    t = threading.Thread(target=join)
-    t.start()
-    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
-                      1 << 20, timeout_s=30)
-    t.join()
-    rx = box["rx"]
+    trainer, tx, live, rx = _ends(staged, 1 << 20, trainer, {"0.weight": table})
 
     def update():
-        tx.prepare(iter(trainer.named_parameters()))
-        rx.begin()
-        sent = threading.Thread(target=tx.broadcast)
-        sent.start()
-        out = rx.apply()
-        sent.join()
-        return out["weights_changed"]
+        return _send(trainer, tx, rx)["weights_changed"]
 
     assert update() == 0  # the first update, after a skipped step: the engine already has these weights
     with torch.no_grad():
