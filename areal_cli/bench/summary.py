@@ -192,6 +192,8 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
                                           / max(sum(_busy(r) for r in post), 1e-9)),
         "generation_busy_fraction": gen_busy, "generation_busy_measured_by": gen_how,
         "generated_tokens_per_s": generated_in_window(run_dir, lo, hi) / window,
+        "stale_dropped_tokens_per_s": ((post[-1].get("stale_dropped_tokens", 0)
+                                        - (rows[warmup - 1].get("stale_dropped_tokens", 0) if warmup else 0)) / window),
         "weight_sync_s_median": _median([r["weight_sync_s"] for r in post if "weight_sync_s" in r]),
         "update_pause_s_median": _median([u["pause_total_s"] for u in updates if "pause_total_s" in u]),
         "reward_curve": [r.get("reward_mean") for r in rows],

@@ -18,7 +18,9 @@ per second, both measured in the same call:
 
 ``async_vs_ideal`` = the async run's effective trained tokens/s of wall time / that ideal; above
 1.02 it is a measurement error (reported so), never a success. ``generation_in_system_fraction``:
-the async run's generated tokens per second of its window / generation alone. From the two
+the async run's generated tokens per second of its window / generation alone (and
+``generation_in_system_with_dropped_fraction``, counting too the groups generated and then dropped
+as too stale: what the engine made, trained or not). From the two
 per-GPU rates the bench prints the generation / trainer GPU split it would pick. The sync run's
 own split of step time (``summary.standalone_rates``) is kept under ``sync_phases``.
 Each mode also gets its response length distribution (generated tokens per trained sample
@@ -174,6 +176,9 @@ DEFINITIONS = {
         "measurement error (measurement_error true), not a success",
     "generation_in_system_fraction": "the async run's generated tokens of groups completed in its window / "
         "window seconds, over standalone generation",
+    "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups generated in full "
+        "and then dropped as older than rollout.max_staleness (the stale_dropped_tokens metric over the window): "
+        "what the engine produced, useful or not",
     "split": "the generation / trainer GPU split of the run's GPUs with the highest min(generation, training), "
         "each side scaled linearly from its measured per-GPU rate",
     "sync_phases": "the sync run's generation and training phases (summary.standalone_rates): its step time "
@@ -203,12 +208,13 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
     speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
     sides = {"generation": alone["generated_tokens_per_s"] * alone["scale"] if alone else None,
              "training": asyn.get("training_trained_tokens_per_s")}
-    ideal = bottleneck = ratio = fraction = split = None
+    ideal = bottleneck = ratio = fraction = with_dropped = split = None
     if all(v is not None and v > 0 for v in sides.values()):
         bottleneck = min(sides, key=sides.get)
         ideal = sides[bottleneck]
         ratio = asyn["effective_trained_tokens_per_s"] / ideal
         fraction = asyn["generated_tokens_per_s"] / sides["generation"]
+        with_dropped = (asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)) / sides["generation"]
         split = gpu_split(sides, alone, cfg)
     return {
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
@@ -219,7 +225,8 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
                        "training_trained_tokens_per_s": sides["training"], "generation_alone": alone},
         "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck, "async_vs_ideal": ratio,
         "measurement_error": ratio is not None and ratio > MEASUREMENT_ERROR,
-        "generation_in_system_fraction": fraction, "split": split,
+        "generation_in_system_fraction": fraction, "generation_in_system_with_dropped_fraction": with_dropped,
+        "split": split,
         "sync_phases": standalone_rates(Path(sync["run_dir"]), warmup),
         "reward_reach": reward_reach(sync, asyn), "definitions": DEFINITIONS, "modes": modes,
     }
@@ -299,6 +306,8 @@ def ideal_lines(result: dict, w: int, cw: int) -> list[str]:
     lines.append(f"{'async / ideal':{w}}{'':>{cw}}{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
     lines.append(f"{'generation in the system / alone':{w}}{'':>{cw}}"
                  f"{_fmt(result.get('generation_in_system_fraction'), '{:.2f}'):>{cw}}")
+    lines.append(f"{'  counting groups dropped as too stale':{w}}{'':>{cw}}"
+                 f"{_fmt(result.get('generation_in_system_with_dropped_fraction'), '{:.2f}'):>{cw}}")
     if result.get("measurement_error"):
         lines.append(f"MEASUREMENT ERROR: async / ideal = {result['async_vs_ideal']:.2f} > {MEASUREMENT_ERROR}: "
                      "the async run cannot beat either side alone; the standalone rates do not describe that run "

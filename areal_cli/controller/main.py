@@ -96,6 +96,8 @@ def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
 UPDATE_REPEAT_S = 2.0
 """Seconds after a weight-update order before it is repeated to a worker that has neither loaded
 the weights nor begun to receive them (its heartbeat, every launcher.heartbeat_s, says which)."""
+STALE_WASTE_WARN = 0.2
+"""Share of the generated tokens in groups dropped as too stale above which the controller says so (once)."""
 
 
 class Controller:
@@ -114,6 +116,7 @@ class Controller:
         self.batches = Channel(zmq.PUSH, ep.batches, name="batches", hwm=2, **wire)
         self.control = Channel(zmq.PUB, ep.control, name="control", **wire)
         self.unexpected = 0  # well-formed frames dropped because nothing sent them legitimately
+        self.stale_warned = False  # said that much generation went to groups dropped as too stale
         publish_endpoints(cfg, self.rd, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
         from areal_cli.models import resolve_model
@@ -298,6 +301,7 @@ class Controller:
             if starts and self.step - min(starts) > eta:
                 self.adm.drop_accepted()
                 self.rec.stale_dropped += 1
+                self.rec.stale_dropped_tokens += sum(int(s.loss_mask.sum()) for s in g.samples)
                 self.cursor.requeue(*self.groups.pop(g.group_id))
             else:
                 kept.append(g)
@@ -380,10 +384,26 @@ class Controller:
     def _on_step_done(self, msg: StepDone) -> None:
         self.rec.on_step_done(msg.version - 1, dict(msg.metrics),
                               {"buffered": len(self.buffer), "running": self.adm.running})
+        self._warn_stale_waste(msg.version)
         if msg.checkpoint:
             self._finish_checkpoint(msg.version)
         self.trainer_ready = True
         self.watch.update(msg.sender, time.monotonic(), busy=False)
+
+    def _warn_stale_waste(self, version: int) -> None:
+        """Say once (from the fifth step) when more than ``STALE_WASTE_WARN`` of the generated tokens were of
+        groups dropped as too stale: generation then works largely for nothing, and the fix is in the config."""
+        waste = self.rec.stale_waste()
+        if self.stale_warned or version < 5 or waste <= STALE_WASTE_WARN:
+            return
+        self.stale_warned = True
+        eta = self.cfg.rollout.max_staleness
+        self.log.warning("%.0f%% of the tokens generated so far were of groups dropped as older than "
+                         "rollout.max_staleness=%d versions when their batch came (%d groups, stale_dropped in "
+                         "metrics.jsonl): their first token came more than %d training steps before the step "
+                         "that would train them, and the generation was wasted. Raise rollout.max_staleness, or "
+                         "trainer.batch_size (longer steps), or lower rollout.max_new_tokens (shorter long tails)",
+                         100 * waste, eta, self.rec.stale_dropped, eta)
 
     def _on_checkpoint_written(self, msg: CheckpointWritten) -> None:  # on a stop signal, between steps
         self._finish_checkpoint(msg.version)

@@ -103,8 +103,10 @@ class StepRecorder:
         self.t0 = time.monotonic()
         self.last_step_t = self.t0
         self.gen_tokens = 0  # generated since the last step
+        self.gen_tokens_total = 0  # generated since this controller started
         self.filtered_groups = 0
         self.stale_dropped = 0
+        self.stale_dropped_tokens = 0  # model tokens of those groups: generated, never trained
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
         self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
@@ -114,6 +116,7 @@ class StepRecorder:
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
+        self.gen_tokens_total += g.gen_tokens
         self.arrived[g.group_id] = time.monotonic() - self.t0
 
     def on_counters(self, counters: dict) -> None:
@@ -157,6 +160,11 @@ class StepRecorder:
             **part_metrics(rows),
         }
 
+    def stale_waste(self) -> float:
+        """The share of the tokens generated since this controller started that belonged to groups dropped
+        as too stale (0 before any)."""
+        return self.stale_dropped_tokens / self.gen_tokens_total if self.gen_tokens_total else 0.0
+
     def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:
         now = time.monotonic()
         row = {"step": step, "version": step + 1}
@@ -168,6 +176,7 @@ class StepRecorder:
             "step_wall_s": now - self.last_step_t,
             "filtered_groups": self.filtered_groups,
             "stale_dropped": self.stale_dropped,
+            "stale_dropped_tokens": self.stale_dropped_tokens,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
         if self.cfg.workflow.name == "agent":

@@ -42,6 +42,7 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
         "cursor": ctl.cursor.state(),
         "groups": {str(g): [s, pid, p.to_dict()] for g, (s, pid, p) in groups.items()},
         "filtered_groups": ctl.rec.filtered_groups, "stale_dropped": ctl.rec.stale_dropped,
+        "stale_dropped_tokens": ctl.rec.stale_dropped_tokens,
     }
     atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
     atomic_write(partial / "controller.json", json.dumps(state))
@@ -98,6 +99,7 @@ def restore(ctl, run_dir: Path) -> None:
             ctl.cursor.requeue(*entry)  # was generating at the crash: regenerate from the start
     ctl.adm.accepted, ctl.adm.running = len(ctl.buffer), 0
     ctl.rec.filtered_groups, ctl.rec.stale_dropped = state["filtered_groups"], state["stale_dropped"]
+    ctl.rec.stale_dropped_tokens = state.get("stale_dropped_tokens", 0)  # absent from older checkpoints
     truncate_records(run_dir, v)
     ctl.log.info("resumed from %s: version %d, %d buffered groups kept, %d regenerated", ckpt, v,
                  len(ctl.buffer), len(groups) - len(buffered))

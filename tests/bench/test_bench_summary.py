@@ -76,6 +76,26 @@ def _modes(tmp_path: Path, timestamps: bool = True, warmup: int = 1) -> dict:
     return modes
 
 
+def test_groups_dropped_as_too_stale_count_as_generated_in_the_second_fraction_only(tmp_path):
+    modes = _modes(tmp_path)
+    plain = compare(modes, eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE)
+    assert plain["generation_in_system_with_dropped_fraction"] == pytest.approx(
+        plain["generation_in_system_fraction"])  # nothing dropped
+    run = Path(modes["async"]["run_dir"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # cumulative, as the controller writes it: 240 tokens dropped at each step from step 2
+        r["stale_dropped_tokens"] = 240 * max(0, r["step"] - 1)
+    _write(run / "metrics.jsonl", rows)
+    modes["async"] = summarize_run(run, 1)
+    got = compare(modes, eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE)
+    # steps 1..4 after the warm-up step 0: 3 × 240 tokens dropped in the 4.8 s window
+    assert modes["async"]["stale_dropped_tokens_per_s"] == pytest.approx(3 * 240 / 4.8)
+    assert got["generation_in_system_fraction"] == pytest.approx(plain["generation_in_system_fraction"])
+    assert got["generation_in_system_with_dropped_fraction"] == pytest.approx(
+        (3 * 550 + 3 * 240) / 4.8 / 100.0)
+    assert "counting groups dropped as too stale" in report(got)
+
+
 def test_nearest_rank_and_merge():
     xs = list(range(1, 11))
     assert [nearest_rank(xs, q) for q in (0.1, 0.5, 0.9, 1.0)] == [1, 5, 9, 10]
