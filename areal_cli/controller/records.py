@@ -107,6 +107,7 @@ class StepRecorder:
         self.filtered_groups = 0
         self.stale_dropped = 0
         self.stale_dropped_tokens = 0  # model tokens of those groups: generated, never trained
+        self.stale_tokens_at_start = 0  # of them, those dropped before this controller started (a resume)
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
         self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
@@ -163,7 +164,8 @@ class StepRecorder:
     def stale_waste(self) -> float:
         """The share of the tokens generated since this controller started that belonged to groups dropped
         as too stale (0 before any)."""
-        return self.stale_dropped_tokens / self.gen_tokens_total if self.gen_tokens_total else 0.0
+        dropped = self.stale_dropped_tokens - self.stale_tokens_at_start
+        return dropped / self.gen_tokens_total if self.gen_tokens_total else 0.0
 
     def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:
         now = time.monotonic()

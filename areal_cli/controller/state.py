@@ -100,6 +100,7 @@ def restore(ctl, run_dir: Path) -> None:
     ctl.adm.accepted, ctl.adm.running = len(ctl.buffer), 0
     ctl.rec.filtered_groups, ctl.rec.stale_dropped = state["filtered_groups"], state["stale_dropped"]
     ctl.rec.stale_dropped_tokens = state.get("stale_dropped_tokens", 0)  # absent from older checkpoints
+    ctl.rec.stale_tokens_at_start = ctl.rec.stale_dropped_tokens  # the waste warning counts this run's alone
     truncate_records(run_dir, v)
     ctl.log.info("resumed from %s: version %d, %d buffered groups kept, %d regenerated", ckpt, v,
                  len(ctl.buffer), len(groups) - len(buffered))

@@ -66,3 +66,12 @@ def test_the_controller_says_once_when_stale_drops_waste_a_fifth_of_generation(t
     said = caplog.records[0].getMessage()
     assert said.startswith("44% of the tokens generated so far were of groups dropped as older than "
                            "rollout.max_staleness=4") and "Raise rollout.max_staleness" in said
+
+
+def test_after_a_resume_the_waste_counts_only_what_this_controller_saw(tmp_path):
+    rec = StepRecorder(tmp_path, RootConfig())
+    rec.stale_dropped_tokens = rec.stale_tokens_at_start = 5000  # restored from the checkpoint
+    rec.gen_tokens_total = 1000
+    assert rec.stale_waste() == 0.0
+    rec.stale_dropped_tokens += 300
+    assert rec.stale_waste() == 0.3
