@@ -239,7 +239,7 @@ import json, sys
 b = json.load(open(sys.argv[1]))
 print("random weights, synthetic lengths (arithmetic_long profile):")
 for k in ("speedup", "step_speedup", "async_vs_ideal", "measurement_error", "ideal_bottleneck",
-          "generation_in_system_fraction", "split"):
+          "generation_in_system_fraction", "generation_in_system_with_dropped_fraction", "split"):
     print(f"  {k}: {b.get(k)}")
 for m in ("sync", "async"):
     s = b["modes"][m]
