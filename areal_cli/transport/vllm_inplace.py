@@ -178,14 +178,12 @@ class StagedUpdate:
         (computed here: behind generation when staged)."""
         t0 = time.perf_counter()
         targets = self.shadows if self.staged else self.live
-        if self.stream is None:
+        if self.stream is not None:
+            torch.cuda.set_device(self.device)
+        with torch.cuda.stream(self.stream):  # a no-op without a stream (the CPU)
             load = self.loader.receive()
             self.received = fingerprint(p.data for p in targets.values())
-        else:
-            torch.cuda.set_device(self.device)
-            with torch.cuda.stream(self.stream):
-                load = self.loader.receive()
-                self.received = fingerprint(p.data for p in targets.values())
+        if self.stream is not None:
             self.stream.synchronize()
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}
 

@@ -114,16 +114,16 @@ PY
 spy_bench() {  # ASYNC_RUN_DIR: py-spy samples of the bench's async run, then of its generation alone
   local spy=/tmp/site/bin/py-spy d=$1 pid i
   [ -x $spy ] || { echo "py-spy: not installed (carry its wheel with the extra wheels)" | tee -a $S; return; }
+  record() {  # PID SECONDS NAME: the process and its children, idle frames kept -> $OUT/pyspy_NAME.txt
+    $spy record --subprocesses --idle --threads --nonblocking -p $1 -d $2 -r 100 --format raw \
+        -o $OUT/pyspy_$3.txt > $L/pyspy_$3.log 2>&1; }
   for i in $(seq 900); do [ -s $d/pids.json ] && break; sleep 1; done
   sleep ${SPY_AFTER:-75}
-  pid=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rollout-0'])" $d/pids.json)
-  $spy record --subprocesses --idle --threads --nonblocking -p $pid -d 20 -r 100 --format raw \
-      -o $OUT/pyspy_async_rollout.txt > $L/pyspy_async.log 2>&1
+  record $(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rollout-0'])" $d/pids.json) 20 async_rollout
   for i in $(seq 600); do pid=$(pgrep -f "areal_cli.bench.alone" | head -1); [ -n "$pid" ] && break; sleep 1; done
   [ -n "$pid" ] || return
   sleep ${SPY_ALONE_AFTER:-70}
-  $spy record --subprocesses --idle --threads --nonblocking -p $pid -d 12 -r 100 --format raw \
-      -o $OUT/pyspy_alone.txt > $L/pyspy_alone.log 2>&1
+  record $pid 12 alone
 }
 
 lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 vLLM worker (GPU 0) + ONE trainer

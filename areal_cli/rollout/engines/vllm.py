@@ -110,6 +110,7 @@ class VLLMEngine(Engine):
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
         self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
         self.lora_request = None  # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
+        self._weights_check, self._probe = None, []  # in-place updates' verification, from the first update on
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
@@ -274,7 +275,7 @@ class VLLMEngine(Engine):
             return False
         from areal_cli.rollout.engines.adapter import ProbeCheck, probe_ids
 
-        if getattr(self, "_weights_check", None) is None:
+        if self._weights_check is None:
             self._weights_check = ProbeCheck("weights")
             self._probe = probe_ids(self.core.model_config.get_vocab_size())
             before = self.probe_logprobs(self._probe, PROBE_WAIT_S, required=False)
