@@ -40,6 +40,8 @@
 #   update7btp2 carry .models/b       the same with the engine at tensor_parallel_size=2 (GPUs 1, 2): needs 3 GPUs;
 #                                     STAGED_TP=1: engine.staged_tp (received behind generation at TP 2);
 #                                     PAUSE_MODE=keep: engine.pause_mode=keep (no abort and resubmit in the pause)
+#   update7bdp2 carry .models/b       the same with two vLLM workers at TP 1 (GPUs 1, 2; data parallel) updated by one
+#                                     broadcast: needs 3 GPUs; raw NCCL from GPU 0 to both in the same call
 #   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
 #                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
 #                                     (7b: trainer.optim_state=bfloat16, which fits a card of > 100 GiB only)
@@ -64,7 +66,8 @@
 #   gradcheck carry nothing more      2 GPUs: the trainer's attention GPU tests, then the default model's engine=vllm run
 #                                     (STEPS, 16): every gradient norm finite, the reward's first and last quarter
 # Env: PARGS (more trainer_profile.py arguments for levers15 and long7b, e.g. --ragged --arch ...), STEPS (steps of a run), MAXLEN (bench cap, 2048), LEN (LoRA response tokens, 8192), EXTRA (more overrides for every run, e.g. a
-# trainer memory option), BUDGET (seconds of the call, 570); skips: LORATEST=0 (lora2's vLLM test), MSTEPS=0
+# trainer memory option), BUDGET (seconds of the call, 570), BENCH_LIMIT (the bench's own limit, 560: raise it and BUDGET
+# for 32 steps at 2 + 2 in a detached sequence); skips: LORATEST=0 (lora2's vLLM test), MSTEPS=0
 # (lora2's adapter-path run), AGENT=none (agents' throughput bench), GPUTESTS=0 (gradcheck's tests).
 # Results: $OUT/summary.txt, $OUT/<run>.json (size_summary.py), $OUT/<run>_gpu_mem.csv (nvidia-smi every
 # 2 s), $OUT/<run>_run.tgz (run directory without checkpoints), bench.json + plots for the bench.
@@ -153,10 +156,10 @@ case $phase in
     ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
   build7) ckpt qwen2.5-7b-instruct qwen2.5-7b ;;
   build15) ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b ;;
-  update7b|update7btp2)
+  update7b|update7btp2|update7bdp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    tp=1; [ "$phase" = update7btp2 ] && tp=2
-    step $phase 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --tp $tp --versions ${VERSIONS:-8} \
+    tp=1 engines=1; [ "$phase" = update7btp2 ] && tp=2; [ "$phase" = update7bdp2 ] && engines=2
+    step $phase 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --tp $tp --engines $engines --versions ${VERSIONS:-8} \
         ${STAGED_TP:+--staged-tp} ${PAUSE_MODE:+--pause-mode $PAUSE_MODE} --out "$OUT/$phase.json" ;;
   inplace11)
     size=${SIZE:-1.5b}
@@ -225,14 +228,19 @@ case $phase in
     # PYSPY=1 (py-spy installed with the extra wheels): where the rollout worker and vLLM's engine process spend
     # their time, 20 s of the async run and 12 s of generation alone (py-spy's raw stacks, idle frames kept)
     [ "${PYSPY:-0}" = 1 ] && spy_bench /tmp/runs/bench_$size/async &
+    # every GPU's utilisation each second (generation GPUs in the sync run, the async run and alone)
+    nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+        > "$OUT/bench_gpu_util.csv" 2>/dev/null &
+    smi=$!
     # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
-    step bench_$size 560 python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
+    step bench_$size ${BENCH_LIMIT:-560} python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
         model=$R/qwen2.5-$size engine=vllm $layout \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
         engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
         engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
         trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
         trainer.skip_zero_advantage=false engine.log_stats=true $fit ${EXTRA:-}
+    kill $smi 2>/dev/null
     cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S
 import json, sys
@@ -395,7 +403,7 @@ PY
     python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
-  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck nanprobe)"; exit 2 ;;
+  *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 update7bdp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck nanprobe)"; exit 2 ;;
 esac
 tar czf "$OUT/${phase}_logs.tgz" -C /tmp mslogs 2>/dev/null
 echo "== done ($phase, $(date -u +%T))" | tee -a $S

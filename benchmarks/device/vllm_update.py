@@ -1,14 +1,16 @@
 """Weight updates into a real vLLM engine on two GPUs: raw NCCL against the in-place path, in one call.
 
-    python3 benchmarks/device/vllm_update.py CHECKPOINT [--tp 1] [--versions 8] [--seqs 64] [--out FILE]
+    python3 benchmarks/device/vllm_update.py CHECKPOINT [--tp 1] [--engines 1] [--versions 8] [--seqs 64] [--out FILE]
 
 GPU 0 is trainer rank 0 (the checkpoint's architecture built with random weights of its own, bf16),
 GPUs 1..tp a rollout worker's ``VLLMEngine`` (engine.weight_update=inplace, CUDA graphs on) built
 exactly as ``areal train`` builds it, joined to a ``WeightSender`` group of 1 + tp ranks (each TP
-rank receives every bucket and its weight loaders keep its slice).
+rank receives every bucket and its weight loaders keep its slice). ``--engines 2``: two such workers
+(data parallel, GPUs 1..tp and tp+1..2·tp, rollout worker indices 0 and 1), both in the one group of
+1 + 2·tp ranks, so that every bucket reaches both in one broadcast.
 
-1. raw: one NCCL ``broadcast`` of a bf16 tensor of the update's bytes between the two processes
-   (median of 5 after 2 warm-ups), before the engine starts.
+1. raw: one NCCL ``broadcast`` of a bf16 tensor of the update's bytes from GPU 0 to the first GPU
+   of every worker (median of 5 after 2 warm-ups), before the engines start.
 2. updates: version 1 with the engine idle, versions 2..N while ``--seqs`` sequences decode
    (``ignore_eos``, refilled as they finish). Each version the trainer scales its embedding by 1.01
    (so every version differs), casts the update into its wire buffers (``prepare``) and broadcasts;
@@ -60,12 +62,12 @@ def trainer(args, ports: dict, stores: str, barrier, q) -> None:
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     specs = param_specs(model)
     nbytes = sum(s.numel for s in specs) * 2
-    _, raw_pg = new_group("127.0.0.1", ports["raw"], 0, 2, "nccl", 600, f"{stores}/raw")
+    _, raw_pg = new_group("127.0.0.1", ports["raw"], 0, 1 + args.engines, "nccl", 600, f"{stores}/raw")
     out = {"device": torch.cuda.get_device_name(0), "wire_bytes": nbytes, "params": nbytes // 2,
            "raw": raw_bw(raw_pg, torch.device("cuda", 0), nbytes, 5)}
     torch.cuda.empty_cache()
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()  # the engine is up when this returns
-    tx = WeightSender(specs, "127.0.0.1", ports["weights"], 1 + args.tp, "nccl", torch.device("cuda", 0), torch.bfloat16,
+    tx = WeightSender(specs, "127.0.0.1", ports["weights"], 1 + args.engines * args.tp, "nccl", torch.device("cuda", 0), torch.bfloat16,
                       args.bucket_mb << 20, timeout_s=600, staged=True, store_path=f"{stores}/weights")
     rows = []
     for _ in range(args.versions):
@@ -115,7 +117,7 @@ def probe_or_error(engine, probe: list[int]) -> list[float] | str:
         return f"{type(err).__name__}: {err}"
 
 
-def rollout(args, ports: dict, stores: str, barrier, q) -> None:
+def rollout(args, ports: dict, stores: str, barrier, q, index: int = 0) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from areal_cli.config.resolve import resolve_engine
@@ -131,7 +133,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     vocab = config.vocab_size
     with torch.device("meta"):
         nbytes = 2 * sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    _, raw_pg = new_group("127.0.0.1", ports["raw"], 1, 2, "nccl", 600, f"{stores}/raw")
+    _, raw_pg = new_group("127.0.0.1", ports["raw"], 1 + index, 1 + args.engines, "nccl", 600, f"{stores}/raw")
     raw_bw(raw_pg, torch.device("cuda", 0), nbytes, 5)
     torch.cuda.empty_cache()
     cfg = RootConfig()
@@ -141,9 +143,9 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     cfg.engine.pause_mode, cfg.engine.staged_tp = args.pause_mode, args.staged_tp
     cfg.engine = resolve_engine(cfg.engine, args.checkpoint)
     cfg.weights.dtype, cfg.weights.bucket_mb, cfg.weights.backend, cfg.weights.staged = "bfloat16", args.bucket_mb, "nccl", "true"
-    cfg.launcher.peer_timeout_s = 300
+    cfg.launcher.peer_timeout_s, cfg.rollout.workers = 300, args.engines
     setup = EngineSetup(cfg.engine, args.checkpoint, 0, Sampling(1.0), args.seqs, cfg.engine.max_model_len,
-                        weights=WeightSource(cfg, "127.0.0.1", ports["weights"], f"{stores}/weights"))
+                        index=index, weights=WeightSource(cfg, "127.0.0.1", ports["weights"], f"{stores}/weights"))
     import logging
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -151,7 +153,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     engine = make_engine(setup)
     print("engine up", flush=True)
     out = {"engine_start_s": time.perf_counter() - t0, "staged": bool(engine.receiver.background), "tp": args.tp,
-           "pause_mode": args.pause_mode}
+           "pause_mode": args.pause_mode, "index": index}
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()
     probe = probe_ids(vocab)
     before = probe_or_error(engine, probe)
@@ -175,7 +177,7 @@ def rollout(args, ports: dict, stores: str, barrier, q) -> None:
     out.update(rows=rows, versions_applied=engine.version, probe_before=before,
                probe_after=probe_or_error(engine, probe))
     engine.close()
-    q.put(("rollout", out))
+    q.put((f"rollout{index}", out))
 
 
 def summarize(t: dict, r: dict) -> dict:
@@ -202,6 +204,12 @@ def summarize(t: dict, r: dict) -> dict:
         "tokens_per_s_during_receive_median": med(x["tokens_during_receive"] / x["weight_behind_s"] for x in gen)
         if r["staged"] else None,
         "versions_sent": len(t["rows"]), "versions_applied": r["versions_applied"],
+        # the engine's own verification of each update (rollout/engines/vllm.py): weights fingerprinted as
+        # changed, and how far the probe's logprobs moved (a probe vLLM did not answer in time: skipped)
+        "weights_changed": sum(int(x.get("weights_changed", 0)) for x in r["rows"]),
+        "probe_skipped": sum(int(x.get("probe_skipped", 0)) for x in r["rows"]),
+        "probe_logp_change_min": min((x["probe_logp_change"] for x in r["rows"] if "probe_logp_change" in x),
+                                     default=None),
     }
     s["ratio_to_raw_median"] = raw_s / s["receive_s_median"]
     if isinstance(r["probe_before"], str) or isinstance(r["probe_after"], str):
@@ -220,6 +228,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkpoint")
     ap.add_argument("--tp", type=int, default=1, help="the engine's tensor_parallel_size (GPUs 1..tp)")
+    ap.add_argument("--engines", type=int, default=1, help="rollout workers (data parallel), each on tp GPUs of its own")
     ap.add_argument("--versions", type=int, default=8)
     ap.add_argument("--seqs", type=int, default=64)
     ap.add_argument("--prompt", type=int, default=256)
@@ -236,13 +245,14 @@ def main() -> None:
     stores = tempfile.mkdtemp(prefix="areal-bench-stores-")
     ports = {"raw": 0, "weights": 0}  # both groups meet in FileStores under ``stores``
     ctx = mp.get_context("spawn")
-    q, barrier = ctx.SimpleQueue(), ctx.Barrier(2)
+    q, barrier = ctx.SimpleQueue(), ctx.Barrier(1 + args.engines)
     procs = []
-    # GPU 0 trains, the next tp GPUs generate: ids counted among this process's visible GPUs
-    engine_gpus = physical_gpus([1 + i for i in range(args.tp)])
-    for gpus, target in ((physical_gpus([0]), trainer), (engine_gpus, rollout)):
+    # GPU 0 trains, worker k generates on the tp GPUs after it: ids counted among this process's visible GPUs
+    roles = [(physical_gpus([0]), trainer, ())]
+    roles += [(physical_gpus([1 + k * args.tp + i for i in range(args.tp)]), rollout, (k,)) for k in range(args.engines)]
+    for gpus, target, extra in roles:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus  # inherited by the spawned process
-        procs.append(ctx.Process(target=target, args=(args, ports, stores, barrier, q)))
+        procs.append(ctx.Process(target=target, args=(args, ports, stores, barrier, q, *extra)))
         procs[-1].start()
     got = {}
     while len(got) < len(procs):
@@ -256,7 +266,14 @@ def main() -> None:
         got[name] = out
     for p in procs:
         p.join(60)
-    summary = summarize(got["trainer"], got["rollout"])
+    summary = summarize(got["trainer"], got["rollout0"])
+    if args.engines > 1:  # every worker's own figures, and the worst of them at the top
+        each = [summarize(got["trainer"], got[f"rollout{k}"]) for k in range(args.engines)]
+        summary.update(engines=args.engines, per_engine=each,
+                       ratio_to_raw_median=min(e["ratio_to_raw_median"] for e in each),
+                       pause_s_median=max(e["pause_s_median"] for e in each),
+                       pause_s_max=max(e["pause_s_max"] for e in each),
+                       versions_applied=min(e["versions_applied"] for e in each))
     print(json.dumps(summary, indent=1))
     if args.out:
         with open(args.out, "w") as f:
