@@ -14,10 +14,13 @@ from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
 
 
 class FakeCore:
-    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version."""
+    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version. A request
+    with ``prompt_logprobs`` (a probe) gets them from ``prompt_lp(ids)``; ``full=True``: no new probe is
+    scheduled (vLLM's queue behind requests that fill the engine)."""
 
     def __init__(self):
         self.requests, self.aborted, self.version, self.params, self.salts = {}, [], 0, {}, {}
+        self.prompt_lp, self.full = None, False
 
     def add_request(self, req, prompt, params, lora_request=None):
         self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
@@ -27,12 +30,19 @@ class FakeCore:
         outs = []
         for req, r in list(self.requests.items()):
             ids, budget, made = r
+            probe = getattr(self.params[req], "prompt_logprobs", None) is not None
+            if probe and self.full:
+                continue
             tok = 100 + len(ids)
             r[0], r[2] = ids + [tok], made + 1
             done = r[2] >= budget
             lp = {tok: types.SimpleNamespace(logprob=-0.1 * self.version)}
             comp = types.SimpleNamespace(token_ids=[tok], logprobs=[lp], finish_reason="length" if done else None)
-            outs.append(types.SimpleNamespace(request_id=req, outputs=[comp], finished=done))
+            out = types.SimpleNamespace(request_id=req, outputs=[comp], finished=done)
+            if probe:
+                out.prompt_logprobs = [None] + [{t: types.SimpleNamespace(logprob=float(v))}
+                                                for t, v in zip(ids[1:], self.prompt_lp(ids), strict=True)]
+            outs.append(out)
             if done:
                 del self.requests[req]
         return outs
@@ -54,7 +64,8 @@ def fake_engine() -> VLLMEngine:
     eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
-    eng._weights_check, eng._probe = None, []
+    eng._weights_check, eng._probe, eng._probing, eng._verdict = None, [], None, {}
+    eng._probe_params = lambda: types.SimpleNamespace(max_tokens=1, ignore_eos=False, prompt_logprobs=0)
     return eng
 
 
@@ -261,9 +272,10 @@ def time_to_generate(eng) -> None:
         time.sleep(0.001)
 
 
-def verified_engine(staged: bool, engine_reads_weights: bool):
+def verified_engine(staged: bool, engine_reads_weights: bool | None):
     """A fake engine over a real ``StagedUpdate`` whose probe logprobs are a function of the live weights
-    (as a real engine's forward is), or stay as they were (an engine that never reads the new weights)."""
+    (as a real engine's forward is), or stay as they were (an engine that never reads the new weights);
+    None: the weights are read, but vLLM's queue never reaches a probe (the first, waited for, included)."""
     import torch
 
     from tests.transport.test_vllm_inplace import _ends
@@ -272,17 +284,19 @@ def verified_engine(staged: bool, engine_reads_weights: bool):
     eng = fake_engine()
     eng.receiver = LocalIntake(rx, verified=True)
     eng.core.model_config = types.SimpleNamespace(get_vocab_size=lambda: 1000)
-    frozen = torch.zeros(31)
+    frozen = None
 
-    def probe(ids, wait_s=120.0, required=True):
-        if engine_reads_weights is None:  # vLLM's queue never reaches the probe
-            return None
-        if not engine_reads_weights:
-            return frozen
+    def logprobs(ids):
+        nonlocal frozen
         total = sum(float(p.detach().float().sum()) for p in live.values())
-        return torch.linspace(-1.0, -0.1, len(ids) - 1) * (1.0 + total)
+        now = torch.linspace(-1.0, -0.1, len(ids) - 1) * (1.0 + total)
+        if not engine_reads_weights and engine_reads_weights is not None:
+            frozen = now if frozen is None else frozen
+            return frozen
+        return now
 
-    eng.probe_logprobs = probe
+    eng.core.prompt_lp = logprobs
+    eng.core.full = engine_reads_weights is None
 
     def update(version: int) -> dict:
         import threading
@@ -298,18 +312,32 @@ def verified_engine(staged: bool, engine_reads_weights: bool):
     return eng, trainer, update, rx
 
 
+def answered(eng) -> None:
+    """Step the engine until its probe is answered (what the worker's polling does between updates)."""
+    for _ in range(5):
+        eng.poll(0.001)
+    assert eng._probing is None
+
+
 @pytest.mark.parametrize("staged", [True, False])
 def test_an_in_place_update_is_verified_by_the_probe_and_an_unchanged_one_is_named(staged):
     import torch
 
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=True)
     first = update(1)
-    assert first["weights_changed"] == 1 and first["weights_unchanged"] == 0 and first["probe_logp_change"] > 0
+    assert first["weights_changed"] == 1 and first["weights_unchanged"] == 0 and "probe_version" not in first
+    assert eng._probing is not None  # submitted, not waited for: the worker goes on meanwhile
+    answered(eng)
     again = update(2)  # the trainer's weights did not move (a skipped step): reported, not an error
-    assert again["weights_changed"] == 0 and again["weights_unchanged"] == 1 and again["probe_logp_change"] == 0
+    assert again["weights_changed"] == 0 and again["weights_unchanged"] == 1
+    assert again["probe_version"] == 1 and again["probe_logp_change"] > 0  # the verdict on version 1
+    answered(eng)
     with torch.no_grad():
         next(trainer.parameters()).mul_(2.0)
-    assert update(3)["probe_logp_change"] > 0
+    third = update(3)
+    assert third["probe_version"] == 2 and third["probe_logp_change"] == 0
+    answered(eng)
+    assert eng._verdict["probe_version"] == 3 and eng._verdict["probe_logp_change"] > 0
     rx.close()
 
 
@@ -318,13 +346,24 @@ def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
     from areal_cli.rollout.engines.adapter import WeightSyncError
 
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
+    update(1)
     with pytest.raises(WeightSyncError, match="update to version 1: the weights changed but the engine's logprobs"):
-        update(1)
+        answered(eng)
     rx.close()
 
 
-def test_a_probe_that_vllm_does_not_answer_in_time_leaves_that_version_unchecked_not_the_run_stopped():
+def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_never_waited_for(monkeypatch):
+    import time
+
+    from areal_cli.rollout.engines import vllm as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "PROBE_WAIT_S", 0.2)  # the one probe waited for: before the first update
     eng, trainer, update, rx = verified_engine(staged=True, engine_reads_weights=None)
-    got = update(1)
-    assert got["probe_skipped"] == 1 and got["weights_changed"] == 1 and "probe_logp_change" not in got
+    assert update(1)["weights_changed"] == 1
+    eng.poll(0.01)
+    t0 = time.perf_counter()
+    got = update(2)
+    assert time.perf_counter() - t0 < 5.0  # no wait for the probe (it was 10 s per update)
+    assert got["probe_version"] == 1 and got["probe_skipped"] == 1 and "probe_logp_change" not in got
+    assert "areal-probe-v1" in eng.core.aborted and eng._probing[0] == "areal-probe-v2"
     rx.close()

@@ -23,7 +23,9 @@ weight source; the trainer's end is ``make_sender``. vLLM sizes its own KV cache
 Verified: after an in-place update that changed the weights (the receiver compares fingerprints of the
 received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe sequence must
 differ from the previous version's, else ``WeightSyncError`` stops the run: an engine that kept sampling
-from the previous policy while the trainer believes it is on-policy is the failure this catches.
+from the previous policy while the trainer believes it is on-policy is the failure this catches. The probe
+is a request like the others, answered while the worker goes on (a full engine queues it behind its
+requests; it is never waited for), and its verdict comes with the next update's timings.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def import_vllm():
 
 
 PROBE_WAIT_S = 10.0
-"""How long an update's verification waits for its probe request (it queues behind the requests vLLM could
-not yet schedule); past it that version goes unchecked, with a warning."""
+"""How long the probe under the weights before the first in-place update is waited for (it queues behind
+the requests vLLM could not yet schedule); past it the first version goes uncompared. Later probes are
+never waited for."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.26 accepts for max_lora_rank."""
@@ -110,7 +113,9 @@ class VLLMEngine(Engine):
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
         self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
         self.lora_request = None  # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
-        self._weights_check, self._probe = None, []  # in-place updates' verification, from the first update on
+        # in-place updates' verification, from the first update on: the probe's ids, the probe request in
+        # flight (its id, version and whether that update changed the weights) and the verdicts not yet reported
+        self._weights_check, self._probe, self._probing, self._verdict = None, [], None, {}
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
@@ -164,12 +169,12 @@ class VLLMEngine(Engine):
     def poll(self, timeout_s: float) -> list[Sequence]:
         done, self._done = self._done, []
         deadline = time.perf_counter() + timeout_s
-        while not done and self.segment and time.perf_counter() < deadline:
+        while not done and (self.segment or self._probing) and time.perf_counter() < deadline:
             for out in self.core.step():
                 seq = self._apply(out)
                 if seq is not None:
                     done.append(seq)
-        if not self.segment:
+        if not self.segment and not self._probing:
             self._mark_idle()
             if not done:
                 time.sleep(max(0.0, deadline - time.perf_counter()))
@@ -182,14 +187,9 @@ class VLLMEngine(Engine):
         where not ``required``."""
         import torch
 
-        vllm = import_vllm()
-        from vllm.sampling_params import RequestOutputKind
-
         self._probes = getattr(self, "_probes", 0) + 1
         rid = f"areal-probe-{self._probes}"
-        params = vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
-                                     output_kind=RequestOutputKind.FINAL_ONLY)
-        self.core.add_request(rid, self._prompt(list(ids)), params, lora_request=self.lora_request)
+        self.core.add_request(rid, self._prompt(list(ids)), self._probe_params(), lora_request=self.lora_request)
         deadline = time.perf_counter() + wait_s
         while time.perf_counter() < deadline:
             for out in self.core.step():
@@ -204,11 +204,21 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"vLLM did not answer the weight-update probe within {wait_s:.0f} s")
         return None
 
+    def _probe_params(self):
+        """A probe request: one token, the prompt's logprobs (of the distribution at temperature 1)."""
+        vllm = import_vllm()
+        from vllm.sampling_params import RequestOutputKind
+
+        return vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                                   output_kind=RequestOutputKind.FINAL_ONLY)
+
     def _apply(self, out) -> Sequence | None:
         """Fold one delta output into its sequence; the sequence when it just finished."""
         rid = self.segment.get(out.request_id)
         if rid is None:
-            return None  # an aborted segment
+            if self._probing is not None and out.request_id == self._probing[0] and out.finished:
+                self._probed(out)
+            return None  # an aborted segment, or the probe
         seq, c = self.seqs[rid], out.outputs[0]
         new, lps = list(c.token_ids), c.logprobs or []
         if len(lps) > len(new):
@@ -261,12 +271,27 @@ class VLLMEngine(Engine):
         """As ``Engine.update_weights``; a staged receiver takes the update in while this engine keeps
         stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the pause
         is only the swap. ``pause_total_s``: the time generation was held. An in-place update is then
-        verified (``_verify``)."""
+        verified (``_verify``): its timings carry the verdict on the previous version's."""
         verified = self._probe_before(version)
         timings = self._receive(version)
         if verified:
             timings.update(self._verify(version, timings))
         return timings
+
+    @contextlib.contextmanager
+    def _swap(self, version: int):
+        """``paused`` for the swap to ``version``; a probe still unanswered then (vLLM had no room for it
+        since the last update) is withdrawn, and that version goes unchecked: answered after the swap,
+        it would be of the new weights."""
+        if self._probing is not None:
+            rid, probed, _, _ = self._probing
+            self.core.abort_request([rid])
+            self._probing = None
+            self._verdict = {"probe_version": probed, "probe_skipped": 1}
+            log.warning("weights v%d: vLLM did not reach the probe before the next update (its queue is full); "
+                        "that version is not verified", probed)
+        with self.paused(version) as timings:
+            yield timings
 
     def _probe_before(self, version: int) -> bool:
         """Whether this update is verified (its receiver says whether it changed the weights: in place); the
@@ -284,24 +309,39 @@ class VLLMEngine(Engine):
         return True
 
     def _verify(self, version: int, timings: dict) -> dict:
-        """An update that changed the weights must change the engine's logprobs of the probe (taken once the
-        pause is over, beside the requests that continue); WeightSyncError, which stops the run, where they
-        did not: the engine would go on sampling from the previous policy. A probe that waits past
-        ``PROBE_WAIT_S`` behind other requests leaves this version unchecked (said in the log) rather than
-        holding the worker; the next version is compared with the last one probed."""
-        t0 = time.perf_counter()
-        now = self.probe_logprobs(self._probe, PROBE_WAIT_S, required=False)
-        if now is None:
-            log.warning("weights v%d: the probe was not answered within %.0f s (vLLM's queue is full); this "
-                        "update is not verified", version, PROBE_WAIT_S)
-            return {"probe_skipped": 1, "probe_s": time.perf_counter() - t0}
-        out = self._weights_check.check(version, now, bool(timings["weights_changed"]))
-        out["probe_s"] = time.perf_counter() - t0
+        """Submit the probe of ``version``, a request like the others, once the pause is over; returns
+        ``weights_unchanged`` of this update and the verdict on the previous one (``probe_version``,
+        ``probe_logp_change`` or ``probe_skipped``, ``probe_s``: submission to answer). The answer is
+        checked where it arrives (``_probed``)."""
+        changed = bool(timings["weights_changed"])
+        out, self._verdict = {"weights_unchanged": int(not changed), **self._verdict}, {}
+        rid = f"areal-probe-v{version}"
+        self.core.add_request(rid, self._prompt(list(self._probe)), self._probe_params(),
+                              lora_request=self.lora_request)
+        self._probing = (rid, version, changed, time.perf_counter())
         return out
 
+    def _probed(self, out) -> None:
+        """The probe's answer: an update that changed the weights must have changed the engine's logprobs
+        of it; WeightSyncError, which stops the run, where they did not (the engine would go on sampling
+        from the previous policy). The next version is compared with the last one answered."""
+        import torch
+
+        _, version, changed, since = self._probing
+        self._probing = None
+        ids = self._probe
+        lps = torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
+        verdict = self._weights_check.check(version, lps, changed)
+        self._verdict = {"probe_version": version, "probe_logp_change": verdict["probe_logp_change"],
+                         "probe_s": time.perf_counter() - since}
+
     def _receive(self, version: int) -> dict:
+        if self.receiver is None:
+            return super().update_weights(version)  # which says what is missing
         if not getattr(self.receiver, "background", False):
-            return super().update_weights(version)
+            with self._swap(version) as timings:
+                timings.update(self.receiver.receive(version))
+            return timings
         t0 = time.perf_counter()
         self.receiver.begin()
         steps, checked = 0, 0.0
@@ -311,7 +351,7 @@ class VLLMEngine(Engine):
                 if self.receiver.done():
                     break
                 checked = now
-            if self.segment:
+            if self.segment or self._probing:
                 steps += 1
                 for out in self.core.step():
                     seq = self._apply(out)
@@ -320,7 +360,7 @@ class VLLMEngine(Engine):
             else:
                 time.sleep(0.001)
         behind = time.perf_counter() - t0
-        with self.paused(version) as timings:
+        with self._swap(version) as timings:
             timings.update(self.receiver.apply())
         timings.update(weight_behind_s=behind, steps_behind=steps, pause_total_s=timings["pause_s"])
         return timings
