@@ -114,6 +114,9 @@ class Worker:
         self.results = Channel(zmq.PUSH, ep.results, name="results", **wire)
         self.control = Channel(zmq.SUB, ep.control, name="control", **wire)
         self.held: collections.deque = collections.deque()  # work waiting for a newer version
+        self.updating: int | None = None  # the weight version on its way (begun, not yet applied)
+        self.next_update: int | None = None  # a newer version ordered meanwhile
+        self.update_t0 = 0.0
         self.capacity = concurrency(self.cfg)
         self.hb.busy = lambda: self.flow.busy() + len(self.held)  # work held: progress is due
         self.speed = GenerationSpeed()
@@ -138,20 +141,21 @@ class Worker:
                 break
             msg = self.control.recv(0)
             if isinstance(msg, Stop):
+                while self.updating is not None:  # an update on its way is taken in first
+                    self.engine.poll(0.01)
+                    self._continue_update()
                 break
-            if isinstance(msg, UpdateWeights) and msg.version < self.engine.version:
-                self.log.warning("ignored an update to version %d: the weights are at %d", msg.version,
-                                 self.engine.version)
-            elif isinstance(msg, UpdateWeights) and msg.version == self.engine.version:
-                pass  # the controller repeats an order until it hears that the worker has joined
-            elif isinstance(msg, UpdateWeights):
-                self._update(msg.version)
-            # said after an update too: a worker frozen in _take_work must not still claim to be receiving
-            self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
+            if isinstance(msg, UpdateWeights):
+                self._order(msg.version)
+            self._continue_update()
+            if self.updating is None:
+                # said after an update too: a worker frozen in _take_work must not still claim to be receiving
+                self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
             if not self.stopping:
                 self._take_work()
             in_engine = self.engine.in_flight()
-            for seq in self.engine.poll(0.02 if self.flow.busy() else 0.1):
+            # while an update arrives the loop comes back soon to see it ready
+            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02 if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
                 self.hb.advance()
                 self.speed.tokens += len(seq.output_ids)
@@ -171,13 +175,33 @@ class Worker:
             faults.point("generate", self.engine.version, self.run_dir)
             self.flow.start(self.held.popleft())
 
-    def _update(self, version: int) -> None:
+    def _order(self, version: int) -> None:
+        """An order to take in weights of ``version``: begun now, or after the update on its way."""
+        have = self.engine.version if self.updating is None else self.updating
+        if version < self.engine.version:
+            self.log.warning("ignored an update to version %d: the weights are at %d", version, self.engine.version)
+        elif version <= have:
+            pass  # the controller repeats an order until it hears that the worker has joined
+        elif self.updating is not None:
+            self.next_update = max(self.next_update or 0, version)
+        else:
+            self._begin_update(version)
+
+    def _begin_update(self, version: int) -> None:
+        """Start taking in ``version``: behind generation where the engine can (the loop goes on starting
+        groups and sending results until ``_continue_update`` finds it ready), else all at once there."""
         self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0", Phase.receiving_weights,
                           version)
         faults.point("weights", version, self.run_dir)
-        t0 = time.perf_counter()
-        timings = self.engine.update_weights(version)
-        timings["update_total_s"] = time.perf_counter() - t0
+        self.updating, self.update_t0 = version, time.perf_counter()
+        self.engine.begin_update(version)
+
+    def _continue_update(self) -> None:
+        if self.updating is None or not self.engine.update_ready():
+            return
+        version, self.updating = self.updating, None
+        timings = self.engine.finish_update()
+        timings["update_total_s"] = time.perf_counter() - self.update_t0
         timings.setdefault("pause_total_s", timings["update_total_s"])  # an engine that generates meanwhile says
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
@@ -186,6 +210,9 @@ class Worker:
                       timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
                       "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
                       "; the weights did not change" if timings.get("weights_unchanged") else "")
+        if self.next_update is not None:
+            later, self.next_update = self.next_update, None
+            self._begin_update(later)
 
     def close(self) -> None:
         if hasattr(self.flow, "close"):

@@ -79,6 +79,19 @@ class Engine(ABC):
             timings.update(self.receiver.receive(version))
         return timings
 
+    def begin_update(self, version: int) -> None:
+        """Start taking in ``version``; the worker goes on polling until ``update_ready``, then calls
+        ``finish_update``. Here (an engine that receives in the pause) nothing starts until then."""
+        self._next_version = version
+
+    def update_ready(self) -> bool:
+        """Whether ``finish_update`` would not wait for the wire."""
+        return True
+
+    def finish_update(self) -> dict:
+        """The update begun by ``begin_update``, applied: ``update_weights``' timings."""
+        return self.update_weights(self._next_version)
+
     def weights_digest(self) -> str:
         """sha256 of the weights as received (weights.verify); "" where they cannot be read here."""
         return self.receiver.digest() if self.receiver is not None else ""

@@ -116,6 +116,7 @@ class VLLMEngine(Engine):
         # in-place updates' verification, from the first update on: the probe's ids, the probe request in
         # flight (its id, version and whether that update changed the weights) and the verdicts not yet reported
         self._weights_check, self._probe, self._probing, self._verdict = None, [], None, {}
+        self._steps = 0  # engine steps taken (an update's steps_behind: those while it was received)
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
@@ -170,7 +171,7 @@ class VLLMEngine(Engine):
         done, self._done = self._done, []
         deadline = time.perf_counter() + timeout_s
         while not done and (self.segment or self._probing) and time.perf_counter() < deadline:
-            for out in self.core.step():
+            for out in self._step():
                 seq = self._apply(out)
                 if seq is not None:
                     done.append(seq)
@@ -192,7 +193,7 @@ class VLLMEngine(Engine):
         self.core.add_request(rid, self._prompt(list(ids)), self._probe_params(), lora_request=self.lora_request)
         deadline = time.perf_counter() + wait_s
         while time.perf_counter() < deadline:
-            for out in self.core.step():
+            for out in self._step():
                 if out.request_id == rid and out.finished:
                     lps = out.prompt_logprobs[1:]  # the first prompt token has none
                     return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], lps, strict=True)])
@@ -203,6 +204,11 @@ class VLLMEngine(Engine):
         if required:
             raise RuntimeError(f"vLLM did not answer the weight-update probe within {wait_s:.0f} s")
         return None
+
+    def _step(self) -> list:
+        """One step of vLLM's engine: its outputs."""
+        self._steps += 1
+        return self.core.step()
 
     def _probe_params(self):
         """A probe request: one token, the prompt's logprobs (of the distribution at temperature 1)."""
@@ -271,11 +277,41 @@ class VLLMEngine(Engine):
         """As ``Engine.update_weights``; a staged receiver takes the update in while this engine keeps
         stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the pause
         is only the swap. ``pause_total_s``: the time generation was held. An in-place update is then
-        verified (``_verify``): its timings carry the verdict on the previous version's."""
-        verified = self._probe_before(version)
-        timings = self._receive(version)
-        if verified:
-            timings.update(self._verify(version, timings))
+        verified (``_verify``): its timings carry the verdict on the previous version's. The rollout
+        worker calls the three parts itself (``begin_update``, ``update_ready``, ``finish_update``) and
+        goes on starting groups and sending results between them."""
+        self.begin_update(version)
+        while not self.update_ready():
+            if self.segment or self._probing:
+                for out in self._step():
+                    seq = self._apply(out)
+                    if seq is not None:
+                        self._done.append(seq)
+            else:
+                time.sleep(0.001)
+        return self.finish_update()
+
+    def begin_update(self, version: int) -> None:
+        """The probe before the first in-place update (waited for, once), then a staged receiver starts
+        taking ``version`` in behind generation (an unstaged one receives in ``finish_update``)."""
+        self._next_version, self._verified = version, self._probe_before(version)
+        self._behind_since, self._checked, self._steps_at = time.perf_counter(), 0.0, self._steps
+        if self.receiver is not None and getattr(self.receiver, "background", False):
+            self.receiver.begin()
+
+    def update_ready(self) -> bool:
+        if self.receiver is None or not getattr(self.receiver, "background", False):
+            return True
+        now = time.perf_counter()
+        if now - self._checked < 0.005:  # an RPC to the engine's workers: not on every step
+            return False
+        self._checked = now
+        return self.receiver.done()
+
+    def finish_update(self) -> dict:
+        timings = self._receive(self._next_version)
+        if self._verified:
+            timings.update(self._verify(self._next_version, timings))
         return timings
 
     @contextlib.contextmanager
@@ -342,27 +378,11 @@ class VLLMEngine(Engine):
             with self._swap(version) as timings:
                 timings.update(self.receiver.receive(version))
             return timings
-        t0 = time.perf_counter()
-        self.receiver.begin()
-        steps, checked = 0, 0.0
-        while True:
-            now = time.perf_counter()
-            if now - checked >= 0.005:  # an RPC to the engine's workers: not on every step
-                if self.receiver.done():
-                    break
-                checked = now
-            if self.segment or self._probing:
-                steps += 1
-                for out in self.core.step():
-                    seq = self._apply(out)
-                    if seq is not None:
-                        self._done.append(seq)
-            else:
-                time.sleep(0.001)
-        behind = time.perf_counter() - t0
+        behind = time.perf_counter() - self._behind_since
         with self._swap(version) as timings:
             timings.update(self.receiver.apply())
-        timings.update(weight_behind_s=behind, steps_behind=steps, pause_total_s=timings["pause_s"])
+        timings.update(weight_behind_s=behind, steps_behind=self._steps - self._steps_at,
+                       pause_total_s=timings["pause_s"])
         return timings
 
     def close(self) -> None:
