@@ -114,19 +114,28 @@ PY
   tar czf "$OUT/${name}_run.tgz" --exclude=checkpoints -C /tmp/runs "$name" 2>/dev/null
 }
 
-spy_bench() {  # ASYNC_RUN_DIR: py-spy samples of the bench's async run, then of its generation alone
+spy_bench() {  # ASYNC_RUN_DIR: py-spy samples of the bench's async run in its steady state (after SPY_STEPS
+               # steps, 8), then of its generation alone (SPY_ALONE_AFTER s after it starts, 45)
   local spy=/tmp/site/bin/py-spy d=$1 pid i
+  [ -x $spy ] || spy=/tmp/spy/bin/py-spy  # installed on its own (pip --target leaves an existing bin/ as it is)
   [ -x $spy ] || { echo "py-spy: not installed (carry its wheel with the extra wheels)" | tee -a $S; return; }
   record() {  # PID SECONDS NAME: the process and its children, idle frames kept -> $OUT/pyspy_NAME.txt
     $spy record --subprocesses --idle --threads --nonblocking -p $1 -d $2 -r 100 --format raw \
         -o $OUT/pyspy_$3.txt > $L/pyspy_$3.log 2>&1; }
-  for i in $(seq 900); do [ -s $d/pids.json ] && break; sleep 1; done
-  sleep ${SPY_AFTER:-75}
+  for i in $(seq 900); do [ "$(cat $d/metrics.jsonl 2>/dev/null | wc -l)" -ge "${SPY_STEPS:-8}" ] && break; sleep 1; done
   record $(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['rollout-0'])" $d/pids.json) 20 async_rollout
-  for i in $(seq 600); do pid=$(pgrep -f "areal_cli.bench.alone" | head -1); [ -n "$pid" ] && break; sleep 1; done
+  for i in $(seq 600); do pid=$(pgrep -f "python3 -m areal_cli.bench.alone" | head -1); [ -n "$pid" ] && break; sleep 1; done
   [ -n "$pid" ] || return
-  sleep ${SPY_ALONE_AFTER:-70}
+  sleep ${SPY_ALONE_AFTER:-45}
   record $pid 12 alone
+}
+
+cpu_watch() {  # every 4 s until killed: load, mean CPU clock, the busiest processes (top's second frame)
+  while true; do
+    { date -u +%T; cat /proc/loadavg; awk '/MHz/ {s += $4; n++} END {if (n) printf "cpu MHz mean %.0f\n", s / n}' /proc/cpuinfo
+      top -b -d 2 -n 2 -c -w 160 -o %CPU | awk '/^top -/ {f++} f == 2' | sed -n '7,18p'; } >> "$1"
+    sleep 2
+  done
 }
 
 lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 vLLM worker (GPU 0) + ONE trainer
@@ -232,6 +241,8 @@ case $phase in
     nvidia-smi --query-gpu=timestamp,index,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
         > "$OUT/bench_gpu_util.csv" 2>/dev/null &
     smi=$!
+    cpu_watch "$OUT/bench_cpu.txt" &
+    cpuw=$!
     # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
     step bench_$size ${BENCH_LIMIT:-560} python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
         model=$R/qwen2.5-$size engine=vllm $layout \
@@ -240,7 +251,7 @@ case $phase in
         engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
         trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
         trainer.skip_zero_advantage=false engine.log_stats=true $fit ${EXTRA:-}
-    kill $smi 2>/dev/null
+    kill $smi $cpuw 2>/dev/null
     cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S
 import json, sys
