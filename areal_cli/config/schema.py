@@ -74,6 +74,11 @@ class EngineConfig:
     loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any tensor_parallel_size), received
     into a staging copy while generation goes on at TP 1 (and at TP > 1 with engine.staged_tp) where the GPU
     has room (the pause is the swap), else during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
+    staging: bool = True
+    """vLLM, engine.weight_update=inplace: receive each update behind generation into a staging copy of the
+    weights where the GPU has room for it (the pause is then the swap). false: every update is received
+    during the pause, straight into the engine's weights (no copy: its memory stays the engine's; the
+    trainer's broadcast runs on GPUs that are not generating)."""
     staged_tp: bool = False
     """vLLM, engine.weight_update=inplace at tensor_parallel_size > 1: receive each update behind generation
     into a staging copy as at TP 1 (the pause is the swap) instead of during the pause. Off by default: the

@@ -416,7 +416,7 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
         return InplaceReceiver(llm, wire_spec(model_path, wire), dict(
             host=source.host, port=source.port, store=source.store, rank_offset=first, world_size=world,
             backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype, bucket_bytes=bucket_bytes(cfg.weights),
-            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=True, staged_tp=e.staged_tp))
+            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.staging, staged_tp=e.staged_tp))
     return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first, world)
 
 
