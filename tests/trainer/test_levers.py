@@ -68,6 +68,25 @@ def test_compiled_layers_give_the_same_step(tiny_model):
     assert_same(base, compiled)
 
 
+@pytest.mark.slow  # about 20 s of compilation with a cold cache
+def test_compiled_layers_take_micro_batches_of_new_lengths_without_compiling_again(tiny_model):
+    from torch._dynamo.utils import counters
+
+    init_gloo()
+    cfg = config("trainer.skip_zero_advantage=false", "trainer.packing=true")
+    model = build_policy(tiny_model, CPU, F32, activation_checkpointing=False, compile_layers=True)
+    runner = StepRunner.build(model, tiny_model, cfg, CPU, F32, rank=0, world=1)
+    plain = plain_model(tiny_model)
+    counters.clear()
+    runner.train(make_batch(plain, groups=2, group_size=2, seed=10))
+    layers = counters["frames"]["ok"]
+    for seed, groups in ((11, 3), (12, 4)):  # packed lengths the first step never saw
+        batch = make_batch(plain, groups=groups, group_size=2, seed=seed)
+        runner.train(batch)
+    # the output layer's reduce may compile once more for a chunk of another length; the layers do not
+    assert counters["frames"]["ok"] <= layers + 1
+
+
 def _two_ranks(rank: int, init: str, path: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     batch = make_batch(plain_model(path), groups=2, group_size=2, seed=6)
