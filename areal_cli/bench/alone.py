@@ -1,6 +1,6 @@
 """Generation alone, for the ideal of ``areal bench sync-vs-async``.
 
-    python -m areal_cli.bench.alone RUN_DIR OUT.json [GROUPS]
+    python -m areal_cli.bench.alone RUN_DIR OUT.json [GROUPS] [LOAD]
 
 One rollout worker's engine built exactly as in the run of RUN_DIR (its resolved ``config.yaml``:
 engine, sampling, KV cache, length profile) on the GPUs that worker had, generating the task's
@@ -13,7 +13,11 @@ worker's "generation:" log line counts the same way). GROUPS (default
 3 × the concurrency, at least 8) completed groups end the measurement, or ``LIMIT_S`` seconds.
 
 The bench runs it after the asynchronous run (its concurrency is the larger one) and multiplies the
-rate by rollout.workers (workers are independent engines on GPUs of their own).
+rate by rollout.workers (workers are independent engines on GPUs of their own). LOAD: the groups one
+worker of the asynchronous run actually held on average (the staleness bound admits fewer than the
+configured concurrency while batches wait for the trainer); where it is lower, the same engine is first
+measured at that load (``at_async_load``): the engine's own speed at the load the run gave it, against
+which the run's generation shows what the system costs the engine.
 """
 
 from __future__ import annotations
@@ -27,11 +31,12 @@ LIMIT_S = 600.0
 """The measurement stops here even if fewer groups completed."""
 
 
-def measure(run_dir: Path, groups: int = 0) -> dict:
+def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
+    """Generation alone at the run's configured concurrency; first at ``load`` groups as well where
+    0 < ``load`` < that (``at_async_load``), with the same engine."""
     from areal_cli.config.load import load_yaml
     from areal_cli.config.schema import worker_concurrency
     from areal_cli.models import resolve_model
-    from areal_cli.rollout.engines.base import Sequence
     from areal_cli.rollout.engines.factory import make_engine
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling
     from areal_cli.rollout.length_profile import load_profile
@@ -49,6 +54,21 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
     engine = make_engine(EngineSetup(cfg.engine, model, tok.eos_token_id, Sampling(cfg.rollout.temperature,
                                      cfg.rollout.top_p), sequences=capacity * g, context=context, seed=cfg.seed))
     lengths = load_profile(cfg.rollout.length_profile, cfg.seed)
+    first = {}
+    if 0 < load < capacity:
+        first = {"at_async_load": _measure(engine, problems, lengths, cfg, load, groups or max(8, 3 * load), 0)}
+    out = _measure(engine, problems, lengths, cfg, capacity, groups, 10**6)
+    engine.close()
+    return {**out, **first}
+
+
+def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int, first_group: int) -> dict:
+    """``capacity`` groups in flight, refilled as each completes, until ``capacity`` (warm-up) + ``groups``
+    complete; group ids from ``first_group`` (length draws of their own). Sequences a measurement before
+    left in the engine finish during the warm-up and are not counted."""
+    from areal_cli.rollout.engines.base import Sequence
+
+    g = cfg.rollout.group_size
     left: dict[int, int] = {}  # group → sequences not finished
     made: dict[int, int] = {}  # group → generated tokens
     done: list[tuple[float, int]] = []  # (completion time, generated tokens) per group
@@ -56,7 +76,7 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
 
     def start() -> None:
         nonlocal started
-        ids, gid = problems[started % len(problems)], started
+        ids, gid = problems[started % len(problems)], first_group + started
         left[gid], made[gid], started = g, 0, started + 1
         for i in range(g):
             n = cfg.rollout.max_new_tokens if lengths is None else lengths.draw(cfg.rollout.max_new_tokens, f"{gid}-{i}")
@@ -72,6 +92,8 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
             held_s += held * (time.perf_counter() - before)
         for seq in finished:
             gid = seq.rid[0]
+            if gid not in made:
+                continue  # a group of the measurement before (its last sequences)
             made[gid] += len(seq.output_ids)
             left[gid] -= 1
             if left[gid] == 0:
@@ -79,7 +101,6 @@ def measure(run_dir: Path, groups: int = 0) -> dict:
                 done.append((time.perf_counter(), made.pop(gid)))
                 if len(done) == capacity:
                     measured_from = done[-1][0]
-    engine.close()
     measured = done[capacity:]
     if len(done) <= capacity or not measured:
         raise RuntimeError(f"generation alone: {len(done)} groups completed in {LIMIT_S:.0f} s, not more than the "
@@ -106,7 +127,8 @@ def pick_split(gen_per_gpu: float, train_per_gpu: float, gpus: int, step: int) -
 def main() -> None:
     run_dir, out = Path(sys.argv[1]), Path(sys.argv[2])
     groups = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-    out.write_text(json.dumps(measure(run_dir, groups), indent=1))
+    load = int(sys.argv[4]) if len(sys.argv) > 4 else 0
+    out.write_text(json.dumps(measure(run_dir, groups, load), indent=1))
 
 
 if __name__ == "__main__":

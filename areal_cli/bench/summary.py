@@ -194,6 +194,9 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
         "generated_tokens_per_s": generated_in_window(run_dir, lo, hi) / window,
         "stale_dropped_tokens_per_s": ((post[-1].get("stale_dropped_tokens", 0)
                                         - (rows[warmup - 1].get("stale_dropped_tokens", 0) if warmup else 0)) / window),
+        # groups generating at once (all workers), as the controller counted them at each step's end
+        "running_groups_mean": (statistics.fmean(r["pool_running"] for r in post if "pool_running" in r)
+                                if any("pool_running" in r for r in post) else None),
         "weight_sync_s_median": _median([r["weight_sync_s"] for r in post if "weight_sync_s" in r]),
         "update_pause_s_median": _median([u["pause_total_s"] for u in updates if "pause_total_s" in u]),
         "reward_curve": [r.get("reward_mean") for r in rows],

@@ -83,7 +83,7 @@ def run_bench(overrides: list[str]) -> Path:
         print(f"== {mode}: rollout.max_staleness={staleness} → {run_dir}", flush=True)
         modes[mode] = run_mode(run_overrides, staleness, run_dir, opts)
     alone = generation_alone(Path(modes["async"]["run_dir"]), out / "generation_alone.json",
-                             opts["alone_groups"]) if opts["alone"] else None
+                             opts["alone_groups"], modes["async"].get("running_groups_mean")) if opts["alone"] else None
     result = compare(modes, eta, opts["warmup"], base, alone)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     plot(result, out)
@@ -109,9 +109,10 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
     return summary
 
 
-def generation_alone(run_dir: Path, out: Path, groups: int) -> dict:
+def generation_alone(run_dir: Path, out: Path, groups: int, running: float | None = None) -> dict:
     """``bench/alone.py`` on the GPUs of ``run_dir``'s rollout worker 0, in a process of its own (as the
-    worker had); its rate × the workers it stands for (``scale``: rollout.workers on GPUs, 1 on the CPU)."""
+    worker had); its rate × the workers it stands for (``scale``: rollout.workers on GPUs, 1 on the CPU).
+    ``running``: the groups the run held at once on average (all workers), for the measurement at its load."""
     import os
     import subprocess
     import sys
@@ -125,7 +126,8 @@ def generation_alone(run_dir: Path, out: Path, groups: int) -> dict:
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
     print(f"== generation alone: one worker's engine as in {run_dir.name}/ ({'GPUs ' + str(gpus) if gpus else 'CPU'})",
           flush=True)
-    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out), str(groups)],
+    load = round(running / cfg.rollout.workers) if running else 0
+    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out), str(groups), str(load)],
                    env=env, check=True)
     got = json.loads(out.read_text())
     got["scale"] = cfg.rollout.workers if gpus else 1
@@ -179,6 +181,13 @@ DEFINITIONS = {
     "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups generated in full "
         "and then dropped as older than rollout.max_staleness (the stale_dropped_tokens metric over the window): "
         "what the engine produced, useful or not",
+    "generation_in_system_at_load_fraction": "the async run's generated tokens/s over the same engine alone at "
+        "the load that run gave it (async_running_groups_mean / rollout.workers groups at once, measured first in "
+        "the same process as standalone generation): what the system costs the engine beyond the groups the "
+        "staleness bound lets it hold",
+    "generation_in_system_with_dropped_at_load_fraction": "the same, counting the groups dropped as too stale",
+    "async_running_groups_mean": "groups generating at once in the async run (all workers), the controller's "
+        "count at each step's end (pool_running), steps after warm-up",
     "split": "the generation / trainer GPU split of the run's GPUs with the highest min(generation, training), "
         "each side scaled linearly from its measured per-GPU rate",
     "sync_phases": "the sync run's generation and training phases (summary.standalone_rates): its step time "
@@ -208,7 +217,7 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
     speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
     sides = {"generation": alone["generated_tokens_per_s"] * alone["scale"] if alone else None,
              "training": asyn.get("training_trained_tokens_per_s")}
-    ideal = bottleneck = ratio = fraction = with_dropped = split = None
+    ideal = bottleneck = ratio = fraction = with_dropped = split = fraction_at_load = with_dropped_at_load = None
     if all(v is not None and v > 0 for v in sides.values()):
         bottleneck = min(sides, key=sides.get)
         ideal = sides[bottleneck]
@@ -216,6 +225,10 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
         fraction = asyn["generated_tokens_per_s"] / sides["generation"]
         with_dropped = (asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)) / sides["generation"]
         split = gpu_split(sides, alone, cfg)
+        if "at_async_load" in alone:  # the same, against the engine alone at the load the run gave it
+            at_load = alone["at_async_load"]["generated_tokens_per_s"] * alone["scale"]
+            fraction_at_load = asyn["generated_tokens_per_s"] / at_load
+            with_dropped_at_load = with_dropped * sides["generation"] / at_load
     return {
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,
@@ -226,6 +239,9 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
         "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck, "async_vs_ideal": ratio,
         "measurement_error": ratio is not None and ratio > MEASUREMENT_ERROR,
         "generation_in_system_fraction": fraction, "generation_in_system_with_dropped_fraction": with_dropped,
+        "generation_in_system_at_load_fraction": fraction_at_load,
+        "generation_in_system_with_dropped_at_load_fraction": with_dropped_at_load,
+        "async_running_groups_mean": asyn.get("running_groups_mean"),
         "split": split,
         "sync_phases": standalone_rates(Path(sync["run_dir"]), warmup),
         "reward_reach": reward_reach(sync, asyn), "definitions": DEFINITIONS, "modes": modes,
@@ -308,6 +324,12 @@ def ideal_lines(result: dict, w: int, cw: int) -> list[str]:
                  f"{_fmt(result.get('generation_in_system_fraction'), '{:.2f}'):>{cw}}")
     lines.append(f"{'  counting groups dropped as too stale':{w}}{'':>{cw}}"
                  f"{_fmt(result.get('generation_in_system_with_dropped_fraction'), '{:.2f}'):>{cw}}")
+    if result.get("generation_in_system_at_load_fraction") is not None:
+        label = f"  / alone at the run's own load ({result['async_running_groups_mean']:.1f} groups at once)"
+        lines.append(f"{label:{w}}{'':>{cw}}"
+                     f"{_fmt(result['generation_in_system_at_load_fraction'], '{:.2f}'):>{cw}}")
+        lines.append(f"{'    counting groups dropped as too stale':{w}}{'':>{cw}}"
+                     f"{_fmt(result['generation_in_system_with_dropped_at_load_fraction'], '{:.2f}'):>{cw}}")
     if result.get("measurement_error"):
         lines.append(f"MEASUREMENT ERROR: async / ideal = {result['async_vs_ideal']:.2f} > {MEASUREMENT_ERROR}: "
                      "the async run cannot beat either side alone; the standalone rates do not describe that run "

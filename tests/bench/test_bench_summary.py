@@ -96,6 +96,26 @@ def test_groups_dropped_as_too_stale_count_as_generated_in_the_second_fraction_o
     assert "counting groups dropped as too stale" in report(got)
 
 
+def test_in_system_generation_is_also_set_against_the_engine_alone_at_the_runs_own_load(tmp_path):
+    modes = _modes(tmp_path)
+    run = Path(modes["async"]["run_dir"])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:  # the controller's count of groups generating at each step's end
+        r["pool_running"] = 3 if r["step"] % 2 else 2
+    _write(run / "metrics.jsonl", rows)
+    modes["async"] = summarize_run(run, 1)
+    assert modes["async"]["running_groups_mean"] == pytest.approx(2.5)  # steps 1..4 after the warm-up step
+    plain = compare(modes, eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE)
+    assert plain["generation_in_system_at_load_fraction"] is None and "own load" not in report(plain)
+    alone = {**CPU_ALONE, "at_async_load": {"generated_tokens_per_s": 50.0, "concurrency_groups": 2}}
+    got = compare(modes, eta=1, warmup=1, cfg=CFG, alone=alone)
+    assert got["generation_in_system_at_load_fraction"] == pytest.approx(2 * got["generation_in_system_fraction"])
+    assert got["generation_in_system_with_dropped_at_load_fraction"] == pytest.approx(
+        2 * got["generation_in_system_with_dropped_fraction"])
+    assert got["ideal_trained_tokens_per_s"] == plain["ideal_trained_tokens_per_s"]  # the ideal stays the bound
+    assert "alone at the run's own load (2.5 groups at once)" in report(got)
+
+
 def test_nearest_rank_and_merge():
     xs = list(range(1, 11))
     assert [nearest_rank(xs, q) for q in (0.1, 0.5, 0.9, 1.0)] == [1, 5, 9, 10]

@@ -55,6 +55,10 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
 
     in_async = worker_concurrency(load_yaml(out / "async" / "config.yaml", check=False))
     assert measured["groups"] == 8 and measured["concurrency_groups"] == in_async
+    load = round(bench["async_running_groups_mean"])  # one worker
+    if 0 < load < in_async:  # measured first at the load the async run had, in the same engine
+        assert measured["at_async_load"]["concurrency_groups"] == load
+        assert bench["generation_in_system_at_load_fraction"] > 0
     assert (out / "generation_alone.json").is_file()
     assert bench["sync_phases"]["generation_phase_measured_by"].startswith("trajectory timestamps")
     assert bench["ideal_trained_tokens_per_s"] == min(alone["generation_trained_tokens_per_s"],
