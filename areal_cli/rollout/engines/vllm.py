@@ -171,10 +171,7 @@ class VLLMEngine(Engine):
         done, self._done = self._done, []
         deadline = time.perf_counter() + timeout_s
         while not done and (self.segment or self._probing) and time.perf_counter() < deadline:
-            for out in self._step():
-                seq = self._apply(out)
-                if seq is not None:
-                    done.append(seq)
+            done += self._advance()
         if not self.segment and not self._probing:
             self._mark_idle()
             if not done:
@@ -209,6 +206,10 @@ class VLLMEngine(Engine):
         """One step of vLLM's engine: its outputs."""
         self._steps += 1
         return self.core.step()
+
+    def _advance(self) -> list[Sequence]:
+        """One step of vLLM's engine, folded into the sequences: those that finished."""
+        return [seq for seq in map(self._apply, self._step()) if seq is not None]
 
     def _probe_params(self):
         """A probe request: one token, the prompt's logprobs (of the distribution at temperature 1)."""
@@ -283,10 +284,7 @@ class VLLMEngine(Engine):
         self.begin_update(version)
         while not self.update_ready():
             if self.segment or self._probing:
-                for out in self._step():
-                    seq = self._apply(out)
-                    if seq is not None:
-                        self._done.append(seq)
+                self._done += self._advance()  # for the next poll
             else:
                 time.sleep(0.001)
         return self.finish_update()
