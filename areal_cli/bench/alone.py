@@ -56,8 +56,8 @@ def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     lengths = load_profile(cfg.rollout.length_profile, cfg.seed)
     first = {}
     if 0 < load < capacity:
-        first = {"at_async_load": _measure(engine, problems, lengths, cfg, load, groups or max(8, 3 * load), 0)}
-    out = _measure(engine, problems, lengths, cfg, capacity, groups, 10**6)
+        first = {"at_async_load": _measure(engine, problems, lengths, cfg, load, groups or max(8, 3 * load), 10**6)}
+    out = _measure(engine, problems, lengths, cfg, capacity, groups, 0)
     engine.close()
     return {**out, **first}
 
