@@ -141,9 +141,7 @@ class Worker:
                 break
             msg = self.control.recv(0)
             if isinstance(msg, Stop):
-                while self.updating is not None:  # an update on its way is taken in first
-                    self.engine.poll(0.01)
-                    self._continue_update()
+                self._finish_update_before_stop()
                 break
             if isinstance(msg, UpdateWeights):
                 self._order(msg.version)
@@ -174,6 +172,17 @@ class Worker:
         while self.held and self.held[0].min_version <= self.engine.version:
             faults.point("generate", self.engine.version, self.run_dir)
             self.flow.start(self.held.popleft())
+
+    def _finish_update_before_stop(self, limit_s: float = 60.0) -> None:
+        """An update on its way is taken in before the worker stops (the trainer's broadcast completes), for
+        ``limit_s`` at most: a trainer that died mid-broadcast must not hold the stop."""
+        deadline = time.monotonic() + limit_s
+        while self.updating is not None and time.monotonic() < deadline:
+            self.engine.poll(0.01)
+            self._continue_update()
+        if self.updating is not None:
+            self.log.warning("stopping with the update to version %d not received within %.0fs", self.updating,
+                             limit_s)
 
     def _order(self, version: int) -> None:
         """An order to take in weights of ``version``: begun now, or after the update on its way."""

@@ -1,6 +1,6 @@
 """The rollout worker's side of a weight update received behind generation: begun on the order, applied
 when the engine says the wire is done, the loop free meanwhile; a newer order waits for the update on its
-way."""
+way; a stop takes in the update on its way first, for a bounded time."""
 
 from __future__ import annotations
 
@@ -70,3 +70,27 @@ def test_a_newer_order_waits_for_the_update_on_its_way_and_repeats_are_ignored()
     assert eng.version == 2 and [m.version for m in sent] == [1, 2]
     w._order(1)  # older than the weights: ignored with a warning
     assert eng.begun == [1, 2]
+
+
+class DeadWire(WireEngine):
+    """A wire whose sender died: never ready."""
+
+    def update_ready(self) -> bool:
+        return False
+
+    def poll(self, timeout_s: float) -> list:
+        return []
+
+
+def test_a_stop_takes_in_the_update_on_its_way_and_does_not_wait_for_a_dead_sender():
+    eng = WireEngine(checks=3)
+    eng.poll = lambda timeout_s: []
+    w, sent = worker(eng)
+    w._order(1)
+    w._finish_update_before_stop()
+    assert eng.version == 1 and [m.version for m in sent] == [1]
+    dead = DeadWire(checks=1)
+    w, sent = worker(dead)
+    w._order(1)
+    w._finish_update_before_stop(limit_s=0.2)  # returns: the stop is not held by a trainer gone mid-broadcast
+    assert dead.version == 0 and not sent and w.updating == 1
