@@ -267,11 +267,8 @@ class InplaceWorker:
     def areal_weights_join(self, plan: dict) -> dict:
         """Join the weight group at ``plan["rank_offset"]`` + this worker's TP rank and decide staged or
         direct; returns the rank, the choice and why."""
-        from areal_cli.runtime import short_gil_switch
         from areal_cli.transport.weights import new_group
 
-        # the receiving thread takes the GIL after every bucket beside the engine's busy loop
-        short_gil_switch()
         live = dict(self.get_model().named_parameters())
         device = torch.device("cuda", torch.cuda.current_device())
         staged, why = staging_choice(self.vllm_config.parallel_config.world_size, plan,
@@ -285,13 +282,32 @@ class InplaceWorker:
         return {"rank": rank, "staged": staged, "why": why}
 
     def areal_weights_begin(self) -> None:
+        """Start the staged receive. The receiving thread takes the GIL after every bucket beside the
+        engine's busy loop: the process's GIL switch interval is short while it runs, and back to what it
+        was at ``apply`` (outside a receive the engine's own threads, its loop and its output thread, keep
+        Python's default, which lets a step's work run without being handed over every 0.5 ms)."""
+        import sys
+
+        from areal_cli.runtime import short_gil_switch
+
+        if self.areal_weights.staged:
+            self.areal_switch = sys.getswitchinterval()
+            short_gil_switch()
         self.areal_weights.begin()
 
     def areal_weights_done(self) -> bool:
         return self.areal_weights.done()
 
     def areal_weights_apply(self) -> dict:
-        return self.areal_weights.apply()
+        import sys
+
+        try:
+            return self.areal_weights.apply()
+        finally:
+            switch = getattr(self, "areal_switch", None)
+            if switch is not None:
+                sys.setswitchinterval(switch)
+                self.areal_switch = None
 
     def areal_weights_close(self) -> None:
         self.areal_weights.close()

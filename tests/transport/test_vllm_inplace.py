@@ -182,3 +182,28 @@ def test_tensor_parallel_ranks_stage_only_with_staged_tp():
     assert not staged and "engine.staged_tp=false" in why  # the default at TP > 1: received in the pause
     assert staging_choice(2, {"staging": True, "staged_tp": True}, fits) == (True, "fits")
     assert staging_choice(4, {"staging": True, "staged_tp": True}, short)[0] is False  # memory still decides
+
+
+def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is_received():
+    import sys
+
+    from areal_cli.runtime import SWITCH_INTERVAL_S
+    from areal_cli.transport.vllm_inplace import InplaceWorker
+
+    trainer, tx, live, rx = _ends(staged=True)
+    worker = InplaceWorker()  # its methods as vLLM's worker runs them, with this intake
+    worker.areal_weights = rx
+    before = sys.getswitchinterval()
+    try:
+        sys.setswitchinterval(0.005)  # Python's default, as in vLLM's engine process
+        tx.prepare(iter(trainer.named_parameters()))
+        worker.areal_weights_begin()
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # the receiving thread gets the GIL after each bucket
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        worker.areal_weights_apply()
+        sent.join()
+        assert sys.getswitchinterval() == 0.005  # the engine's own threads, outside a receive
+    finally:
+        sys.setswitchinterval(before)
+        rx.close()
