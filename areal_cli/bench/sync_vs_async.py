@@ -20,7 +20,10 @@ per second, both measured in the same call:
 1.02 it is a measurement error (reported so), never a success. ``generation_in_system_fraction``:
 the async run's generated tokens per second of its window / generation alone (and
 ``generation_in_system_with_dropped_fraction``, counting too the groups generated and then dropped
-as too stale: what the engine made, trained or not). From the two
+as too stale: what the engine made, trained or not). The same engine is also measured alone at the
+load the async run gave it (its mean running groups per worker, which the staleness bound keeps below
+the configured concurrency), and both fractions are set against that too (``..._at_load_fraction``):
+what the system costs the engine at equal load. From the two
 per-GPU rates the bench prints the generation / trainer GPU split it would pick. The sync run's
 own split of step time (``summary.standalone_rates``) is kept under ``sync_phases``.
 Each mode also gets its response length distribution (generated tokens per trained sample
