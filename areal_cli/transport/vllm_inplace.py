@@ -26,7 +26,9 @@ drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``vllm_weights
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 
@@ -159,11 +161,16 @@ class StagedUpdate:
 
     ``apply`` also says whether the update changed the weights at all (``weights_changed``, from
     ``fingerprint`` of the received weights against the live ones before it): an update that changed them
-    must change the engine's outputs, which the engine then checks (``VLLMEngine``)."""
+    must change the engine's outputs, which the engine then checks (``VLLMEngine``).
+
+    ``signal``: a file the receiving thread writes the count of receives it finished to (a failed one
+    included: ``apply`` raises it), so that the rollout worker sees the wire done by reading a file instead
+    of an RPC that waits for the engine's loop to take it between two steps."""
 
     def __init__(self, specs: list[ParamSpec], live: dict[str, torch.nn.Parameter], pg, backend: str,
-                 wire_dtype: torch.dtype, bucket_bytes: int, device: torch.device, staged: bool):
-        self.live, self.device, self.staged = live, device, staged
+                 wire_dtype: torch.dtype, bucket_bytes: int, device: torch.device, staged: bool,
+                 signal: str | None = None):
+        self.live, self.device, self.staged, self.signal, self.finished = live, device, staged, signal, 0
         self.shadows = {n: shadow(p) for n, p in live.items()} if staged else {}
         buffers = device if backend == "nccl" else torch.device("cpu")
         self.loader = BucketLoader(specs, self.shadows if staged else live, pg, wire_dtype, bucket_bytes, buffers)
@@ -193,12 +200,23 @@ class StagedUpdate:
         self.live_print = self.received
         return out
 
+    def _receive_and_signal(self) -> dict:
+        try:
+            return self._receive()
+        finally:
+            self.finished += 1
+            if self.signal:
+                tmp = f"{self.signal}.tmp"
+                with open(tmp, "w") as f:
+                    f.write(str(self.finished))
+                os.replace(tmp, self.signal)  # read whole or not at all
+
     def begin(self) -> None:
         """Start receiving the next update (staged; a no-op otherwise)."""
         if self.pending is not None:
             raise RuntimeError("a weight update is already being received")
         if self.staged:
-            self.pending = self.pool.submit(self._receive)
+            self.pending = self.pool.submit(self._receive_and_signal)
 
     def done(self) -> bool:
         """Whether ``apply`` would not wait for the wire (always true unstaged: it receives itself)."""
@@ -235,6 +253,18 @@ class StagedUpdate:
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.shadows.clear()
+        if self.signal:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self.signal)
+
+
+def receives_finished(path: str) -> int:
+    """The count a ``StagedUpdate`` wrote to its signal file ``path`` (0 before the first)."""
+    try:
+        with open(path) as f:
+            return int(f.read() or 0)
+    except FileNotFoundError:
+        return 0
 
 
 def room_for_staging(live: dict[str, torch.nn.Parameter], bucket_bytes: int, device: torch.device) -> tuple[bool, str]:
@@ -277,8 +307,9 @@ class InplaceWorker:
         self.areal_store, pg = new_group(plan["host"], plan["port"], rank, plan["world_size"], plan["backend"],
                                          plan["timeout_s"], plan["store"])
         specs = [ParamSpec(n, tuple(s), int(torch.Size(s).numel())) for n, s in plan["specs"]]
+        signal = f"{plan['signal']}.{rank}" if plan.get("signal") else None
         self.areal_weights = StagedUpdate(specs, live, pg, plan["backend"], getattr(torch, plan["wire_dtype"]),
-                                          plan["bucket_bytes"], device, staged)
+                                          plan["bucket_bytes"], device, staged, signal)
         return {"rank": rank, "staged": staged, "why": why}
 
     def areal_weights_begin(self) -> None:
@@ -294,9 +325,6 @@ class InplaceWorker:
             self.areal_switch = sys.getswitchinterval()
             short_gil_switch()
         self.areal_weights.begin()
-
-    def areal_weights_done(self) -> bool:
-        return self.areal_weights.done()
 
     def areal_weights_apply(self) -> dict:
         import sys

@@ -22,6 +22,7 @@ k is on the wire. The full-precision parameters are gathered one at a time, neve
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -185,7 +186,9 @@ class VLLMWeightReceiver:
         return ""  # the weights live inside vLLM's worker processes
 
     def close(self) -> None:
-        pass  # the group lives inside vLLM's workers, which the engine shuts down
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)  # the group lives inside vLLM's workers, which the engine shuts down
 
 
 class InplaceReceiver:
@@ -194,12 +197,21 @@ class InplaceReceiver:
     ``apply``; otherwise ``apply`` receives (the engine pauses for the wire)."""
 
     def __init__(self, llm, spec: WireSpec, plan: dict):
+        import tempfile
+
         from areal_cli.transport.vllm_inplace import InplaceWorker
 
         self.llm, self.worker = llm, InplaceWorker
         self.reports_change = True  # apply's timings say whether the update changed the weights
-        joined = self._call(InplaceWorker.areal_weights_join, plan=dict(plan, specs=[
-            [n, s] for n, s in zip(spec.names, spec.shapes, strict=True)]))
+        # each GPU rank's receiving thread writes how many receives it finished to <signal>.<rank>: ``done``
+        # reads those files instead of calling into the engine's loop
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        self.dir = tempfile.mkdtemp(prefix="areal-weights-", dir=shm)
+        self.begun = 0
+        specs = [[n, s] for n, s in zip(spec.names, spec.shapes, strict=True)]
+        joined = self._call(InplaceWorker.areal_weights_join,
+                            plan=dict(plan, signal=os.path.join(self.dir, "received"), specs=specs))
+        self.signals = [os.path.join(self.dir, f"received.{j['rank']}") for j in joined]
         self.background = all(j["staged"] for j in joined)
         log.info("weight updates: in place through areal's bucketed broadcast into the engine's parameters, %s "
                  "(%s); GPU ranks %s of a %d-rank group", "staged behind generation, paused only for the swap"
@@ -211,9 +223,12 @@ class InplaceReceiver:
 
     def begin(self) -> None:
         self._call(self.worker.areal_weights_begin)
+        self.begun += 1
 
     def done(self) -> bool:
-        return all(self._call(self.worker.areal_weights_done))
+        from areal_cli.transport.vllm_inplace import receives_finished
+
+        return all(receives_finished(p) >= self.begun for p in self.signals)
 
     def apply(self) -> dict:
         """The update in the live parameters of every GPU rank; the slowest rank's timings."""
@@ -228,4 +243,6 @@ class InplaceReceiver:
         return ""  # the weights live inside vLLM's worker processes
 
     def close(self) -> None:
-        pass  # the group lives inside vLLM's workers, which the engine shuts down
+        import shutil
+
+        shutil.rmtree(self.dir, ignore_errors=True)  # the group lives inside vLLM's workers, which the engine shuts down

@@ -6,6 +6,7 @@ loaders and GPU worker are exercised on a GPU (benchmarks/device/vllm_update.py)
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from areal_cli.transport.weights import ParamSpec, WeightSender, new_group, para
 from tests.transport.test_weights import free_port, small_model
 
 
-def _ends(staged: bool, bucket: int = 300, trainer=None, live=None):
+def _ends(staged: bool, bucket: int = 300, trainer=None, live=None, signal: str | None = None):
     """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback; by default
     the small model, the engine's copy zeroed."""
     if trainer is None:
@@ -29,7 +30,7 @@ def _ends(staged: bool, bucket: int = 300, trainer=None, live=None):
     def join():
         box["store"], pg = new_group("127.0.0.1", port, 1, 2, "gloo", 30)
         box["rx"] = StagedUpdate(param_specs(trainer), live, pg, "gloo", torch.bfloat16, bucket,
-                                 torch.device("cpu"), staged)
+                                 torch.device("cpu"), staged, signal)
 
     t = threading.Thread(target=join)
     t.start()
@@ -207,3 +208,24 @@ def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is
     finally:
         sys.setswitchinterval(before)
         rx.close()
+
+
+def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_path):
+    from areal_cli.transport.vllm_inplace import receives_finished
+
+    signal = str(tmp_path / "received.1")
+    trainer, tx, live, rx2 = _ends(staged=True, signal=signal)
+    assert receives_finished(signal) == 0
+    for n in (1, 2):
+        tx.prepare(iter(trainer.named_parameters()))
+        rx2.begin()
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        deadline = time.monotonic() + 30
+        while receives_finished(signal) < n and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert receives_finished(signal) == n and rx2.done()  # the file says it as soon as the future does
+        rx2.apply()
+        sent.join()
+    rx2.close()
+    assert receives_finished(signal) == 0  # removed with the intake

@@ -293,18 +293,14 @@ class VLLMEngine(Engine):
         """The probe before the first in-place update (waited for, once), then a staged receiver starts
         taking ``version`` in behind generation (an unstaged one receives in ``finish_update``)."""
         self._next_version, self._verified = version, self._probe_before(version)
-        self._behind_since, self._checked, self._steps_at = time.perf_counter(), 0.0, self._steps
+        self._behind_since, self._steps_at = time.perf_counter(), self._steps
         if self.receiver is not None and getattr(self.receiver, "background", False):
             self.receiver.begin()
 
     def update_ready(self) -> bool:
         if self.receiver is None or not getattr(self.receiver, "background", False):
             return True
-        now = time.perf_counter()
-        if now - self._checked < 0.005:  # an RPC to the engine's workers: not on every step
-            return False
-        self._checked = now
-        return self.receiver.done()
+        return self.receiver.done()  # a read of the receiving threads' signal files, no call into vLLM
 
     def finish_update(self) -> dict:
         timings = self._receive(self._next_version)
