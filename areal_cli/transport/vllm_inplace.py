@@ -300,7 +300,7 @@ class InplaceWorker:
         from areal_cli.transport.weights import new_group
 
         live = dict(self.get_model().named_parameters())
-        device = torch.device("cuda", torch.cuda.current_device())
+        device = next(iter(live.values())).device  # the engine's GPU (this rank's)
         staged, why = staging_choice(self.vllm_config.parallel_config.world_size, plan,
                                      lambda: room_for_staging(live, plan["bucket_bytes"], device))
         rank = plan["rank_offset"] + self.vllm_config.parallel_config.rank

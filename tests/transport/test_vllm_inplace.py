@@ -229,3 +229,63 @@ def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_p
         sent.join()
     rx2.close()
     assert receives_finished(signal) == 0  # removed with the intake
+
+
+class EngineWorker:
+    """vLLM's GPU worker as ``InplaceWorker`` sees it (vLLM does not run on the CPU): its model and its
+    place in the engine's tensor parallel group."""
+
+    def __init__(self, model: torch.nn.Module):
+        from types import SimpleNamespace
+
+        self.model = model
+        self.vllm_config = SimpleNamespace(parallel_config=SimpleNamespace(world_size=1, rank=0))
+
+    def get_model(self) -> torch.nn.Module:
+        return self.model
+
+
+def test_the_rollout_workers_receiver_sees_a_staged_update_done_from_the_threads_signal_file():
+    from types import SimpleNamespace
+
+    from areal_cli.transport.vllm_inplace import InplaceWorker
+    from areal_cli.transport.vllm_weights import InplaceReceiver, WireSpec
+
+    class Worker(EngineWorker, InplaceWorker):
+        pass
+
+    trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
+    with torch.no_grad():
+        for p in engine.parameters():
+            p.zero_()
+    worker = Worker(engine)
+    calls: list[str] = []
+    llm = SimpleNamespace(collective_rpc=lambda name, kwargs=None: calls.append(name) or [
+        getattr(worker, name)(**(kwargs or {}))])
+    specs = param_specs(trainer)
+    spec = WireSpec([s.name for s in specs], ["bfloat16"] * len(specs), [list(s.shape) for s in specs])
+    port, box = free_port(), {}
+    plan = dict(host="127.0.0.1", port=port, store="", rank_offset=1, world_size=2, backend="gloo",
+                wire_dtype="bfloat16", bucket_bytes=300, timeout_s=30, staging=True, staged_tp=False)
+    joining = threading.Thread(target=lambda: box.update(rx=InplaceReceiver(llm, spec, plan)))
+    joining.start()
+    tx = WeightSender(specs, "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16, 300, timeout_s=30)
+    joining.join()
+    rx = box["rx"]
+    assert rx.background  # staged: the engine generates between begin and apply
+    tx.prepare(iter(trainer.named_parameters()))
+    rx.begin()
+    assert not rx.done()  # the trainer has not sent
+    sent = threading.Thread(target=tx.broadcast)
+    sent.start()
+    deadline = time.monotonic() + 30
+    while not rx.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert rx.done() and calls[-1] == "areal_weights_begin"  # waited on the file: no call into the engine
+    got = rx.apply()
+    sent.join()
+    assert got["weights_changed"] == 1
+    for name, p in trainer.named_parameters():
+        assert torch.equal(dict(engine.named_parameters())[name], p.detach().to(torch.bfloat16))
+    worker.areal_weights_close()
+    rx.close()
