@@ -225,13 +225,12 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
         bottleneck = min(sides, key=sides.get)
         ideal = sides[bottleneck]
         ratio = asyn["effective_trained_tokens_per_s"] / ideal
-        fraction = asyn["generated_tokens_per_s"] / sides["generation"]
-        with_dropped = (asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)) / sides["generation"]
+        made = asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)  # trained or not
+        fraction, with_dropped = asyn["generated_tokens_per_s"] / sides["generation"], made / sides["generation"]
         split = gpu_split(sides, alone, cfg)
         if "at_async_load" in alone:  # the same, against the engine alone at the load the run gave it
             at_load = alone["at_async_load"]["generated_tokens_per_s"] * alone["scale"]
-            fraction_at_load = asyn["generated_tokens_per_s"] / at_load
-            with_dropped_at_load = with_dropped * sides["generation"] / at_load
+            fraction_at_load, with_dropped_at_load = asyn["generated_tokens_per_s"] / at_load, made / at_load
     return {
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,

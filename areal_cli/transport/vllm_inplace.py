@@ -307,6 +307,7 @@ class InplaceWorker:
         self.areal_store, pg = new_group(plan["host"], plan["port"], rank, plan["world_size"], plan["backend"],
                                          plan["timeout_s"], plan["store"])
         specs = [ParamSpec(n, tuple(s), int(torch.Size(s).numel())) for n, s in plan["specs"]]
+        self.areal_switch = None  # the GIL switch interval to restore after a staged receive
         signal = f"{plan['signal']}.{rank}" if plan.get("signal") else None
         self.areal_weights = StagedUpdate(specs, live, pg, plan["backend"], getattr(torch, plan["wire_dtype"]),
                                           plan["bucket_bytes"], device, staged, signal)
@@ -332,9 +333,8 @@ class InplaceWorker:
         try:
             return self.areal_weights.apply()
         finally:
-            switch = getattr(self, "areal_switch", None)
-            if switch is not None:
-                sys.setswitchinterval(switch)
+            if self.areal_switch is not None:
+                sys.setswitchinterval(self.areal_switch)
                 self.areal_switch = None
 
     def areal_weights_close(self) -> None:

@@ -64,7 +64,7 @@ def fake_engine() -> VLLMEngine:
     eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
-    eng._weights_check, eng._probe, eng._probing, eng._verdict, eng._steps = None, [], None, {}, 0
+    eng._weights_check, eng._probe, eng._probing, eng._verdict, eng._steps, eng._probes = None, [], None, {}, 0, 0
     eng._probe_params = lambda: types.SimpleNamespace(max_tokens=1, ignore_eos=False, prompt_logprobs=0)
     return eng
 

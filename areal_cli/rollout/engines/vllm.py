@@ -100,6 +100,14 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
     return kw
 
 
+def prompt_logprobs(ids: list[int], out):
+    """log π(ids[t] | ids[:t]) for t ≥ 1 from the finished output ``out`` of a request for the prompt ``ids``
+    with prompt logprobs (the first prompt token has none)."""
+    import torch
+
+    return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
+
+
 class VLLMEngine(Engine):
     def __init__(self, setup: EngineSetup, doing: Callable[[str], None]):
         vllm = import_vllm()
@@ -117,6 +125,9 @@ class VLLMEngine(Engine):
         # flight (its id, version and whether that update changed the weights) and the verdicts not yet reported
         self._weights_check, self._probe, self._probing, self._verdict = None, [], None, {}
         self._steps = 0  # engine steps taken (an update's steps_behind: those while it was received)
+        self._probes = 0  # probe requests waited for (their ids)
+        # the update begun and not yet finished: its version, whether it is verified, when it began, the steps then
+        self._next_version, self._verified, self._behind_since, self._steps_at = -1, False, 0.0, 0
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
         tok = self.llm.get_tokenizer()
@@ -183,17 +194,14 @@ class VLLMEngine(Engine):
         with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are kept. Not
         answered within ``wait_s`` (queued behind requests a full KV cache holds): RuntimeError, or None
         where not ``required``."""
-        import torch
-
-        self._probes = getattr(self, "_probes", 0) + 1
+        self._probes += 1
         rid = f"areal-probe-{self._probes}"
         self.core.add_request(rid, self._prompt(list(ids)), self._probe_params(), lora_request=self.lora_request)
         deadline = time.perf_counter() + wait_s
         while time.perf_counter() < deadline:
             for out in self._step():
                 if out.request_id == rid and out.finished:
-                    lps = out.prompt_logprobs[1:]  # the first prompt token has none
-                    return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], lps, strict=True)])
+                    return prompt_logprobs(ids, out)
                 seq = self._apply(out) if out.request_id != rid else None
                 if seq is not None:
                     self._done.append(seq)
@@ -355,13 +363,9 @@ class VLLMEngine(Engine):
         """The probe's answer: an update that changed the weights must have changed the engine's logprobs
         of it; WeightSyncError, which stops the run, where they did not (the engine would go on sampling
         from the previous policy). The next version is compared with the last one answered."""
-        import torch
-
         _, version, changed, since = self._probing
         self._probing = None
-        ids = self._probe
-        lps = torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
-        verdict = self._weights_check.check(version, lps, changed)
+        verdict = self._weights_check.check(version, prompt_logprobs(self._probe, out), changed)
         self._verdict = {"probe_version": version, "probe_logp_change": verdict["probe_logp_change"],
                          "probe_s": time.perf_counter() - since}
 
