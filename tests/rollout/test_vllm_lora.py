@@ -13,7 +13,8 @@ import pytest
 
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
-from areal_cli.rollout.engines.vllm import engine_dtype, llm_kwargs, sender_specs, vllm_lora_rank
+from areal_cli.rollout.engines.vllm import llm_kwargs, vllm_lora_rank
+from areal_cli.rollout.engines.vllm_updates import engine_dtype, sender_specs
 from tests.rollout.test_hf_lora import update_in_thread
 from tests.rollout.test_vllm_engine import _gpu_vllm
 
