@@ -204,6 +204,8 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
         "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in post),
         "staleness_max": max(r.get("staleness_max", 0) for r in post),
         "response_length": response_lengths(run_dir, warmup),
+        # steps that compiled trainer graphs (a form of input the trainer's precompile did not foresee)
+        "compiling_steps": {r["step"]: r["compiled_graphs"] for r in rows if r.get("compiled_graphs")},
         "trainer_intervals": trainer_intervals(rows),
         "train_step_intervals": train_step_intervals(rows),
         "weight_sync_intervals": weight_sync_intervals(rows),

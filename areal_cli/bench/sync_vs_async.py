@@ -197,6 +197,8 @@ DEFINITIONS = {
         "split, not a bound",
     "response_length": "per mode: generated tokens per trained sample (trajectories num_tokens; every "
         "model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, samples",
+    "compiling_steps": "per mode: the steps whose trainer compiled graphs (metrics compiled_graphs: a form "
+        "of input the trainer's precompile did not foresee), step -> graphs; such a step also waited for the compile",
     "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the token "
         "limit (finish_reason == 'length', i.e. max_new_tokens)",
     "reward_reach": "the sync run's final mean reward (mean batch reward of its last quarter of steps, "
@@ -295,6 +297,8 @@ def report(result: dict) -> str:
     cells = [_fmt((m.get("response_length") or {}).get("truncated_fraction"), "{:.2f}") for m in modes]
     lines.append(f"{'truncated at max_new_tokens (' + str(result['max_new_tokens']) + ')':{w}}"
                  f"{cells[0]:>{cw}}{cells[1]:>{cw}}")
+    cells = [str(len(m.get("compiling_steps") or {})) for m in modes]
+    lines.append(f"{'steps that compiled trainer graphs':{w}}{cells[0]:>{cw}}{cells[1]:>{cw}}")
     lines.extend(ideal_lines(result, w, cw))
     for mode in modes:
         if "heldout" in mode:

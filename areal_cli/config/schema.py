@@ -225,7 +225,10 @@ class TrainerConfig:
     half the recomputation, the other layers' activations held)."""
     compile: Switch = Switch.auto
     """torch.compile each decoder layer (fused norms, rotary and activations): "auto" (true for the
-    trainer on GPUs, false on the CPU) | "true" | "false". The first step compiles (tens of seconds)."""
+    trainer on GPUs, false on the CPU) | "true" | "false". The trainer compiles for every form of input its
+    steps can meet (one packed row or several, segment offsets, an empty micro-batch) before its first
+    batch, while the engines start (tens of seconds a form); compiled_graphs in metrics.jsonl counts any
+    a step compiled still."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
     backward; false keeps them gathered until the backward (one all-gather less per layer and micro-batch,

@@ -177,9 +177,9 @@ def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
                  buckets: int = 0, varlen: bool = False) -> Inputs:
     """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
     ``device`` (the packed mask is built there, never on the host). Packed sequences go into
-    rows of at most ``row_tokens`` tokens (None = one row), kept apart by segment offsets instead
-    of a mask with ``varlen`` (``trainer.varlen``); left-padded rows and columns are rounded up to
-    ``buckets`` (see ``bucket``)."""
+    rows of at most ``row_tokens`` tokens (None = one row), or one row kept apart by segment
+    offsets instead of a mask with ``varlen`` (``trainer.varlen``); left-padded rows and columns
+    are rounded up to ``buckets`` (see ``bucket``)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     if packed:
@@ -203,11 +203,13 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     costs its length squared whatever the mask, so k rows of T/k tokens cost 1/k of one row
     of T. None = one row. The ``[rows, 1, T, T]`` mask is built on ``device`` from the segment
     ids (a 16k-token row's mask is 256 MiB: built on the host and copied, it cost more than
-    the step). With ``varlen`` there is no mask: ``cu_seqlens`` mark each sequence and each row's
-    trailing padding over the rows flattened (``trainer.varlen``). Response tokens come out in
+    the step). With ``varlen`` there is no mask: ``cu_seqlens`` mark each sequence (``trainer.varlen``),
+    and the sequences go into one row whatever ``row_tokens``: each attends over its own segment, so
+    rows would only add padding, and a compiled layer given one row and then several would compile
+    again (dynamo specialises a dimension of size 1; ``precompile``). Response tokens come out in
     (sequence, position) order, as ``valid`` expects."""
     lens = [len(p) + len(r) for p, r in zip(prompts, resps, strict=True)]
-    cap = row_tokens or sum(lens)
+    cap = sum(lens) if varlen else row_tokens or sum(lens)
     fill: list[int] = []  # tokens in each row
     where = []  # (row, start) of each sequence
     for n in lens:
@@ -242,8 +244,7 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     if varlen:
         from areal_cli.trainer.varlen import segments
 
-        starts = [[s for (r, s) in where if r == k] for k in range(R)]
-        cu_seqlens, x.max_seqlen = segments(fill, starts, T, "cpu")
+        cu_seqlens, x.max_seqlen = segments(lens, "cpu")  # one row (cap above), no padding
         x.cu_seqlens = to_device(cu_seqlens, x.ids.device)
         x.attention_mask = None
         return x

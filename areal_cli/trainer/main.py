@@ -242,6 +242,7 @@ class Trainer:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         start = self._resume()
+        self._precompile()
         for step in range(start, cfg.trainer.steps):
             batch = self._receive_batch(step)
             if batch is None:
@@ -273,6 +274,17 @@ class Trainer:
             if saved and self.stop_requested:
                 return self._finish(save_final=False)
         self._finish(save_final=True)
+
+    def _precompile(self) -> None:
+        """The compiled layers' every form of input, compiled while the engines start and generate
+        the first batch (``trainer/precompile.py``) instead of inside the steps that first meet them."""
+        if not getattr(self.model, "compiled_head", False):
+            return
+        self._doing("compiling the policy's layers before the first batch")
+        forms, seconds = self.runner.precompile()
+        if self.rank == 0:
+            self.log.info("compiled the policy's layers for %d forms of input (%s) in %.1fs", len(forms),
+                          ", ".join(forms), seconds)
 
     def _stop_agreed(self) -> bool:
         """Every rank learns whether any rank was asked to stop (a collective: all call it)."""

@@ -134,17 +134,18 @@ def checkpoint_layers(model, every: int = 1) -> None:
 def compile_decoder_layers(model) -> None:
     """``torch.compile`` each decoder layer's forward in place (parameter names unchanged), and the
     output layer's log-softmax and entropy (``logprobs.compiled_reduce``). The
-    layers share one code object, so dynamo's cache holds an entry per layer: its limit is raised
-    to the layer count (past the limit a layer would silently run uncompiled). The layers compile with
-    dynamic shapes from the start: every packed micro-batch has a length of its own, and a layer compiled
-    for the first one's would compile again at the second (about 15 s of the 1.5B layout's second step)."""
+    layers share one code object, so dynamo's cache holds an entry per layer and form of input
+    (``precompile``): its limits are raised to 16 entries per layer (past them a layer would silently
+    run uncompiled). The layers compile with dynamic shapes from the start: every packed micro-batch
+    has a length of its own, and a layer compiled for the first one's would compile again at the
+    second (about 15 s of the 1.5B layout's second step)."""
     import torch._dynamo
 
     layers = model.model.layers
     cfg = torch._dynamo.config
-    for key in ("cache_size_limit", "recompile_limit"):
+    for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(cfg, key):
-            setattr(cfg, key, max(getattr(cfg, key), 4 * len(layers)))
+            setattr(cfg, key, max(getattr(cfg, key), 16 * len(layers)))
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)

@@ -42,6 +42,7 @@ from areal_cli.trainer.loss import (
 )
 from areal_cli.trainer.loss_scale import LossScale
 from areal_cli.trainer.metrics import MFU, memory_stats
+from areal_cli.trainer.precompile import compiled_graphs, precompile
 from areal_cli.trainer.schedule import lr_factor
 from areal_cli.trainer.timing import StepClock
 
@@ -105,6 +106,7 @@ class StepRunner:
         forward (``logp_gap_fresh``: mean |log π_θ − log μ| where both are the same weights)."""
         cfg, clock = self.cfg, self.clock
         clock.start()
+        graphs = compiled_graphs()
         ro = from_batch(batch)
         mbs = self._micro_batches(ro)
         global_tokens = float(ro.loss_mask.sum())
@@ -157,9 +159,17 @@ class StepRunner:
                    **self.scale.stats())
         out.update(self.mfu.stats(ro, keep, elapsed, cfg.algorithm.ppo_epochs))
         out.update(memory_stats(self.device))
+        out["compiled_graphs"] = compiled_graphs() - graphs  # > 0: a form precompile did not foresee
         clock.mark("stats")
         out.update(clock.parts())
         return out
+
+    def precompile(self) -> tuple[list[str], float]:
+        """Compile the policy's layers for every form of input this run's steps can give them
+        (``trainer/precompile.py``); nothing when they are not compiled. The forms and the seconds."""
+        if not getattr(self.model, "compiled_head", False):
+            return [], 0.0
+        return precompile(self, PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None)
 
     def release_optimizer(self) -> None:
         """Free the gradients and the optimizer state (no step follows) and give the memory back."""

@@ -3,9 +3,9 @@
 A packed micro-batch (``batching.pack``) holds several sequences per row. With SDPA they are kept
 apart by an explicit ``[rows, 1, T, T]`` block-diagonal mask, and an explicit mask rules out SDPA's
 FlashAttention kernel: the memory-efficient kernel then computes every one of the T × T scores,
-the masked half included. Here the rows are flattened into one token axis and each segment (a
-sequence, or a row's trailing padding) attends causally to itself through torch's
-``varlen_attn`` (FlashAttention with cumulative segment offsets), with no mask at all.
+the masked half included. Here the sequences lie end to end in one row, and each (a segment)
+attends causally to itself through torch's ``varlen_attn`` (FlashAttention with cumulative segment
+offsets), with no mask at all.
 
 The model is loaded with ``attn_implementation=NAME``; transformers builds no mask for an
 implementation it has no mask function for, and passes the forward's ``cu_seq_lens_q`` /
@@ -102,17 +102,10 @@ def uses(model) -> bool:
     return getattr(model.config, "_attn_implementation", None) == NAME
 
 
-def segments(fill: list[int], starts: list[list[int]], width: int, device) -> tuple[torch.Tensor, int]:
-    """``(cu_seqlens int32 [segments + 1], longest segment)`` of rows of ``width`` tokens
-    flattened end to end: row r holds sequences starting at ``starts[r]`` and ``fill[r]`` tokens
-    in all, then padding to ``width`` (a segment of its own)."""
-    bounds, longest = [0], 0
-    for r, (used, row) in enumerate(zip(fill, starts, strict=True)):
-        base = r * width
-        for a, b in zip(row, row[1:] + [used], strict=True):
-            bounds.append(base + b)
-            longest = max(longest, b - a)
-        if used < width:
-            bounds.append(base + width)
-            longest = max(longest, width - used)
-    return torch.tensor(bounds, dtype=torch.int32, device=device), longest
+def segments(lengths: list[int], device) -> tuple[torch.Tensor, int]:
+    """``(cu_seqlens int32 [sequences + 1], longest sequence)`` of sequences of ``lengths`` tokens
+    one after another in one row (``batching.pack`` with varlen)."""
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    return torch.tensor(bounds, dtype=torch.int32, device=device), max(lengths)

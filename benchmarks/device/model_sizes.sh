@@ -245,7 +245,8 @@ case $phase in
     cpu_watch "$OUT/bench_cpu.txt" &
     cpuw=$!
     # 2 warm-up + 30 measured steps per mode, then generation alone in the same call
-    step bench_$size ${BENCH_LIMIT:-560} python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
+    # TORCH_LOGS=recompiles: why a trainer step still compiled (its metrics' compiled_graphs > 0)
+    step bench_$size ${BENCH_LIMIT:-560} env TORCH_LOGS=recompiles python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
         model=$R/qwen2.5-$size engine=vllm $layout \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
         engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
@@ -259,15 +260,21 @@ import json, sys
 b = json.load(open(sys.argv[1]))
 print("random weights, synthetic lengths (arithmetic_long profile):")
 for k in ("speedup", "step_speedup", "async_vs_ideal", "measurement_error", "ideal_bottleneck",
-          "generation_in_system_fraction", "generation_in_system_with_dropped_fraction", "split"):
+          "generation_in_system_fraction", "generation_in_system_with_dropped_fraction",
+          "generation_in_system_at_load_fraction", "generation_in_system_with_dropped_at_load_fraction",
+          "async_running_groups_mean", "split"):
     print(f"  {k}: {b.get(k)}")
 for m in ("sync", "async"):
     s = b["modes"][m]
     print(f"  {m}: {s['effective_trained_tokens_per_s']:.0f} trained tokens/s over {s['steps'] - s['warmup_steps']} steps, "
           f"step median {s['step_wall_s_median']:.2f} s, length p50/p90/max {s['response_length']['p50']}/"
           f"{s['response_length']['p90']}/{s['response_length']['max']}, update pause median "
-          f"{s['update_pause_s_median']}, weight sync median {s['weight_sync_s_median']}")
+          f"{s['update_pause_s_median']}, weight sync median {s['weight_sync_s_median']}, steps that compiled "
+          f"trainer graphs {s.get('compiling_steps')}")
 PY
+    for m in sync async; do grep -h "compiled the policy's layers" /tmp/runs/bench_$size/$m/logs/trainer-0.log \
+        | sed "s/^/$m: /" | tee -a $S; grep -h -A2 "Recompiling function" /tmp/runs/bench_$size/$m/logs/trainer-*.log \
+        | grep -v "^--" | sed "s/^.*__recompiles\]//" | head -12 | sed "s/^/$m: /" | tee -a $S; done
     grep -h "weight updates:" /tmp/runs/bench_$size/async/logs/rollout-*.log 2>/dev/null | head -2 | tee -a $S
     # what the worker saw finish against what vLLM counted (running / waiting requests, generation tokens/s)
     for m in sync async; do grep -h "generation: \|Avg generation throughput" \

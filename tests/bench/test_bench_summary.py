@@ -289,3 +289,16 @@ def test_reward_reach_when_and_when_not():
     assert r["reached_at_s"] is None and r["async_best_reward"] == pytest.approx(0.7)
     assert r["heldout_gap_points"] is None
     assert "did not reach it" in "\n".join(reach_lines(r))
+
+
+def test_steps_that_compiled_trainer_graphs_are_kept_with_their_graph_count(tmp_path):
+    run = _run(tmp_path / "sync", 4, gen_s=2.0, transfer_s=0.1, train_s=1.0, sync_s=0.2, overlap=False)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["compiled_graphs"] = 56 if r["step"] == 2 else 0
+    _write(run / "metrics.jsonl", rows)
+    modes = _modes(tmp_path / "both")
+    modes["sync"] = summarize_run(run, 1)
+    assert modes["sync"]["compiling_steps"] == {2: 56} and modes["async"]["compiling_steps"] == {}
+    table = report(compare(modes, eta=1, warmup=1, cfg=CFG, alone=CPU_ALONE))
+    assert [line.split()[-2:] for line in table.splitlines() if "compiled trainer graphs" in line] == [["1", "0"]]
