@@ -169,13 +169,14 @@ class StagedUpdate:
 
     def __init__(self, specs: list[ParamSpec], live: dict[str, torch.nn.Parameter], pg, backend: str,
                  wire_dtype: torch.dtype, bucket_bytes: int, device: torch.device, staged: bool,
-                 signal: str | None = None):
+                 signal: str | None = None, high_priority: bool = False):
         self.live, self.device, self.staged, self.signal, self.finished = live, device, staged, signal, 0
         self.shadows = {n: shadow(p) for n, p in live.items()} if staged else {}
         buffers = device if backend == "nccl" else torch.device("cpu")
         self.loader = BucketLoader(specs, self.shadows if staged else live, pg, wire_dtype, bucket_bytes, buffers)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="areal-weights")
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # the copies into the engine's parameters: the highest priority (-1 on current GPUs) with high_priority
+        self.stream = torch.cuda.Stream(device, priority=-1 if high_priority else 0) if device.type == "cuda" else None
         self.pending: concurrent.futures.Future | None = None
         self.live_print = fingerprint(p.data for p in live.values())  # of the weights the engine runs
         self.received = self.live_print  # of the last update received
@@ -304,13 +305,14 @@ class InplaceWorker:
         staged, why = staging_choice(self.vllm_config.parallel_config.world_size, plan,
                                      lambda: room_for_staging(live, plan["bucket_bytes"], device))
         rank = plan["rank_offset"] + self.vllm_config.parallel_config.rank
+        high = bool(plan.get("high_priority", False))
         self.areal_store, pg = new_group(plan["host"], plan["port"], rank, plan["world_size"], plan["backend"],
-                                         plan["timeout_s"], plan["store"])
+                                         plan["timeout_s"], plan["store"], high)
         specs = [ParamSpec(n, tuple(s), int(torch.Size(s).numel())) for n, s in plan["specs"]]
         self.areal_switch = None  # the GIL switch interval to restore after a staged receive
         signal = f"{plan['signal']}.{rank}" if plan.get("signal") else None
         self.areal_weights = StagedUpdate(specs, live, pg, plan["backend"], getattr(torch, plan["wire_dtype"]),
-                                          plan["bucket_bytes"], device, staged, signal)
+                                          plan["bucket_bytes"], device, staged, signal, high)
         return {"rank": rank, "staged": staged, "why": why}
 
     def areal_weights_begin(self) -> None:

@@ -87,10 +87,11 @@ def bound_store(host: str, port: int, world_size: int | None, timeout: timedelta
 
 
 def new_group(host: str, port: int, rank: int, world_size: int, backend: str, timeout_s: float,
-              store_path: str = ""):
+              store_path: str = "", high_priority: bool = False):
     """A standalone process group (no init_process_group). Its store is ``store_path``, a FileStore
     inside the run directory (0700: only the run's user and root can read or write a key), or,
-    without one (Slurm, across nodes), a TCPStore rank 0 hosts on ``host`` only."""
+    without one (Slurm, across nodes), a TCPStore rank 0 hosts on ``host`` only. ``high_priority``:
+    NCCL's collectives on streams of the highest priority (``weights.high_priority``)."""
     timeout = timedelta(seconds=timeout_s)
     if store_path:
         store = dist.FileStore(store_path, world_size)
@@ -103,6 +104,7 @@ def new_group(host: str, port: int, rank: int, world_size: int, backend: str, ti
     if backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
+        opts.is_high_priority_stream = high_priority
         pg = dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
     else:
         opts = dist.ProcessGroupGloo._Options()
@@ -182,12 +184,12 @@ class WeightSender(WeightSenderBase):
     """
 
     def __init__(self, specs, host, port, world_size, backend, device, wire_dtype, bucket_bytes,
-                 timeout_s=600.0, staged=True, store_path=""):
+                 timeout_s=600.0, staged=True, store_path="", high_priority=False):
         self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
         self.buffer_device = device if backend == "nccl" else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
-        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s, store_path)
+        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s, store_path, high_priority)
         self._flats: dict[int, torch.Tensor] = {}  # buffer slot → wire buffer, allocated on first use
         self._named: Iterator | None = None
 

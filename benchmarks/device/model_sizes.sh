@@ -42,7 +42,8 @@
 #                                     PAUSE_MODE=keep: engine.pause_mode=keep (no abort and resubmit in the pause)
 #   update7bdp2 carry .models/b       the same with two vLLM workers at TP 1 (GPUs 1, 2; data parallel) updated by one
 #                                     broadcast: needs 3 GPUs; raw NCCL from GPU 0 to both in the same call;
-#                                     UNSTAGED=1: engine.staging=false (every update received in the pause)
+#                                     UNSTAGED=1: engine.staging=false (every update received in the pause);
+#                                     NORMAL_PRIO=1: weights.high_priority=false (streams of normal priority)
 #   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
 #                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
 #                                     (7b: trainer.optim_state=bfloat16, which fits a card of > 100 GiB only)
@@ -170,7 +171,7 @@ case $phase in
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     tp=1 engines=1; [ "$phase" = update7btp2 ] && tp=2; [ "$phase" = update7bdp2 ] && engines=2
     step $phase 480 python3 benchmarks/device/vllm_update.py $R/qwen2.5-7b --tp $tp --engines $engines --versions ${VERSIONS:-8} \
-        ${STAGED_TP:+--staged-tp} ${UNSTAGED:+--unstaged} ${PAUSE_MODE:+--pause-mode $PAUSE_MODE} --out "$OUT/$phase.json" ;;
+        ${STAGED_TP:+--staged-tp} ${UNSTAGED:+--unstaged} ${NORMAL_PRIO:+--normal-priority} ${PAUSE_MODE:+--pause-mode $PAUSE_MODE} --out "$OUT/$phase.json" ;;
   inplace11)
     size=${SIZE:-1.5b}
     ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1

@@ -68,7 +68,8 @@ def trainer(args, ports: dict, stores: str, barrier, q) -> None:
     torch.cuda.empty_cache()
     _broadcast(raw_pg, torch.zeros(1, device="cuda")).wait()  # the engine is up when this returns
     tx = WeightSender(specs, "127.0.0.1", ports["weights"], 1 + args.engines * args.tp, "nccl", torch.device("cuda", 0), torch.bfloat16,
-                      args.bucket_mb << 20, timeout_s=600, staged=True, store_path=f"{stores}/weights")
+                      args.bucket_mb << 20, timeout_s=600, staged=True, store_path=f"{stores}/weights",
+                      high_priority=not args.normal_priority)
     rows = []
     for _ in range(args.versions):
         with torch.no_grad():
@@ -141,6 +142,7 @@ def rollout(args, ports: dict, stores: str, barrier, q, index: int = 0) -> None:
     cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = args.gpu_memory_utilization, args.prompt + args.max_new + 64
     cfg.engine.max_num_seqs, cfg.engine.tensor_parallel_size = max(args.seqs, 16), args.tp
     cfg.engine.pause_mode, cfg.engine.staged_tp, cfg.engine.staging = args.pause_mode, args.staged_tp, not args.unstaged
+    cfg.weights.high_priority = not args.normal_priority
     cfg.engine = resolve_engine(cfg.engine, args.checkpoint)
     cfg.weights.dtype, cfg.weights.bucket_mb, cfg.weights.backend, cfg.weights.staged = "bfloat16", args.bucket_mb, "nccl", "true"
     cfg.launcher.peer_timeout_s, cfg.rollout.workers = 300, args.engines
@@ -236,6 +238,8 @@ def main() -> None:
     ap.add_argument("--between-s", type=float, default=2.0)
     ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"], help="engine.pause_mode")
     ap.add_argument("--unstaged", action="store_true", help="engine.staging=false: every update received in the pause")
+    ap.add_argument("--normal-priority", action="store_true",
+                    help="weights.high_priority=false: the broadcast and the receive's copies on streams of normal priority")
     ap.add_argument("--staged-tp", action="store_true", help="engine.staged_tp: at TP > 1 receive behind generation")
     ap.add_argument("--bucket-mb", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.55)

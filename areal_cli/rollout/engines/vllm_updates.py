@@ -36,7 +36,8 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
         return InplaceReceiver(llm, wire_spec(model_path, wire), dict(
             host=source.host, port=source.port, store=source.store, rank_offset=first, world_size=world,
             backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype, bucket_bytes=bucket_bytes(cfg.weights),
-            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.staging, staged_tp=e.staged_tp))
+            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.staging, staged_tp=e.staged_tp,
+            high_priority=cfg.weights.high_priority))
     return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first, world)
 
 
@@ -146,7 +147,7 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
     if cfg.engine.weight_update == WeightUpdate.inplace:
         return WeightSender(lora.update_specs(model, cfg), host, port, world, str(cfg.weights.backend), device, wire,
                             bucket_bytes(cfg.weights), timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged,
-                            store_path=store)
+                            store_path=store, high_priority=cfg.weights.high_priority)
     return VLLMWeightSender(host, port, world, wire, specs=sender_specs(model, cfg), staged=staged)
 
 
