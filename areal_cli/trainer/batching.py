@@ -25,6 +25,12 @@ import torch.distributed as dist
 
 from areal_cli.transport.messages import Batch
 
+PACKED_ROW_TOKENS_CUDA = 2048
+"""Longest packed row on GPU: a micro-batch (``micro_batch_tokens``) is several packed rows of at
+most this many tokens. The block-diagonal mask makes SDPA attend over each whole ``[T, T]``
+square, so one 16k-token row spent 74% of the step in attention, while more, smaller
+micro-batches are bound by the host launching kernels (benchmarks/packing.py, BENCHMARKS.md)."""
+
 
 @dataclass
 class Rollouts:

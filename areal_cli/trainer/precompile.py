@@ -49,7 +49,7 @@ def longest_sequence(cfg) -> int:
 
 def input_forms(runner, row_tokens: int | None) -> list[Form]:
     """The forms of input this run's steps can give the compiled layers (``row_tokens``: the longest
-    packed row, ``step.PACKED_ROW_TOKENS_CUDA`` on GPUs; None: a micro-batch is one row)."""
+    packed row, ``batching.PACKED_ROW_TOKENS_CUDA`` on GPUs; None: a micro-batch is one row)."""
     cfg = runner.cfg
     budget, longest = cfg.trainer.micro_batch_tokens, longest_sequence(cfg)
     if runner.packing:

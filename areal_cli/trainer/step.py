@@ -22,6 +22,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.trainer import varlen as varlen_attention
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
+    PACKED_ROW_TOKENS_CUDA,
     Rollouts,
     dummy_forward,
     from_batch,
@@ -48,11 +49,6 @@ from areal_cli.trainer.timing import StepClock
 
 PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
-PACKED_ROW_TOKENS_CUDA = 2048
-"""Longest packed row on GPU: a micro-batch (``micro_batch_tokens``) is several packed rows of at
-most this many tokens. The block-diagonal mask makes SDPA attend over each whole ``[T, T]``
-square, so one 16k-token row spent 74% of the step in attention, while more, smaller
-micro-batches are bound by the host launching kernels (benchmarks/packing.py, BENCHMARKS.md)."""
 
 
 class StepRunner:
