@@ -242,7 +242,8 @@ class Trainer:
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         start = self._resume()
-        self._precompile()
+        if start < cfg.trainer.steps:
+            self._precompile()
         for step in range(start, cfg.trainer.steps):
             batch = self._receive_batch(step)
             if batch is None:
