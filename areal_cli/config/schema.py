@@ -277,9 +277,10 @@ class WeightsConfig:
     and sent in turn); for a model whose shards and that copy do not fit beside each other. "auto": true
     with NCCL, false with gloo (host memory)."""
     high_priority: bool = True
-    """NCCL, engine=vllm with engine.weight_update=inplace: the broadcast and a staged receive's copies run on CUDA streams
-    of the highest priority, so a receive behind generation gets the GPU's free SMs before generation's next
-    kernels do (the receive is short; generation slows for its length). false: streams of normal priority."""
+    """NCCL, engine=vllm with engine.weight_update=inplace: the broadcast and a staged receive's copies run
+    on CUDA streams of the highest priority, so a receive behind generation gets the GPU's free SMs before
+    generation's next kernels do (the receive is short; generation slows for its length). false: streams of
+    normal priority."""
     backend: WeightsBackend = WeightsBackend.auto
     """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
     rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""

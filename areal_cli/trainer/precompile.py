@@ -4,11 +4,12 @@ give them.
 A compiled layer (``model.compile_decoder_layers``, dynamic shapes) compiles again for each new form of
 its inputs: one packed row or several (dynamo specialises a dimension of size 1), a block mask or
 FlashAttention's segment offsets (``trainer.varlen``), a rank's empty micro-batch (a plain two-token
-forward), gradients on or off. A form first met at step k stalls that step for the compile: steps 7 and 8
-of a 1.5B bench run on one H200 (random weights) took 24 s and 31 s where the others took 0.6-1.2 s,
-while generation waited on the trainer (a CPU run of two layers shows the recompiles themselves:
-tests/trainer/test_precompile.py). Here each form the run can meet is compiled once, on a few synthetic tokens, before
-the trainer waits for its first batch, which it does while the engines start and generate it.
+forward), gradients on or off. A form first met at step k stalls that step for the compile: steps 7
+and 8 of a 1.5B bench run on one H200 (random weights) took 24 s and 31 s where the others took
+0.6-1.2 s, while generation waited on the trainer (a CPU run of two layers shows the recompiles
+themselves: tests/trainer/test_precompile.py). Here each form the run can meet is compiled once, on a
+few synthetic tokens, before the trainer waits for its first batch, which it does while the engines
+start and generate it.
 ``compiled_graphs`` counts the graphs dynamo compiled since the process started: a step's metrics
 carry the ones it compiled (``StepRunner.train``), so a form missed here shows up as a step that did."""
 
