@@ -269,6 +269,9 @@ class Trainer:
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
                               float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
+                if metrics.get("compiled_graphs"):
+                    self.log.warning("step %d compiled %d graphs inside the step (a form of input the trainer's "
+                                     "precompile did not foresee)", step, metrics["compiled_graphs"])
                 kept = keep_nonfinite_batch(self.run_dir, step, batch, metrics, self.cfg.trainer)
                 self._warn_skipped(step, metrics, kept)
             self._stop_on_nonfinite(step, metrics)
