@@ -15,6 +15,7 @@ carry the ones it compiled (``StepRunner.train``), so a form missed here shows u
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, replace
 
@@ -35,7 +36,10 @@ class Form:
 
 
 def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process."""
+    """Graphs dynamo has compiled in this process (0 where dynamo was never imported: importing it to
+    ask would cost a CPU trainer's first step ~3 s)."""
+    if "torch._dynamo" not in sys.modules:
+        return 0
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
