@@ -119,6 +119,7 @@ def phase_timers(device, into: dict):
 
 def measure(args, packing: bool, device: torch.device, batch: Batch, label: str, packed_row: int | None = None,
             host_mask: bool = False) -> dict:
+    import areal_cli.trainer.batching as batching
     import areal_cli.trainer.step as step
 
     cfg = compose([f"trainer.packing={packing}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
@@ -126,9 +127,9 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
     cfg = resolve(cfg, Placement(trainer_gpu=device.type == "cuda"))
     dtype = torch.bfloat16
     torch.manual_seed(0)
-    saved_row, saved_inputs = step.PACKED_ROW_TOKENS_CUDA, step.model_inputs
+    saved_row, saved_inputs = batching.PACKED_ROW_TOKENS_CUDA, step.model_inputs
     if packed_row:
-        step.PACKED_ROW_TOKENS_CUDA = packed_row
+        batching.PACKED_ROW_TOKENS_CUDA = packed_row
     if host_mask:  # the mask built on the host and copied over, as before
         step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None, buckets=0, varlen=False:
                              saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens, buckets=buckets).to(device))
@@ -181,7 +182,7 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
             torch.cuda.reset_peak_memory_stats(device)
         return out
     finally:
-        step.PACKED_ROW_TOKENS_CUDA, step.model_inputs = saved_row, saved_inputs
+        batching.PACKED_ROW_TOKENS_CUDA, step.model_inputs = saved_row, saved_inputs
 
 
 def main() -> None:

@@ -32,6 +32,11 @@ square, so one 16k-token row spent 74% of the step in attention, while more, sma
 micro-batches are bound by the host launching kernels (benchmarks/packing.py, BENCHMARKS.md)."""
 
 
+def packed_row_tokens(device: torch.device) -> int | None:
+    """The longest packed row on ``device``: ``PACKED_ROW_TOKENS_CUDA`` on GPUs, None (one row) on the CPU."""
+    return PACKED_ROW_TOKENS_CUDA if device.type == "cuda" else None
+
+
 @dataclass
 class Rollouts:
     """The samples of a batch, response-aligned: row i = one trajectory."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from areal_cli.trainer.batching import PACKED_ROW_TOKENS_CUDA, Rollouts, dummy_forward, model_inputs
+from areal_cli.trainer.batching import Rollouts, dummy_forward, model_inputs, packed_row_tokens
 from areal_cli.trainer.logprobs import forward_logprobs
 from areal_cli.trainer.model import build_policy
 
@@ -33,8 +33,8 @@ class Reference:
             # as the policy's forward packs them (StepRunner._forward): rows of at most a packed row on GPUs,
             # the mask built on the GPU (one row of a whole micro-batch with its [T, T] mask built on the
             # host was the square of the micro-batch in memory and time)
-            row = PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None
-            x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row, buckets=self.buckets)
+            x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=packed_row_tokens(self.device),
+                             buckets=self.buckets)
             lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk, self.buckets)
             out[mb] = lp
         return out

@@ -22,13 +22,13 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.trainer import varlen as varlen_attention
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
-    PACKED_ROW_TOKENS_CUDA,
     Rollouts,
     dummy_forward,
     from_batch,
     merge_stats,
     micro_batches,
     model_inputs,
+    packed_row_tokens,
     reduce_stats,
     shard,
     to_device,
@@ -165,7 +165,7 @@ class StepRunner:
         (``trainer/precompile.py``); nothing when they are not compiled. The forms and the seconds."""
         if not getattr(self.model, "compiled_head", False):
             return [], 0.0
-        return precompile(self, PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None)
+        return precompile(self, packed_row_tokens(self.device))
 
     def release_optimizer(self) -> None:
         """Free the gradients and the optimizer state (no step follows) and give the memory back."""
@@ -274,10 +274,11 @@ class StepRunner:
         t = self.cfg.trainer
         # varlen only where a row holds a sequence longer than a packed row: there FlashAttention's
         # causal skipping pays; rows of short sequences run faster through masked SDPA
-        varlen = self.varlen and any(len(ro.prompts[i]) + len(ro.responses[i]) > PACKED_ROW_TOKENS_CUDA for i in mb)
-        x = model_inputs(ro, mb, self.packing, device=self.device,
-                         row_tokens=PACKED_ROW_TOKENS_CUDA if self.device.type == "cuda" else None,
-                         buckets=t.shape_buckets, varlen=varlen)
+        # (varlen is a GPU path: the CPU, whose packed micro-batch is one row, never takes it)
+        row = packed_row_tokens(self.device)
+        varlen = self.varlen and row is not None and any(len(ro.prompts[i]) + len(ro.responses[i]) > row for i in mb)
+        x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row, buckets=t.shape_buckets,
+                         varlen=varlen)
         if clock is not None:
             clock.mark("prepare")
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,

@@ -187,8 +187,13 @@ def _per_sequence(model, rows):
 def _trainer_path(model, rows, dtype=torch.bfloat16):
     """The trainer's own route: packed micro-batches (rows of PACKED_ROW_TOKENS_CUDA tokens,
     block-diagonal mask), ``forward`` under bf16 autocast, ``token_logprobs``."""
-    from areal_cli.trainer.batching import Rollouts, forward, model_inputs, token_logprobs
-    from areal_cli.trainer.step import PACKED_ROW_TOKENS_CUDA
+    from areal_cli.trainer.batching import (
+        PACKED_ROW_TOKENS_CUDA,
+        Rollouts,
+        forward,
+        model_inputs,
+        token_logprobs,
+    )
 
     L = max(len(r["out"]) for r in rows)
     ro = Rollouts(prompts=[r["prompt"] for r in rows], responses=[r["out"] for r in rows],

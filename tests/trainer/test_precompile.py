@@ -8,10 +8,10 @@ import pytest
 import torch
 from helpers import config, init_gloo, make_batch, plain_model, step_runner
 
-from areal_cli.trainer.batching import from_batch, model_inputs
+from areal_cli.trainer.batching import PACKED_ROW_TOKENS_CUDA, from_batch, model_inputs
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.precompile import compiled_graphs, input_forms, synthetic_rollouts
-from areal_cli.trainer.step import PACKED_ROW_TOKENS_CUDA, StepRunner
+from areal_cli.trainer.step import StepRunner
 
 
 @pytest.fixture(scope="module", autouse=True)
