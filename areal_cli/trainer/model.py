@@ -146,9 +146,23 @@ def compile_decoder_layers(model) -> None:
     for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
         if hasattr(cfg, key):
             setattr(cfg, key, max(getattr(cfg, key), 16 * len(layers)))
+    no_size_guards()
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
     model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
+
+
+def no_size_guards() -> None:
+    """Inductor fuses the norms' two sibling reductions of the backward (over tokens and over features,
+    "mix-order reduction") only past a size (tokens x hidden >= 5 Mi elements, tokens >= 4096), and with
+    dynamic shapes it guards the compiled graph on that size: a layer compiled for a micro-batch of one
+    size compiled again for the next that crossed a threshold (30-90 s stalls at steps 0, 3 and 7 of 20 of
+    the 1.5B layout on one H200, after every form of input had been precompiled, random weights;
+    benchmarks/precompile_check.py). Non-strict mode fuses whatever the size, so no graph depends on it."""
+    import torch._inductor.config as inductor
+
+    if hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
+        inductor.triton.mix_order_reduction_non_strict_mode = True
 
 
 def frozen_linear_to(model, dtype: torch.dtype) -> None:
