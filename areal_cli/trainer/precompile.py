@@ -9,7 +9,9 @@ and 8 of a 1.5B bench run on one H200 (random weights) took 24 s and 31 s where 
 0.6-1.2 s, while generation waited on the trainer (a CPU run of two layers shows the recompiles
 themselves: tests/trainer/test_precompile.py). Here each form the run can meet is compiled once, on a
 few synthetic tokens, before the trainer waits for its first batch, which it does while the engines
-start and generate it.
+start and generate it. The forms run on a few tokens: no compiled graph depends on the micro-batch's
+size (``model.no_size_guards``; with size guards, 3 of 20 steps of the 1.5B layout on one H200 compiled
+again after precompile, none without them: benchmarks/precompile_check.py).
 ``compiled_graphs`` counts the graphs dynamo compiled since the process started: a step's metrics
 carry the ones it compiled (``StepRunner.train``), so a form missed here shows up as a step that did."""
 

@@ -83,3 +83,15 @@ def test_a_step_after_precompile_compiles_nothing(tiny_model):
             assert all(p.grad is None for p in runner.model.parameters())  # the zero gradients dropped
         compiled[warm] = runner.train(batch)["compiled_graphs"]
     assert compiled[True] == 0 and compiled[False] > 0
+
+
+def test_compiled_layers_are_not_guarded_on_the_micro_batch_size(tiny_model):
+    # inductor's mix-order reduction (GPU) decides by the tokens of the micro-batch and guards the graph on
+    # that size unless in non-strict mode: a run then compiled each layer again mid-run (1.5B, H200)
+    import torch._inductor.config as inductor
+
+    if not hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
+        pytest.skip("this torch's inductor has no mix-order reduction")
+    inductor.triton.mix_order_reduction_non_strict_mode = False
+    build_policy(tiny_model, torch.device("cpu"), torch.float32, activation_checkpointing=False, compile_layers=True)
+    assert inductor.triton.mix_order_reduction_non_strict_mode
