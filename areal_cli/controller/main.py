@@ -233,6 +233,8 @@ class Controller:
         self.rec.on_counters(g.counters)
         if g.failed:
             return self._failed_group(g)
+        if g.stale:
+            return self._stopped_stale(g)
         expected = self.cfg.rollout.group_size
         if g.episodes() != expected:
             return self._drop(f"a result of group {g.group_id} with {g.episodes()} episodes, not {expected}")
@@ -262,6 +264,13 @@ class Controller:
             raise PeerStalled(f"workflow.agent={w.agent}: {c['agent_failed']:.0f} of {c['agent_episodes']:.0f} "
                               f"episodes failed since the last step (more than workflow.max_failed_fraction="
                               f"{w.max_failed_fraction:g}); the tracebacks are in logs/rollout-*.log")
+
+    def _stopped_stale(self, g: GroupResult) -> None:
+        """A group its worker stopped as too stale for any batch to come (``Workflow.drop_stale``): its slot
+        is freed and its prompt drawn again, as one dropped here (``_drop_stale``)."""
+        self.adm.finish(kept=False)
+        self.rec.on_stale_stopped(g)
+        self.cursor.requeue(*self.groups.pop(g.group_id))
 
     def _seq(self, g: GroupResult) -> int:
         return self.groups[g.group_id][0]

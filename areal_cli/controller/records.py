@@ -106,7 +106,8 @@ class StepRecorder:
         self.gen_tokens_total = 0  # generated since this controller started
         self.filtered_groups = 0
         self.stale_dropped = 0
-        self.stale_dropped_tokens = 0  # model tokens of those groups: generated, never trained
+        self.stale_stopped = 0  # groups their worker stopped mid-generation, as too stale for any batch
+        self.stale_dropped_tokens = 0  # model tokens of both kinds of groups: generated, never trained
         self.stale_tokens_at_start = 0  # of them, those dropped before this controller started (a resume)
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
@@ -119,6 +120,12 @@ class StepRecorder:
         self.gen_tokens += g.gen_tokens
         self.gen_tokens_total += g.gen_tokens
         self.arrived[g.group_id] = time.monotonic() - self.t0
+
+    def on_stale_stopped(self, g: GroupResult) -> None:
+        self.gen_tokens += g.gen_tokens
+        self.gen_tokens_total += g.gen_tokens
+        self.stale_stopped += 1
+        self.stale_dropped_tokens += g.gen_tokens
 
     def on_counters(self, counters: dict) -> None:
         self.window.update(counters)
@@ -178,6 +185,7 @@ class StepRecorder:
             "step_wall_s": now - self.last_step_t,
             "filtered_groups": self.filtered_groups,
             "stale_dropped": self.stale_dropped,
+            "stale_stopped": self.stale_stopped,
             "stale_dropped_tokens": self.stale_dropped_tokens,
             **{f"pool_{k}": v for k, v in pool.items()},
         })

@@ -42,7 +42,7 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
         "cursor": ctl.cursor.state(),
         "groups": {str(g): [s, pid, p.to_dict()] for g, (s, pid, p) in groups.items()},
         "filtered_groups": ctl.rec.filtered_groups, "stale_dropped": ctl.rec.stale_dropped,
-        "stale_dropped_tokens": ctl.rec.stale_dropped_tokens,
+        "stale_dropped_tokens": ctl.rec.stale_dropped_tokens, "stale_stopped": ctl.rec.stale_stopped,
     }
     atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
     atomic_write(partial / "controller.json", json.dumps(state))
@@ -100,6 +100,7 @@ def restore(ctl, run_dir: Path) -> None:
     ctl.adm.accepted, ctl.adm.running = len(ctl.buffer), 0
     ctl.rec.filtered_groups, ctl.rec.stale_dropped = state["filtered_groups"], state["stale_dropped"]
     ctl.rec.stale_dropped_tokens = state.get("stale_dropped_tokens", 0)  # absent from older checkpoints
+    ctl.rec.stale_stopped = state.get("stale_stopped", 0)
     ctl.rec.stale_tokens_at_start = ctl.rec.stale_dropped_tokens  # the waste warning counts this run's alone
     truncate_records(run_dir, v)
     ctl.log.info("resumed from %s: version %d, %d buffered groups kept, %d regenerated", ckpt, v,

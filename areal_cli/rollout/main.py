@@ -215,6 +215,7 @@ class Worker:
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
+        self._drop_stale()
         self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
                       timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
                       "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
@@ -222,6 +223,20 @@ class Worker:
         if self.next_update is not None:
             later, self.next_update = self.next_update, None
             self._begin_update(later)
+
+    def _drop_stale(self) -> None:
+        """After an update: the groups no batch can take any more stop generating (``Workflow.drop_stale``;
+        workflow=agent's episodes run to their end and the controller drops them)."""
+        drop = getattr(self.flow, "drop_stale", None)
+        if drop is None:
+            return
+        stale = drop(self.engine.version, self.cfg.rollout.max_staleness)
+        for result in stale:
+            self.results.send(result)
+        if stale:
+            self.log.info("stopped %d group(s) whose first token is more than rollout.max_staleness=%d versions "
+                          "older than v%d: no batch could train them (%d tokens)", len(stale),
+                          self.cfg.rollout.max_staleness, self.engine.version, sum(r.gen_tokens for r in stale))
 
     def close(self) -> None:
         if hasattr(self.flow, "close"):

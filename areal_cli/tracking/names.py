@@ -33,6 +33,7 @@ NAMES: dict[str, str] = {
     "weight_pause_s": "weights/pause_s",
     "filtered_groups": "rollout/filtered_groups",
     "stale_dropped": "rollout/stale_dropped",
+    "stale_stopped": "rollout/stale_stopped",
     "stale_dropped_tokens": "rollout/stale_dropped_tokens",
     "version": "train/version",
 }

@@ -194,6 +194,7 @@ class GroupResult:
     gen_tokens: int  # tokens generated for this group (including re-prefill-free continuation)
     failed: int = 0  # workflow=agent: episodes that failed; such a group comes without samples, untrained
     counters: dict = field(default_factory=dict)  # workflow=agent: counts of the group's episodes (names → numbers)
+    stale: bool = False  # stopped by its worker, no samples: its first token is too old for any batch to come
 
     def episodes(self) -> int:
         """The episodes the samples come from: one each, or (workflow=agent) distinct ``Sample.episode``s."""
@@ -202,7 +203,9 @@ class GroupResult:
         return len({s.episode for s in self.samples})
 
     def invalid(self) -> str:
-        if not self.samples and not self.failed:
+        if self.stale and self.samples:
+            return "a stale group with samples"
+        if not self.samples and not self.failed and not self.stale:
             return "a group without samples"
         return _flat("counters", self.counters)
 

@@ -75,3 +75,18 @@ def test_after_a_resume_the_waste_counts_only_what_this_controller_saw(tmp_path)
     assert rec.stale_waste() == 0.0
     rec.stale_dropped_tokens += 300
     assert rec.stale_waste() == 0.3
+
+
+def test_a_group_its_worker_stopped_as_stale_frees_its_slot_and_is_drawn_again(tmp_path):
+    cfg = RootConfig()
+    adm = Admission(batch_size=2, max_staleness=2, max_concurrent=10, running=3)
+    ctl = SimpleNamespace(cfg=cfg, adm=adm, rec=StepRecorder(tmp_path, cfg), cursor=Cursor(),
+                          groups={7: (7, "p7", None), 8: (8, "p8", None)}, buffer=[], log=None)
+    ctl._stopped_stale = lambda g: Controller._stopped_stale(ctl, g)
+    stopped = GroupResult(7, "p7", 0, [], 12.0, 900, stale=True)
+    Controller._on_result(ctl, stopped)
+    assert ctl.adm.running == 2 and ctl.adm.accepted == 0  # the slot is free, nothing was accepted
+    assert ctl.cursor.requeued == [(7, "p7", None)] and 7 not in ctl.groups and ctl.buffer == []
+    assert ctl.rec.stale_stopped == 1 and ctl.rec.stale_dropped == 0
+    assert ctl.rec.stale_dropped_tokens == 900 and ctl.rec.gen_tokens_total == 900  # generated, never trained
+    assert ctl.rec.stale_waste() == 1.0

@@ -95,6 +95,20 @@ def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
     assert seq.segments == 2 and seq.finish_reason == "length" and eng.in_flight() == 0
 
 
+def test_an_aborted_sequence_leaves_vllm_and_its_late_outputs_are_dropped():
+    eng = fake_engine()
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5))
+    eng.submit(Sequence("b", [1, 2], max_new_tokens=3))
+    late = eng.core.step()  # outputs of both, not yet folded in when "a" is aborted
+    gone = eng.abort(["a", "missing"])
+    assert [s.rid for s in gone] == ["a"] and eng.core.aborted == ["a#1"] and "a#1" not in eng.core.requests
+    assert [eng._apply(out) for out in late] == [None, None] and gone[0].output_ids == []
+    done = []
+    while eng.in_flight():
+        done += eng.poll(0.01)
+    assert [s.rid for s in done] == ["b"] and len(done[0].output_ids) == 3
+
+
 def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
     eng = fake_engine()
     seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0])

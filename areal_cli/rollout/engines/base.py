@@ -54,6 +54,21 @@ class Engine(ABC):
     def _submit_segment(self, seq: Sequence) -> None:
         """Hand the engine ``seq``'s prompt plus the tokens it has so far (a new request)."""
 
+    def abort(self, rids) -> list[Sequence]:
+        """Stop generating the unfinished sequences among ``rids`` and forget them: ``poll`` never returns
+        them. They come back as they are (the tokens they have), for the caller's accounting."""
+        out = []
+        for rid in rids:
+            seq = self.seqs.pop(rid, None)
+            if seq is not None:
+                self._abort_segment(seq)
+                out.append(seq)
+        return out
+
+    @abstractmethod
+    def _abort_segment(self, seq: Sequence) -> None:
+        """Cancel ``seq``'s current request in the engine (``seqs`` no longer holds it)."""
+
     @abstractmethod
     def poll(self, timeout_s: float) -> list[Sequence]:
         """Sequences finished since the last call; waits at most ``timeout_s`` for the first."""

@@ -143,6 +143,11 @@ class HFEngine(Engine):
         if got is None:
             raise RuntimeError("the continuous batching manager refused a request (it is stopping)")
 
+    def _abort_segment(self, seq: Sequence) -> None:
+        req = seq.segment_id()
+        if self.segment.pop(req, None) is not None:  # outputs still on their way are dropped by _apply
+            self.manager.cancel_request(req)
+
     def poll(self, timeout_s: float) -> list[Sequence]:
         self._check_alive()
         done, deadline = self.take_finished_during_pause(), time.monotonic() + timeout_s

@@ -128,6 +128,12 @@ class SlotEngine(HFEngine):
     def _submit_segment(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
+    def _abort_segment(self, seq: Sequence) -> None:
+        self.waiting = collections.deque(s for s in self.waiting if s is not seq)
+        for i, row in enumerate(self.rows):
+            if row is seq:
+                return self._drop_row(i)
+
     def poll(self, timeout_s: float) -> list[Sequence]:
         self._check_alive()
         done, deadline = self.take_finished_during_pause(), time.monotonic() + timeout_s

@@ -176,6 +176,11 @@ class VLLMEngine(Engine):
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
 
+    def _abort_segment(self, seq: Sequence) -> None:
+        req = seq.segment_id()
+        if self.segment.pop(req, None) is not None:  # outputs still on their way are dropped by _apply
+            self.core.abort_request([req])
+
     def _prompt(self, ids: list[int]) -> dict:
         """A request's prompt, salted with the weight version: its blocks are cached and found only
         among requests of the same weights."""

@@ -104,7 +104,9 @@ class Workflow:
 
     def on_generated(self, seq: Sequence) -> None:
         rid: TurnId = seq.rid
-        group = self.groups[rid.group_id]
+        group = self.groups.get(rid.group_id)
+        if group is None:  # its group was stopped as stale (drop_stale) after this turn had finished
+            return
         ep = group.episodes[rid.sample]
         group.gen_tokens += len(seq.output_ids)
         ep.out_ids += seq.output_ids
@@ -132,6 +134,36 @@ class Workflow:
                 complete.append(self._result(group))
                 del self.groups[gid]
         return complete
+
+    def drop_stale(self, version: int, max_staleness: int) -> list[GroupResult]:
+        """Stop the groups that no batch can take any more. The controller trains a group only in a batch
+        at most ``max_staleness`` versions after its first model token (``controller._drop_stale``), and
+        with the weights of ``version`` loaded here every batch still to come is of that version or later:
+        a group whose first token is older than ``version - max_staleness`` would generate to its end for
+        nothing. Its sequences leave the engine now (the slots go to groups that can be trained), and each
+        comes back as a ``stale`` result without samples, its tokens so far counted as dropped."""
+        out = []
+        for gid, group in list(self.groups.items()):
+            first = self._first_version(group)
+            if first is None or version - first <= max_staleness:
+                continue
+            partial = self.engine.abort([TurnId(gid, ep.index, ep.turns) for ep in group.episodes if not ep.done])
+            del self.groups[gid]  # a reward or tool call under way finishes unread
+            tokens = group.gen_tokens + sum(len(s.output_ids) for s in partial)
+            out.append(GroupResult(gid, group.item.prompt_id, self.worker, [], time.monotonic() - group.t0, tokens,
+                                   stale=True))
+        return out
+
+    def _first_version(self, group: Group) -> int | None:
+        """The version of the group's first model token: of its finished turns, or of the tokens its
+        unfinished ones have so far (None before any)."""
+        firsts = [next(v for v, m in zip(ep.versions, ep.loss_mask, strict=True) if m)
+                  for ep in group.episodes if any(ep.loss_mask)]
+        for ep in group.episodes:
+            seq = self.engine.seqs.get(TurnId(group.item.group_id, ep.index, ep.turns))
+            if seq is not None and seq.versions:
+                firsts.append(seq.versions[0])
+        return min(firsts, default=None)
 
     def _advance(self, group: Group, ep: Episode) -> None:
         result, kind = ep.future.result(), ep.waiting
