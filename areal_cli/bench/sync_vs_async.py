@@ -181,9 +181,9 @@ DEFINITIONS = {
         "measurement error (measurement_error true), not a success",
     "generation_in_system_fraction": "the async run's generated tokens of groups completed in its window / "
         "window seconds, over standalone generation",
-    "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups generated in full "
-        "and then dropped as older than rollout.max_staleness (the stale_dropped_tokens metric over the window): "
-        "what the engine produced, useful or not",
+    "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups dropped as older "
+        "than rollout.max_staleness, generated in full or stopped by their worker once no batch could take them "
+        "(the stale_dropped_tokens metric over the window): what the engine produced, useful or not",
     "generation_in_system_at_load_fraction": "the async run's generated tokens/s over the same engine alone at "
         "the load that run gave it (async_running_groups_mean / rollout.workers groups at once, measured first in "
         "the same process as standalone generation): what the system costs the engine beyond the groups the "
