@@ -54,6 +54,7 @@ from areal_cli.transport.messages import (
     Heartbeat,
     Hello,
     Phase,
+    StaleBefore,
     StepDone,
     Stop,
     UpdateWeights,
@@ -297,6 +298,8 @@ class Controller:
                       self.adm.running)
         self.trainer_ready = False
         self.step += 1
+        if self.step > self.cfg.rollout.max_staleness:  # the workers stop what no batch to come can train
+            self.control.send(StaleBefore(self.step - self.cfg.rollout.max_staleness))
 
     def _oldest_finished(self, B: int) -> bool:
         """admission order: the B oldest outstanding prompts must all be finished."""

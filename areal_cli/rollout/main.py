@@ -31,7 +31,14 @@ from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
-from areal_cli.transport.messages import Hello, Phase, Stop, UpdateWeights, WeightsLoaded
+from areal_cli.transport.messages import (
+    Hello,
+    Phase,
+    StaleBefore,
+    Stop,
+    UpdateWeights,
+    WeightsLoaded,
+)
 
 
 def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
@@ -145,6 +152,8 @@ class Worker:
                 break
             if isinstance(msg, UpdateWeights):
                 self._order(msg.version)
+            if isinstance(msg, StaleBefore):
+                self._drop_stale(msg.version)
             self._continue_update()
             if self.updating is None:
                 # said after an update too: a worker frozen in _take_work must not still claim to be receiving
@@ -215,7 +224,8 @@ class Worker:
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
-        self._drop_stale()
+        # every batch from now on is of this version or later (the controller's word may come later still)
+        self._drop_stale(version - self.cfg.rollout.max_staleness)
         self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
                       timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
                       "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
@@ -224,19 +234,20 @@ class Worker:
             later, self.next_update = self.next_update, None
             self._begin_update(later)
 
-    def _drop_stale(self) -> None:
-        """After an update: the groups no batch can take any more stop generating (``Workflow.drop_stale``;
-        workflow=agent's episodes run to their end and the controller drops them)."""
+    def _drop_stale(self, oldest: int) -> None:
+        """The groups whose first model token is older than version ``oldest`` stop generating: no batch to
+        come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their end and the
+        controller drops them)."""
         drop = getattr(self.flow, "drop_stale", None)
-        if drop is None:
+        if drop is None or oldest <= 0:
             return
-        stale = drop(self.engine.version, self.cfg.rollout.max_staleness)
+        stale = drop(oldest)
         for result in stale:
             self.results.send(result)
         if stale:
-            self.log.info("stopped %d group(s) whose first token is more than rollout.max_staleness=%d versions "
-                          "older than v%d: no batch could train them (%d tokens)", len(stale),
-                          self.cfg.rollout.max_staleness, self.engine.version, sum(r.gen_tokens for r in stale))
+            self.log.info("stopped %d group(s) begun before v%d: no batch to come can train them "
+                          "(rollout.max_staleness=%d; %d tokens)", len(stale), oldest,
+                          self.cfg.rollout.max_staleness, sum(r.gen_tokens for r in stale))
 
     def close(self) -> None:
         if hasattr(self.flow, "close"):

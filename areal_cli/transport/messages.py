@@ -254,6 +254,14 @@ class UpdateWeights:
 
 
 @message
+class StaleBefore:
+    """No batch to come can train a group whose first model token is older than ``version`` (the controller
+    has sent every batch up to ``version + max_staleness - 1``): a rollout worker stops generating them."""
+
+    version: int
+
+
+@message
 class Stop:
     """No more work. Control channel: a rollout worker exits. Ranks channel: every trainer rank
     writes its part of a checkpoint (a stop signal reached rank 0 while it waited) and exits."""
@@ -360,7 +368,7 @@ CHANNELS: dict[str, tuple[type, ...]] = {
     "work": (WorkItem,),  # controller PUSH → rollout PULL
     "results": (GroupResult,),  # rollout PUSH → controller PULL
     "batches": (Batch,),  # controller PUSH → trainer rank 0 PULL
-    "control": (UpdateWeights, Stop),  # controller PUB → rollout SUB
+    "control": (UpdateWeights, StaleBefore, Stop),  # controller PUB → rollout SUB
     "status": tuple(SENDERS),  # every process DEALER → controller ROUTER
     "ranks": (Batch, Stop),
     "reward": (RewardRequest, RewardReply),  # rollout DEALER → reward-model ROUTER, and the replies back  # trainer rank 0 → the other ranks (torch broadcast of the frame, ranks.py)

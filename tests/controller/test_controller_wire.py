@@ -185,3 +185,31 @@ def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkey
     assert ctl.update_repeats[0] == repeats and ctl.unexpected == 0
     for c in (trainer, rollout, sub):
         c.close()
+
+
+def test_each_batch_tells_the_workers_which_groups_no_later_batch_can_take(ctl):
+    from areal_cli.tasks import Problem
+    from areal_cli.transport.messages import Batch, StaleBefore
+
+    ep, keys = Endpoints.load(ctl.run_dir), load_keys(ctl.run_dir)
+    sub = Channel(zmq.SUB, ep.control, name="control", bind=False, keys=keys, max_frame=MIB)
+    trainer = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=MIB)
+    time.sleep(0.3)  # the subscription reaches the controller's socket first
+    ctl.cfg.rollout.max_staleness, B, G = 1, ctl.cfg.trainer.batch_size, ctl.cfg.rollout.group_size
+    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
+               np.ones(2, np.int32), np.ones(2, np.uint8), 1.0, "ok", "stop", 1, "2")
+    heard = []
+    for step in (0, 1):
+        for g in range(B):
+            gid = 100 * step + g
+            ctl.groups[gid] = (gid, f"p{gid}", Problem(f"p{gid}", "1 + 1?", "2", {}))
+            ctl.buffer.append(GroupResult(gid, f"p{gid}", 0, [s] * G, 0.1, 2 * G))
+        ctl.trainer_ready = True
+        ctl._maybe_send_batch()
+        assert isinstance(trainer.recv(5.0), Batch) and ctl.step == step + 1
+        msg = sub.recv(0.5)
+        heard.append(msg.version if isinstance(msg, StaleBefore) else None)
+    # after batch 0 every batch to come (1, 2, ...) takes groups begun at version 0; after batch 1 none does
+    assert heard == [None, 1]
+    sub.close()
+    trainer.close()

@@ -38,13 +38,13 @@ def test_a_group_too_old_for_any_batch_leaves_the_engine_and_a_younger_one_finis
             pass
         flow.start(item(tok, 1, 6))  # begun under version 2
         assert flow._first_version(flow.groups[0]) == 0
-        assert flow.drop_stale(2, max_staleness=2) == []  # 2 - 0 is within the bound: a batch can take it
-        stopped = flow.drop_stale(3, max_staleness=2)  # the next weights: 3 - 0 is not
+        assert flow.drop_stale(0) == []  # a batch to come can still take a group begun at version 0
+        stopped = flow.drop_stale(1)  # none can: the oldest trainable first token is of version 1
         assert [(r.group_id, r.stale, r.samples) for r in stopped] == [(0, True, [])]
         assert not stopped[0].invalid() and stopped[0].gen_tokens > 0  # the tokens it had, counted as dropped
         assert all(rid.group_id == 1 for rid in eng.seqs)  # group 0's sequences left the engine
         results = drive_workflow(flow, eng, 60)
-        assert [r.group_id for r in results] == [1] and not results[0].stale  # 3 - 2 is within the bound
+        assert [r.group_id for r in results] == [1] and not results[0].stale  # begun at version 2
         assert all(len(s.output_ids) == 6 for s in results[0].samples)
         assert flow.busy() == 0 and eng.in_flight() == 0
         for seq in eng.poll(0.2):  # nothing of the stopped group comes back
@@ -64,9 +64,9 @@ def test_a_turn_that_finished_before_its_group_was_stopped_is_ignored(tiny_model
         finished = []
         while len(finished) < 2:
             finished += eng.poll(0.05)
-        assert [r.group_id for r in flow.drop_stale(5, max_staleness=1)] == []  # no model token is known yet
+        assert [r.group_id for r in flow.drop_stale(4)] == []  # no model token is known yet
         flow.on_generated(finished[0])  # the first sample's turn is now known: version 0
-        assert [r.group_id for r in flow.drop_stale(5, max_staleness=1)] == [0]
+        assert [r.group_id for r in flow.drop_stale(4)] == [0]
         flow.on_generated(finished[1])  # the other sample's turn, handed over after the stop
         assert flow.poll() == [] and flow.busy() == 0
     finally:

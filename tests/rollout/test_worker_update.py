@@ -29,7 +29,8 @@ def staged_worker():
     sent: list = []
     w.engine, w.name, w.run_dir = eng, "rollout-0", "/nonexistent"
     w.log = logging.getLogger("test-worker")
-    w.cfg = types.SimpleNamespace(weights=types.SimpleNamespace(verify=False))
+    w.cfg = types.SimpleNamespace(weights=types.SimpleNamespace(verify=False),
+                                  rollout=types.SimpleNamespace(max_staleness=4))
     w.hb = types.SimpleNamespace(send=sent.append, set_doing=lambda what, phase, version: setattr(
         w.hb, "now", (what, phase, version)))
     w.updating, w.next_update, w.update_t0 = None, None, 0.0

@@ -26,6 +26,7 @@ from areal_cli.transport.messages import (
     RewardReply,
     RewardRequest,
     Sample,
+    StaleBefore,
     StepDone,
     Stop,
     UpdateWeights,
@@ -93,6 +94,7 @@ EXAMPLES = {  # one well-formed message of every registered type
     GroupResult: result(2),
     Batch: Batch(0, [result(3)]),
     UpdateWeights: UpdateWeights(3),
+    StaleBefore: StaleBefore(2),
     Stop: Stop(),
     Hello: Hello("rollout-0"),
     Heartbeat: Heartbeat("trainer-0", "sending weights of version 3", 7, phase=Phase.sending_weights, version=3),
@@ -126,7 +128,7 @@ def test_each_channel_accepts_exactly_its_types(channel):
 def test_the_channel_table():
     names = lambda ch: {c.__name__ for c in CHANNELS[ch]}  # noqa: E731
     assert names("work") == {"WorkItem"} and names("results") == {"GroupResult"} and names("batches") == {"Batch"}
-    assert names("control") == {"UpdateWeights", "Stop"} and names("ranks") == {"Batch", "Stop"}
+    assert names("control") == {"UpdateWeights", "StaleBefore", "Stop"} and names("ranks") == {"Batch", "Stop"}
     assert names("status") == {"Hello", "Heartbeat", "WeightsReady", "StepDone", "CheckpointWritten", "Bye",
                                "WeightsLoaded"}
     assert set(CHANNELS["status"]) == set(SENDERS)  # every status message says who may send it

@@ -135,17 +135,16 @@ class Workflow:
                 del self.groups[gid]
         return complete
 
-    def drop_stale(self, version: int, max_staleness: int) -> list[GroupResult]:
-        """Stop the groups that no batch can take any more. The controller trains a group only in a batch
-        at most ``max_staleness`` versions after its first model token (``controller._drop_stale``), and
-        with the weights of ``version`` loaded here every batch still to come is of that version or later:
-        a group whose first token is older than ``version - max_staleness`` would generate to its end for
-        nothing. Its sequences leave the engine now (the slots go to groups that can be trained), and each
+    def drop_stale(self, oldest: int) -> list[GroupResult]:
+        """Stop the groups whose first model token is of a version older than ``oldest``: no batch still to
+        come can train them (the controller trains a group only in a batch at most max_staleness versions
+        after its first token, ``controller._drop_stale``), and they would generate to their end for
+        nothing. Their sequences leave the engine now (the slots go to groups that can be trained), and each
         comes back as a ``stale`` result without samples, its tokens so far counted as dropped."""
         out = []
         for gid, group in list(self.groups.items()):
             first = self._first_version(group)
-            if first is None or version - first <= max_staleness:
+            if first is None or first >= oldest:
                 continue
             partial = self.engine.abort([TurnId(gid, ep.index, ep.turns) for ep in group.episodes if not ep.done])
             del self.groups[gid]  # a reward or tool call under way finishes unread
