@@ -67,7 +67,8 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*", help="config overrides (e.g. trainer.micro_batch_tokens=32768)")
     args = ap.parse_args()
     rank, world, device = init()
-    path = Path(args.arch) if Path(args.arch, "config.json").is_file() else checkpoint(args.arch)
+    given = Path(args.arch, "config.json").is_file()  # a checkpoint's directory, else an architecture's name
+    path = Path(args.arch) if given else checkpoint(args.arch)
     cfg = resolve(compose([f"rollout.max_new_tokens={args.max_new_tokens}", f"rollout.group_size={args.group_size}",
                            f"trainer.batch_size={args.groups}", *args.overrides]),
                   Placement(trainer_gpu=device.type == "cuda", model_path=path))
@@ -75,8 +76,8 @@ def main() -> None:
     runner = StepRunner.build(model, path, cfg, device, torch.bfloat16, rank, world)
     forms, seconds = ([], 0.0) if args.no_precompile else runner.precompile()
     head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU", "gpus": world,
-            "arch": args.arch,
-            "weights": "as given" if Path(args.arch, "config.json").is_file() else "random", "compiled": bool(getattr(model, "compiled_head", False)),
+            "arch": args.arch, "weights": "as given" if given else "random",
+            "compiled": bool(getattr(model, "compiled_head", False)),
             "precompiled_forms": forms, "precompile_s": seconds, "profile": args.profile,
             "max_new_tokens": args.max_new_tokens, "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
             "varlen": cfg.trainer.varlen, "overrides": args.overrides, "date": time.strftime("%Y-%m-%d")}

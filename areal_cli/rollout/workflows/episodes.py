@@ -66,6 +66,11 @@ class Episode:
     done: bool = False
 
 
+def turn_id(group_id: int, ep: Episode) -> TurnId:
+    """The engine request of ``ep``'s next (or unfinished) model turn."""
+    return TurnId(group_id, ep.index, ep.turns)
+
+
 @dataclass
 class Group:
     item: WorkItem
@@ -97,7 +102,7 @@ class Workflow:
             self._generate(item, ep)
 
     def _generate(self, item: WorkItem, ep: Episode) -> None:
-        ctx, rid = ep.prompt_ids + ep.out_ids, TurnId(item.group_id, ep.index, ep.turns)
+        ctx, rid = ep.prompt_ids + ep.out_ids, turn_id(item.group_id, ep)
         if self.lengths is None:
             return self.engine.submit(Sequence(rid, ctx, item.max_new_tokens))
         self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, str(rid)), ignore_eos=True))
@@ -146,7 +151,7 @@ class Workflow:
             first = self._first_version(group)
             if first is None or first >= oldest:
                 continue
-            partial = self.engine.abort([TurnId(gid, ep.index, ep.turns) for ep in group.episodes if not ep.done])
+            partial = self.engine.abort([turn_id(gid, ep) for ep in group.episodes if not ep.done])
             del self.groups[gid]  # a reward or tool call under way finishes unread
             tokens = group.gen_tokens + sum(len(s.output_ids) for s in partial)
             out.append(GroupResult(gid, group.item.prompt_id, self.worker, [], time.monotonic() - group.t0, tokens,
@@ -159,7 +164,7 @@ class Workflow:
         firsts = [next(v for v, m in zip(ep.versions, ep.loss_mask, strict=True) if m)
                   for ep in group.episodes if any(ep.loss_mask)]
         for ep in group.episodes:
-            seq = self.engine.seqs.get(TurnId(group.item.group_id, ep.index, ep.turns))
+            seq = self.engine.seqs.get(turn_id(group.item.group_id, ep))
             if seq is not None and seq.versions:
                 firsts.append(seq.versions[0])
         return min(firsts, default=None)
