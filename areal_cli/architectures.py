@@ -1,6 +1,6 @@
 """The model architectures a run can train, decided from config.json alone, and ``ModelError``.
 
-``models.py`` (aliases, paths, GGUF) and ``hub.py`` (Hub ids) both refuse with these.
+``model_source.py`` (aliases, paths, GGUF) and ``hub.py`` (Hub ids) both refuse with these.
 """
 
 from __future__ import annotations

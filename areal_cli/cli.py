@@ -58,7 +58,7 @@ def evaluate(overrides: list[str] = OVERRIDES):
     `workers=N` without gpus = N CPU processes. Every key: conf/eval.yaml.
     """
     try:
-        from areal_cli.evaluation.cli import run_eval
+        from areal_cli.eval.cli import run_eval
     except ImportError:
         typer.secho("areal eval: not yet available", err=True)
         raise typer.Exit(2) from None

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from areal_cli import lora  # noqa: E402
 from areal_cli.config.schema import LoraConfig  # noqa: E402
-from areal_cli.models import resolve_model  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
 from areal_cli.rollout.engines.adapter import engine_merge  # noqa: E402
 
 

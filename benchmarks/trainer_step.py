@@ -31,7 +31,7 @@ from helpers import default_shaped_batch  # noqa: E402
 
 from areal_cli.config.load import compose  # noqa: E402
 from areal_cli.config.resolve import resolve  # noqa: E402
-from areal_cli.models import resolve_model  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
 from areal_cli.runtime import set_threads  # noqa: E402
 from areal_cli.trainer.model import build_policy  # noqa: E402
 from areal_cli.trainer.step import StepRunner  # noqa: E402

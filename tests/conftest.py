@@ -21,7 +21,7 @@ def tiny_model(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
 
     base = resolve_model("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(base)
@@ -59,7 +59,7 @@ def tiny_classifier(out: Path, num_labels: int) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
 
     base = resolve_model("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(base)

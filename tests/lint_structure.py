@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROLES = ("controller", "trainer", "rollout", "launcher", "evaluation")
+ROLES = ("controller", "trainer", "rollout", "launcher")
 
 # Packages inside a role package that any module may import: a component, not the role's process.
 # A shared component may not import the rest of its role (that would bring the role along).

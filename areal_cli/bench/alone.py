@@ -36,7 +36,7 @@ def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     0 < ``load`` < that (``at_async_load``), with the same engine."""
     from areal_cli.config.load import load_yaml
     from areal_cli.config.schema import worker_concurrency
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
     from areal_cli.rollout.engines.factory import make_engine
     from areal_cli.rollout.engines.setup import EngineSetup, Sampling
     from areal_cli.rollout.length_profile import load_profile

@@ -1,4 +1,5 @@
-"""The staleness admission rule of DESIGN.md, as a small pure class (tested on its own).
+"""The staleness admission rule (docs/concepts/staleness.md, "The admission rule"), as a small pure
+class (tested on its own).
 
 With B groups per step and policy version v, a new group is admitted only while
 

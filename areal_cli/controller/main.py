@@ -120,7 +120,7 @@ class Controller:
         self.stale_warned = False  # said that much generation went to groups dropped as too stale
         publish_endpoints(cfg, self.rd, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
-        from areal_cli.models import resolve_model
+        from areal_cli.model_source import resolve_model
 
         self.tok = load_tokenizer(resolve_model(cfg.model))
         self.cursor = Cursor(self._training_split(), cfg.seed)

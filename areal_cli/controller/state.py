@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from areal_cli.checkpoints import MARKER, latest_checkpoint, marker_text, run_checkpoints
+from areal_cli.checkpoint_dirs import MARKER, latest_checkpoint, marker_text, run_checkpoints
 from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.tasks import Problem

@@ -18,8 +18,8 @@ from pathlib import Path
 from areal_cli.config.load import save_yaml, to_yaml
 from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator, resolve
 from areal_cli.config.schema import RootConfig
+from areal_cli.launcher.claim import check_links, claim_run_dir
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
-from areal_cli.launcher.rundir import check_links, claim_run_dir
 from areal_cli.private import make_private_dir
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import physical_gpus
@@ -221,7 +221,7 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
     path, which every process then loads; the architecture is checked wherever config.json is here."""
     from areal_cli.architectures import check_supported
-    from areal_cli.models import hub_model, resolve_model
+    from areal_cli.model_source import hub_model, resolve_model
 
     hub = hub_model(cfg.model)
     if hub is None:

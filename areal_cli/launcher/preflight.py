@@ -14,7 +14,7 @@ class UserError(ValueError):
 
 def preflight(cfg: RootConfig) -> None:
     """Everything checkable before a process starts: the model and the dataset."""
-    from areal_cli.models import ModelError, resolve_model
+    from areal_cli.model_source import ModelError, resolve_model
     from areal_cli.tasks import load_problems
 
     problems = []
@@ -45,7 +45,7 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
     import importlib.util
     from pathlib import Path
 
-    from areal_cli.checkpoints import latest_checkpoint
+    from areal_cli.checkpoint_dirs import latest_checkpoint
     from areal_cli.lora import check_model, saved_rank
 
     out = check_model(model_path, cfg.trainer.lora)
@@ -95,7 +95,7 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     longest prompt sizes the KV cache when engine.kv_cache_tokens is 0."""
     from transformers import AutoConfig
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
     from areal_cli.tasks import load_tokenizer, prompt_ids
 
     path = resolve_model(cfg.model)

@@ -15,7 +15,7 @@ NAME = "reward-model"
 
 def reward_notes(cfg: RootConfig) -> list[str]:
     """What the reward-model process serves, from where; ValueError naming the fix for a bad head."""
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
     from areal_cli.rewards.reward_model import head_config, label_index
 
     rc, lines = cfg.reward, []

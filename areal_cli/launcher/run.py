@@ -64,8 +64,8 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
     process replaces itself (exec) with ``launcher/watch.py``, which starts and watches the run
     without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
     would otherwise stay resident for the whole run)."""
+    from areal_cli.launcher.claim import RunLock, claim_run_dir, new_run_dir
     from areal_cli.launcher.plan import make_plan
-    from areal_cli.launcher.rundir import RunLock, claim_run_dir, new_run_dir
 
     if cfg.launcher.name == "slurm":
         from areal_cli.launcher.slurm import submit

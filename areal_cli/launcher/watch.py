@@ -21,9 +21,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--plan-fd", type=int, required=True)
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args(argv)
+    from areal_cli.launcher.claim import RunLock
     from areal_cli.launcher.plan import Plan
     from areal_cli.launcher.run import start_and_watch
-    from areal_cli.launcher.rundir import RunLock
 
     lock = RunLock.adopt(args.run_dir, args.lock_fd)
     try:

@@ -25,7 +25,7 @@ from areal_cli.config.resolve import require_resolved
 from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, set_threads, setup_process
 from areal_cli.transport.auth import Gatekeeper, load_keys

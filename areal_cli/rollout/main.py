@@ -19,7 +19,7 @@ from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rewards.client import ServedRewards, reward_address
 from areal_cli.rewards.combined import make_rewards
 from areal_cli.rollout.engines.factory import make_engine

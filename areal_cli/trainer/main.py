@@ -24,7 +24,7 @@ from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.durable import atomic_write
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
@@ -152,7 +152,7 @@ class Trainer:
         self.stop_requested = True
 
     def _resume(self) -> int:
-        from areal_cli.checkpoints import latest_checkpoint
+        from areal_cli.checkpoint_dirs import latest_checkpoint
         from areal_cli.trainer import checkpoint
 
         ckpt = latest_checkpoint(Path(self.cfg.resume)) if self.cfg.resume else None
@@ -187,7 +187,7 @@ class Trainer:
         save_hf(self.model, self.model_path, path, lora=self.cfg.trainer.lora)
         out = {}
         if self.rank == 0:
-            from areal_cli.evaluator import evaluate
+            from areal_cli.eval import evaluate
 
             res = evaluate(path, self.cfg.task, self.cfg.reward.verifier(), n_samples=1, temperature=0.0,
                            max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)

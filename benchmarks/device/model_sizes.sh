@@ -420,7 +420,7 @@ PY
     LEN=${LEN:-4096} lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-300} $ENT ;;
   judgetest)  # 1 GPU: the vLLM judge against the hf judge on the default model (tests/rewards/test_vllm_judge.py)
     # the default model's HF directory (the test finds it by its alias), converted before the test's clock starts
-    python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
+    python3 -c "from areal_cli.model_source import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
   *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 update7bdp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck nanprobe)"; exit 2 ;;

@@ -92,8 +92,8 @@ def check_line(line: Line, tmp: Path, run: Path, makefile: Path) -> None:
     if cmd == "train":
         return _train([a for a in args if a not in ("--dry-run", "--quiet")], tmp, run)
     if cmd == "eval":
-        from areal_cli.evaluation.cli import _models
-        from areal_cli.evaluation.config import compose_eval
+        from areal_cli.eval.cli import _models
+        from areal_cli.eval.config import compose_eval
 
         _models(compose_eval(args)[0])  # every model named must exist (a run needs checkpoints/final)
         return None

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from areal_cli.config.choices import ToolFormat
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.rollout.agent.episode import Choice, EpisodeLog
 from areal_cli.rollout.agent.toolcalls import ToolStyle, call_text, detect, forced_text, parse

@@ -84,7 +84,7 @@ def test_vllm_without_vllm_names_the_extra(tiny_model):
 
 
 def test_the_evaluator_gets_its_engine_from_the_factory_without_a_weight_source(tiny_model):
-    from areal_cli.evaluator.runner import Evaluator
+    from areal_cli.eval.runner import Evaluator
 
     with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"), max_concurrent=4) as ev:
         assert isinstance(ev.engine, Engine) and ev.engine.receiver is None

@@ -9,7 +9,7 @@ import sys
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from areal_cli.config.load import compose
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rollout.workflows.episodes import env_turn_ids
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
 

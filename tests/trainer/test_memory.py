@@ -32,7 +32,7 @@ sys.path.insert(0, {helpers!r})
 from helpers import default_shaped_batch
 from areal_cli.config.load import compose
 from areal_cli.config.resolve import resolve
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

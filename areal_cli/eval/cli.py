@@ -3,7 +3,7 @@
 Everything a user can get wrong (config, model path, task, vLLM missing, a GPU id not visible)
 is checked before any model loads, and reported on stderr with exit code 2, without a
 traceback. With ``gpus=[...]`` or ``workers>1`` the problems are evaluated data-parallel in
-worker processes (evaluation/parallel.py); a worker that fails is exit code 1, naming its shard.
+worker processes (eval/parallel.py); a worker that fails is exit code 1, naming its shard.
 """
 
 from __future__ import annotations
@@ -15,17 +15,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from areal_cli.config.load import ConfigError
-from areal_cli.evaluation.config import EvalRunConfig, compose_eval
-from areal_cli.evaluation.sweep import EvalError, evaluate_model, say
-from areal_cli.models import ModelError, resolve_eval_model
+from areal_cli.eval.config import EvalRunConfig, compose_eval
+from areal_cli.eval.sweep import EvalError, evaluate_model, say
+from areal_cli.model_source import ModelError, resolve_eval_model
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import usable_cores
 
 
 def run_eval(overrides: list[str]) -> None:
     """The `areal eval` command (exit 2 on a user error, 1 when a data-parallel worker fails)."""
-    from areal_cli.evaluation.parallel import WorkerFailed
-    from areal_cli.evaluator.runner import EvalStalled
+    from areal_cli.eval.parallel import WorkerFailed
+    from areal_cli.eval.runner import EvalStalled
 
     try:
         _run(overrides)
@@ -48,14 +48,14 @@ def _run(overrides: list[str]) -> None:
     problems = [p for p, _ in chosen]
     out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S") + f"-{secrets.token_hex(2)}")
     if head.data_parallel():
-        from areal_cli.evaluation.parallel import run_data_parallel
+        from areal_cli.eval.parallel import run_data_parallel
 
         results = run_data_parallel(overrides, cfgs, models, problems, out_dir, say=say)
     else:
         results = []
         for name, path in models:
             results += evaluate_model(name, path, cfgs, problems, head.threads or usable_cores())
-    from areal_cli.evaluation import report
+    from areal_cli.eval import report
 
     run = _run_info(head, cfgs, models, time.perf_counter() - t0)
     run["splits"] = {cfg.task.name: info for cfg, (_, info) in zip(cfgs, chosen, strict=True)}

@@ -1,7 +1,7 @@
 """Data-parallel `areal eval`: one worker process per GPU (or per CPU share), one shard each.
 
 The problems of every task are split into ``n`` contiguous shards; worker ``k`` (``python -m
-areal_cli.evaluation.parallel <spec.json>``, CUDA_VISIBLE_DEVICES = its GPUs) composes the same
+areal_cli.eval.parallel <spec.json>``, CUDA_VISIBLE_DEVICES = its GPUs) composes the same
 config from the same overrides, loads the same eval split, checks that its shard holds the
 problem ids the parent gave it, evaluates every model on its shard of every task exactly as the
 single-process path does (``sweep.evaluate_model``) and writes ``<out_dir>/shards/shard-<k>.json``.
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.durable import atomic_write
-from areal_cli.evaluator.metrics import summarize
+from areal_cli.eval.metrics import summarize
 from areal_cli.runtime import physical_gpus, usable_cores
 
 PASSES = ("greedy", "sample")
@@ -103,7 +103,7 @@ def _start(k: int, gpus: list[int], spec_path: Path, log: Path, out: Path) -> _W
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = physical_gpus(gpus)
-    proc = subprocess.Popen([sys.executable, "-m", "areal_cli.evaluation.parallel", str(spec_path)],
+    proc = subprocess.Popen([sys.executable, "-m", "areal_cli.eval.parallel", str(spec_path)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=env, start_new_session=True)  # its own group: vLLM's children go with it
     w = _Worker(k, gpus, proc, log, out)
@@ -243,9 +243,9 @@ def merge(cfgs, models: list[tuple[str, Path]], problems: list[list], shards: li
 def worker_main(spec_path: str) -> None:
     """One shard: every model on this worker's problems of every task → the spec's ``out``."""
     from areal_cli import faults
-    from areal_cli.evaluation.config import compose_eval
-    from areal_cli.evaluation.sweep import EvalError, evaluate_model
-    from areal_cli.evaluator.runner import eval_problems
+    from areal_cli.eval.config import compose_eval
+    from areal_cli.eval.runner import eval_problems
+    from areal_cli.eval.sweep import EvalError, evaluate_model
     from areal_cli.runtime import die_with_parent
 
     die_with_parent()
@@ -271,8 +271,8 @@ def worker_main(spec_path: str) -> None:
 
 
 def _main() -> None:
-    from areal_cli.evaluation.sweep import EvalError
-    from areal_cli.evaluator.runner import EvalStalled
+    from areal_cli.eval.runner import EvalStalled
+    from areal_cli.eval.sweep import EvalError
 
     try:
         worker_main(sys.argv[1])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from areal_cli.evaluation.config import EvalRunConfig
+from areal_cli.eval.config import EvalRunConfig
 
 
 class EvalError(Exception):
@@ -21,7 +21,7 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
     data-parallel shard past the end of a small task) gets an empty result without generating."""
     from transformers.utils import logging as hf_logging
 
-    from areal_cli.evaluator.runner import Evaluator
+    from areal_cli.eval.runner import Evaluator
 
     hf_logging.disable_progress_bar()
     head = cfgs[0]

@@ -23,8 +23,8 @@ from pathlib import Path
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
-from areal_cli.evaluator.metrics import summarize
-from areal_cli.models import resolve_eval_model
+from areal_cli.eval.metrics import summarize
+from areal_cli.model_source import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rollout.engines.base import Engine, Sequence
@@ -116,8 +116,8 @@ class Evaluator:
                 "wall_s": round(time.perf_counter() - t0, 2)}
 
     def run_agent(self, task_cfg: TaskConfig, workflow, problems: list[Problem], max_new_tokens: int) -> dict:
-        """``workflow.agent`` run greedily once per problem (evaluator/agent.py); the same dict as ``run``."""
-        from areal_cli.evaluator.agent import agent_pass
+        """``workflow.agent`` run greedily once per problem (eval/agent.py); the same dict as ``run``."""
+        from areal_cli.eval.agent import agent_pass
 
         t0 = time.perf_counter()
         self._passes += 1

@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 from areal_cli.config.load import compose, save_yaml
-from areal_cli.evaluation.cli import _problems
-from areal_cli.evaluation.config import compose_eval
+from areal_cli.eval.cli import _problems
+from areal_cli.eval.config import compose_eval
 from areal_cli.tasks import load_problems
 from areal_cli.tasks.splits import normalize
 

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from areal_cli.evaluation.report import cell, columns
-from areal_cli.evaluator.metrics import k_values, mean_pass_at_k, pass_at_k, summarize
+from areal_cli.eval.metrics import k_values, mean_pass_at_k, pass_at_k, summarize
+from areal_cli.eval.report import cell, columns
 
 
 def brute_force_pass_at_k(rows: list[list[bool]], k: int) -> float:

@@ -13,7 +13,7 @@ from conftest import AREAL, ROOT
 from hub_cache import add_config_only, add_model, commit_of
 
 from areal_cli.architectures import check_supported
-from areal_cli.models import ModelError, hub_model, resolve_model
+from areal_cli.model_source import ModelError, hub_model, resolve_model
 
 REPOS = {"Org/TinyLlama": "llama", "Org/TinyQwen2": "qwen2", "Org/TinyQwen3": "qwen3",
          "Qwen/Qwen2.5-1.5B-Instruct": "qwen2"}  # the last stands in for the docs' alias

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from areal_cli.evaluation.parallel import merge, shard, shard_bounds
+from areal_cli.eval.parallel import merge, shard, shard_bounds
 
 AREAL = [sys.executable, "-m", "areal_cli.cli", "eval"]
 ENV = {**os.environ, "COLUMNS": "400", "TOKENIZERS_PARALLELISM": "false"}
@@ -85,7 +85,7 @@ def test_a_stuck_worker_is_named_after_timeout_s(tiny_model, tmp_path):
 def test_waiting_for_scores_that_never_come_is_an_error():
     from concurrent.futures import Future
 
-    from areal_cli.evaluator.runner import EvalStalled, wait_scores
+    from areal_cli.eval.runner import EvalStalled, wait_scores
 
     done = Future()
     done.set_result(1)
@@ -116,14 +116,14 @@ def test_gpus_that_are_not_visible_are_a_user_error():
 ])
 def test_bad_data_parallel_settings(args, message):
     from areal_cli.config.load import ConfigError
-    from areal_cli.evaluation.config import compose_eval
+    from areal_cli.eval.config import compose_eval
 
     with pytest.raises(ConfigError, match=message):
         compose_eval(args)
 
 
 def test_worker_gpus_follow_tensor_parallel_size():
-    from areal_cli.evaluation.config import compose_eval
+    from areal_cli.eval.config import compose_eval
 
     cfg = compose_eval(["engine=vllm", "engine.tensor_parallel_size=2", "gpus=[0,1,2,3]"])[0]
     assert cfg.worker_count() == 2 and [cfg.worker_gpus(k) for k in (0, 1)] == [[0, 1], [2, 3]]

@@ -10,8 +10,8 @@ import pytest
 from conftest import AREAL, ROOT
 
 from areal_cli.config.load import compose, save_yaml
+from areal_cli.launcher.claim import RunDirError, RunLock, check_links, new_run_dir
 from areal_cli.launcher.plan import make_plan
-from areal_cli.launcher.rundir import RunDirError, RunLock, check_links, new_run_dir
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
@@ -23,7 +23,7 @@ def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
 
 def test_a_second_lock_names_the_holder_and_a_released_lock_is_free(tmp_path):
     held = RunLock(tmp_path)
-    code = ("import sys; from areal_cli.launcher.rundir import RunLock, RunDirError\n"
+    code = ("import sys; from areal_cli.launcher.claim import RunLock, RunDirError\n"
             "try:\n    RunLock(sys.argv[1])\nexcept RunDirError as e:\n    print(e); sys.exit(2)\n")
     other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -33,7 +33,7 @@ def test_a_second_lock_names_the_holder_and_a_released_lock_is_free(tmp_path):
 
 
 def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
-    code = "import sys, os; from areal_cli.launcher.rundir import RunLock; RunLock(sys.argv[1]); os._exit(9)"
+    code = "import sys, os; from areal_cli.launcher.claim import RunLock; RunLock(sys.argv[1]); os._exit(9)"
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     RunLock(tmp_path).release()  # a crashed holder leaves no stale lock
 

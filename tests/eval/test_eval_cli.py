@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal_cli.evaluator.metrics import is_correct, mean_pass_at_k
-from areal_cli.models import resolve_model
+from areal_cli.eval.metrics import is_correct, mean_pass_at_k
+from areal_cli.model_source import resolve_model
 
 AREAL = [sys.executable, "-m", "areal_cli.cli", "eval"]
 ENV = {**os.environ, "COLUMNS": "400", "TOKENIZERS_PARALLELISM": "false"}
@@ -106,7 +106,7 @@ def test_greedy_engine_is_argmax_decoding(tiny_model):
     """The greedy pass gives exactly what transformers' own greedy `generate` gives."""
     from areal_cli.config.schema import EngineConfig
     from areal_cli.config.task import RewardConfig
-    from areal_cli.evaluator.runner import Evaluator, generate
+    from areal_cli.eval.runner import Evaluator, generate
     from areal_cli.rollout.engines.base import Sequence
     from areal_cli.rollout.engines.setup import Sampling
 
@@ -124,8 +124,8 @@ def test_greedy_engine_is_argmax_decoding(tiny_model):
 def test_evaluate_on_the_real_135m_model():
     """The function training calls: 8 problems of the default task, greedy, SmolLM2-135M-Instruct."""
     from areal_cli.config.task import RewardConfig
-    from areal_cli.evaluation.config import compose_eval
-    from areal_cli.evaluator import evaluate
+    from areal_cli.eval import evaluate
+    from areal_cli.eval.config import compose_eval
 
     cfg = compose_eval(["size=8"])[0]
     result = evaluate("smollm2-135m-instruct", cfg.task, RewardConfig(workers=1), max_new_tokens=48, size=8)
