@@ -124,8 +124,8 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     ``auto`` values resolved once here, as a planned run's are."""
     from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import EngineConfig
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
 
     fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096, page_size=32) | engine
     e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)

@@ -36,9 +36,9 @@ def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     0 < ``load`` < that (``at_async_load``), with the same engine."""
     from areal_cli.config.load import load_yaml
     from areal_cli.config.schema import worker_concurrency
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
     from areal_cli.model_source import resolve_model
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
     from areal_cli.rollout.length_profile import load_profile
     from areal_cli.rundir import RunDir
     from areal_cli.tasks import load_problems, load_tokenizer
@@ -66,7 +66,7 @@ def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int, f
     """``capacity`` groups in flight, refilled as each completes, until ``capacity`` (warm-up) + ``groups``
     complete; group ids from ``first_group`` (length draws of their own). Sequences a measurement before
     left in the engine finish during the warm-up and are not counted."""
-    from areal_cli.rollout.engines.base import Sequence
+    from areal_cli.engines.base import Sequence
 
     g = cfg.rollout.group_size
     left: dict[int, int] = {}  # group → sequences not finished

@@ -15,7 +15,7 @@ from areal_cli.config.choices import listed
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.task import sandbox_problems
-from areal_cli.rollout.engines import unknown as unknown_engine
+from areal_cli.engines import unknown as unknown_engine
 from areal_cli.rundir import RunDir
 from areal_cli.tracking.registry import problems as tracking_problems
 

@@ -51,7 +51,7 @@ from areal_cli.config.choices import (
 )
 from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import EngineConfig, RootConfig, WeightsConfig
-from areal_cli.rollout.engines import spec
+from areal_cli.engines import spec
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates
     e = copy.deepcopy(engine)
     e.dtype = _dtype(e.dtype)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
-    e.lora_merge = _switch(e.lora_merge, spec(e.name).weight_transfer == "engine")
+    e.lora_merge = _switch(e.lora_merge, spec(e.name).merges_lora)
     e.weight_update = _auto(WeightUpdate, e.weight_update,
                             lambda: _weight_update(e, model_path) if updates else WeightUpdate.reload)
     return e
@@ -217,13 +217,7 @@ def _switch(value, on: bool) -> Switch:
 
 
 def _weight_update(e: EngineConfig, model_path: Path | None) -> WeightUpdate:
-    if spec(e.name).weight_transfer != "engine":
-        return WeightUpdate.inplace  # the broadcast loads into the torch model's own parameters
-    if model_path is None:
-        return WeightUpdate.auto
-    from areal_cli.transport.vllm_weights import choose_weight_update
-
-    return WeightUpdate(choose_weight_update("auto", model_path, e.tensor_parallel_size)[0])
+    return spec(e.name).weight_update(e, model_path)
 
 
 ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}

@@ -74,7 +74,7 @@ def _configs(overrides: list[str]) -> list[EvalRunConfig]:
 def _check_engine(cfg: EvalRunConfig) -> None:
     """What the engine imports (vLLM for engine=vllm), here, before any model loads (the message
     names the extra)."""
-    from areal_cli.rollout.engines import spec
+    from areal_cli.engines import spec
 
     try:
         spec(cfg.engine.name).require()

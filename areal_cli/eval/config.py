@@ -22,8 +22,8 @@ from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig, WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
-from areal_cli.rollout.engines import ENGINES
-from areal_cli.rollout.engines import unknown as unknown_engine
+from areal_cli.engines import engines
+from areal_cli.engines import unknown as unknown_engine
 
 
 @dataclass
@@ -139,7 +139,7 @@ class EvalRunConfig:
 
     def gpus_per_worker(self) -> int:
         """GPUs of one worker process: vLLM's tensor-parallel size, else 1."""
-        engine = ENGINES.get(self.engine.name)
+        engine = engines().get(self.engine.name)
         return max(1, self.engine.tensor_parallel_size) if engine and engine.tensor_parallel else 1
 
     def worker_count(self) -> int:

@@ -1,7 +1,7 @@
 """Generate and score held-out problems: a greedy pass and/or a sampled pass of k per problem.
 
 Prompts are built as the controller builds them (``tasks.prompt_ids``), tokens
-come from the training engine (``engine.name``, built by ``rollout.engines.factory.make_engine`` as a
+come from the training engine (``engine.name``, built by ``engines.factory.make_engine`` as a
 rollout worker's is, with no weight source; greedy when temperature is 0) and every completion is
 scored by the training reward pool, so an eval number means what a training reward means. One
 engine serves every pass of a model: ``Engine.configure`` sets each pass's sampling (and, hf, its
@@ -23,13 +23,12 @@ from pathlib import Path
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence
+from areal_cli.engines.factory import make_engine
 from areal_cli.eval.metrics import summarize
 from areal_cli.model_source import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
-from areal_cli.rollout.engines.base import Engine, Sequence
-from areal_cli.rollout.engines.factory import make_engine
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
 
 

@@ -5,7 +5,7 @@ launcher both run it; every problem is reported at once, as a ``UserError``."""
 from __future__ import annotations
 
 from areal_cli.config.schema import RootConfig, kv_cache_tokens_needed
-from areal_cli.rollout.engines import spec
+from areal_cli.engines import spec
 
 
 class UserError(ValueError):

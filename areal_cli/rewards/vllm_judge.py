@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from areal_cli.config.reward_models import JudgeConfig
+from areal_cli.engines import spec
 from areal_cli.rewards.judge import JudgeBase
-from areal_cli.rollout.engines import ENGINES
 
 TOP_LOGPROBS = 20
 """Logprobs vLLM returns for the first reply token (its default max_logprobs)."""
@@ -25,7 +25,7 @@ LEN_MARGIN = 8
 
 def import_vllm():
     """vLLM, or a ValueError naming the extra to install."""
-    ENGINES["vllm"].require("reward.judge.engine")
+    spec("vllm").require("reward.judge.engine")
     import vllm
 
     return vllm

@@ -19,11 +19,11 @@ from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
+from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
+from areal_cli.engines.factory import make_engine
 from areal_cli.model_source import resolve_model
 from areal_cli.rewards.client import ServedRewards, reward_address
 from areal_cli.rewards.combined import make_rewards
-from areal_cli.rollout.engines.factory import make_engine
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.rundir import RunDir

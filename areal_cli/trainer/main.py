@@ -24,8 +24,8 @@ from areal_cli import faults
 from areal_cli.config.load import load_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.durable import atomic_write
+from areal_cli.engines.factory import make_sender
 from areal_cli.model_source import resolve_model
-from areal_cli.rollout.engines.factory import make_sender
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.trainer.model import (

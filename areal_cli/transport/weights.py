@@ -153,8 +153,8 @@ def _sync(device: torch.device) -> None:
 
 class WeightSenderBase(ABC):
     """Trainer rank 0's end of a weight transfer to every rollout worker, whatever carries it (this
-    module's bucketed broadcast, or vLLM's own NCCL transfer in vllm_weights.py). Built through
-    ``rollout.engines.factory.make_sender``, which picks the one the run's engine receives."""
+    module's bucketed broadcast, or vLLM's own NCCL transfer in engines/vllm/weights.py). Built through
+    ``engines.factory.make_sender``, which picks the one the run's engine receives."""
 
     @abstractmethod
     def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:

@@ -82,7 +82,7 @@ def _gen_vllm(model_dir, fams, variant, max_tokens):
 
     from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import RootConfig
-    from areal_cli.rollout.engines.vllm import llm_kwargs
+    from areal_cli.engines.vllm.engine import llm_kwargs
 
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.35

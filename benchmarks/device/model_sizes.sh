@@ -56,7 +56,7 @@
 #                                     host to itself); PROFILE=ROW: a torch-profiler step of that row
 #   long7b   carry nothing more       NGPU GPUs (2), no vLLM: a 7B trainer step of LENGTH-token responses (32768), one
 #                                     per rank (SEQS in all), checkpointing every layer / every other layer (EXTRA: bf16 moments)
-#   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
+#   lora2    carry .models/b          tests/engines/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
 #                                     then lora7bmerge (STEPS, 10) and lora7b (MSTEPS, 3), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
 #                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
@@ -315,13 +315,13 @@ PY
         --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
         -- ${EXTRA:-trainer.optim_state=bfloat16}
     grep -h "step .* MFU\|out of memory" "$L/long7b.log" | tee -a $S ;;
-  lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
+  lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/engines/test_vllm_lora.py, GPU 1) while the 7B
           # checkpoint builds (GPU 0); then lora7bmerge (STEPS, the default path with vLLM) and lora7b (MSTEPS)
     m=$(model)
     # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
     # prints no report)
     [ "${LORATEST:-1}" = 0 ] || step lora_vllm_test ${TLIMIT:-180} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
-        tests/rollout/test_vllm_lora.py -x -rs &
+        tests/engines/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait
     lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}

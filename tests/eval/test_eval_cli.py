@@ -106,9 +106,8 @@ def test_greedy_engine_is_argmax_decoding(tiny_model):
     """The greedy pass gives exactly what transformers' own greedy `generate` gives."""
     from areal_cli.config.schema import EngineConfig
     from areal_cli.config.task import RewardConfig
+    from areal_cli.engines.base import Sampling, Sequence
     from areal_cli.eval.runner import Evaluator, generate
-    from areal_cli.rollout.engines.base import Sequence
-    from areal_cli.rollout.engines.setup import Sampling
 
     with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"), max_concurrent=4) as ev:
         prompts = [ev.tok("What is 2 + 3?")["input_ids"], ev.tok("Count: 1 2 3")["input_ids"]]

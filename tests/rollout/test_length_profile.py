@@ -15,8 +15,8 @@ from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig
+from areal_cli.engines.base import Sequence
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.length_profile import load_profile
 from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.tasks import Problem

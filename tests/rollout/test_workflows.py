@@ -11,8 +11,8 @@ from transformers import AutoTokenizer
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.engines.base import Sequence
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.engines.base import Sequence
 from areal_cli.rollout.workflows.episodes import Episode, Group, TurnId, Workflow
 from areal_cli.tasks import Problem, prompt_ids
 from areal_cli.transport.messages import WorkItem

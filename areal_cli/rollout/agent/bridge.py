@@ -15,7 +15,7 @@ import itertools
 import queue
 from dataclasses import dataclass
 
-from areal_cli.rollout.engines.base import Engine, Sequence
+from areal_cli.engines.base import Engine, Sequence
 
 
 @dataclass(frozen=True)

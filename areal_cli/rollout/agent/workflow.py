@@ -29,12 +29,12 @@ import numpy as np
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.durable import atomic_write
+from areal_cli.engines.base import Engine, Sequence
 from areal_cli.rollout.agent.bridge import EngineBridge
 from areal_cli.rollout.agent.chat import ChatRenderer
 from areal_cli.rollout.agent.episode import EpisodeLog, episode_reward, import_agent
 from areal_cli.rollout.agent.server import Endpoint, Server, build_app, new_token
 from areal_cli.rollout.agent.toolcalls import detect
-from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.runtime import short_gil_switch
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem

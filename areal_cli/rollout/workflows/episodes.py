@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from areal_cli.config.schema import WorkflowConfig
+from areal_cli.engines.base import Engine, Sequence
 from areal_cli.rewards.code_reward import limits_of
 from areal_cli.rewards.sandbox import announce, require, run_python
-from areal_cli.rollout.engines.base import Engine, Sequence
 from areal_cli.rollout.length_profile import LengthProfile
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem

@@ -15,9 +15,9 @@ from conftest import hf_engine
 from areal_cli import faults, lora
 from areal_cli.config.load import compose
 from areal_cli.config.resolve import resolve
-from areal_cli.rollout.engines.adapter import AdapterSyncError
-from areal_cli.rollout.engines.factory import make_sender
-from areal_cli.rollout.engines.setup import WeightSource
+from areal_cli.engines.adapter import AdapterSyncError
+from areal_cli.engines.base import WeightSource
+from areal_cli.engines.factory import make_sender
 
 
 def free_port() -> int:

@@ -10,7 +10,7 @@ import time
 from areal_cli import lora
 from areal_cli.config.choices import WeightUpdate
 from areal_cli.config.schema import EngineConfig, RootConfig
-from areal_cli.rollout.engines.setup import WeightSource
+from areal_cli.engines.base import WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
     import torch
 
     from areal_cli.config.resolve import bucket_bytes
-    from areal_cli.transport.vllm_weights import (
+    from areal_cli.engines.vllm.weights import (
         InplaceReceiver,
         VLLMWeightReceiver,
         group_size,
@@ -59,7 +59,7 @@ class VLLMAdapter:
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
-        from areal_cli.rollout.engines.adapter import ProbeCheck, adapter_receiver, probe_ids
+        from areal_cli.engines.adapter import ProbeCheck, adapter_receiver, probe_ids
 
         cfg = source.cfg
         self.engine, self.lora, self.model_path = engine, cfg.trainer.lora, str(model_path)
@@ -85,8 +85,8 @@ class VLLMAdapter:
         import shutil
 
         from areal_cli import faults
+        from areal_cli.engines.adapter import adapter_moved
         from areal_cli.lora import save_adapter
-        from areal_cli.rollout.engines.adapter import adapter_moved
 
         if self.verify.last is None:  # the weights before the first update
             self.verify.check(version - 1, self.engine.probe_logprobs(self.probe), changed=False)
@@ -134,12 +134,12 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
     import torch
 
     if lora.sends_adapter(cfg):
-        from areal_cli.rollout.engines.adapter import broadcast_sender
+        from areal_cli.engines.adapter import broadcast_sender
 
         return broadcast_sender(cfg, host, port, model, device, store)
 
     from areal_cli.config.resolve import bucket_bytes
-    from areal_cli.transport.vllm_weights import VLLMWeightSender, group_size
+    from areal_cli.engines.vllm.weights import VLLMWeightSender, group_size
     from areal_cli.transport.weights import WeightSender
 
     world = group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size)

@@ -20,7 +20,7 @@ Two ways to receive, chosen when the worker joins and logged:
   (two bucket buffers; the pause is the wire plus the loads). At TP > 1 by default.
 
 ``InplaceWorker`` is mixed into vLLM's GPU worker (``worker_extension_cls``); the rollout worker
-drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``vllm_weights.py``).
+drives it through ``LLM.collective_rpc`` (``InplaceReceiver``, in ``weights.py``).
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def staging_choice(tp: int, plan: dict, room: Callable[[], tuple[bool, str]]) ->
 
 class InplaceWorker:
     """Mixed into vLLM's GPU worker (``worker_extension_cls``): its methods run in every GPU worker of the
-    engine, called by ``LLM.collective_rpc`` (``vllm_weights.InplaceReceiver``). ``self`` is vLLM's worker."""
+    engine, called by ``LLM.collective_rpc`` (``weights.InplaceReceiver``). ``self`` is vLLM's worker."""
 
     def areal_weights_join(self, plan: dict) -> dict:
         """Join the weight group at ``plan["rank_offset"]`` + this worker's TP rank and decide staged or

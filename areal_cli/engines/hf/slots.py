@@ -25,9 +25,8 @@ import time
 
 import torch
 
-from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf import HFEngine, kv_cache_tokens
-from areal_cli.rollout.engines.setup import Sampling
+from areal_cli.engines.base import Sampling, Sequence
+from areal_cli.engines.hf.engine import HFEngine, kv_cache_tokens
 
 
 def slots_fit(config) -> bool:

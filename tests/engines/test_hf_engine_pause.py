@@ -12,12 +12,12 @@ import pytest
 import torch
 from conftest import hf_engine
 
-from areal_cli.rollout.engines.base import Sequence
+from areal_cli.engines.base import Sequence
 
 
 def _engine(path, **kw):
     """The paged loop (transformers' continuous batching: the GPU's, and engine.cpu_batching=paged);
-    the slot loop's edges: test_hf_slots.py."""
+    the slot loop's edges: test_slots.py."""
     return hf_engine(path, cpu_batching="paged", **kw)
 
 

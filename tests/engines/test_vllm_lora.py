@@ -13,10 +13,10 @@ import pytest
 
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
-from areal_cli.rollout.engines.vllm import llm_kwargs, vllm_lora_rank
-from areal_cli.rollout.engines.vllm_updates import engine_dtype, sender_specs
-from tests.rollout.test_hf_lora import update_in_thread
-from tests.rollout.test_vllm_engine import _gpu_vllm
+from areal_cli.engines.vllm.engine import llm_kwargs, vllm_lora_rank
+from areal_cli.engines.vllm.updates import engine_dtype, sender_specs
+from tests.engines.test_hf_lora import update_in_thread
+from tests.engines.test_vllm_engine import _gpu_vllm
 
 
 def test_llm_kwargs_enable_lora_at_a_rank_vllm_accepts():
@@ -80,9 +80,9 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     from areal_cli import faults, lora
     from areal_cli.config.load import compose
     from areal_cli.config.resolve import Placement, resolve
-    from areal_cli.rollout.engines.adapter import AdapterSyncError, probe_ids
-    from areal_cli.rollout.engines.factory import make_engine, make_sender
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+    from areal_cli.engines.adapter import AdapterSyncError, probe_ids
+    from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
+    from areal_cli.engines.factory import make_engine, make_sender
 
     cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "engine.lora_merge=false",
                            "weights.backend=gloo", "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",

@@ -1,5 +1,6 @@
 """The one place engines and their weight senders are built: the rollout worker and the evaluator
-call ``make_engine``, the trainer calls ``make_sender``; both look the engine up in ``ENGINES``.
+call ``make_engine``, the trainer calls ``make_sender``; both look the engine up by its spec
+(``engines.spec``).
 """
 
 from __future__ import annotations
@@ -7,9 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from areal_cli.config.schema import RootConfig
-from areal_cli.rollout.engines import spec
-from areal_cli.rollout.engines.base import Engine
-from areal_cli.rollout.engines.setup import EngineSetup
+from areal_cli.engines import spec
+from areal_cli.engines.base import Engine, EngineSetup
 
 
 def make_engine(setup: EngineSetup, doing: Callable[[str], None] | None = None) -> Engine:

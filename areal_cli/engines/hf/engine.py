@@ -1,5 +1,5 @@
 """The embedded engine: transformers continuous batching (paged KV cache), on a GPU and with
-engine.cpu_batching=paged (the CPU's default is the slot loop, hf_slots.py; hf_select.py chooses).
+engine.cpu_batching=paged (the CPU's default is the slot loop, slots.py; select.py chooses).
 
 Interruptible: on a weight update the generation loop is paused at a step boundary, the
 weights are loaded in place, every unfinished request is cancelled (its KV was computed
@@ -32,8 +32,7 @@ import torch
 
 from areal_cli.config.resolve import bucket_bytes
 from areal_cli.config.schema import EngineConfig, RootConfig
-from areal_cli.rollout.engines.base import Engine, Sequence
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence, WeightSource
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +273,7 @@ def weight_receiver(model, source: WeightSource, index: int):
 
     cfg, w = source.cfg, source.cfg.weights  # resolved when the run was planned
     if lora.sends_adapter(cfg):
-        from areal_cli.rollout.engines.adapter import MergedAdapter
+        from areal_cli.engines.adapter import MergedAdapter
 
         return MergedAdapter(model, source, index)
     return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
@@ -286,7 +285,7 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.devi
     """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers; what it
     carries is ``lora.update_specs`` (every parameter, the adapter, or the merged weights); ``store``:
     the group's FileStore (local runs)."""
-    from areal_cli.rollout.engines.adapter import broadcast_sender
+    from areal_cli.engines.adapter import broadcast_sender
 
     # twice the heartbeat limit (inside): a rollout worker that stopped answering is named by the
     # controller (no heartbeat), not reported as this broadcast's timeout

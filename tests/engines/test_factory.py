@@ -16,10 +16,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.config.task import RewardConfig
-from areal_cli.rollout.engines import ENGINES
-from areal_cli.rollout.engines.base import Engine
-from areal_cli.rollout.engines.factory import make_engine, make_sender
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+from areal_cli.engines import engines
+from areal_cli.engines.base import Engine, EngineSetup, Sampling
+from areal_cli.engines.factory import make_engine, make_sender
 from areal_cli.rollout.main import engine_setup
 from areal_cli.transport.channels import Endpoints
 from areal_cli.transport.messages import WorkItem
@@ -58,9 +57,9 @@ def in_thread(fn):
 
 
 def test_every_registered_engine_module_defines_its_engine_and_sender():
-    """Adding an engine is one module + one ENGINES entry: the module has what the factory calls
+    """Adding an engine is one package with its spec: the module has what the factory calls
     (importing it imports no optional package: the vllm module loads here without vLLM)."""
-    for name, s in ENGINES.items():
+    for name, s in engines().items():
         module = s.load()
         assert issubclass(module.ENGINE, Engine), name
         assert callable(module.make_sender), name

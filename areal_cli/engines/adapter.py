@@ -19,7 +19,7 @@ import torch
 
 from areal_cli import faults, lora
 from areal_cli.config.resolve import bucket_bytes
-from areal_cli.rollout.engines.setup import WeightSource
+from areal_cli.engines.base import WeightSource
 from areal_cli.transport.weights import WeightReceiver
 
 PROBE_TOKENS = 32

@@ -1,4 +1,4 @@
-"""In-place intake of the vLLM engine (transport/vllm_inplace.py) on the CPU: areal's bucketed broadcast
+"""In-place intake of the vLLM engine (engines/vllm/inplace.py) on the CPU: areal's bucketed broadcast
 (gloo, trainer and engine ends in two threads) received behind the live weights, which change only at
 ``apply``; the routing of checkpoint tensors into the engine's fused parameters. vLLM's own weight
 loaders and GPU worker are exercised on a GPU (benchmarks/device/vllm_update.py)."""
@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from areal_cli.transport.vllm_inplace import StagedUpdate, route, routes, shadow, staging_choice
+from areal_cli.engines.vllm.inplace import StagedUpdate, route, routes, shadow, staging_choice
 from areal_cli.transport.weights import ParamSpec, WeightSender, new_group, param_specs
 from tests.transport.test_weights import free_port, small_model
 
@@ -132,7 +132,7 @@ def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(stag
 
 
 def test_fingerprint_sees_one_element_moved_by_one_unit_in_the_last_place():
-    from areal_cli.transport.vllm_inplace import fingerprint
+    from areal_cli.engines.vllm.inplace import fingerprint
 
     same_width = {2: torch.int16, 4: torch.int32}
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
@@ -188,8 +188,8 @@ def test_tensor_parallel_ranks_stage_only_with_staged_tp():
 def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is_received():
     import sys
 
+    from areal_cli.engines.vllm.inplace import InplaceWorker
     from areal_cli.runtime import SWITCH_INTERVAL_S
-    from areal_cli.transport.vllm_inplace import InplaceWorker
 
     trainer, tx, live, rx = _ends(staged=True)
     worker = InplaceWorker()  # its methods as vLLM's worker runs them, with this intake
@@ -211,7 +211,7 @@ def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is
 
 
 def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_path):
-    from areal_cli.transport.vllm_inplace import receives_finished
+    from areal_cli.engines.vllm.inplace import receives_finished
 
     signal = str(tmp_path / "received.1")
     trainer, tx, live, rx2 = _ends(staged=True, signal=signal)
@@ -248,8 +248,8 @@ class EngineWorker:
 def test_the_rollout_workers_receiver_sees_a_staged_update_done_from_the_threads_signal_file():
     from types import SimpleNamespace
 
-    from areal_cli.transport.vllm_inplace import InplaceWorker
-    from areal_cli.transport.vllm_weights import InplaceReceiver, WireSpec
+    from areal_cli.engines.vllm.inplace import InplaceWorker
+    from areal_cli.engines.vllm.weights import InplaceReceiver, WireSpec
 
     class Worker(EngineWorker, InplaceWorker):
         pass

@@ -12,9 +12,8 @@ import pytest
 import torch
 from conftest import hf_engine
 
-from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.hf_slots import SlotEngine, sample
-from areal_cli.rollout.engines.setup import Sampling
+from areal_cli.engines.base import Sampling, Sequence
+from areal_cli.engines.hf.slots import SlotEngine, sample
 
 
 def _teacher_forced(model, prompt, out):

@@ -1,13 +1,13 @@
-"""engine=hf: the slot loop on the CPU (hf_slots.py), transformers' continuous batching (hf.py) on
+"""engine=hf: the slot loop on the CPU (slots.py), transformers' continuous batching (engine.py) on
 a GPU, with engine.cpu_batching=paged, or for a model the slot loop does not fit."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from areal_cli.rollout.engines.hf import HFEngine, engine_device, make_sender
-from areal_cli.rollout.engines.hf_slots import SlotEngine, slots_fit
-from areal_cli.rollout.engines.setup import EngineSetup
+from areal_cli.engines.base import EngineSetup
+from areal_cli.engines.hf.engine import HFEngine, engine_device, make_sender
+from areal_cli.engines.hf.slots import SlotEngine, slots_fit
 
 __all__ = ["ENGINE", "make_sender"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import hf_engine
 
-from areal_cli.rollout.engines.base import Sequence
+from areal_cli.engines.base import Sequence
 
 BATCHINGS = pytest.mark.parametrize("batching", ["slots", "paged"])
 
@@ -82,7 +82,7 @@ def test_logprobs_match_forward_without_interruption(tiny_model, batching):
 def test_kv_cache_on_a_gpu_fits_the_given_share_of_free_memory(tiny_model, monkeypatch):
     from transformers import AutoConfig
 
-    from areal_cli.rollout.engines.hf import kv_tokens_that_fit
+    from areal_cli.engines.hf.engine import kv_tokens_that_fit
 
     free = 8 << 30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (free, 80 << 30))

@@ -11,14 +11,14 @@ default, raw logprobs, are of the temperature-1 distribution and disagree whenev
 
 Interruptible: on a weight update every unfinished request is aborted, the new weights are
 swapped in (``engine.weight_update=inplace``: received behind generation into a staging copy through
-areal's bucketed broadcast, ``transport/vllm_inplace.py``; ``reload``: vLLM's own NCCL transfer and
-layer-wise reload, ``transport/vllm_weights.py``), and each sequence is resubmitted as prompt + the
+areal's bucketed broadcast, ``engines/vllm/inplace.py``; ``reload``: vLLM's own NCCL transfer and
+layer-wise reload, ``engines/vllm/weights.py``), and each sequence is resubmitted as prompt + the
 tokens it has so far — re-prefilled under the new version, exactly as the hf engine does. Every
 request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
 other weights to it (requests of one version still share their prompts' blocks) and is never reset
 (a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
 the abort: sequences keep their old-weight KV. The receiving end is built here when the engine has a
-weight source, from ``vllm_updates.py``, which holds the trainer's end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
+weight source, from ``updates.py``, which holds the trainer's end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
 
 Verified: after an in-place update that changed the weights (the receiver compares fingerprints of the
 received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe sequence must
@@ -39,10 +39,9 @@ from areal_cli import lora
 from areal_cli.config.choices import Switch, WeightUpdate
 from areal_cli.config.resolve import unresolved
 from areal_cli.config.schema import EngineConfig
-from areal_cli.rollout.engines import ENGINES
-from areal_cli.rollout.engines.base import Engine, Sequence
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling
-from areal_cli.rollout.engines.vllm_updates import VLLMAdapter, make_sender, weight_receiver
+from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence
+from areal_cli.engines.vllm.spec import SPEC
+from areal_cli.engines.vllm.updates import VLLMAdapter, make_sender, weight_receiver
 from areal_cli.runtime import short_gil_switch
 
 __all__ = ["ENGINE", "make_sender"]
@@ -52,7 +51,7 @@ log = logging.getLogger(__name__)
 
 def import_vllm():
     """vLLM or a ValueError that names the extra to install."""
-    ENGINES["vllm"].require()
+    SPEC.require()
     import vllm
 
     return vllm
@@ -89,7 +88,7 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
     elif e.weight_update == WeightUpdate.inplace:
-        kw["worker_extension_cls"] = "areal_cli.transport.vllm_inplace.InplaceWorker"
+        kw["worker_extension_cls"] = "areal_cli.engines.vllm.inplace.InplaceWorker"
     else:
         kw["weight_transfer_config"] = dict(backend="nccl")
     if e.lm_head_fp32 == Switch.true:
@@ -344,7 +343,7 @@ class VLLMEngine(Engine):
         probe's logprobs under the weights before the first update are taken here."""
         if not getattr(self.receiver, "reports_change", False):
             return False
-        from areal_cli.rollout.engines.adapter import ProbeCheck, probe_ids
+        from areal_cli.engines.adapter import ProbeCheck, probe_ids
 
         if self._weights_check is None:
             self._weights_check = ProbeCheck("weights")

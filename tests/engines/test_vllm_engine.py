@@ -9,8 +9,8 @@ import pytest
 
 from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig, RootConfig
-from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.vllm import VLLMEngine, llm_kwargs
+from areal_cli.engines.base import Sequence
+from areal_cli.engines.vllm.engine import VLLMEngine, llm_kwargs
 
 
 class FakeCore:
@@ -191,7 +191,7 @@ def hide_vllm(monkeypatch) -> None:
 
 def test_missing_vllm_names_the_extra(monkeypatch):
     hide_vllm(monkeypatch)
-    from areal_cli.rollout.engines.vllm import import_vllm
+    from areal_cli.engines.vllm.engine import import_vllm
 
     with pytest.raises(ValueError, match=r"areal-cli\[vllm\]"):
         import_vllm()
@@ -213,8 +213,8 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
     cfg.engine.name = "vllm"
     cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
     cfg.engine = resolve_engine(cfg.engine, updates=False)
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
 
     eng = make_engine(EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8))
     try:
@@ -254,7 +254,7 @@ def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_sw
 
     import torch
 
-    from tests.transport.test_vllm_inplace import _ends
+    from tests.engines.test_vllm_inplace import _ends
 
     trainer, tx, live, staged = _ends(staged=True)
     eng = fake_engine()
@@ -292,7 +292,7 @@ def verified_engine(staged: bool, engine_reads_weights: bool | None):
     None: the weights are read, but vLLM's queue never reaches a probe (the first, waited for, included)."""
     import torch
 
-    from tests.transport.test_vllm_inplace import _ends
+    from tests.engines.test_vllm_inplace import _ends
 
     trainer, tx, live, rx = _ends(staged=staged)
     eng = fake_engine()
@@ -357,7 +357,7 @@ def test_an_in_place_update_is_verified_by_the_probe_and_an_unchanged_one_is_nam
 
 @pytest.mark.parametrize("staged", [True, False])
 def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
-    from areal_cli.rollout.engines.adapter import WeightSyncError
+    from areal_cli.engines.adapter import WeightSyncError
 
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
     update(1)
@@ -369,7 +369,7 @@ def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
 def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_never_waited_for(monkeypatch):
     import time
 
-    from areal_cli.rollout.engines import vllm as vllm_engine
+    from areal_cli.engines.vllm import engine as vllm_engine
 
     monkeypatch.setattr(vllm_engine, "PROBE_WAIT_S", 0.2)  # the one probe waited for: before the first update
     eng, trainer, update, rx = verified_engine(staged=True, engine_reads_weights=None)

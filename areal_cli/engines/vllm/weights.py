@@ -2,7 +2,7 @@
 
 * ``inplace``: areal's bucketed broadcast (``transport/weights.py``'s ``WeightSender``, the same path as
   the hf engine's) into the engine's live parameters through its own weight loaders, staged behind
-  generation at TP 1 where the GPU has room (``vllm_inplace.py``). Any tensor parallel size: every GPU rank of a
+  generation at TP 1 where the GPU has room (``inplace.py``). Any tensor parallel size: every GPU rank of a
   worker receives every bucket and its loaders keep its slice. Llama/Mistral/Qwen2/Qwen3 layouts.
 * ``reload``: vLLM's own ``nccl`` weight transfer, checkpoint-format tensors, packed; the engine loads
   them with its layer-wise reload (``start_weight_update`` → ``update_weights`` →
@@ -45,7 +45,7 @@ class WireSpec:
 
 
 # architectures whose vLLM implementation fuses exactly q/k/v into qkv_proj and gate/up into
-# gate_up_proj and keeps every other checkpoint name (what ``vllm_inplace.route`` assumes)
+# gate_up_proj and keeps every other checkpoint name (what ``inplace.route`` assumes)
 INPLACE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
 
 
@@ -192,14 +192,14 @@ class VLLMWeightReceiver:
 
 
 class InplaceReceiver:
-    """A rollout worker's end of in-place updates (``vllm_inplace.py``), driving ``InplaceWorker`` in every
+    """A rollout worker's end of in-place updates (``inplace.py``), driving ``InplaceWorker`` in every
     GPU worker of the engine. ``background``: staged, so the engine generates between ``begin`` and
     ``apply``; otherwise ``apply`` receives (the engine pauses for the wire)."""
 
     def __init__(self, llm, spec: WireSpec, plan: dict):
         import tempfile
 
-        from areal_cli.transport.vllm_inplace import InplaceWorker
+        from areal_cli.engines.vllm.inplace import InplaceWorker
 
         self.llm, self.worker = llm, InplaceWorker
         self.reports_change = True  # apply's timings say whether the update changed the weights
@@ -226,7 +226,7 @@ class InplaceReceiver:
         self.begun += 1
 
     def done(self) -> bool:
-        from areal_cli.transport.vllm_inplace import receives_finished
+        from areal_cli.engines.vllm.inplace import receives_finished
 
         return all(receives_finished(p) >= self.begun for p in self.signals)
 
