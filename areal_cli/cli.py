@@ -21,7 +21,7 @@ def _fail(message: str) -> None:
 
 
 def _compose(overrides: list[str] | None, dry_run: bool = False):
-    from areal_cli.config.load import ConfigError, compose
+    from areal_cli.runconfig.compose import ConfigError, compose
 
     try:
         cfg = compose(list(overrides or []))
@@ -81,7 +81,7 @@ def sync_vs_async(overrides: list[str] = OVERRIDES):
 @app.command(name="tasks")
 def list_tasks(dataset: str = typer.Argument(None, help="A reasoning-gym dataset: list its params and defaults.")):
     """List the task presets (conf/task/) and reasoning-gym's datasets, or one dataset's params."""
-    from areal_cli.config.load import conf_dir
+    from areal_cli.runconfig.compose import conf_dir
     from areal_cli.tasks import catalog
 
     try:

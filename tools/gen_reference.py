@@ -71,9 +71,9 @@ def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
 
 def config_rows() -> tuple[list, list]:
     """The rows of `areal train`'s keys and of `areal eval`'s, with conf/'s values."""
-    from areal_cli.config.load import compose
     from areal_cli.config.schema import RootConfig
     from areal_cli.eval.config import EvalRunConfig, compose_eval
+    from areal_cli.runconfig.compose import compose
 
     return keys(RootConfig, compose([])), keys(EvalRunConfig, compose_eval([])[0])
 

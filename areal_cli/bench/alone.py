@@ -34,7 +34,7 @@ LIMIT_S = 600.0
 def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     """Generation alone at the run's configured concurrency; first at ``load`` groups as well where
     0 < ``load`` < that (``at_async_load``), with the same engine."""
-    from areal_cli.config.load import load_yaml
+    from areal_cli.config.read import read_yaml
     from areal_cli.config.schema import worker_concurrency
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine
@@ -44,7 +44,7 @@ def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     from areal_cli.tasks import load_problems, load_tokenizer
     from areal_cli.tasks.tokens import prompt_ids
 
-    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    cfg = read_yaml(RunDir(run_dir).config)
     model = resolve_model(cfg.model)
     tok = load_tokenizer(model)
     capacity, g = worker_concurrency(cfg), cfg.rollout.group_size

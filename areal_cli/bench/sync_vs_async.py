@@ -71,7 +71,7 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
 
 
 def run_bench(overrides: list[str]) -> Path:
-    from areal_cli.config.load import compose
+    from areal_cli.runconfig.compose import compose
 
     run_overrides, opts = split_overrides(list(overrides))
     base = compose(run_overrides)
@@ -99,8 +99,8 @@ def run_bench(overrides: list[str]) -> Path:
 
 def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) -> dict:
     from areal_cli.bench.summary import summarize_run
-    from areal_cli.config.load import compose
     from areal_cli.launcher.run import train
+    from areal_cli.runconfig.compose import compose
 
     # the bench measures held-out accuracy itself (bench.heldout), not with the closing evaluation
     cfg = compose(overrides + [f"rollout.max_staleness={staleness}", f"run_dir={run_dir}", "eval.at_end=false"])
@@ -120,11 +120,11 @@ def generation_alone(run_dir: Path, out: Path, groups: int, running: float | Non
     import subprocess
     import sys
 
-    from areal_cli.config.load import load_yaml
+    from areal_cli.config.read import read_yaml
     from areal_cli.launcher.plan import device_map, worker_gpus
     from areal_cli.runtime import physical_gpus
 
-    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    cfg = read_yaml(RunDir(run_dir).config)
     gpus = worker_gpus(cfg, device_map(cfg)["rollout"])[0]
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
     print(f"== generation alone: one worker's engine as in {run_dir.name}/ ({'GPUs ' + str(gpus) if gpus else 'CPU'})",

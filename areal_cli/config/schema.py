@@ -1,7 +1,7 @@
 """The typed config of a run: one dataclass per role, every field documented.
 
 ``conf/`` holds values only; Hydra composes it with the user's ``key=value`` overrides and
-``areal_cli.config.load`` merges the result into ``RootConfig``, so unknown keys and wrong
+``areal_cli.runconfig.compose`` merges the result into ``RootConfig``, so unknown keys and wrong
 types are errors; a closed choice is an enum (``choices.py``), so a value outside it is an error
 naming the valid ones. Every ``auto`` is resolved once, when the launcher plans the run
 (``resolve.py``): the run's config.yaml holds concrete values only. No torch import here:

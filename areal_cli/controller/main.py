@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
@@ -106,7 +106,7 @@ class Controller:
         self.run_dir = Path(run_dir)
         self.rd = RunDir(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
+        self.cfg = cfg = require_resolved(read_yaml(self.rd.config), str(self.rd.config))
         ep = planned_endpoints(cfg, self.rd)
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals

@@ -14,10 +14,10 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from areal_cli.config.load import ConfigError
 from areal_cli.eval.config import EvalRunConfig, compose_eval
 from areal_cli.eval.sweep import EvalError, evaluate_model, say
 from areal_cli.model_source import ModelError, resolve_eval_model
+from areal_cli.runconfig.compose import ConfigError
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import usable_cores
 
@@ -141,7 +141,7 @@ def _trained_keys(model: str) -> set[str] | None:
     config = RunDir(Path(model).expanduser()).config
     if not config.is_file():
         return None
-    from areal_cli.config.load import load_yaml
+    from areal_cli.runconfig.compose import load_yaml
     from areal_cli.tasks import load_problems
 
     try:

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from areal_cli.config.load import (
-    ConfigError,
+from areal_cli.config.ranges import check_ranges, drop_repeats
+from areal_cli.config.read import ConfigError, _schema_message
+from areal_cli.config.schema import EngineConfig, WorkflowConfig
+from areal_cli.config.task import RewardConfig, TaskConfig
+from areal_cli.engines import engines
+from areal_cli.engines import unknown as unknown_engine
+from areal_cli.rewards.sandbox import sandbox_problems
+from areal_cli.runconfig.autos import resolve_engine
+from areal_cli.runconfig.compose import (
     _hydra_message,
-    _schema_message,
     apply_task_params,
     conf_dir,
     quote_choices,
     split_task_params,
 )
-from areal_cli.config.ranges import check_ranges, drop_repeats
-from areal_cli.config.resolve import resolve_engine
-from areal_cli.config.schema import EngineConfig, WorkflowConfig
-from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
-from areal_cli.engines import engines
-from areal_cli.engines import unknown as unknown_engine
 
 
 @dataclass

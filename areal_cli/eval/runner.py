@@ -20,7 +20,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence
@@ -29,6 +28,7 @@ from areal_cli.eval.metrics import summarize
 from areal_cli.model_source import resolve_eval_model
 from areal_cli.rewards import RewardPool
 from areal_cli.rewards.extract import extract_answer
+from areal_cli.runconfig.autos import resolve_engine
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
 
 

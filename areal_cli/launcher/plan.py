@@ -15,13 +15,14 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from areal_cli.config.load import save_yaml, to_yaml
-from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator, resolve
+from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator
 from areal_cli.config.schema import RootConfig
 from areal_cli.engines import spanning, spec
 from areal_cli.launcher.claim import check_links, claim_run_dir
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.private import make_private_dir
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import save_yaml, to_yaml
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import physical_gpus
 from areal_cli.transport.auth import make_keys
@@ -79,7 +80,7 @@ class Plan:
         """The plan ``to_fd`` wrote into ``fd`` (closed here); its config was validated when planned."""
         from omegaconf import OmegaConf
 
-        from areal_cli.config.load import from_dictconfig
+        from areal_cli.runconfig.compose import from_dictconfig
 
         with os.fdopen(fd, "rb") as f:
             f.seek(0)

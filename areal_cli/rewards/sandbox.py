@@ -23,6 +23,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 
+from areal_cli.config.task import SANDBOXES, RewardConfig, TaskConfig
 from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch, launch_pair
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,20 @@ def require(isolation: str) -> Bwrap | None:
     if problem:
         raise SandboxUnavailable(problem)
     return bwrap
+
+
+def sandbox_problems(reward: RewardConfig, task: TaskConfig, workflow: str = "") -> list[str]:
+    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, the tool_use
+    workflow) need a working reward.sandbox: the reason it is missing, with the fix, or []."""
+    parts = reward.parts
+    needs = "code" in parts or ("auto" in parts and task.source == "humaneval")
+    if not (needs or workflow == "tool_use") or reward.sandbox not in SANDBOXES:
+        return []
+    try:
+        require(reward.sandbox)
+    except SandboxUnavailable as e:
+        return [str(e)]
+    return []
 
 
 def announce(isolation: str) -> None:

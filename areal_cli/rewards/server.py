@@ -20,7 +20,7 @@ from collections import defaultdict
 
 import zmq
 
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import RootConfig
@@ -74,7 +74,7 @@ def score_part(scorer, part: str, requests: list[RewardRequest]) -> list[tuple[f
 class Server:
     def __init__(self, run_dir: str):
         self.log = setup_process(NAME, run_dir)
-        self.cfg = cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
+        self.cfg = cfg = require_resolved(read_yaml(RunDir(run_dir).config), str(RunDir(run_dir).config))
         self.rc = cfg.reward
         set_threads(0, share=2)
         import torch

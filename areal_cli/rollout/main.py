@@ -16,7 +16,7 @@ import time
 import zmq
 
 from areal_cli import faults
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
 from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
@@ -99,7 +99,7 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
+        self.cfg = require_resolved(read_yaml(RunDir(run_dir).config), str(RunDir(run_dir).config))
         self.index = index
         self.run_dir = run_dir
         ep = Endpoints.load(run_dir)

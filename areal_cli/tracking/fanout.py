@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.config.trackers import BACKENDS, chosen
 from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import RunInfo, Tracker
 from areal_cli.tracking.names import flatten, tracker_metrics
-from areal_cli.tracking.registry import BACKENDS, chosen
 
 
 def load_backend(name: str) -> Tracker:

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import zmq
 
 from areal_cli import faults
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.durable import atomic_write
 from areal_cli.engines.factory import make_sender
@@ -78,7 +78,7 @@ class Trainer:
         redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
         # resolved when the run was planned: read here, never resolved or changed
-        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
+        self.cfg = cfg = require_resolved(read_yaml(self.rd.config), str(self.rd.config))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

@@ -121,10 +121,10 @@ def probe_or_error(engine, probe: list[int]) -> list[float] | str:
 def rollout(args, ports: dict, stores: str, barrier, q, index: int = 0) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import RootConfig
     from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
     from areal_cli.engines.factory import make_engine
+    from areal_cli.runconfig.autos import resolve_engine
     from areal_cli.transport.weights import _broadcast, new_group
     from benchmarks.weight_broadcast import raw_bw
 

@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.config.task import RewardConfig
 from areal_cli.engines import engines
 from areal_cli.engines.base import Engine, EngineSetup, Sampling
 from areal_cli.engines.factory import make_engine, make_sender
 from areal_cli.rollout.main import engine_setup
+from areal_cli.runconfig.autos import resolve
 from areal_cli.transport.channels import Endpoints
 from areal_cli.transport.messages import WorkItem
 from areal_cli.transport.weights import WeightSenderBase

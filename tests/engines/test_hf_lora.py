@@ -13,11 +13,11 @@ import torch
 from conftest import hf_engine
 
 from areal_cli import faults, lora
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import resolve
 from areal_cli.engines.adapter import AdapterSyncError
 from areal_cli.engines.base import WeightSource
 from areal_cli.engines.factory import make_sender
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 
 
 def free_port() -> int:

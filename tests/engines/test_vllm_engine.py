@@ -7,10 +7,10 @@ import types
 
 import pytest
 
-from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.base import Sequence
 from areal_cli.engines.vllm.engine import VLLMEngine, llm_kwargs
+from areal_cli.runconfig.autos import resolve_engine
 
 
 class FakeCore:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import RootConfig
 from areal_cli.engines.vllm.engine import llm_kwargs, vllm_lora_rank
 from areal_cli.engines.vllm.updates import engine_dtype, sender_specs
+from areal_cli.runconfig.autos import resolve_engine
 from tests.engines.test_hf_lora import update_in_thread
 from tests.engines.test_vllm_engine import _gpu_vllm
 
@@ -78,11 +78,12 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     from transformers import AutoModelForCausalLM
 
     from areal_cli import faults, lora
-    from areal_cli.config.load import compose
-    from areal_cli.config.resolve import Placement, resolve
+    from areal_cli.config.resolve import Placement
     from areal_cli.engines.adapter import AdapterSyncError, probe_ids
     from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
     from areal_cli.engines.factory import make_engine, make_sender
+    from areal_cli.runconfig.autos import resolve
+    from areal_cli.runconfig.compose import compose
 
     cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "engine.lora_merge=false",
                            "weights.backend=gloo", "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",

@@ -7,9 +7,9 @@ import shutil
 import subprocess
 import sys
 
-from areal_cli.config.load import compose, save_yaml
 from areal_cli.eval.cli import _problems
 from areal_cli.eval.config import compose_eval
+from areal_cli.runconfig.compose import compose, save_yaml
 from areal_cli.tasks import load_problems
 from areal_cli.tasks.splits import normalize
 

@@ -115,8 +115,8 @@ def test_gpus_that_are_not_visible_are_a_user_error():
     (["engine=vllm", "engine.tensor_parallel_size=2", "gpus=[0,1,2]"], "multiple of 2 GPUs"),
 ])
 def test_bad_data_parallel_settings(args, message):
-    from areal_cli.config.load import ConfigError
     from areal_cli.eval.config import compose_eval
+    from areal_cli.runconfig.compose import ConfigError
 
     with pytest.raises(ConfigError, match=message):
         compose_eval(args)

@@ -9,9 +9,9 @@ import sys
 import pytest
 from conftest import AREAL, ROOT
 
-from areal_cli.config.load import compose, save_yaml
 from areal_cli.launcher.claim import RunDirError, RunLock, check_links, new_run_dir
 from areal_cli.launcher.plan import make_plan
+from areal_cli.runconfig.compose import compose, save_yaml
 
 
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):

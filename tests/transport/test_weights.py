@@ -8,9 +8,10 @@ import threading
 import pytest
 import torch
 
-from areal_cli.config.resolve import Placement, resolve, resolve_engine
+from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import device_map, shares_rank0_gpu
+from areal_cli.runconfig.autos import resolve, resolve_engine
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
 
 

@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.resources
 import os
-import re
-import typing
-from dataclasses import is_dataclass
-from enum import Enum
 from pathlib import Path
 
-from areal_cli.config.choices import listed
 from areal_cli.config.ranges import check_ranges, drop_repeats
+from areal_cli.config.read import ConfigError, choice_at, choice_message, to_root
 from areal_cli.config.schema import RootConfig
-from areal_cli.config.task import sandbox_problems
+from areal_cli.config.trackers import problems as tracking_problems
 from areal_cli.engines import unknown as unknown_engine
 from areal_cli.rundir import RunDir
-from areal_cli.tracking.registry import problems as tracking_problems
-
-
-class ConfigError(ValueError):
-    """A config the user must fix; ``str()`` lists every problem and its fix."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(f"  - {p}" for p in problems))
 
 
 def conf_dir() -> Path:
@@ -109,31 +95,6 @@ def quote_choices(overrides: list[str], root: type = RootConfig) -> list[str]:
     return out
 
 
-@functools.cache
-def choice_at(root: type, key: str) -> type[Enum] | None:
-    """The enum type of dotted ``key`` in the config dataclass ``root``; None if it is no choice."""
-    t = root
-    for part in key.split("."):
-        hints = typing.get_type_hints(t) if is_dataclass(t) else {}
-        if part not in hints:
-            return None
-        t = hints[part]
-    return t if isinstance(t, type) and issubclass(t, Enum) else None
-
-
-def _choice_message(err: BaseException | None) -> str:
-    """"key=value: use a, b or c" for a value outside a choice anywhere in ``err``'s chain; "" if none."""
-    while err is not None:
-        key = getattr(err, "full_key", None) or ""
-        found = re.search(r"Invalid value '(.*)', expected one of", str(getattr(err, "msg", "") or err))
-        choices = choice_at(RootConfig, key) if key else None
-        if found and choices:
-            quote = " (in YAML quoted: 'true', 'false')" if found.group(1) in ("True", "False") else ""
-            return f"{key}={found.group(1)}: use {listed(choices)}{quote}"
-        err = err.__cause__ or err.__context__
-    return ""
-
-
 def _preset(overrides: list[str], config_name: str) -> dict:
     """The task preset file chosen (`task=` or the config's default), as a dict; {} if none."""
     from omegaconf import OmegaConf
@@ -154,8 +115,8 @@ def _register_schema() -> None:
 
 
 def _hydra_message(err: Exception) -> str:
-    if _choice_message(err):
-        return _choice_message(err)
+    if choice_message(err):
+        return choice_message(err)
     lines = [x.strip() for x in str(err).strip().splitlines() if x.strip()]
     text = lines[0]
     if text.startswith("Error merging override"):
@@ -169,29 +130,11 @@ def _hydra_message(err: Exception) -> str:
 
 
 def from_dictconfig(cfg, check: bool = True) -> RootConfig:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    schema = OmegaConf.structured(RootConfig)
-    try:
-        merged = OmegaConf.merge(schema, cfg)
-        root: RootConfig = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as err:
-        raise ConfigError([_schema_message(err)]) from None
+    root = to_root(cfg)
     problems = validate(root) if check else []
     if problems:
         raise ConfigError(problems)
     return root
-
-
-def _schema_message(err: Exception) -> str:
-    if _choice_message(err):
-        return _choice_message(err)
-    key = getattr(err, "full_key", None) or ""
-    msg = getattr(err, "msg", None) or str(err).splitlines()[0]
-    if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-        return f"unknown key '{key}': check the spelling (`areal train --dry-run` prints every valid key)"
-    return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
 def load_yaml(path: str | Path, check: bool = True, private: bool = True) -> RootConfig:
@@ -263,6 +206,8 @@ def lora_problems(cfg: RootConfig) -> list[str]:
 
 def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
+    from areal_cli.rewards.sandbox import sandbox_problems
+
     problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
