@@ -39,10 +39,10 @@ def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine
     from areal_cli.model_source import resolve_model
-    from areal_cli.rollout.length_profile import load_profile
     from areal_cli.rundir import RunDir
     from areal_cli.tasks import load_problems, load_tokenizer
     from areal_cli.tasks.tokens import prompt_ids
+    from areal_cli.workflows.length_profile import load_profile
 
     cfg = read_yaml(RunDir(run_dir).config)
     model = resolve_model(cfg.model)

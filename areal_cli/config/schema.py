@@ -155,7 +155,7 @@ class RolloutConfig:
     length_profile: str = ""
     """Benchmarks with random weights: each request's max_new_tokens drawn from this response-length
     distribution and EOS ignored. "" = off | "arithmetic_long" (measured long tail, scaled to max_new_tokens) |
-    "fixed" (every response max_new_tokens long) | a JSON file (areal_cli/rollout/length_profile.py)."""
+    "fixed" (every response max_new_tokens long) | a JSON file (areal_cli/workflows/length_profile.py)."""
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

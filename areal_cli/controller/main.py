@@ -35,6 +35,7 @@ from areal_cli.controller.records import (
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
+from areal_cli.staleness import oldest_trainable, too_stale
 from areal_cli.tasks import Problem, load_split, load_tokenizer, prompt_ids, split_report
 from areal_cli.tracking.fanout import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
@@ -298,8 +299,9 @@ class Controller:
                       self.adm.running)
         self.trainer_ready = False
         self.step += 1
-        if self.step > self.cfg.rollout.max_staleness:  # the workers stop what no batch to come can train
-            self.control.send(StaleBefore(self.step - self.cfg.rollout.max_staleness))
+        oldest = oldest_trainable(self.step, self.cfg.rollout.max_staleness)
+        if oldest > 0:  # the workers stop what no batch to come can train
+            self.control.send(StaleBefore(oldest))
 
     def _oldest_finished(self, B: int) -> bool:
         """admission order: the B oldest outstanding prompts must all be finished."""
@@ -307,10 +309,10 @@ class Controller:
         return [self._seq(g) for g in self.buffer[:B]] == outstanding[:B]
 
     def _drop_stale(self) -> None:
-        eta, kept = self.cfg.rollout.max_staleness, []
+        oldest, kept = oldest_trainable(self.step, self.cfg.rollout.max_staleness), []
         for g in self.buffer:
             starts = [int(s.versions[s.loss_mask.astype(bool)][0]) for s in g.samples if s.loss_mask.any()]
-            if starts and self.step - min(starts) > eta:
+            if starts and too_stale(min(starts), oldest):
                 self.adm.drop_accepted()
                 self.rec.stale_dropped += 1
                 self.rec.stale_dropped_tokens += sum(int(s.loss_mask.sum()) for s in g.samples)

@@ -11,9 +11,9 @@ import time
 import numpy as np
 
 from areal_cli.rewards.extract import extract_answer
-from areal_cli.rollout.agent.workflow import AgentWorkflow
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import WorkItem
+from areal_cli.workflows.agent.workflow import AgentWorkflow
 
 
 def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tokens: int, context: int,

@@ -269,7 +269,7 @@ def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
 
 def length_notes(cfg: RootConfig) -> list[str]:
     """rollout.length_profile checked (ValueError naming the fix) and its draws at this cap."""
-    from areal_cli.rollout.length_profile import load_profile
+    from areal_cli.workflows.length_profile import load_profile
 
     profile, cap = load_profile(cfg.rollout.length_profile, cfg.seed), cfg.rollout.max_new_tokens
     if profile is None:

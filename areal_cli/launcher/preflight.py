@@ -74,14 +74,14 @@ def _check_imports(cfg: RootConfig) -> list[str]:
         except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
             out.append(f"reward.fn={cfg.reward.fn}: {err}")
     if cfg.workflow.name == "agent" and ":" in cfg.workflow.agent:
-        from areal_cli.rollout.agent.episode import import_agent
+        from areal_cli.workflows.agent.episode import import_agent
 
         try:
             import_agent(cfg.workflow.agent)
         except ValueError as err:
             out.append(str(err))
     if ":" in cfg.workflow.name:
-        from areal_cli.rollout.workflows.episodes import import_workflow
+        from areal_cli.workflows.user import import_workflow
 
         try:
             import_workflow(cfg.workflow.name)

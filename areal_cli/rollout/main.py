@@ -24,10 +24,9 @@ from areal_cli.engines.factory import make_engine
 from areal_cli.model_source import resolve_model
 from areal_cli.rewards.client import ServedRewards, reward_address
 from areal_cli.rewards.combined import make_rewards
-from areal_cli.rollout.length_profile import load_profile
-from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
+from areal_cli.staleness import oldest_trainable
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
@@ -39,6 +38,8 @@ from areal_cli.transport.messages import (
     UpdateWeights,
     WeightsLoaded,
 )
+from areal_cli.workflows import workflow_class
+from areal_cli.workflows.base import Workflow
 
 
 def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
@@ -54,17 +55,9 @@ def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> Engin
                        index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port, ep.weights_store))
 
 
-def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None):
-    """The worker's workflow: the built-in state machine, or workflow=agent's endpoint and episodes."""
-    if cfg.workflow.name != "agent":
-        return Workflow(cfg.workflow, engine, pool, tok, index, load_profile(cfg.rollout.length_profile, cfg.seed))
-    from transformers import AutoConfig
-
-    from areal_cli.rollout.agent.workflow import AgentWorkflow
-
-    context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)), "max_position_embeddings", 0) or 8192
-    return AgentWorkflow(cfg.workflow, engine, pool, tok, index, model=cfg.model,
-                         max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
+def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None) -> Workflow:
+    """The worker's workflow: the class ``workflow.name`` names (``areal_cli.workflows``)."""
+    return workflow_class(cfg.workflow.name).from_run(cfg, engine, pool, tok, index, run_dir)
 
 
 def concurrency(cfg: RootConfig) -> int:
@@ -225,7 +218,7 @@ class Worker:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
         # every batch from now on is of this version or later (the controller's word may come later still)
-        self._drop_stale(version - self.cfg.rollout.max_staleness)
+        self._drop_stale(oldest_trainable(version, self.cfg.rollout.max_staleness))
         self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
                       timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
                       "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
@@ -238,10 +231,9 @@ class Worker:
         """The groups whose first model token is older than version ``oldest`` stop generating: no batch to
         come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their end and the
         controller drops them)."""
-        drop = getattr(self.flow, "drop_stale", None)
-        if drop is None or oldest <= 0:
+        if oldest <= 0:
             return
-        stale = drop(oldest)
+        stale = self.flow.drop_stale(oldest)
         for result in stale:
             self.results.send(result)
         if stale:
@@ -250,8 +242,7 @@ class Worker:
                           self.cfg.rollout.max_staleness, sum(r.gen_tokens for r in stale))
 
     def close(self) -> None:
-        if hasattr(self.flow, "close"):
-            self.flow.close()
+        self.flow.close()
         self.engine.close()
         self.pool.close()
 

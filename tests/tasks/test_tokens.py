@@ -9,9 +9,9 @@ import sys
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from areal_cli.model_source import resolve_model
-from areal_cli.rollout.workflows.episodes import env_turn_ids
 from areal_cli.runconfig.compose import compose
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
+from areal_cli.workflows.turns import env_turn_ids
 
 PROMPTS = ["What is 2 + 3?", "Compute 17 - 9 + 4. Give the final answer after 'Answer:'.",
            "Ünïcødé, emoji 🙂 and\ttabs\nnew lines", "", "  leading and trailing spaces  ",

@@ -28,11 +28,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from areal_cli.config.choices import ToolFormat
-from areal_cli.rollout.agent import requests as rq
-from areal_cli.rollout.agent.bridge import EngineBridge
-from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
-from areal_cli.rollout.agent.episode import Choice, EpisodeLog
-from areal_cli.rollout.agent.toolcalls import CALL_CLOSE, forced_text, parse
+from areal_cli.workflows.agent import requests as rq
+from areal_cli.workflows.agent.bridge import EngineBridge
+from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.episode import Choice, EpisodeLog
+from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
 
 METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}  # metrics.jsonl names
 

@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from areal_cli.rollout.agent.chat import Reply
+from areal_cli.workflows.agent.chat import Reply
 
 
 @dataclass

@@ -18,12 +18,12 @@ from conftest import hf_engine
 
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.agent.bridge import CallId
-from areal_cli.rollout.agent.toolcalls import forced_text
-from areal_cli.rollout.agent.workflow import AgentWorkflow
 from areal_cli.runtime import SWITCH_INTERVAL_S
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.messages import WorkItem
+from areal_cli.workflows.agent.bridge import CallId
+from areal_cli.workflows.agent.toolcalls import forced_text
+from areal_cli.workflows.agent.workflow import AgentWorkflow
 
 PROBLEM = {"id": "p0", "prompt": "What is 3 + 4?", "answer": "7", "meta": {}, "key": "3+4"}
 

@@ -27,17 +27,17 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_cli.config.schema import WorkflowConfig
+from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence
-from areal_cli.rollout.agent.bridge import EngineBridge
-from areal_cli.rollout.agent.chat import ChatRenderer
-from areal_cli.rollout.agent.episode import EpisodeLog, episode_reward, import_agent
-from areal_cli.rollout.agent.server import Endpoint, Server, build_app, new_token
-from areal_cli.rollout.agent.toolcalls import detect
 from areal_cli.runtime import short_gil_switch
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
+from areal_cli.workflows.agent.bridge import EngineBridge
+from areal_cli.workflows.agent.chat import ChatRenderer
+from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
+from areal_cli.workflows.agent.server import Endpoint, Server, build_app, new_token
+from areal_cli.workflows.agent.toolcalls import detect
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class AgentGroup:
 
 
 class AgentWorkflow:
-    """The Workflow interface (start, on_generated, poll, busy) for workflow=agent."""
+    """The ``Workflow`` (workflows/base.py) of workflow=agent."""
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
@@ -88,6 +88,18 @@ class AgentWorkflow:
                          json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n", mode=0o600)
         log.info("agent %s: endpoint %s (key in agent-%d.json); %s", cfg.agent, self.url, worker,
                  self.style.describe())
+
+    @classmethod
+    def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
+                 run_dir: str | None) -> AgentWorkflow:
+        """A rollout worker's: the model's context from its config.json (8192 where it names none)."""
+        from transformers import AutoConfig
+
+        from areal_cli.model_source import resolve_model
+
+        context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)), "max_position_embeddings", 0) or 8192
+        return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
+                   max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
 
     # ---- the Workflow interface ----
 
@@ -118,6 +130,10 @@ class AgentWorkflow:
 
     def busy(self) -> int:
         return len(self.groups)
+
+    def drop_stale(self, oldest: int) -> list[GroupResult]:
+        """None: an agent's episodes run to their end (the controller drops a group too stale to train)."""
+        return []
 
     def close(self) -> None:
         self.server.close()
@@ -197,3 +213,5 @@ class AgentWorkflow:
         self.endpoint.counters.clear()
         return {k: float(v) for k, v in c.items()}
 
+
+WORKFLOW = AgentWorkflow

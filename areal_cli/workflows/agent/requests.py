@@ -83,7 +83,7 @@ def _content(m: dict, i: int) -> str:
 
 
 def _messages(raw) -> list[dict]:
-    from areal_cli.rollout.agent.chat import normalise
+    from areal_cli.workflows.agent.chat import normalise
 
     if not isinstance(raw, list) or not raw:
         raise _bad("messages must be a non-empty list", "messages")

@@ -17,9 +17,9 @@ import pytest
 
 from areal_cli.config.choices import ToolFormat
 from areal_cli.model_source import resolve_model
-from areal_cli.rollout.agent.chat import ChatRenderer, Reply, normalise
-from areal_cli.rollout.agent.episode import Choice, EpisodeLog
-from areal_cli.rollout.agent.toolcalls import ToolStyle, call_text, detect, forced_text, parse
+from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.episode import Choice, EpisodeLog
+from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, forced_text, parse
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 TOOLS = [{"type": "function", "function": {
@@ -154,7 +154,7 @@ def test_text_without_a_call_is_content():
 
 
 def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_one():
-    from areal_cli.rollout.agent import requests as rq
+    from areal_cli.workflows.agent import requests as rq
     tools = rq._tools([{"type": "function", "function": {"name": "calculate"}}])
     assert rq.tool_choice(None, tools) == ("auto", None)
     assert rq.tool_choice("none", tools) == ("none", None)

@@ -1,16 +1,14 @@
-"""Workflows: how a prompt group becomes trajectories — generate → reward → (more turns).
+"""The turn loop the built-in workflows share: how a prompt group becomes trajectories — generate →
+reward → (more turns).
 
-One state machine covers the three built-in workflows:
-- single_turn: one answer, one reward;
-- multi_turn: a wrong answer gets feedback ("wrong, try again") and another turn, up to
-  ``max_turns``; the reward is discounted by ``turn_discount`` per extra turn;
-- tool_use: an answer holding a ```python block (and no final "Answer:") runs it in the
-  sandbox (reward.sandbox, under the reward.code_* limits) and the model sees the output as
-  the next user turn;
-- ``module:function`` — a user workflow: after every model turn and its reward, areal calls
-  ``function(completion: str, turn: int, problem: Problem, reward: float) -> str | None``;
-  a string is the next user message (up to ``max_turns``), None ends the episode with that
-  reward. Keep it fast and pure; it runs inside the rollout worker (examples/hint_workflow.py).
+``TurnWorkflow`` runs every episode of a group through model turns; what differs between the
+workflows is three decisions, each a method a workflow's own module overrides:
+- ``tool_call``: whether a finished model turn runs code before it is scored (``tool_use.py``);
+- ``next_message``: the user message after a scored turn, or None to end the episode
+  (``multi_turn.py``: feedback after a wrong answer; ``user.py``: the user's function);
+- ``final_reward``: the episode's reward from the last score (``multi_turn.py``: discounted per
+  extra turn).
+``single_turn.py`` overrides none: one answer, one reward.
 Feedback and tool tokens are appended as env tokens (loss_mask 0, version -1, logprob 0);
 only model tokens are trained. Tokens in, tokens out: the trainer sees exactly these ids.
 """
@@ -18,21 +16,17 @@ only model tokens are trained. Tokens in, tokens out: the trainer sees exactly t
 from __future__ import annotations
 
 import concurrent.futures as cf
-import re
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from areal_cli.config.schema import WorkflowConfig
+from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.engines.base import Engine, Sequence
-from areal_cli.rewards.code_reward import limits_of
-from areal_cli.rewards.sandbox import announce, require, run_python
-from areal_cli.rollout.length_profile import LengthProfile
+from areal_cli.staleness import too_stale
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
-
-CODE_BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+from areal_cli.workflows.length_profile import LengthProfile, load_profile
 
 
 @dataclass(frozen=True)
@@ -80,19 +74,37 @@ class Group:
     gen_tokens: int = 0
 
 
-class Workflow:
+class TurnWorkflow:
+    """The ``Workflow`` (base.py) of the built-in workflows: model turns, rewards, more turns."""
+
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int,
                  lengths: LengthProfile | None = None):
         self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
         self.lengths = lengths  # rollout.length_profile: drawn max_new_tokens, EOS ignored
         self.groups: dict[int, Group] = {}
-        self.tools = None
-        if cfg.name == "tool_use":  # no working isolation: fail here, naming the fix
-            require(rewards.cfg.sandbox)
-            announce(rewards.cfg.sandbox)
-            self.tools = cf.ThreadPoolExecutor(max_workers=2)
-            self.tool_limits = limits_of(rewards.cfg)
-        self.user_fn = import_workflow(cfg.name) if ":" in cfg.name else None
+
+    @classmethod
+    def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
+                 run_dir: str | None) -> TurnWorkflow:
+        return cls(cfg.workflow, engine, rewards, tokenizer, worker, load_profile(cfg.rollout.length_profile, cfg.seed))
+
+    # ---- what the workflows built on this loop decide ----
+
+    def tool_call(self, ep: Episode) -> cf.Future | None:
+        """A tool run for ``ep``'s finished model turn, started (its result becomes the next user turn);
+        None = score the turn."""
+        return None
+
+    def next_message(self, group: Group, ep: Episode, score: float) -> str | None:
+        """The user message after ``ep``'s turn scored ``score`` (another model turn follows), or None
+        to end the episode."""
+        return None
+
+    def final_reward(self, ep: Episode, score: float) -> float:
+        """The episode's reward when it ends with a turn scored ``score``."""
+        return float(score)
+
+    # ---- the Workflow interface ----
 
     def start(self, item: WorkItem) -> None:
         prompt = [int(x) for x in item.prompt_ids]
@@ -121,10 +133,9 @@ class Workflow:
         ep.turns += 1
         ep.finish_reason = seq.finish_reason
         ep.text = self.tok.decode(seq.output_ids, skip_special_tokens=True)
-        code = CODE_BLOCK.search(ep.text)
-        if (self.tools and code and "Answer:" not in ep.text and ep.turns < self.cfg.max_turns):
-            ep.waiting, ep.future = "tool", self.tools.submit(run_python, code.group(1), self.tool_limits,
-                                                              self.rewards.cfg.sandbox)
+        tool = self.tool_call(ep)
+        if tool is not None:
+            ep.waiting, ep.future = "tool", tool
         else:
             ep.waiting, ep.future = "reward", self.rewards.submit(ep.text, group.problem)
 
@@ -149,7 +160,7 @@ class Workflow:
         out = []
         for gid, group in list(self.groups.items()):
             first = self._first_version(group)
-            if first is None or first >= oldest:
+            if first is None or not too_stale(first, oldest):
                 continue
             partial = self.engine.abort([turn_id(gid, ep) for ep in group.episodes if not ep.done])
             del self.groups[gid]  # a reward or tool call under way finishes unread
@@ -175,16 +186,11 @@ class Workflow:
         if kind == "tool":
             self._append_env(ep, f"Output:\n{result.output[-1000:]}")
             return self._generate(group.item, ep)
-        if (self.cfg.name == "multi_turn" and result.score < 1.0 and ep.turns < self.cfg.max_turns):
-            self._append_env(ep, self.cfg.feedback)
+        message = self.next_message(group, ep, result.score)
+        if message is not None:
+            self._append_env(ep, message)
             return self._generate(group.item, ep)
-        if self.user_fn is not None and ep.turns < self.cfg.max_turns:
-            message = self.user_fn(ep.text, ep.turns, group.problem, float(result.score))
-            if message is not None:
-                self._append_env(ep, str(message))
-                return self._generate(group.item, ep)
-        ep.reward = float(result.score) * (self.cfg.turn_discount ** (ep.turns - 1)
-                                           if self.cfg.name == "multi_turn" else 1.0)
+        ep.reward = self.final_reward(ep, result.score)
         ep.reward_status, ep.reward_parts, ep.done = result.status, dict(result.parts), True
 
     def _append_env(self, ep: Episode, text: str) -> None:
@@ -207,20 +213,8 @@ class Workflow:
     def busy(self) -> int:
         return len(self.groups)
 
-
-def import_workflow(spec: str):
-    """``module:function`` → the function; a clear error naming what is missing."""
-    import importlib
-
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow={spec}: cannot import it ({err}); put {module}.py on PYTHONPATH "
-                         f"and define {name}(completion, turn, problem, reward) -> str | None") from None
-    if not callable(fn):
-        raise ValueError(f"workflow={spec}: {name} is not a function")
-    return fn
+    def close(self) -> None:
+        """Nothing to free: the reward pool belongs to the worker."""
 
 
 def env_turn_ids(tok, text: str, ends_with_eos: bool) -> list[int]:

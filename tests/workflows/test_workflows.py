@@ -13,16 +13,17 @@ from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.engines.base import Sequence
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.workflows.episodes import Episode, Group, TurnId, Workflow
 from areal_cli.tasks import Problem, prompt_ids
 from areal_cli.transport.messages import WorkItem
+from areal_cli.workflows import workflow_class
+from areal_cli.workflows.turns import Episode, Group, TurnId
 
 
 def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
     tok = AutoTokenizer.from_pretrained(tiny_model)
     eng = hf_engine(tiny_model)
     pool = RewardPool(reward or RewardConfig(fn="exact", timeout_s=5.0), 1)
-    flow = Workflow(cfg, eng, pool, tok, worker=0)
+    flow = workflow_class(cfg.name)(cfg, eng, pool, tok, worker=0)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
     prompt = prompt_ids(tok, problem, TaskConfig())
     item = WorkItem(0, "t/1", np.asarray(prompt, np.int32), 2, 8, problem.to_dict(), 0)

@@ -17,10 +17,10 @@ from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig
 from areal_cli.engines.base import Sequence
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.length_profile import load_profile
-from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.tasks import Problem
 from areal_cli.transport.messages import WorkItem
+from areal_cli.workflows.length_profile import load_profile
+from areal_cli.workflows.single_turn import SingleTurn
 
 
 def test_quantile_function_interpolates_log_linearly_between_the_measured_points():
@@ -84,7 +84,7 @@ def test_workflow_draws_each_samples_length(tiny_model):
     eng = hf_engine(tiny_model, kv_cache_tokens=8192)
     pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
     profile = load_profile("arithmetic_long", seed=0)
-    flow = Workflow(WorkflowConfig(), eng, pool, tok, worker=0, lengths=profile)
+    flow = SingleTurn(WorkflowConfig(), eng, pool, tok, worker=0, lengths=profile)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
     item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64, problem.to_dict(), 0)
     flow.start(item)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from areal_cli.rollout.agent.toolcalls import (
+from areal_cli.workflows.agent.toolcalls import (
     ToolStyle,
     arguments_value,
     call_text,

@@ -12,9 +12,9 @@ from transformers import AutoTokenizer
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.rewards import RewardPool
-from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.tasks import Problem, prompt_ids
 from areal_cli.transport.messages import GroupResult, WorkItem
+from areal_cli.workflows.single_turn import SingleTurn
 
 
 def item(tok, gid: int, max_new_tokens: int) -> WorkItem:
@@ -28,7 +28,7 @@ def test_a_group_too_old_for_any_batch_leaves_the_engine_and_a_younger_one_finis
     tok = AutoTokenizer.from_pretrained(tiny_model)
     eng = hf_engine(tiny_model, cpu_batching=batching, eos_token_id=-1)  # no EOS: every turn runs its budget
     pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
-    flow = Workflow(WorkflowConfig(), eng, pool, tok, worker=0)
+    flow = SingleTurn(WorkflowConfig(), eng, pool, tok, worker=0)
     try:
         flow.start(item(tok, 0, 400))  # long: still generating when it is judged
         while not any(s.output_ids for s in eng.seqs.values()):  # its first tokens, under version 0
@@ -58,7 +58,7 @@ def test_a_turn_that_finished_before_its_group_was_stopped_is_ignored(tiny_model
     tok = AutoTokenizer.from_pretrained(tiny_model)
     eng = hf_engine(tiny_model, eos_token_id=-1)
     pool = RewardPool(RewardConfig(fn="exact", timeout_s=5.0), 1)
-    flow = Workflow(WorkflowConfig(), eng, pool, tok, worker=0)
+    flow = SingleTurn(WorkflowConfig(), eng, pool, tok, worker=0)
     try:
         flow.start(item(tok, 0, 4))
         finished = []
