@@ -1,21 +1,32 @@
 """Structure checks that ruff cannot make; ``make lint`` runs this file, exit 1 on any finding.
 
-1. No import cycles inside the package. Every ``import`` counts, the ones inside functions too:
-   a lazy import hides a loop from Python, not from the reader. Each cycle is printed as a path.
-2. Process roles talk through ``transport/``, never by importing each other: no module of one
-   role package (``ROLES``) imports a module of another, except a ``SHARED`` component (which
-   may not import the rest of its role) and the few ``ALLOWED`` crossings, each with its reason.
-3. The engine owns what differs between engines: no ``== "vllm"`` / ``!= "vllm"`` /
-   ``in (..., "vllm")`` outside the engine package and the launcher's planning (``ENGINE_OWNERS``);
-   everything else asks ``areal_cli.rollout.engines.spec(name)``.
-4. An engine's own module is the engine package's business: outside ``rollout/engines/`` nothing
-   imports a module of that package other than its interface (``ENGINE_API``: the registry, the
-   ``Engine`` base, ``EngineSetup`` and the factory); engines come from ``make_engine``, weight
-   senders from ``make_sender``, so adding an engine is one module and one registry entry.
-5. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
+The package is built in layers, each importing only its own layer and those below it (``LAYERS``,
+lowest first):
+
+- ground: the config schema (``config/``), the wire (``transport/``) and the primitives every process
+  shares: the run directory and its files, checkpoints, the model's source, LoRA's wire format,
+  the staleness rule, logging and faults;
+- components: the engines, the workflows, the rewards, the tasks, the trackers;
+- the run's config made whole against the components (``runconfig/``: compose, check, resolve);
+- scoring a model (``eval/``), which the trainer, the launcher and ``areal eval`` call;
+- the process roles (controller, trainer, rollout, launcher), which talk only through
+  ``transport/``, never by importing one another;
+- the commands that drive roles (``bench/``, ``cli.py``).
+
+Checks, every ``import`` counting, the ones inside functions too (a lazy import hides a dependency
+from Python, not from the reader):
+
+1. No import cycles; each is printed as a path.
+2. Every module of the package is in a layer, and no import points to a higher layer, or from one
+   role to another.
+3. The engine owns what differs between engines: outside ``engines/`` no string comparison with an
+   engine's name (everything else asks ``areal_cli.engines.spec(name)``), and no import of a module
+   inside an engine's own package (``engines/<name>/``): engines come from
+   ``engines.factory.make_engine``, weight senders from ``make_sender``.
+4. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
    rules out package discovery, so a package missing from the list would be missing from a wheel.
 
-``python tests/lint_structure.py [PACKAGE_DIR]`` (default: ``areal_cli`` beside ``tests/``).
+``python tools/lint_structure.py [PACKAGE_DIR]`` (default: ``areal_cli`` beside ``tools/``).
 """
 
 from __future__ import annotations
@@ -25,33 +36,18 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROLES = ("controller", "trainer", "rollout", "launcher")
-
-# Packages inside a role package that any module may import: a component, not the role's process.
-# A shared component may not import the rest of its role (that would bring the role along).
-SHARED: dict[str, str] = {
-    "rollout.agent": "the agent endpoint and episodes: rollout workers run agents while training, the "
-                     "evaluator runs them in `areal eval workflow=agent`, preflight imports the agent",
-    "rollout.engines": "the generation engines: rollout workers and the evaluator both generate "
-                       "with them; configs, the trainer and the launcher read their specs, and the "
-                       "trainer builds its weight sender through them",
-}
-
-# (importing module, imported module), without the package name -> why this crossing is right.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("launcher.plan", "rollout.length_profile"):
-        "the plan checks rollout.length_profile and prints its draws (--dry-run) before any "
-        "process starts",
-    ("launcher.preflight", "rollout.workflows.episodes"):
-        "preflight imports a custom workflow=module:fn before any process starts, so a wrong "
-        "path stops the run at once",
-}
-
-ENGINE_OWNERS = ("rollout/engines/", "launcher/plan.py")
-
-# The modules of the engine package that code outside it may import (without the package name).
-ENGINE_PACKAGE = "rollout.engines"
-ENGINE_API = ("rollout.engines", "rollout.engines.base", "rollout.engines.setup", "rollout.engines.factory")
+# (layer, its top-level packages and modules, below the package's own name), lowest first
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("ground", ("config", "transport", "rundir", "durable", "private", "checkpoint_dirs", "faults",
+                "runtime", "architectures", "hub", "model_source", "lora", "staleness")),
+    ("components", ("engines", "workflows", "rewards", "tasks", "tracking")),
+    ("run config", ("runconfig",)),
+    ("evaluation", ("eval",)),
+    ("roles", ("controller", "trainer", "rollout", "launcher")),
+    ("commands", ("bench", "cli")),
+)
+ROLES_LAYER = "roles"
+ENGINES = "engines"
 
 
 @dataclass
@@ -200,64 +196,74 @@ def _shortest_cycle(graph: dict[str, dict[str, Edge]], comp: list[str]) -> list[
     raise AssertionError(f"component without a cycle: {comp}")
 
 
-def role_of(module: str) -> str | None:
-    """The role package ``module`` belongs to, if any (``pkg.trainer.step`` -> ``trainer``)."""
+def layer_of(module: str, layers=LAYERS) -> tuple[int, str] | None:
+    """(index, name) of the layer ``module`` belongs to (``pkg.trainer.step`` -> roles); None if none."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 and parts[1] in ROLES else None
+    top = parts[1] if len(parts) > 1 else ""
+    return next(((i, name) for i, (name, members) in enumerate(layers) if top in members), None)
 
 
-def shared_component(module: str, shared: dict[str, str] = SHARED) -> str | None:
-    """The shared component ``module`` is part of, if any (``pkg.rollout.engines.hf`` ->
-    ``rollout.engines``)."""
-    rest = module.split(".", 1)[1] if "." in module else ""
-    return next((c for c in shared if rest == c or rest.startswith(c + ".")), None)
+def top_of(module: str) -> str:
+    """The top-level package or module of ``module`` under the root (``pkg.trainer.step`` -> trainer)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
 
 
-def cross_role(pkg: Package, allowed: dict[tuple[str, str], str] = ALLOWED,
-               shared: dict[str, str] = SHARED) -> list[Edge]:
-    """Imports from one role package into another that ``allowed`` does not list, and imports
-    from a shared component into the rest of its role."""
+def unlayered(pkg: Package, layers=LAYERS) -> list[str]:
+    """Modules of the tree (other than the root package itself) in no layer."""
+    return [m for m in pkg.modules if "." in m and layer_of(m, layers) is None]
+
+
+def against_layers(pkg: Package, layers=LAYERS) -> list[tuple[Edge, str]]:
+    """Each import to a higher layer, or from one role to another, with what is wrong."""
     bad = []
     for e in pkg.edges:
-        src, dst = role_of(e.source), role_of(e.target)
-        from_shared, to_shared = shared_component(e.source, shared), shared_component(e.target, shared)
-        pair = (e.source.split(".", 1)[1], e.target.split(".", 1)[1])
-        if from_shared and src == dst and not to_shared:
-            bad.append(e)  # the component would bring its role along to every importer
-        elif src and dst and src != dst and not to_shared and pair not in allowed:
-            bad.append(e)
+        src, dst = layer_of(e.source, layers), layer_of(e.target, layers)
+        if src is None or dst is None:
+            continue  # reported by ``unlayered`` (or the root package's own __init__)
+        if dst[0] > src[0]:
+            bad.append((e, f"the {src[1]} layer imports {e.target} of the {dst[1]} layer above it"))
+        elif src[1] == dst[1] == ROLES_LAYER and top_of(e.source) != top_of(e.target):
+            bad.append((e, f"role {top_of(e.source)!r} imports {e.target} of role {top_of(e.target)!r}; roles "
+                           "talk through transport/, shared code goes a layer down"))
     return bad
 
 
-def engine_name_tests(pkg: Package, owners: tuple[str, ...] = ENGINE_OWNERS) -> list[tuple[str, int]]:
-    """(file, line) of each comparison with the string "vllm" outside ``owners``."""
-    found = []
+def engine_names(root: Path) -> set[str]:
+    """The engines of the tree: the packages under ``engines/`` with a ``spec.py``."""
+    return {p.parent.name for p in (root / ENGINES).glob("*/spec.py")}
+
+
+def engine_name_tests(pkg: Package) -> list[tuple[str, int, str]]:
+    """(file, line, name) of each comparison with an engine's name as a string outside ``engines/``."""
+    names, found = engine_names(pkg.root), []
     for module, path in pkg.modules.items():
-        rel = path.relative_to(pkg.root).as_posix()
-        if any(rel == o or rel.startswith(o) for o in owners):
+        if top_of(module) == ENGINES:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Compare) and _mentions_vllm(node):
-                found.append((pkg.rel(module), node.lineno))
+            if isinstance(node, ast.Compare):
+                for name in sorted(_compared(node) & names):
+                    found.append((pkg.rel(module), node.lineno, name))
     return found
 
 
-def engine_module_imports(pkg: Package, api: tuple[str, ...] = ENGINE_API) -> list[Edge]:
-    """Imports of an engine package module outside ``api`` from a module outside the package."""
-    def inside(module: str) -> bool:
-        rest = module.split(".", 1)[1] if "." in module else ""
-        return rest == ENGINE_PACKAGE or rest.startswith(ENGINE_PACKAGE + ".")
+def engine_module_imports(pkg: Package) -> list[Edge]:
+    """Imports of a module inside an engine's own package (``engines.<name>.*``) from outside ``engines/``."""
+    names = engine_names(pkg.root)
 
-    return [e for e in pkg.edges if inside(e.target) and not inside(e.source)
-            and e.target.split(".", 1)[1] not in api]
+    def own(module: str) -> bool:
+        parts = module.split(".")
+        return len(parts) > 2 and parts[1] == ENGINES and parts[2] in names
+
+    return [e for e in pkg.edges if own(e.target) and top_of(e.source) != ENGINES]
 
 
-def _mentions_vllm(node: ast.Compare) -> bool:
+def _compared(node: ast.Compare) -> set[str]:
+    out = set()
     for operand in [node.left, *node.comparators]:
         items = operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand]
-        if any(isinstance(i, ast.Constant) and i.value == "vllm" for i in items):
-            return True
-    return False
+        out |= {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+    return out
 
 
 def unlisted_packages(root: Path) -> list[str]:
@@ -281,22 +287,19 @@ def problems(root: Path) -> list[str]:
     out = []
     for cycle in cycles(pkg):
         steps = " -> ".join(f"{e.source} ({pkg.rel(e.source)}:{e.line})" for e in cycle)
-        out.append(f"import cycle: {steps} -> {cycle[0].source}; move what both need into a "
-                   "module that neither imports back")
-    for e in cross_role(pkg):
-        if role_of(e.source) == role_of(e.target):
-            out.append(f"{pkg.rel(e.source)}:{e.line}: the shared {shared_component(e.source)} imports "
-                       f"{e.target}, which is its role's own; every importer would load it too")
-            continue
-        out.append(f"{pkg.rel(e.source)}:{e.line}: role {role_of(e.source)!r} imports "
-                   f"{e.target} of role {role_of(e.target)!r}; roles talk through transport/, "
-                   "shared code goes to a module outside the role packages")
-    for rel, line in engine_name_tests(pkg):
-        out.append(f'{rel}:{line}: compares an engine name with "vllm"; ask the engine\'s spec '
-                   "(areal_cli.rollout.engines.spec) instead")
+        out.append(f"import cycle: {steps} -> {cycle[0].source}; move what both need into a module that "
+                   "neither imports back")
+    for module in unlayered(pkg):
+        out.append(f"{pkg.rel(module)}: {top_of(module)} is in no layer; add it to LAYERS in "
+                   "tools/lint_structure.py, where what it imports and what imports it puts it")
+    for e, why in against_layers(pkg):
+        out.append(f"{pkg.rel(e.source)}:{e.line}: {why}")
+    for rel, line, name in engine_name_tests(pkg):
+        out.append(f'{rel}:{line}: compares an engine name with "{name}"; ask the engine\'s spec '
+                   "(areal_cli.engines.spec) instead")
     for e in engine_module_imports(pkg):
-        out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build engines "
-                   "with rollout.engines.factory.make_engine (weight senders with make_sender)")
+        out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build engines with "
+                   "engines.factory.make_engine (weight senders with make_sender), ask engines.spec")
     for name in unlisted_packages(root):
         out.append(f'pyproject.toml: package {name} is not in [tool.setuptools] packages; add "{name}" '
                    "there, or a wheel leaves it out")
