@@ -81,7 +81,7 @@ class EngineSetup:
 class Sequence:
     """One generation request and everything produced for it so far."""
 
-    rid: Hashable  # the caller's id of this request (workflows.TurnId, evaluator.EvalId), returned as given;
+    rid: Hashable  # the caller's id of this request (workflows.turns.TurnId, eval.runner.EvalId), returned as given;
     # its str() is unique in the engine
     prompt_ids: list[int]  # the context given to the engine
     max_new_tokens: int  # budget of this request
