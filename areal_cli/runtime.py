@@ -32,9 +32,9 @@ def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
 
 SWITCH_INTERVAL_S = 0.0005
 """The GIL switch interval of a process whose threads must answer while another one is busy (Python's
-default: 5 ms, which a thread waiting for the GIL can wait several times over per call). With the main
-thread busy, ``benchmarks/gil_switch.py`` served 99–162 calls/s at 5 ms and 255–257 at 0.5 ms in two
-runs (2-core CPU, the test suite running beside it)."""
+default: 5 ms, which a thread waiting for the GIL can wait several times over per call); with the
+main thread busy, ``benchmarks/gil_switch.py`` serves more calls per second at the shorter interval
+(BENCHMARKS.md "Small costs behind defaults")."""
 
 
 def short_gil_switch() -> None:
@@ -50,7 +50,7 @@ def exit_now(code: int = 0) -> None:
     A gloo worker thread can still be releasing a finished collective's tensors while the main thread
     finalizes the interpreter; taking the GIL then ends that thread inside a noexcept destructor and
     the process aborts ("terminate called without an active exception", SIGABRT) after all its work
-    is done. Measured on the 2-core CPU machine: 7 of 228 two-rank gloo training steps ended so."""
+    is done; a few two-rank gloo training steps in a few hundred ended so."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -1,8 +1,7 @@
 """How much activation checkpointing a trainer rank on a GPU needs: ``trainer.activation_checkpointing=auto``.
 
-Recomputing activations costs compute that MFU does not count: on the 7B layout (3 ranks of H200)
-no checkpointing ran at 48.2% MFU where checkpointing every layer ran at 32.7% (BENCHMARKS "Trainer
-throughput"). ``auto`` picks the least recomputation whose estimated peak fits the trainer's card:
+Recomputing activations costs compute that MFU does not count (BENCHMARKS.md "Qwen2.5-7B layout,
+3 trainer ranks, no vLLM"). ``auto`` picks the least recomputation whose estimated peak fits the trainer's card:
 none, every other layer, every layer. The estimate, per rank, in bytes:
 
 - weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with LoRA
@@ -15,9 +14,7 @@ none, every other layer, every layer. The estimate, per rank, in bytes:
   log-softmax, their gradient);
 - ``HEADROOM`` for the CUDA context, NCCL and the allocator.
 
-Against measured peaks (random weights, H200): Qwen2.5-7B on 3 ranks, 8,256-token micro-batches, no
-checkpointing: 96 GiB estimated, 85.6 measured; Qwen2.5-1.5B on 1 rank, 25,344 tokens, none: 96 / 82.0;
-7B on 1 rank, bfloat16 moments, 32,896 tokens, every layer: 108 / 105.6. The estimate errs high, so
+The estimate errs high against the peaks in BENCHMARKS.md "Trainer throughput and memory", so
 ``auto`` errs towards more checkpointing, never towards an out-of-memory stop.
 """
 

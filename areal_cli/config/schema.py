@@ -40,7 +40,8 @@ class EngineConfig:
     """"hf" (embedded: the slot loop on the CPU, transformers continuous batching on a GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
     dtype: Dtype = Dtype.auto
     """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
-    trainer.dtype=float16 brings the behaviour and trainer logprobs 8x closer than bfloat16 (docs/gpu.md)."""
+    trainer.dtype=float16 brings the behaviour and trainer logprobs closer than bfloat16
+    (docs/gpu.md)."""
     max_batch_tokens: int = 2048
     """Tokens per engine forward (prefill chunks + decodes)."""
     kv_cache_tokens: int = 0
@@ -62,7 +63,7 @@ class EngineConfig:
     pause_mode: PauseMode = PauseMode.abort
     """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their KV)."""
     enforce_eager: bool = False
-    """vLLM: no torch.compile / CUDA graphs (starts ~40 s sooner, decodes slower)."""
+    """vLLM: no torch.compile / CUDA graphs (starts sooner, decodes slower)."""
     max_model_len: int = 0
     """vLLM: longest prompt + response in tokens; 0 = the model's own limit."""
     max_num_seqs: int = 0
@@ -87,8 +88,8 @@ class EngineConfig:
     lora_merge: Switch = Switch.auto
     """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the
     weight broadcast, instead of the adapter alone (the engine then runs without LoRA). "auto" = true with
-    vllm (at 7B its merged in-place updates held generation 0.05 s, loading the adapter through vLLM's LoRA
-    API 0.36 s), false with hf (its merge of the received adapter is in place)."""
+    vllm (its merged in-place updates hold generation far shorter than loading the adapter through
+    vLLM's LoRA API: BENCHMARKS.md "LoRA"), false with hf (its merge of the received adapter is in place)."""
     lm_head_fp32: Switch = Switch.auto
     """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
     behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
@@ -190,8 +191,8 @@ class TrainerConfig:
     lr: float = 5e-6
     """AdamW learning rate."""
     optim_state: OptimState = OptimState.auto
-    """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less, 540 MB
-    for 135M, ~0.5 s more per step on one CPU core) | "auto" (bfloat16 on the CPU, float32 on GPUs)."""
+    """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less,
+    a little slower per step) | "auto" (bfloat16 on the CPU, float32 on GPUs)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
@@ -245,7 +246,8 @@ class TrainerConfig:
     """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this many
     sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
     peak_flops: float = 0.0
-    """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
+    """Peak FLOP/s of one rank's device for the mfu metric; 0 = the card's from a table of known
+    cards (trainer/metrics.py), none on CPU."""
     max_nonfinite_steps: int = 5
     """Steps in a row whose gradient norm is not finite (each skipped, the weights kept) after which the
     trainer stops the run with an error naming the parameters; 0 = never. A float16 run, whose loss scale
@@ -295,8 +297,8 @@ class LauncherConfig:
     allocator: Allocator = Allocator.auto
     """malloc of the trainer and rollout processes on the CPU: "auto" (tcmalloc, else jemalloc, else the
     system's: what is installed where `areal train` plans the run) | "tcmalloc" | "jemalloc" | "system".
-    tcmalloc: ~0.8 GB less trainer memory and faster steps than glibc's malloc (apt-get install
-    libtcmalloc-minimal4); GPU processes keep the system's."""
+    tcmalloc: less trainer memory and faster steps than glibc's malloc (BENCHMARKS.md "Small costs
+    behind defaults"; apt-get install libtcmalloc-minimal4); GPU processes keep the system's."""
     host: str = "127.0.0.1"
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
     port_base: int = 0

@@ -137,7 +137,7 @@ class _Strict:
 
 def loads(text: str):
     """The JSON value `text` holds; ValueError when it is not exactly one. The C scanner that
-    json.loads uses, without the json package's imports (re alone costs ~5 ms per call)."""
+    json.loads uses, without the json package's imports (re alone costs milliseconds per call)."""
     try:
         import _json
 

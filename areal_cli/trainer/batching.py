@@ -10,8 +10,8 @@ tensor aligned at the response start.
 Shape buckets (``trainer.shape_buckets``): a left-padded micro-batch's rows and columns are
 rounded up to a few sizes per doubling (``bucket``), with one-token dummy rows and more left
 padding, so the CPU's oneDNN primitive cache and the allocator see a few recurring shapes
-instead of a new one every step (each new shape kept memory: the trainer grew 1.95 → 2.95 GB
-over 60 steps). The padding is masked and no response token sits in it: the loss and its
+instead of a new one every step (each new shape kept memory, so the trainer grew step after
+step). The padding is masked and no response token sits in it: the loss and its
 gradient are those of the exact shape.
 """
 

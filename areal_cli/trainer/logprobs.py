@@ -3,9 +3,8 @@
 The ``[tokens, vocab]`` logits of a whole micro-batch are never held: the output layer runs on
 ``chunk`` positions at a time, each chunk's float32 log-softmax is reduced at once to the
 sampled token's logprob and the entropy, and under autograd each chunk is checkpointed (its
-logits are recomputed in backward from the chunk's hidden states). With SmolLM2's 49,152-token
-vocabulary a 2,000-token micro-batch held ~1.6 GB of logits, log-softmax and their gradients;
-a 256-position chunk holds ~0.2 GB. The numbers are those of one full log-softmax: each row's
+logits are recomputed in backward from the chunk's hidden states), so memory grows with the
+chunk, not the micro-batch. The numbers are those of one full log-softmax: each row's
 log-softmax only sees its own row.
 
 With ``buckets`` the last, partial chunk is padded with zero rows up to a bucket size

@@ -97,14 +97,13 @@ def zero_row_starts(batch, rows: frozenset[int]) -> dict[int, int]:
 def no_cudnn_sdpa() -> None:
     """Keep scaled_dot_product_attention off its cuDNN backend in this process (the trainer's).
 
-    cuDNN's SDPA backward, torch's first choice for attention with a mask on H100/H200 since torch
-    2.11, returns NaN query gradients when the key length is 64 past a multiple of 128 and a query
+    cuDNN's SDPA backward, torch's first choice for attention with a mask on recent NVIDIA cards
+    since torch 2.11, returns NaN query gradients when the key length is 64 past a multiple of 128 and a query
     row's log-sum-exp is below ln(FLT_MAX) ≈ -88.7 (a fully masked padding row is one): its last
     128-wide key tile scores the padding half as 0 instead of -inf (pytorch/pytorch#196678). The
     forward is right, so the loss looks sane while the gradient is NaN and the step is skipped.
-    `engine=vllm` runs of the default model on H200s (torch 2.11; padded micro-batches whose width
-    trainer.shape_buckets rounds to sizes such as 192 and 320) had a NaN gradient at every step
-    after the first, which these conditions fit. FlashAttention and the memory-efficient kernel take
+    `engine=vllm` runs of the default model with padded micro-batches had a NaN gradient at every
+    step after the first, which these conditions fit (BENCHMARKS.md "LoRA"). FlashAttention and the memory-efficient kernel take
     these calls instead; generation and evaluation (no backward) keep the default choice."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
@@ -138,7 +137,7 @@ def compile_decoder_layers(model) -> None:
     (``precompile``): its limits are raised to 16 entries per layer (past them a layer would silently
     run uncompiled). The layers compile with dynamic shapes from the start: every packed micro-batch
     has a length of its own, and a layer compiled for the first one's would compile again at the
-    second (about 15 s of the 1.5B layout's second step)."""
+    second."""
     import torch._dynamo
 
     layers = model.model.layers
@@ -156,9 +155,8 @@ def no_size_guards() -> None:
     """Inductor fuses the norms' two sibling reductions of the backward (over tokens and over features,
     "mix-order reduction") only past a size (tokens x hidden >= 5 Mi elements, tokens >= 4096), and with
     dynamic shapes it guards the compiled graph on that size: a layer compiled for a micro-batch of one
-    size compiled again for the next that crossed a threshold (30-90 s stalls at steps 0, 3 and 7 of 20 of
-    the 1.5B layout on one H200, after every form of input had been precompiled, random weights;
-    benchmarks/precompile_check.py). Non-strict mode fuses whatever the size, so no graph depends on it."""
+    size compiled again for the next that crossed a threshold, stalling that step even after every
+    form of input had been precompiled (BENCHMARKS.md "Steps that compile inside a run"). Non-strict mode fuses whatever the size, so no graph depends on it."""
     import torch._inductor.config as inductor
 
     if hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
@@ -200,7 +198,7 @@ def float32_head(model) -> None:
     On CUDA with bf16/fp16 inputs the product runs as one half-precision GEMM with a float32
     output (``aten::mm.dtype``): the products of two bf16 numbers are exact in float32 and the
     GEMM accumulates in float32, so the logits are those of the float32 GEMM of the same values,
-    at the tensor cores' speed instead of float32's (~15x slower on an H100). Elsewhere the
+    at the tensor cores' speed instead of float32's (many times slower). Elsewhere the
     inputs are cast to float32 first."""
     head = model.get_output_embeddings()
 

@@ -4,14 +4,13 @@ give them.
 A compiled layer (``model.compile_decoder_layers``, dynamic shapes) compiles again for each new form of
 its inputs: one packed row or several (dynamo specialises a dimension of size 1), a block mask or
 FlashAttention's segment offsets (``trainer.varlen``), a rank's empty micro-batch (a plain two-token
-forward), gradients on or off. A form first met at step k stalls that step for the compile: steps 7
-and 8 of a 1.5B bench run on one H200 (random weights) took 24 s and 31 s where the others took
-0.6-1.2 s, while generation waited on the trainer (a CPU run of two layers shows the recompiles
+forward), gradients on or off. A form first met at step k stalls that step for the compile
+while generation waits on the trainer (BENCHMARKS.md "Steps that compile inside a run"; a CPU run of two layers shows the recompiles
 themselves: tests/trainer/test_precompile.py). Here each form the run can meet is compiled once, on a
 few synthetic tokens, before the trainer waits for its first batch, which it does while the engines
 start and generate it. The forms run on a few tokens: no compiled graph depends on the micro-batch's
-size (``model.no_size_guards``; with size guards, 3 of 20 steps of the 1.5B layout on one H200 compiled
-again after precompile, none without them: benchmarks/precompile_check.py).
+size (``model.no_size_guards``; with size guards, steps compiled again after precompile:
+benchmarks/precompile_check.py).
 ``compiled_graphs`` counts the graphs dynamo compiled since the process started: a step's metrics
 carry the ones it compiled (``StepRunner.train``), so a form missed here shows up as a step that did."""
 
@@ -39,7 +38,7 @@ class Form:
 
 def compiled_graphs() -> int:
     """Graphs dynamo has compiled in this process (0 where dynamo was never imported: importing it to
-    ask would cost a CPU trainer's first step ~3 s)."""
+    ask would cost a CPU trainer's first step seconds)."""
     if "torch._dynamo" not in sys.modules:
         return 0
     from torch._dynamo.utils import counters

@@ -58,8 +58,8 @@ class StepRunner:
         self.dtype, self.rank, self.world = compute_dtype, rank, world
         self.critic, self.reference = critic, reference
         t = cfg.trainer
-        # fused: one pass over each tensor (the foreach AdamW took ~8 s of CPU per step for 135M
-        # parameters on the 2-core CPU, fused ~1 s); the same update
+        # fused: one pass over each tensor, several times cheaper on the CPU than the foreach
+        # AdamW (BENCHMARKS.md "Small costs behind defaults"); the same update
         if t.optim_state == OptimState.auto:
             raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
         trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
@@ -197,8 +197,8 @@ class StepRunner:
         every parameter a zero gradient, so AdamW steps as it would on the unskipped batch."""
         budget = self.cfg.trainer.micro_batch_tokens
         if self.packing and self.device.type != "cuda":
-            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path:
-            # 115 s/step for one 2433-token row of SmolLM2-135M; short rows keep it linear
+            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path,
+            # quadratic in the row's length; short rows keep it linear
             # (on GPU the micro-batch is split into rows instead: see _forward)
             budget = min(budget, PACKED_ROW_TOKENS_CPU)
         rows = [i for i in shard(ro.n, self.rank, self.world) if keep is None or keep[i]]

@@ -10,8 +10,8 @@ asynchronous run of the same workload generate the same lengths for the same pro
 Built in:
 
 * ``arithmetic_long`` — SmolLM2-135M-Instruct's own responses on ``task=arithmetic_long`` with
-  ``rollout.max_new_tokens=512``, measured over 4,352 trained samples of the synchronous run of
-  ``areal bench sync-vs-async`` on 2 × H200 (docs/bench/2gpu_h200_bench.json, modes.sync.response_length):
+  ``rollout.max_new_tokens=512``, taken from the trained samples of the synchronous run of
+  ``areal bench sync-vs-async`` (docs/bench/2gpu_h200_bench.json, modes.sync.response_length):
   p10 10, p50 53, p90 204 tokens, 4.6% stopped at 512, mean 91. As fractions of the cap: p10 0.0195,
   p50 0.1035, p90 0.398, and 1.0 from p95.4 on; the minimum (0.004) is an assumption. Its mean is
   0.190 of the cap (97 of 512; measured 91). Scaled to rollout.max_new_tokens=8192: p50 848, p90 3264.

@@ -12,7 +12,7 @@ Two ways to receive, chosen when the worker joins and logged:
 * staged (tensor_parallel_size 1, when the GPU has room for a second copy of the weights): the buckets are
   received and loaded into a staging copy by a thread of vLLM's worker process, on a stream of its
   own, **while generation goes on**; the pause is only the swap, one fused copy of staging into the
-  live parameters (~5 ms per GB of shard on an H100). The pause does not grow with the bytes moved.
+  live parameters (BENCHMARKS.md "Weight updates"). The pause does not grow with the bytes moved.
   At TP > 1 only with ``engine.staged_tp=true``: a receiving thread's broadcasts then run beside the
   engine's own TP collectives (two NCCL communicators, in an order the ranks need not share), which is
   off until it has been measured not to hang.
