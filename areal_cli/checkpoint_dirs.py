@@ -35,7 +35,8 @@ def run_checkpoints(root: Path) -> list[tuple[int, Path]]:
         if m is None or d.is_symlink() or not d.is_dir():
             continue
         marker = d / MARKER
-        if marker.is_file() and not marker.is_symlink() and _marked_version(marker) == int(m.group(1)):
+        if (marker.is_file() and not marker.is_symlink()
+                and _marked_version(marker) == int(m.group(1))):
             found.append((int(m.group(1)), d))
     return sorted(found)
 

