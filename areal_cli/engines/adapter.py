@@ -36,11 +36,15 @@ class AdapterSyncError(WeightSyncError):
     """A weight update whose adapter changed left the engine's outputs unchanged."""
 
 
-def adapter_receiver(buffers: dict[str, torch.Tensor], source: WeightSource, index: int) -> WeightReceiver:
-    """Rollout worker ``index``'s end of the broadcast, loading into ``buffers`` (float32, wire order)."""
+def adapter_receiver(buffers: dict[str, torch.Tensor], source: WeightSource,
+                     index: int) -> WeightReceiver:
+    """Rollout worker ``index``'s end of the broadcast, loading into ``buffers`` (float32, wire
+    order)."""
     cfg, w = source.cfg, source.cfg.weights
-    return WeightReceiver(None, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
-                          torch.float32, bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s, targets=buffers,
+    return WeightReceiver(None, source.host, source.port, 1 + index, 1 + cfg.rollout.workers,
+                          str(w.backend),
+                          torch.float32, bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s,
+                          targets=buffers,
                           store_path=source.store)
 
 
@@ -52,7 +56,8 @@ def broadcast_sender(cfg, host: str, port: int, model, device, store: str = ""):
 
     w = cfg.weights  # resolved when the run was planned
     wire = torch.float32 if lora.sends_adapter(cfg) else getattr(torch, w.dtype)
-    return WeightSender(lora.update_specs(model, cfg), host, port, 1 + cfg.rollout.workers, str(w.backend),
+    return WeightSender(lora.update_specs(model, cfg), host, port, 1 + cfg.rollout.workers,
+                        str(w.backend),
                         device, wire, bucket_bytes(w), timeout_s=2 * cfg.launcher.peer_timeout_s,
                         staged=w.staged == Switch.true, store_path=store)
 
@@ -60,12 +65,14 @@ def broadcast_sender(cfg, host: str, port: int, model, device, store: str = ""):
 def probe_ids(vocab_size: int) -> list[int]:
     """The fixed probe: ``PROBE_TOKENS`` token ids drawn once from a seeded generator."""
     gen = torch.Generator().manual_seed(1234)
-    return torch.randint(min(100, vocab_size - 1), vocab_size, (PROBE_TOKENS,), generator=gen).tolist()
+    return torch.randint(min(100, vocab_size - 1), vocab_size, (PROBE_TOKENS,),
+                         generator=gen).tolist()
 
 
 def adapter_moved(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) -> bool:
-    """Whether B @ A of some layer differs between two adapters (wire names): exactly zero where A and B
-    are unchanged, or where B is zero in both (a fresh adapter: its random A moves nothing)."""
+    """Whether B @ A of some layer differs between two adapters (wire names): exactly zero where A
+    and B are unchanged, or where B is zero in both (a fresh adapter: its random A moves
+    nothing)."""
     for name in new:
         if not name.endswith(".lora_B.weight"):
             continue
@@ -77,45 +84,47 @@ def adapter_moved(new: dict[str, torch.Tensor], old: dict[str, torch.Tensor]) ->
 
 
 class ProbeCheck:
-    """Compares each version's probe logprobs with the previous version's. ``of``: what an update changes,
-    "adapter" (LoRA adapters: AdapterSyncError, ``adapter_delta_zero``) or "weights" (full weights, merged
-    adapters included: WeightSyncError, ``weights_unchanged``)."""
+    """Compares each version's probe logprobs with the previous version's. ``of``: what an update
+    changes, "adapter" (LoRA adapters: AdapterSyncError, ``adapter_delta_zero``) or "weights" (full
+    weights, merged adapters included: WeightSyncError, ``weights_unchanged``)."""
 
     def __init__(self, of: str = "adapter"):
         self.of, self.last = of, None
 
     def check(self, version: int, logprobs: torch.Tensor, changed: bool) -> dict:
-        """Timings-style figures of this update; AdapterSyncError (WeightSyncError) if the adapter (the
-        weights) changed but the logprobs did not."""
+        """Timings-style figures of this update; AdapterSyncError (WeightSyncError) if the adapter
+        (the weights) changed but the logprobs did not."""
         logprobs = logprobs.detach().float().cpu()
         last, self.last = self.last, logprobs
         moved = float((logprobs - last).abs().max()) if last is not None else float("nan")
         if last is not None and changed and moved == 0.0:
-            error, fix = ((AdapterSyncError, "check the engine's LoRA loading (or run with engine.lora_merge=true to "
-                           "send merged weights instead)") if self.of == "adapter" else
+            error, fix = ((AdapterSyncError, "check the engine's LoRA loading (or run with "
+                           "engine.lora_merge=true to send merged weights "
+                           "instead)") if self.of == "adapter" else
                           (WeightSyncError, "check the engine's weight loading (or run with "
                            "engine.weight_update=reload)"))
             raise error(
-                f"weight update to version {version}: the {self.of} changed but the engine's logprobs of the "
-                "probe sequence did not: the update did not take effect, and generation would go on "
-                f"sampling from the previous policy. Stopped; {fix}")
+                f"weight update to version {version}: the {self.of} changed but the engine's "
+                "logprobs of the probe sequence did not: the update did not take effect, and "
+                f"generation would go on sampling from the previous policy. Stopped; {fix}")
         key = "adapter_delta_zero" if self.of == "adapter" else "weights_unchanged"
         return {"probe_logp_change": moved, key: int(not changed)}
 
 
 def engine_merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
-    """W0 + s · B @ A for an engine: one GEMM in W0's dtype (float32 accumulation, one rounding), with A
-    and B rounded to it first. In bf16 much faster on the CPU than the float32 sum ``lora.merge``
-    makes for checkpoints, and within one bf16 step of it (BENCHMARKS.md "Small costs behind
-    defaults")."""
+    """W0 + s · B @ A for an engine: one GEMM in W0's dtype (float32 accumulation, one rounding),
+    with A and B rounded to it first. In bf16 much faster on the CPU than the float32 sum
+    ``lora.merge`` makes for checkpoints, and within one bf16 step of it (BENCHMARKS.md "Small costs
+    behind defaults")."""
     if w0.dtype == torch.float32:
         return lora.merge(w0, a, b, s)
     return torch.addmm(w0, b.to(w0.dtype), a.to(w0.dtype), alpha=s)
 
 
 class MergedAdapter:
-    """The hf engine's intake: W = W0 + (alpha / rank) · B @ A written into each targeted layer's weight
-    in place, from a copy of W0 kept at the engine's dtype (exact: no rounding drift over versions)."""
+    """The hf engine's intake: W = W0 + (alpha / rank) · B @ A written into each targeted layer's
+    weight in place, from a copy of W0 kept at the engine's dtype (exact: no rounding drift over
+    versions)."""
 
     def __init__(self, model: torch.nn.Module, source: WeightSource, index: int):
         cfg = source.cfg
@@ -131,8 +140,8 @@ class MergedAdapter:
 
     @torch.no_grad()
     def probe_logprobs(self) -> torch.Tensor:
-        """The log-softmax over the whole vocabulary at the probe's last ``PROBE_POSITIONS`` positions (the
-        output layer runs on those alone: most of a forward's cost on a CPU)."""
+        """The log-softmax over the whole vocabulary at the probe's last ``PROBE_POSITIONS``
+        positions (the output layer runs on those alone: most of a forward's cost on a CPU)."""
         logits = self.model(input_ids=self.probe, logits_to_keep=PROBE_POSITIONS).logits[0].float()
         return torch.log_softmax(logits, -1)
 

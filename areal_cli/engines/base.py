@@ -42,7 +42,8 @@ class WeightSource:
     """Trainer rank 0's weight group, which a rollout worker's engine joins when it is built."""
 
     cfg: RootConfig
-    """The run's config: rollout.workers, weights.*, engine.* and launcher.peer_timeout_s size the group."""
+    """The run's config: rollout.workers, weights.*, engine.* and launcher.peer_timeout_s size the
+    group."""
     host: str
     """Trainer rank 0's weights host (endpoints.json ``weights_host``)."""
     port: int
@@ -81,7 +82,9 @@ class EngineSetup:
 class Sequence:
     """One generation request and everything produced for it so far."""
 
-    rid: Hashable  # the caller's id of this request (workflows.turns.TurnId, eval.runner.EvalId), returned as given;
+    # the caller's id of this request (workflows.turns.TurnId, eval.runner.EvalId), returned as
+    # given;
+    rid: Hashable
     # its str() is unique in the engine
     prompt_ids: list[int]  # the context given to the engine
     max_new_tokens: int  # budget of this request
@@ -93,8 +96,8 @@ class Sequence:
     ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
 
     def segment_id(self) -> str:
-        """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an engine
-        maps it back to the sequence through its own table, never by parsing it."""
+        """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an
+        engine maps it back to the sequence through its own table, never by parsing it."""
         return f"{self.rid}#{self.segments}"
 
 
@@ -115,8 +118,9 @@ class Engine(ABC):
         """Hand the engine ``seq``'s prompt plus the tokens it has so far (a new request)."""
 
     def abort(self, rids) -> list[Sequence]:
-        """Stop generating the unfinished sequences among ``rids`` and forget them: ``poll`` never returns
-        them. They come back as they are (the tokens they have), for the caller's accounting."""
+        """Stop generating the unfinished sequences among ``rids`` and forget them: ``poll`` never
+        returns them. They come back as they are (the tokens they have), for the caller's
+        accounting."""
         out = []
         for rid in rids:
             seq = self.seqs.pop(rid, None)
@@ -148,14 +152,15 @@ class Engine(ABC):
         """Receive the trainer's broadcast of ``version`` through this engine's receiver, paused;
         returns timings (weight_recv_s, weight_load_s, pause_s, pause_wait_s, interrupted, ...)."""
         if self.receiver is None:
-            raise RuntimeError("this engine was built without a weight source (EngineSetup.weights): "
-                               "it has no weights to receive")
+            raise RuntimeError("this engine was built without a weight source "
+                               "(EngineSetup.weights): it has no weights to receive")
         with self.paused(version) as timings:
             timings.update(self.receiver.receive(version))
         return timings
 
     def begin_update(self, version: int) -> None:
-        """Start taking in ``version``; the worker goes on polling until ``update_ready``, then calls
+        """Start taking in ``version``; the worker goes on polling until ``update_ready``, then
+        calls
         ``finish_update``. Here (an engine that receives in the pause) nothing starts until then."""
         self._next_version = version
 

@@ -2,8 +2,8 @@
 
 Each engine package (``engines/<name>/``) has a ``spec.py`` defining ``SPEC``, an ``EngineSpec`` (or
 a subclass that overrides the planning methods): the config's ``auto`` values, the launcher's device
-and weight plan and the evaluator ask it, never the engine's name. Importing a spec imports no engine
-and no torch: configs validate with it.
+and weight plan and the evaluator ask it, never the engine's name. Importing a spec imports no
+engine and no torch: configs validate with it.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class EngineSpec:
     """How to install ``package``."""
 
     def require(self, setting: str = "engine") -> None:
-        """Import ``package``, or ValueError naming how to install it (``setting``: the key that chose
-        this engine, e.g. reward.judge.engine)."""
+        """Import ``package``, or ValueError naming how to install it (``setting``: the key that
+        chose this engine, e.g. reward.judge.engine)."""
         if not self.package:
             return
         try:
@@ -54,29 +54,34 @@ class EngineSpec:
                              f"or use {setting}=hf") from None
 
     def load(self):
-        """The engine's module (``ENGINE``, ``make_sender``); importing it imports no optional package."""
+        """The engine's module (``ENGINE``, ``make_sender``); importing it imports no optional
+        package."""
         return importlib.import_module(f"areal_cli.engines.{self.name}.{self.module}")
 
     # What the planner asks (config/resolve and launcher/plan); an engine with a transfer of its own
-    # overrides them. The defaults are areal's bucketed broadcast into the engine's torch parameters.
+    # overrides them. The defaults are areal's bucketed broadcast into the engine's torch
+    # parameters.
 
     def weight_update(self, engine: EngineConfig, model_path: Path | None) -> WeightUpdate:
         """``engine.weight_update=auto`` for a run that updates weights, from the model (None = not
         fetched yet)."""
         return WeightUpdate.inplace  # the broadcast loads into the torch model's own parameters
 
-    def weight_notes(self, asked: RootConfig, cfg: RootConfig, model_path: Path | None) -> list[str]:
-        """How weights reach every rollout worker under the resolved ``cfg`` (``asked``: before it was
-        resolved), for the plan (--dry-run)."""
+    def weight_notes(self, asked: RootConfig, cfg: RootConfig,
+                     model_path: Path | None) -> list[str]:
+        """How weights reach every rollout worker under the resolved ``cfg`` (``asked``: before it
+        was resolved), for the plan (--dry-run)."""
         w, wt = cfg.rollout.workers, cfg.weights
-        return [f"in place into each {self.name} engine's parameters; one {wt.backend} group of {1 + w} ranks "
-                f"(trainer rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB buckets"
+        return [f"in place into each {self.name} engine's parameters; one {wt.backend} group of "
+                f"{1 + w} ranks (trainer rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB "
+                "buckets"
                 + (", staged" if wt.staged == "true" else "")]
 
     def check_shared_gpu(self, gpu: int) -> None:
-        """ValueError naming the fix where this engine cannot sit on trainer rank 0's GPU ``gpu`` (the
-        update then goes through host memory)."""
+        """ValueError naming the fix where this engine cannot sit on trainer rank 0's GPU ``gpu``
+        (the update then goes through host memory)."""
 
     def shared_card(self, cfg: RootConfig, card: int) -> int:
-        """Bytes of a GPU of ``card`` bytes left to the trainer when one of these engines shares it."""
+        """Bytes of a GPU of ``card`` bytes left to the trainer when one of these engines shares
+        it."""
         return card // 2

@@ -114,7 +114,8 @@ def _probe() -> tuple[Bwrap | None, str]:
     if path is None:
         return None, (
             "reward.sandbox=bwrap needs bubblewrap, which is not installed: install the package "
-            f"(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), {fallback}"
+            "(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), "
+            f"{fallback}"
         )
     why = ""
     for own_uid in (True, False) if os.geteuid() == 0 else (False,):

@@ -37,7 +37,8 @@ class VLLMJudge(JudgeBase):
     def __init__(self, model_dir, cfg: JudgeConfig, dtype):
         vllm = import_vllm()
         super().__init__(model_dir, cfg)
-        self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        self.llm = vllm.LLM(model=str(model_dir), dtype=dtype,
+                            gpu_memory_utilization=cfg.gpu_memory_utilization,
                             max_model_len=cfg.max_tokens + cfg.max_new_tokens + LEN_MARGIN,
                             enable_prefix_caching=True, seed=0)
         self.first_token = vllm.SamplingParams(max_tokens=1, temperature=1.0, logprobs=TOP_LOGPROBS,
@@ -57,5 +58,6 @@ class VLLMJudge(JudgeBase):
 
 
 def mass(top: dict, ids: list[int]) -> float:
-    """The probability of ``ids`` among ``top`` (token id → vLLM ``Logprob``); an absent id counts 0."""
+    """The probability of ``ids`` among ``top`` (token id → vLLM ``Logprob``); an absent id counts
+    0."""
     return sum(math.exp(top[i].logprob) for i in ids if i in top)

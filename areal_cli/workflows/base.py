@@ -14,8 +14,9 @@ call) and returns the finished group (``GroupResult``). The worker drives it fro
     flow.close()                     # the worker stops
 
 Adding a workflow is one module ``workflows/<name>.py`` (or a package whose ``workflow.py``) that
-defines ``WORKFLOW``, a class with these methods; ``workflow=<name>`` (a ``conf/workflow/<name>.yaml``
-for the Hydra group, or ``workflow.name=<name>``) selects it (``workflows.workflow_class``).
+defines ``WORKFLOW``, a class with these methods; ``workflow=<name>`` (a
+``conf/workflow/<name>.yaml`` for the Hydra group, or ``workflow.name=<name>``) selects it
+(``workflows.workflow_class``).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ class Workflow(Protocol):
 
     def drop_stale(self, oldest: int) -> list[GroupResult]:
         """Stop the groups whose first model token is older than version ``oldest``; each comes back
-        as a ``stale`` result without samples ([] for a workflow whose groups always run to their end)."""
+        as a ``stale`` result without samples ([] for a workflow whose groups always run to their
+        end)."""
         ...
 
     def close(self) -> None:

@@ -14,10 +14,12 @@ Built in:
   ``areal bench sync-vs-async`` (docs/bench/2gpu_h200_bench.json, modes.sync.response_length):
   p10 10, p50 53, p90 204 tokens, 4.6% stopped at 512, mean 91. As fractions of the cap: p10 0.0195,
   p50 0.1035, p90 0.398, and 1.0 from p95.4 on; the minimum (0.004) is an assumption. Its mean is
-  0.190 of the cap (97 of 512; measured 91). Scaled to rollout.max_new_tokens=8192: p50 848, p90 3264.
+  0.190 of the cap (97 of 512; measured 91). Scaled to rollout.max_new_tokens=8192: p50 848, p90
+  3264.
 * ``fixed`` — every response exactly ``rollout.max_new_tokens`` tokens (memory and MFU at a length).
 
-A file: JSON ``{"quantiles": [[0.0, 0.01], ..., [1.0, 1.0]], "source": "where the lengths come from"}``.
+A file: JSON ``{"quantiles": [[0.0, 0.01], ..., [1.0, 1.0]], "source": "where the lengths come
+from"}``.
 """
 
 from __future__ import annotations
@@ -67,16 +69,17 @@ def load_profile(spec: str, seed: int = 0) -> LengthProfile | None:
         path = Path(spec).expanduser()
         if not path.is_file():
             raise ValueError(f"rollout.length_profile={spec}: neither a built-in profile "
-                             f"({', '.join(PROFILES)}) nor a file; give one of those or a JSON file")
+                             f"({', '.join(PROFILES)}) nor a file; give one of those or a JSON "
+                             "file")
         try:
             points = [tuple(map(float, p)) for p in json.loads(path.read_text())["quantiles"]]
         except (ValueError, KeyError, TypeError) as err:
-            raise ValueError(f"rollout.length_profile={spec}: expected JSON {{\"quantiles\": [[p, fraction], ...]}} "
-                             f"({err})") from None
+            raise ValueError(f"rollout.length_profile={spec}: expected JSON {{\"quantiles\": [[p, "
+                             f"fraction], ...]}} ({err})") from None
     ok = (len(points) >= 2 and points[0][0] == 0.0 and points[-1][0] == 1.0
           and all(0 < f <= 1 for _, f in points)
           and all(a[0] <= b[0] and a[1] <= b[1] for a, b in zip(points, points[1:], strict=False)))
     if not ok:
-        raise ValueError(f"rollout.length_profile={spec}: quantiles must run from p=0 to p=1 with fractions "
-                         "in (0, 1], both non-decreasing")
+        raise ValueError(f"rollout.length_profile={spec}: quantiles must run from p=0 to p=1 with "
+                         "fractions in (0, 1], both non-decreasing")
     return LengthProfile(spec, tuple(points), seed)

@@ -31,7 +31,8 @@ class ToolUse(TurnWorkflow):
     def tool_call(self, ep: Episode) -> cf.Future | None:
         code = CODE_BLOCK.search(ep.text)
         if code and "Answer:" not in ep.text and ep.turns < self.cfg.max_turns:
-            return self.tools.submit(run_python, code.group(1), self.tool_limits, self.rewards.cfg.sandbox)
+            return self.tools.submit(run_python, code.group(1), self.tool_limits,
+                                     self.rewards.cfg.sandbox)
         return None
 
 

@@ -31,7 +31,8 @@ from areal_cli.workflows.length_profile import LengthProfile, load_profile
 
 @dataclass(frozen=True)
 class TurnId:
-    """The engine request of one model turn: turn ``turn`` of sample ``sample`` of group ``group_id``."""
+    """The engine request of one model turn: turn ``turn`` of sample ``sample`` of group
+    ``group_id``."""
 
     group_id: int
     sample: int
@@ -79,25 +80,27 @@ class TurnWorkflow:
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int,
                  lengths: LengthProfile | None = None):
-        self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
+        self.cfg, self.engine, self.rewards = cfg, engine, rewards
+        self.tok, self.worker = tokenizer, worker
         self.lengths = lengths  # rollout.length_profile: drawn max_new_tokens, EOS ignored
         self.groups: dict[int, Group] = {}
 
     @classmethod
     def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
                  run_dir: str | None) -> TurnWorkflow:
-        return cls(cfg.workflow, engine, rewards, tokenizer, worker, load_profile(cfg.rollout.length_profile, cfg.seed))
+        return cls(cfg.workflow, engine, rewards, tokenizer, worker,
+                   load_profile(cfg.rollout.length_profile, cfg.seed))
 
     # ---- what the workflows built on this loop decide ----
 
     def tool_call(self, ep: Episode) -> cf.Future | None:
-        """A tool run for ``ep``'s finished model turn, started (its result becomes the next user turn);
-        None = score the turn."""
+        """A tool run for ``ep``'s finished model turn, started (its result becomes the next user
+        turn); None = score the turn."""
         return None
 
     def next_message(self, group: Group, ep: Episode, score: float) -> str | None:
-        """The user message after ``ep``'s turn scored ``score`` (another model turn follows), or None
-        to end the episode."""
+        """The user message after ``ep``'s turn scored ``score`` (another model turn follows), or
+        None to end the episode."""
         return None
 
     def final_reward(self, ep: Episode, score: float) -> float:
@@ -109,7 +112,8 @@ class TurnWorkflow:
     def start(self, item: WorkItem) -> None:
         prompt = [int(x) for x in item.prompt_ids]
         eps = [Episode(i, prompt) for i in range(item.group_size)]
-        self.groups[item.group_id] = Group(item, Problem.from_dict(item.problem), eps, time.monotonic())
+        self.groups[item.group_id] = Group(item, Problem.from_dict(item.problem), eps,
+                                           time.monotonic())
         for ep in eps:
             self._generate(item, ep)
 
@@ -117,12 +121,14 @@ class TurnWorkflow:
         ctx, rid = ep.prompt_ids + ep.out_ids, turn_id(item.group_id, ep)
         if self.lengths is None:
             return self.engine.submit(Sequence(rid, ctx, item.max_new_tokens))
-        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, str(rid)), ignore_eos=True))
+        self.engine.submit(Sequence(rid, ctx, self.lengths.draw(item.max_new_tokens, str(rid)),
+                                    ignore_eos=True))
 
     def on_generated(self, seq: Sequence) -> None:
         rid: TurnId = seq.rid
         group = self.groups.get(rid.group_id)
-        if group is None:  # its group was stopped as stale (drop_stale) after this turn had finished
+        # its group was stopped as stale (drop_stale) after this turn had finished
+        if group is None:
             return
         ep = group.episodes[rid.sample]
         group.gen_tokens += len(seq.output_ids)
@@ -152,11 +158,12 @@ class TurnWorkflow:
         return complete
 
     def drop_stale(self, oldest: int) -> list[GroupResult]:
-        """Stop the groups whose first model token is of a version older than ``oldest``: no batch still to
-        come can train them (the controller trains a group only in a batch at most max_staleness versions
-        after its first token, ``controller._drop_stale``), and they would generate to their end for
-        nothing. Their sequences leave the engine now (the slots go to groups that can be trained), and each
-        comes back as a ``stale`` result without samples, its tokens so far counted as dropped."""
+        """Stop the groups whose first model token is of a version older than ``oldest``: no batch
+        still to come can train them (the controller trains a group only in a batch at most
+        max_staleness versions after its first token, ``controller._drop_stale``), and they would
+        generate to their end for nothing. Their sequences leave the engine now (the slots go to
+        groups that can be trained), and each comes back as a ``stale`` result without samples, its
+        tokens so far counted as dropped."""
         out = []
         for gid, group in list(self.groups.items()):
             first = self._first_version(group)
@@ -165,7 +172,8 @@ class TurnWorkflow:
             partial = self.engine.abort([turn_id(gid, ep) for ep in group.episodes if not ep.done])
             del self.groups[gid]  # a reward or tool call under way finishes unread
             tokens = group.gen_tokens + sum(len(s.output_ids) for s in partial)
-            out.append(GroupResult(gid, group.item.prompt_id, self.worker, [], time.monotonic() - group.t0, tokens,
+            out.append(GroupResult(gid, group.item.prompt_id, self.worker, [],
+                                   time.monotonic() - group.t0, tokens,
                                    stale=True))
         return out
 
@@ -203,10 +211,13 @@ class TurnWorkflow:
     def _result(self, group: Group) -> GroupResult:
         samples = [Sample(
             sample_index=ep.index, prompt_ids=np.asarray(ep.prompt_ids, np.int32),
-            output_ids=np.asarray(ep.out_ids, np.int32), logprobs=np.asarray(ep.logprobs, np.float32),
-            versions=np.asarray(ep.versions, np.int32), loss_mask=np.asarray(ep.loss_mask, np.uint8),
+            output_ids=np.asarray(ep.out_ids, np.int32),
+            logprobs=np.asarray(ep.logprobs, np.float32),
+            versions=np.asarray(ep.versions, np.int32),
+            loss_mask=np.asarray(ep.loss_mask, np.uint8),
             reward=ep.reward, reward_status=ep.reward_status, finish_reason=ep.finish_reason,
-            num_turns=ep.turns, completion=ep.text, reward_parts=ep.reward_parts) for ep in group.episodes]
+            num_turns=ep.turns, completion=ep.text, reward_parts=ep.reward_parts)
+                   for ep in group.episodes]
         return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
                            time.monotonic() - group.t0, group.gen_tokens)
 

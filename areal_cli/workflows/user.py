@@ -35,8 +35,9 @@ def import_workflow(spec: str):
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow={spec}: cannot import it ({err}); put {module}.py on PYTHONPATH "
-                         f"and define {name}(completion, turn, problem, reward) -> str | None") from None
+        raise ValueError(f"workflow={spec}: cannot import it ({err}); put {module}.py on "
+                         f"PYTHONPATH and define {name}(completion, turn, problem, reward) -> str "
+                         "| None") from None
     if not callable(fn):
         raise ValueError(f"workflow={spec}: {name} is not a function")
     return fn

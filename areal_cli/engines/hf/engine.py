@@ -9,12 +9,13 @@ old weights is ever reused.
 
 Weights arrive through areal's bucketed broadcast (transport/weights.py ``WeightReceiver``, built
 here when the engine has a weight source). Around the load: on an accelerator the loop computes
-on a stream of its own while the receiver fills the weights on the caller's, so the device is synchronized before the loop resumes; the
-new weights are checked to be finite (a NaN weight otherwise surfaces as a device-side assert
-in sampling, which kills the process without naming the cause). Every unfinished request is
-cancelled, so the scheduler's "block new requests" flag (set when it offloads a request under
-cache pressure, cleared only when some request finishes) is cleared: with no active request
-left nothing would ever clear it and the resubmitted requests would wait forever.
+on a stream of its own while the receiver fills the weights on the caller's, so the device is
+synchronized before the loop resumes; the new weights are checked to be finite (a NaN weight
+otherwise surfaces as a device-side assert in sampling, which kills the process without naming the
+cause). Every unfinished request is cancelled, so the scheduler's "block new requests" flag (set
+when it offloads a request under cache pressure, cleared only when some request finishes) is
+cleared: with no active request left nothing would ever clear it and the resubmitted requests would
+wait forever.
 
 The KV cache is sized here (``kv_cache_tokens``): transformers fixes it, and the sampling, when
 its batching loop starts, so ``configure`` starts a new loop on the same model when either changes.
@@ -48,7 +49,8 @@ def engine_device(name: str) -> torch.device:
     """``EngineSetup.device`` resolved: "" = the current GPU if there is one, else the CPU."""
     if name:
         return torch.device(name)
-    return torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+    return torch.device(f"cuda:{torch.cuda.current_device()}"
+                        if torch.cuda.is_available() else "cpu")
 
 
 def kv_cache_tokens(e: EngineConfig, sequences: int, context: int, limit: int | None) -> int:
@@ -59,8 +61,8 @@ def kv_cache_tokens(e: EngineConfig, sequences: int, context: int, limit: int | 
 
 
 def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
-    """KV cache tokens that fit in ``fraction`` of the GPU's free memory, less the weights (estimated
-    from the config: on a shared GPU the trainer keeps the rest)."""
+    """KV cache tokens that fit in ``fraction`` of the GPU's free memory, less the weights
+    (estimated from the config: on a shared GPU the trainer keeps the rest)."""
     from transformers import AutoConfig
 
     c = AutoConfig.from_pretrained(model_path)
@@ -69,7 +71,8 @@ def kv_tokens_that_fit(model_path, device, dtype, fraction: float) -> int:
     elem = torch.tensor([], dtype=dtype).element_size()
     per_token = 2 * c.num_hidden_layers * kv_heads * head_dim * elem
     free, _total = torch.cuda.mem_get_info(device)
-    weights = 12 * c.num_hidden_layers * c.hidden_size ** 2 * elem + c.vocab_size * c.hidden_size * elem
+    weights = (12 * c.num_hidden_layers * c.hidden_size ** 2 * elem
+               + c.vocab_size * c.hidden_size * elem)
     return max(4096, int((free * fraction - weights) // per_token))
 
 
@@ -82,7 +85,8 @@ class HFEngine(Engine):
         self.setup, self.device = setup, engine_device(setup.device)
         # measured before the model loads: a share of the GPU's free memory, less the weights
         self._kv_limit = (kv_tokens_that_fit(setup.model_path, self.device, engine_dtype(e.dtype),
-                                             e.gpu_memory_utilization) if self.device.type == "cuda" else None)
+                                             e.gpu_memory_utilization)
+                          if self.device.type == "cuda" else None)
         model = AutoModelForCausalLM.from_pretrained(setup.model_path, dtype=engine_dtype(e.dtype),
                                                      attn_implementation="sdpa").to(self.device)
         model.requires_grad_(False)
@@ -90,11 +94,13 @@ class HFEngine(Engine):
         eos = setup.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else eos)
         self.seqs: dict = {}  # rid → sequence
-        self.segment: dict[str, tuple] = {}  # engine request id (Sequence.segment_id) → (rid, output length at start)
+        # engine request id (Sequence.segment_id) → (rid, output length at start)
+        self.segment: dict[str, tuple] = {}
         self.version = 0
         self._finished_during_pause: list[Sequence] = []
         self._failed: str | None = None  # why generation was stopped (non-finite weights)
-        self._start(setup.sampling, kv_cache_tokens(e, setup.sequences, setup.context, self._kv_limit))
+        self._start(setup.sampling,
+                    kv_cache_tokens(e, setup.sequences, setup.context, self._kv_limit))
         if setup.weights is not None:
             doing("joining the weight broadcast group")
             self.receiver = weight_receiver(model, setup.weights, setup.index)
@@ -105,8 +111,8 @@ class HFEngine(Engine):
         return self._model
 
     def configure(self, sampling: Sampling, context: int) -> None:
-        """A new batching loop when the sampling or the KV cache size changes (transformers fixes both
-        when its loop starts); the model stays loaded."""
+        """A new batching loop when the sampling or the KV cache size changes (transformers fixes
+        both when its loop starts); the model stays loaded."""
         if self.seqs:
             raise RuntimeError(f"configure() with {len(self.seqs)} sequences in flight")
         kv = kv_cache_tokens(self.setup.engine, self.setup.sequences, context, self._kv_limit)
@@ -115,7 +121,8 @@ class HFEngine(Engine):
             self._start(sampling, kv)
 
     def _start(self, sampling: Sampling, kv_tokens: int) -> None:
-        """Start the continuous-batching loop: sampling at its temperature, or argmax when greedy."""
+        """Start the continuous-batching loop: sampling at its temperature, or argmax when
+        greedy."""
         from transformers import GenerationConfig
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
@@ -123,12 +130,14 @@ class HFEngine(Engine):
         if sampling.greedy:
             params = dict(do_sample=False, temperature=None, top_p=None, top_k=None)
         else:
-            params = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0)
+            params = dict(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=0)
         gen = GenerationConfig(**params, eos_token_id=eos, pad_token_id=eos, max_new_tokens=1 << 20)
         cb = ContinuousBatchingConfig(
             num_blocks=max(16, math.ceil(kv_tokens / e.page_size)), page_size=e.page_size,
             max_batch_tokens=e.max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
-        self.manager = self._model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+        self.manager = self._model.init_continuous_batching(generation_config=gen,
+                                                            continuous_batching_config=cb)
         self.manager.start()
         self._running = (sampling, kv_tokens)
 
@@ -144,7 +153,8 @@ class HFEngine(Engine):
 
     def _abort_segment(self, seq: Sequence) -> None:
         req = seq.segment_id()
-        if self.segment.pop(req, None) is not None:  # outputs still on their way are dropped by _apply
+        # outputs still on their way are dropped by _apply
+        if self.segment.pop(req, None) is not None:
             self.manager.cancel_request(req)
 
     def poll(self, timeout_s: float) -> list[Sequence]:
@@ -207,8 +217,9 @@ class HFEngine(Engine):
             bad = self._nonfinite_weights()
             if bad:  # nothing is resubmitted: the loop stays idle instead of sampling from NaN
                 self.segment.clear()
-                self._failed = (f"the weights of version {version} are not finite ({len(bad)} tensors: "
-                                f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); generation stopped")
+                self._failed = (f"the weights of version {version} are not finite ({len(bad)} "
+                                f"tensors: {', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); "
+                                "generation stopped")
                 raise RuntimeError(self._failed)
             self.version = version
             for req, (rid, _start) in list(self.segment.items()):
@@ -265,9 +276,9 @@ class HFEngine(Engine):
 
 
 def weight_receiver(model, source: WeightSource, index: int):
-    """This rollout worker's end of areal's bucketed broadcast (transport/weights.py): rank 1 + index
-    of the trainer's weight group, loading into ``model`` in place; with LoRA the adapter, merged into
-    the weights and verified (``adapter.MergedAdapter``)."""
+    """This rollout worker's end of areal's bucketed broadcast (transport/weights.py): rank 1 +
+    index of the trainer's weight group, loading into ``model`` in place; with LoRA the adapter,
+    merged into the weights and verified (``adapter.MergedAdapter``)."""
     from areal_cli import lora
     from areal_cli.transport.weights import WeightReceiver
 
@@ -276,15 +287,18 @@ def weight_receiver(model, source: WeightSource, index: int):
         from areal_cli.engines.adapter import MergedAdapter
 
         return MergedAdapter(model, source, index)
-    return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers, str(w.backend),
-                          getattr(torch, w.dtype), bucket_bytes(w), timeout_s=cfg.launcher.peer_timeout_s,
+    return WeightReceiver(model, source.host, source.port, 1 + index, 1 + cfg.rollout.workers,
+                          str(w.backend),
+                          getattr(torch, w.dtype), bucket_bytes(w),
+                          timeout_s=cfg.launcher.peer_timeout_s,
                           store_path=source.store)
 
 
-def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device, store: str = ""):
-    """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers; what it
-    carries is ``lora.update_specs`` (every parameter, the adapter, or the merged weights); ``store``:
-    the group's FileStore (local runs)."""
+def make_sender(cfg: RootConfig, host: str, port: int, model, device: torch.device,
+                store: str = ""):
+    """Trainer rank 0's end of the bucketed broadcast: rank 0 of a group of 1 + rollout.workers;
+    what it carries is ``lora.update_specs`` (every parameter, the adapter, or the merged weights);
+    ``store``: the group's FileStore (local runs)."""
     from areal_cli.engines.adapter import broadcast_sender
 
     # twice the heartbeat limit (inside): a rollout worker that stopped answering is named by the

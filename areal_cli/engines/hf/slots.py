@@ -31,10 +31,12 @@ from areal_cli.engines.hf.engine import HFEngine, kv_cache_tokens
 
 def slots_fit(config) -> bool:
     """The model attends over the whole context in every layer (no sliding window: the slot loop
-    builds one mask for all layers) and its logits are its head's output (no soft-capping or scale)."""
+    builds one mask for all layers) and its logits are its head's output (no soft-capping or
+    scale)."""
     types = getattr(config, "layer_types", None) or ["full_attention"]
     window = getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-    plain_head = all(getattr(config, k, None) is None for k in ("final_logit_softcapping", "logit_scale"))
+    plain_head = all(getattr(config, k, None) is None
+                     for k in ("final_logit_softcapping", "logit_scale"))
     return all(t == "full_attention" for t in types) and not window and plain_head
 
 
@@ -93,7 +95,8 @@ def sample(logits: torch.Tensor, s: Sampling) -> tuple[torch.Tensor, torch.Tenso
     if s.top_p < 1.0:
         sorted_, order = scores.sort(-1, descending=True)
         probs = sorted_.softmax(-1)
-        drop = probs.cumsum(-1) - probs > s.top_p  # the tokens after the nucleus is full (the first stays)
+        # the tokens after the nucleus is full (the first stays)
+        drop = probs.cumsum(-1) - probs > s.top_p
         scores = scores.scatter(-1, order, sorted_.masked_fill(drop, float("-inf")))
     logp = torch.log_softmax(scores, -1)
     # inverse CDF: one uniform per row against the cumulative probabilities (many times cheaper
@@ -114,12 +117,14 @@ class SlotEngine(HFEngine):
         columns = max(64, kv_tokens // slots) + 64
         old = getattr(self, "cache", None)
         if old is None or old.columns != columns:
-            self.cache = SlotCache(c.num_hidden_layers, slots, kv_heads, head_dim, columns, self._model.dtype)
+            self.cache = SlotCache(c.num_hidden_layers, slots, kv_heads, head_dim, columns,
+                                   self._model.dtype)
         self.slots, self.sampling = slots, sampling
         self.rows: list[Sequence] = []  # live rows, row i = rows[i]
         self.start: list[int] = []  # first column of each live row
         self.pos: list[int] = []  # position of each live row's last token (its next input)
-        self.waiting: collections.deque[Sequence] = collections.deque()  # submitted, not prefilled yet
+        # submitted, not prefilled yet
+        self.waiting: collections.deque[Sequence] = collections.deque()
         self.t = 0  # the write column of the next decode step
         self.steps = self.prefills = 0  # forwards run (benchmarks read them)
         self.manager, self._running = None, (sampling, kv_tokens)
@@ -171,11 +176,15 @@ class SlotEngine(HFEngine):
         ids = torch.tensor([[0] * (width - len(x)) + x for x in ctx])
         pad = torch.tensor([width - len(x) for x in ctx])
         cols = torch.arange(width)
-        keep = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] >= pad[:, None, None])
-        keep |= torch.eye(width, dtype=torch.bool)[None]  # a padding query sees itself: no all-masked row
-        mask = torch.zeros(keep.shape, dtype=self._model.dtype).masked_fill_(~keep, float("-inf"))[:, None]
+        keep = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] >= pad[:, None,
+                                                                                          None])
+        # a padding query sees itself: no all-masked row
+        keep |= torch.eye(width, dtype=torch.bool)[None]
+        mask = torch.zeros(keep.shape, dtype=self._model.dtype).masked_fill_(~keep,
+                                                                             float("-inf"))[:, None]
         positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
-        self.cache.r0, self.cache.r1, self.cache.w, self.cache.lo = n0, n0 + m, self.t - width, self.t - width
+        self.cache.r0, self.cache.r1 = n0, n0 + m
+        self.cache.w = self.cache.lo = self.t - width
         logits = self._forward(ids, mask, positions)
         self.rows += batch
         self.start += [self.t - len(x) for x in ctx]
@@ -203,7 +212,8 @@ class SlotEngine(HFEngine):
     def _forward(self, ids, mask, positions) -> torch.Tensor:
         """float32 logits of each row's last position: the decoder, then the head on that position
         alone, made contiguous (on the strided slice a prefill's head copied its weight per row)."""
-        hidden = self._model.get_decoder()(input_ids=ids, attention_mask=mask, position_ids=positions,
+        hidden = self._model.get_decoder()(input_ids=ids, attention_mask=mask,
+                                           position_ids=positions,
                                            cache=self.cache, use_cache=True).last_hidden_state
         return self._model.get_output_embeddings()(hidden[:, -1].contiguous()).float()
 
@@ -242,7 +252,8 @@ class SlotEngine(HFEngine):
             lo = min(self.start)
             if self.t + delta + 1 > self.cache.columns:
                 self.cache = self.cache.grown(self.t + delta + 1 + 64)
-            self.cache.move(slice(lo, self.t), slice(lo + delta, self.t + delta), slice(0, len(self.rows)))
+            self.cache.move(slice(lo, self.t), slice(lo + delta, self.t + delta),
+                            slice(0, len(self.rows)))
             self.start = [s + delta for s in self.start]
         self.t += delta
 
@@ -267,7 +278,8 @@ class SlotEngine(HFEngine):
         bad = self._nonfinite_weights()
         if bad:
             self._failed = (f"the weights of version {version} are not finite ({len(bad)} tensors: "
-                            f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); generation stopped")
+                            f"{', '.join(bad[:5])}{', ...' if len(bad) > 5 else ''}); generation "
+                            "stopped")
             raise RuntimeError(self._failed)
         self.version = version
         for seq in interrupted:
@@ -276,12 +288,14 @@ class SlotEngine(HFEngine):
                 continue
             seq.segments += 1
             self.waiting.append(seq)
-        timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=0.0, interrupted=len(interrupted))
+        timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=0.0,
+                       interrupted=len(interrupted))
 
     def configure(self, sampling: Sampling, context: int) -> None:
         if self.seqs:
             raise RuntimeError(f"configure() with {len(self.seqs)} sequences in flight")
-        self._start(sampling, kv_cache_tokens(self.setup.engine, self.setup.sequences, context, None))
+        self._start(sampling,
+                    kv_cache_tokens(self.setup.engine, self.setup.sequences, context, None))
 
     def _check_alive(self) -> None:
         if self._failed is not None:

@@ -18,14 +18,16 @@ request carries its weight version as vLLM's ``cache_salt``, so the prefix cache
 other weights to it (requests of one version still share their prompts' blocks) and is never reset
 (a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
 the abort: sequences keep their old-weight KV. The receiving end is built here when the engine has a
-weight source, from ``updates.py``, which holds the trainer's end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
+weight source, from ``updates.py``, which holds the trainer's end too (``make_sender``). vLLM sizes
+its own KV cache (engine.gpu_memory_utilization of the GPU).
 
-Verified: after an in-place update that changed the weights (the receiver compares fingerprints of the
-received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe sequence must
-differ from the previous version's, else ``WeightSyncError`` stops the run: an engine that kept sampling
-from the previous policy while the trainer believes it is on-policy is the failure this catches. The probe
-is a request like the others, answered while the worker goes on (a full engine queues it behind its
-requests; it is never waited for), and its verdict comes with the next update's timings.
+Verified: after an in-place update that changed the weights (the receiver compares fingerprints of
+the received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe
+sequence must differ from the previous version's, else ``WeightSyncError`` stops the run: an engine
+that kept sampling from the previous policy while the trainer believes it is on-policy is the
+failure this catches. The probe is a request like the others, answered while the worker goes on (a
+full engine queues it behind its requests; it is never waited for), and its verdict comes with the
+next update's timings.
 """
 
 from __future__ import annotations
@@ -58,33 +60,38 @@ def import_vllm():
 
 
 PROBE_WAIT_S = 10.0
-"""How long the probe under the weights before the first in-place update is waited for (it queues behind
-the requests vLLM could not yet schedule); past it the first version goes uncompared. Later probes are
-never waited for."""
+"""How long the probe under the weights before the first in-place update is waited for (it queues
+behind the requests vLLM could not yet schedule); past it the first version goes uncompared. Later
+probes are never waited for."""
 
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM 0.26 accepts for max_lora_rank."""
 
 
 def vllm_lora_rank(rank: int) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds ``rank``; ValueError naming the fix above 512."""
+    """The smallest max_lora_rank vLLM accepts that holds ``rank``; ValueError naming the fix above
+    512."""
     for r in VLLM_LORA_RANKS:
         if r >= rank:
             return r
-    raise ValueError(f"trainer.lora.rank={rank}: vLLM serves adapters of rank <= {VLLM_LORA_RANKS[-1]}; lower "
-                     "trainer.lora.rank, or set engine.lora_merge=true to send merged weights")
+    raise ValueError(f"trainer.lora.rank={rank}: vLLM serves adapters of rank <= "
+                     f"{VLLM_LORA_RANKS[-1]}; lower trainer.lora.rank, or set "
+                     "engine.lora_merge=true to send merged weights")
 
 
 def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e`` resolved);
-    ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight transfer
-    engine (the base weights never change)."""
+    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e``
+    resolved);
+    ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight
+    transfer engine (the base weights never change)."""
     if unresolved(e):
         raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
                          "(areal_cli.config.resolve)")
     kw = dict(dtype=str(e.dtype), seed=seed * 1000 + index,
-              gpu_memory_utilization=e.gpu_memory_utilization, tensor_parallel_size=e.tensor_parallel_size,
-              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs", enable_prefix_caching=True)
+              gpu_memory_utilization=e.gpu_memory_utilization,
+              tensor_parallel_size=e.tensor_parallel_size,
+              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs",
+              enable_prefix_caching=True)
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
     elif e.weight_update == WeightUpdate.inplace:
@@ -103,11 +110,12 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
 
 
 def prompt_logprobs(ids: list[int], out):
-    """log π(ids[t] | ids[:t]) for t ≥ 1 from the finished output ``out`` of a request for the prompt ``ids``
-    with prompt logprobs (the first prompt token has none)."""
+    """log π(ids[t] | ids[:t]) for t ≥ 1 from the finished output ``out`` of a request for the
+    prompt ``ids`` with prompt logprobs (the first prompt token has none)."""
     import torch
 
-    return torch.tensor([lp[t].logprob for t, lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
+    return torch.tensor([lp[t].logprob for t,
+                         lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
 
 
 class VLLMEngine(Engine):
@@ -115,20 +123,26 @@ class VLLMEngine(Engine):
         vllm = import_vllm()
 
         doing("loading the model")
-        # vLLM's output thread decodes the engine's outputs beside this loop; at the default 5 ms switch
-        # interval each call of the loop into vLLM (abort, add_request) can wait for the GIL that long
+        # vLLM's output thread decodes the engine's outputs beside this loop; at the default 5 ms
+        # switch interval each call of the loop into vLLM (abort, add_request) can wait for the GIL
+        # that long
         short_gil_switch()
         self.engine_cfg = setup.engine
         adapter = setup.weights is not None and lora.sends_adapter(setup.weights.cfg)
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
-        self.llm = vllm.LLM(model=str(setup.model_path), **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
-        self.lora_request = None  # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
-        # in-place updates' verification, from the first update on: the probe's ids, the probe request in
-        # flight (its id, version and whether that update changed the weights) and the verdicts not yet reported
+        self.llm = vllm.LLM(model=str(setup.model_path),
+                            **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
+        # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
+        self.lora_request = None
+        # in-place updates' verification, from the first update on: the probe's ids, the probe
+        # request in flight (its id, version and whether that update changed the weights) and the
+        # verdicts not yet reported
         self._weights_check, self._probe, self._probing, self._verdict = None, [], None, {}
-        self._steps = 0  # engine steps taken (an update's steps_behind: those while it was received)
+        # engine steps taken (an update's steps_behind: those while it was received)
+        self._steps = 0
         self._probes = 0  # probe requests waited for (their ids)
-        # the update begun and not yet finished: its version, whether it is verified, when it began, the steps then
+        # the update begun and not yet finished: its version, whether it is verified, when it began,
+        # the steps then
         self._next_version, self._verified, self._behind_since, self._steps_at = -1, False, 0.0, 0
         self.core = self.llm.llm_engine
         self.configure(setup.sampling, setup.context)
@@ -139,7 +153,8 @@ class VLLMEngine(Engine):
         self.segment: dict = {}  # engine request id (Sequence.segment_id) → rid
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
-        self._busy_s, self._busy_since = 0.0, None  # time with requests in flight, since the last update
+        # time with requests in flight, since the last update
+        self._busy_s, self._busy_since = 0.0, None
         if adapter:
             doing("joining the weight broadcast group (LoRA adapters)")
             self.receiver = VLLMAdapter(self, setup.model_path, setup.weights, setup.index)
@@ -151,11 +166,13 @@ class VLLMEngine(Engine):
         """The SamplingParams of the next requests (``max_tokens`` and ``ignore_eos`` per request):
         one sample, its processed logprob, token ids only (random-weight benchmarks sample ids that
         a smaller tokenizer cannot decode; nothing here decodes), output as deltas. Greedy is
-        temperature 0 (vLLM then decodes argmax, ignoring top_p). ``context``: vLLM sizes its own KV."""
+        temperature 0 (vLLM then decodes argmax, ignoring top_p). ``context``: vLLM sizes its own
+        KV."""
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
-        temperature, top_p = (0.0, 1.0) if sampling.greedy else (sampling.temperature, sampling.top_p)
+        temperature, top_p = (0.0, 1.0) if sampling.greedy else (sampling.temperature,
+                                                                 sampling.top_p)
         self._params = lambda n, ignore_eos=False: vllm.SamplingParams(
             n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=0,
             detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
@@ -177,7 +194,8 @@ class VLLMEngine(Engine):
 
     def _abort_segment(self, seq: Sequence) -> None:
         req = seq.segment_id()
-        if self.segment.pop(req, None) is not None:  # outputs still on their way are dropped by _apply
+        # outputs still on their way are dropped by _apply
+        if self.segment.pop(req, None) is not None:
             self.core.abort_request([req])
 
     def _prompt(self, ids: list[int]) -> dict:
@@ -197,13 +215,14 @@ class VLLMEngine(Engine):
         return done
 
     def probe_logprobs(self, ids: list[int], wait_s: float = 120.0, required: bool = True):
-        """log π(ids[t] | ids[:t]) for t ≥ 1 under the current weights and adapter: a one-token request
-        with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are kept. Not
-        answered within ``wait_s`` (queued behind requests a full KV cache holds): RuntimeError, or None
-        where not ``required``."""
+        """log π(ids[t] | ids[:t]) for t ≥ 1 under the current weights and adapter: a one-token
+        request with prompt logprobs, stepped here; outputs of other requests stepped meanwhile are
+        kept. Not answered within ``wait_s`` (queued behind requests a full KV cache holds):
+        RuntimeError, or None where not ``required``."""
         self._probes += 1
         rid = f"areal-probe-{self._probes}"
-        self.core.add_request(rid, self._prompt(list(ids)), self._probe_params(), lora_request=self.lora_request)
+        self.core.add_request(rid, self._prompt(list(ids)), self._probe_params(),
+                              lora_request=self.lora_request)
         deadline = time.perf_counter() + wait_s
         while time.perf_counter() < deadline:
             for out in self._step():
@@ -227,11 +246,13 @@ class VLLMEngine(Engine):
         return [seq for seq in map(self._apply, self._step()) if seq is not None]
 
     def _probe_params(self):
-        """A probe request: one token, the prompt's logprobs (of the distribution at temperature 1)."""
+        """A probe request: one token, the prompt's logprobs (of the distribution at temperature
+        1)."""
         vllm = import_vllm()
         from vllm.sampling_params import RequestOutputKind
 
-        return vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+        return vllm.SamplingParams(n=1, temperature=1.0, max_tokens=1, prompt_logprobs=0,
+                                   detokenize=False,
                                    output_kind=RequestOutputKind.FINAL_ONLY)
 
     def _apply(self, out) -> Sequence | None:
@@ -244,8 +265,9 @@ class VLLMEngine(Engine):
         seq, c = self.seqs[rid], out.outputs[0]
         new, lps = list(c.token_ids), c.logprobs or []
         if len(lps) > len(new):
-            # vLLM 0.26 can hand a delta output the request's cumulative logprobs (seen with 8k-token
-            # requests: 0 new tokens, 6202 logprobs); the new tokens' logprobs are the last ones
+            # vLLM 0.26 can hand a delta output the request's cumulative logprobs (seen with
+            # 8k-token requests: 0 new tokens, 6202 logprobs); the new tokens' logprobs are the last
+            # ones
             lps = lps[len(lps) - len(new):]
         if len(lps) != len(new):
             raise RuntimeError(f"vLLM returned {len(new)} tokens but {len(lps)} logprobs for {rid}")
@@ -290,12 +312,12 @@ class VLLMEngine(Engine):
         self._busy_s = 0.0
 
     def update_weights(self, version: int) -> dict:
-        """As ``Engine.update_weights``; a staged receiver takes the update in while this engine keeps
-        stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the pause
-        is only the swap. ``pause_total_s``: the time generation was held. An in-place update is then
-        verified (``_verify``): its timings carry the verdict on the previous version's. The rollout
-        worker calls the three parts itself (``begin_update``, ``update_ready``, ``finish_update``) and
-        goes on starting groups and sending results between them."""
+        """As ``Engine.update_weights``; a staged receiver takes the update in while this engine
+        keeps stepping its requests (sequences that finish meanwhile are kept for ``poll``), and the
+        pause is only the swap. ``pause_total_s``: the time generation was held. An in-place update
+        is then verified (``_verify``): its timings carry the verdict on the previous version's. The
+        rollout worker calls the three parts itself (``begin_update``, ``update_ready``,
+        ``finish_update``) and goes on starting groups and sending results between them."""
         self.begin_update(version)
         while not self.update_ready():
             if self.segment or self._probing:
@@ -305,8 +327,9 @@ class VLLMEngine(Engine):
         return self.finish_update()
 
     def begin_update(self, version: int) -> None:
-        """The probe before the first in-place update (waited for, once), then a staged receiver starts
-        taking ``version`` in behind generation (an unstaged one receives in ``finish_update``)."""
+        """The probe before the first in-place update (waited for, once), then a staged receiver
+        starts taking ``version`` in behind generation (an unstaged one receives in
+        ``finish_update``)."""
         self._next_version, self._verified = version, self._probe_before(version)
         self._behind_since, self._steps_at = time.perf_counter(), self._steps
         if self.receiver is not None and getattr(self.receiver, "background", False):
@@ -315,7 +338,8 @@ class VLLMEngine(Engine):
     def update_ready(self) -> bool:
         if self.receiver is None or not getattr(self.receiver, "background", False):
             return True
-        return self.receiver.done()  # a read of the receiving threads' signal files, no call into vLLM
+        # a read of the receiving threads' signal files, no call into vLLM
+        return self.receiver.done()
 
     def finish_update(self) -> dict:
         timings = self._receive(self._next_version)
@@ -325,22 +349,22 @@ class VLLMEngine(Engine):
 
     @contextlib.contextmanager
     def _swap(self, version: int):
-        """``paused`` for the swap to ``version``; a probe still unanswered then (vLLM had no room for it
-        since the last update) is withdrawn, and that version goes unchecked: answered after the swap,
-        it would be of the new weights."""
+        """``paused`` for the swap to ``version``; a probe still unanswered then (vLLM had no room
+        for it since the last update) is withdrawn, and that version goes unchecked: answered after
+        the swap, it would be of the new weights."""
         if self._probing is not None:
             rid, probed, _, _ = self._probing
             self.core.abort_request([rid])
             self._probing = None
             self._verdict = {"probe_version": probed, "probe_skipped": 1}
-            log.warning("weights v%d: vLLM did not reach the probe before the next update (its queue is full); "
-                        "that version is not verified", probed)
+            log.warning("weights v%d: vLLM did not reach the probe before the next update (its "
+                        "queue is full); that version is not verified", probed)
         with self.paused(version) as timings:
             yield timings
 
     def _probe_before(self, version: int) -> bool:
-        """Whether this update is verified (its receiver says whether it changed the weights: in place); the
-        probe's logprobs under the weights before the first update are taken here."""
+        """Whether this update is verified (its receiver says whether it changed the weights: in
+        place); the probe's logprobs under the weights before the first update are taken here."""
         if not getattr(self.receiver, "reports_change", False):
             return False
         from areal_cli.engines.adapter import ProbeCheck, probe_ids
@@ -354,10 +378,11 @@ class VLLMEngine(Engine):
         return True
 
     def _verify(self, version: int, timings: dict) -> dict:
-        """Submit the probe of ``version``, a request like the others, once the pause is over; returns
+        """Submit the probe of ``version``, a request like the others, once the pause is over;
+        returns
         ``weights_unchanged`` of this update and the verdict on the previous one (``probe_version``,
-        ``probe_logp_change`` or ``probe_skipped``, ``probe_s``: submission to answer). The answer is
-        checked where it arrives (``_probed``)."""
+        ``probe_logp_change`` or ``probe_skipped``, ``probe_s``: submission to answer). The answer
+        is checked where it arrives (``_probed``)."""
         changed = bool(timings["weights_changed"])
         out, self._verdict = {"weights_unchanged": int(not changed), **self._verdict}, {}
         rid = f"areal-probe-v{version}"
@@ -367,13 +392,15 @@ class VLLMEngine(Engine):
         return out
 
     def _probed(self, out) -> None:
-        """The probe's answer: an update that changed the weights must have changed the engine's logprobs
-        of it; WeightSyncError, which stops the run, where they did not (the engine would go on sampling
-        from the previous policy). The next version is compared with the last one answered."""
+        """The probe's answer: an update that changed the weights must have changed the engine's
+        logprobs of it; WeightSyncError, which stops the run, where they did not (the engine would
+        go on sampling from the previous policy). The next version is compared with the last one
+        answered."""
         _, version, changed, since = self._probing
         self._probing = None
         verdict = self._weights_check.check(version, prompt_logprobs(self._probe, out), changed)
-        self._verdict = {"probe_version": version, "probe_logp_change": verdict["probe_logp_change"],
+        self._verdict = {"probe_version": version,
+                         "probe_logp_change": verdict["probe_logp_change"],
                          "probe_s": time.perf_counter() - since}
 
     def _receive(self, version: int) -> dict:

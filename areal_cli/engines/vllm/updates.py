@@ -31,20 +31,25 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
 
     cfg, e = source.cfg, source.cfg.engine
     wire = getattr(torch, cfg.weights.dtype)  # resolved when the run was planned
-    first, world = rank_offset(index, e.tensor_parallel_size), group_size(cfg.rollout.workers, e.tensor_parallel_size)
+    first, world = rank_offset(index, e.tensor_parallel_size), group_size(cfg.rollout.workers,
+                                                                          e.tensor_parallel_size)
     if e.weight_update == WeightUpdate.inplace:
         return InplaceReceiver(llm, wire_spec(model_path, wire), dict(
-            host=source.host, port=source.port, store=source.store, rank_offset=first, world_size=world,
-            backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype, bucket_bytes=bucket_bytes(cfg.weights),
+            host=source.host, port=source.port, store=source.store, rank_offset=first,
+            world_size=world,
+            backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype,
+            bucket_bytes=bucket_bytes(cfg.weights),
             timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.staging, staged_tp=e.staged_tp,
             high_priority=cfg.weights.high_priority))
-    return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first, world)
+    return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first,
+                              world)
 
 
 class VLLMAdapter:
-    """A vLLM rollout worker's end of LoRA updates. The adapter arrives through areal's bucketed broadcast
-    into float32 buffers (``adapter.adapter_receiver``), is written in peft's format to a directory on
-    tmpfs (/dev/shm where it exists) and loaded through vLLM's own LoRA API: ``add_lora`` of one
+    """A vLLM rollout worker's end of LoRA updates. The adapter arrives through areal's bucketed
+    broadcast into float32 buffers (``adapter.adapter_receiver``), is written in peft's format to a
+    directory on tmpfs (/dev/shm where it exists) and loaded through vLLM's own LoRA API:
+    ``add_lora`` of one
     ``LoRARequest`` (id 1) with ``load_inplace=True``, which replaces the loaded adapter of that id;
     every request submitted after the update names it. vLLM 0.26 loads adapters from a path only (no
     in-memory route). Verified as every LoRA update is (``adapter.ProbeCheck``), from vLLM's prompt
@@ -52,7 +57,8 @@ class VLLMAdapter:
 
     NAME, ID = "areal-policy", 1
 
-    def __init__(self, engine, model_path, source: WeightSource, index: int):  # engine: the VLLMEngine it serves
+    # engine: the VLLMEngine it serves
+    def __init__(self, engine, model_path, source: WeightSource, index: int):
         import tempfile
         from pathlib import Path
 
@@ -66,11 +72,14 @@ class VLLMAdapter:
         config = AutoConfig.from_pretrained(model_path)
         with torch.device("meta"):
             specs = lora.adapter_specs(AutoModelForCausalLM.from_config(config), self.lora)
-        device = torch.device("cuda", torch.cuda.current_device()) if str(cfg.weights.backend) == "nccl" else "cpu"
-        self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device) for s in specs}
-        # vLLM computes with its adapters in the model's dtype (LoRAConfig.lora_dtype "auto"): the adapter is
-        # rounded to it once here, compared at it (a change lost in rounding is no change to the engine) and
-        # written at it (half the bytes of float32 to write and read back in the pause)
+        nccl = str(cfg.weights.backend) == "nccl"
+        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+        self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device)
+                        for s in specs}
+        # vLLM computes with its adapters in the model's dtype (LoRAConfig.lora_dtype "auto"): the
+        # adapter is rounded to it once here, compared at it (a change lost in rounding is no change
+        # to the engine) and written at it (half the bytes of float32 to write and read back in the
+        # pause)
         self.dtype = engine_dtype(cfg.engine)
         self.previous = {n: b.to(self.dtype) for n, b in self.buffers.items()}
         shm = Path("/dev/shm")
@@ -78,8 +87,8 @@ class VLLMAdapter:
         self.probe = probe_ids(config.vocab_size)
         self.verify = ProbeCheck()
         self.receiver = adapter_receiver(self.buffers, source, index)
-        log.info("weight updates: LoRA adapters (rank %d, %d tensors) through areal's broadcast, loaded by "
-                 "vLLM's LoRA API from %s", self.lora.rank, len(specs), self.root)
+        log.info("weight updates: LoRA adapters (rank %d, %d tensors) through areal's broadcast, "
+                 "loaded by vLLM's LoRA API from %s", self.lora.rank, len(specs), self.root)
 
     def receive(self, version: int = -1) -> dict:
         import shutil
@@ -112,7 +121,8 @@ class VLLMAdapter:
     def _load(self, path) -> None:
         from vllm.lora.request import LoRARequest
 
-        if not self.engine.core.add_lora(LoRARequest(self.NAME, self.ID, str(path), load_inplace=True)):
+        if not self.engine.core.add_lora(LoRARequest(self.NAME, self.ID, str(path),
+                                                     load_inplace=True)):
             raise RuntimeError(f"vLLM refused the LoRA adapter in {path}")
         self.engine.lora_request = LoRARequest(self.NAME, self.ID, str(path))
 
@@ -129,7 +139,8 @@ class VLLMAdapter:
 def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str = ""):
     """Trainer rank 0's end of the weight transfer: rank 0, every worker's GPU ranks after it (with
     engine.lora_merge: the merged weights). inplace: areal's bucketed broadcast (``InplaceReceiver``
-    receives); reload: vLLM's NCCL transfer; a LoRA adapter goes through areal's bucketed broadcast to
+    receives); reload: vLLM's NCCL transfer; a LoRA adapter goes through areal's bucketed broadcast
+    to
     ``VLLMAdapter``."""
     import torch
 
@@ -145,16 +156,18 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
     world = group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size)
     wire, staged = getattr(torch, cfg.weights.dtype), cfg.weights.staged == "true"
     if cfg.engine.weight_update == WeightUpdate.inplace:
-        return WeightSender(lora.update_specs(model, cfg), host, port, world, str(cfg.weights.backend), device, wire,
-                            bucket_bytes(cfg.weights), timeout_s=2 * cfg.launcher.peer_timeout_s, staged=staged,
+        return WeightSender(lora.update_specs(model, cfg), host, port, world,
+                            str(cfg.weights.backend), device, wire,
+                            bucket_bytes(cfg.weights), timeout_s=2 * cfg.launcher.peer_timeout_s,
+                            staged=staged,
                             store_path=store, high_priority=cfg.weights.high_priority)
     return VLLMWeightSender(host, port, world, wire, specs=sender_specs(model, cfg), staged=staged)
 
 
 def sender_specs(model, cfg: RootConfig) -> list[tuple[str, list[int]]]:
-    """(name, full shape) of what one update of ``model`` sends to vLLM, in order: every parameter, or with
-    engine.lora_merge the merged plain parameters (no adapter or ``base_layer`` names, which vLLM's
-    checkpoint format lacks). A DTensor's shape is the full one."""
+    """(name, full shape) of what one update of ``model`` sends to vLLM, in order: every parameter,
+    or with engine.lora_merge the merged plain parameters (no adapter or ``base_layer`` names, which
+    vLLM's checkpoint format lacks). A DTensor's shape is the full one."""
     return [(s.name, list(s.shape)) for s in lora.update_specs(model, cfg)]
 
 

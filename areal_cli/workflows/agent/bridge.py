@@ -38,7 +38,8 @@ class EngineBridge:
     async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Sequence:
         """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop)."""
         fut = self.loop.create_future()
-        self.pending.put((Sequence(CallId(next(self.numbers)), list(prompt_ids), max_new_tokens), fut))
+        self.pending.put((Sequence(CallId(next(self.numbers)), list(prompt_ids), max_new_tokens),
+                          fut))
         return await fut
 
     def pump(self) -> int:

@@ -27,17 +27,20 @@ from areal_cli.workflows.agent.toolcalls import (
 
 @dataclass
 class Reply:
-    """One choice a call returned: the messages it answered plus the assistant message, and the ids."""
+    """One choice a call returned: the messages it answered plus the assistant message, and the
+    ids."""
 
     messages: list[dict]  # normalised request messages + the assistant message returned
-    ids: list[int]  # the call's prompt ids + the sampled ids, exactly as the engine saw and produced them
+    # the call's prompt ids + the sampled ids, exactly as the engine saw and produced them
+    ids: list[int]
     ended: bool  # the sampled ids end with the end-of-turn (EOS) token
 
 
 @dataclass
 class Prompt:
     ids: list[int]
-    extends: Reply | None  # the earlier reply these ids continue exactly, or None (a new trajectory)
+    # the earlier reply these ids continue exactly, or None (a new trajectory)
+    extends: Reply | None
 
 
 def normalise(messages: list[dict]) -> list[dict]:
@@ -51,7 +54,8 @@ def normalise(messages: list[dict]) -> list[dict]:
         n = {"role": m["role"], "content": content or ""}
         if m.get("tool_calls"):
             n["tool_calls"] = [{"type": "function", "function": {
-                "name": c["function"]["name"], "arguments": arguments_value(c["function"].get("arguments"))}}
+                "name": c["function"]["name"],
+                "arguments": arguments_value(c["function"].get("arguments"))}}
                 for c in m["tool_calls"]]
         for key in ("tool_call_id", "name"):
             if m.get(key):
@@ -70,17 +74,21 @@ class ChatRenderer:
     def text(self, messages: list[dict], tools: list[dict] | None, generation: bool) -> str:
         msgs = messages if self.style.native else self._as_text(messages, tools)
         kw = {"tools": tools} if (tools and self.style.native) else {}
-        return self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation, **kw)
+        return self.tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation,
+                                            **kw)
 
     def _as_text(self, messages: list[dict], tools: list[dict] | None) -> list[dict]:
-        """For a template that renders no tools: schemas in the system message, calls and results as text."""
+        """For a template that renders no tools: schemas in the system message, calls and results as
+        text."""
         out = []
         for m in messages:
             if m["role"] == "assistant" and m.get("tool_calls"):
-                body = "\n".join(x for x in (m["content"], call_text(self.style, m["tool_calls"])) if x)
+                body = "\n".join(x for x in (m["content"], call_text(self.style, m["tool_calls"]))
+                                 if x)
                 out.append({"role": "assistant", "content": body})
             elif m["role"] == "tool":
-                out.append({"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
+                out.append({"role": "user",
+                            "content": f"<tool_response>\n{m['content']}\n</tool_response>"})
             else:
                 out.append({"role": m["role"], "content": m["content"]})
         if tools:
@@ -94,7 +102,8 @@ class ChatRenderer:
     def encode(self, text: str) -> list[int]:
         return self.tok(text, add_special_tokens=False)["input_ids"]
 
-    def prompt(self, messages: list[dict], tools: list[dict] | None, history: list[Reply]) -> Prompt:
+    def prompt(self, messages: list[dict], tools: list[dict] | None,
+               history: list[Reply]) -> Prompt:
         """The prompt ids of ``messages`` (normalised), continuing the longest earlier reply whose
         messages they start with, when the template renders that reply's messages as a prefix."""
         full = self.text(messages, tools, generation=True)
@@ -111,7 +120,8 @@ class ChatRenderer:
 
     def _closer(self, head: str, ended: bool) -> str | None:
         """The template's text after the model's last turn in ``head``: what follows its end-of-turn
-        token (that token too when the model did not write it: stopped by length or a stop string)."""
+        token (that token too when the model did not write it: stopped by length or a stop
+        string)."""
         if not self.eos_text:
             return ""
         at = head.rfind(self.eos_text)

@@ -63,7 +63,8 @@ class EpisodeLog:
     def __init__(self, key: str, max_calls: int):
         self.key, self.max_calls = key, max_calls
         self.trajectories: list[Trajectory] = []
-        self.replies: list[Reply] = []  # every chat choice returned so far (chat.ChatRenderer's history)
+        # every chat choice returned so far (chat.ChatRenderer's history)
+        self.replies: list[Reply] = []
         self.calls = 0  # finished calls
         self.started = 0  # calls asked for (workflow.max_turns bounds them)
         self.splits = 0
@@ -94,13 +95,15 @@ class EpisodeLog:
 def import_agent(spec: str):
     """``module:function`` → the agent's async function; a ValueError naming what is missing."""
     module, _, name = spec.partition(":")
-    if os.getcwd() not in sys.path:  # `areal` started from a project directory finds its agents there
+    # `areal` started from a project directory finds its agents there
+    if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module} on PYTHONPATH "
-                         f"and define async def {name}(client, problem) -> float | dict | None") from None
+        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module} on "
+                         f"PYTHONPATH and define async def {name}(client, problem) -> float | dict "
+                         "| None") from None
     if not inspect.iscoroutinefunction(fn):
         raise ValueError(f"workflow.agent={spec}: {name} must be an async function "
                          f"(async def {name}(client, problem))")
@@ -120,5 +123,5 @@ def episode_reward(result) -> tuple[float | None, dict[str, float]]:
         reward = result["reward"]
         if reward is None or isinstance(reward, (int, float)) and not isinstance(reward, bool):
             return (None if reward is None else float(reward)), extras
-    raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:80]!r}: return a float, "
-                     "a dict with 'reward' (and numbers to log), or None")
+    raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:80]!r}: return a "
+                     "float, a dict with 'reward' (and numbers to log), or None")

@@ -17,10 +17,12 @@ MAX_N = 16
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None,
                  param: str | None = None):
         super().__init__(message)
-        self.status, self.message, self.kind, self.code, self.param = status, message, kind, code, param
+        self.status, self.message, self.kind = status, message, kind
+        self.code, self.param = code, param
 
     def body(self) -> dict:
         return error_body(self.message, self.kind, self.code, self.param)
@@ -65,8 +67,10 @@ def _tools(raw, param: str = "tools") -> list[dict] | None:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
-            raise _bad("each tool must be {type: function, function: {name, description?, parameters?}}", param)
-        out.append({"type": "function", "function": {k: fn[k] for k in ("name", "description", "parameters")
+            raise _bad("each tool must be {type: function, function: {name, description?, "
+                       "parameters?}}", param)
+        out.append({"type": "function",
+                    "function": {k: fn[k] for k in ("name", "description", "parameters")
                                                       if k in fn}})
     return out or None
 
@@ -75,7 +79,8 @@ def _content(m: dict, i: int) -> str:
     c = m.get("content")
     if c is None or isinstance(c, str):
         return c or ""
-    if isinstance(c, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str) for p in c):
+    if isinstance(c, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str)
+                                   for p in c):
         if any(p.get("type") not in ("text", "input_text", "output_text") for p in c):
             raise _bad("only text content parts are supported", f"messages[{i}].content")
         return "".join(p.get("text", "") for p in c)
@@ -97,7 +102,8 @@ def _messages(raw) -> list[dict]:
             if not isinstance(calls, list) or not all(
                     isinstance(c, dict) and isinstance(c.get("function"), dict)
                     and isinstance(c["function"].get("name"), str) for c in calls):
-                raise _bad("tool_calls must be a list of {function: {name, arguments}}", f"messages[{i}].tool_calls")
+                raise _bad("tool_calls must be a list of {function: {name, arguments}}",
+                           f"messages[{i}].tool_calls")
             n["tool_calls"] = calls
         for key in ("tool_call_id", "name"):
             if isinstance(m.get(key), str):
@@ -141,9 +147,11 @@ def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
         raise _bad("tool_choice must be auto, none, required or a named function", "tool_choice")
     names = [t["function"]["name"] for t in tools or []]
     if choice == "required" and not names:
-        raise _bad("tool_choice requires a tool call but the request offers no tools", "tool_choice")
+        raise _bad("tool_choice requires a tool call but the request offers no tools",
+                   "tool_choice")
     if name is not None and name not in names:
-        raise _bad(f"tool_choice names {name!r}, which is not among the tools {names}", "tool_choice")
+        raise _bad(f"tool_choice names {name!r}, which is not among the tools {names}",
+                   "tool_choice")
     return choice, name
 
 
@@ -171,7 +179,8 @@ def completion_request(body) -> CompletionRequest:
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
         p = p[0]
     ids = None
-    if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 24
+    if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool)
+                                         and 0 <= x < 1 << 24
                                          for x in p):
         ids = list(p)
     elif not isinstance(p, str) or not p:
@@ -190,7 +199,8 @@ class ResponsesRequest:
 
     def as_chat(self) -> dict:
         choice = self.tool_choice
-        if isinstance(choice, dict) and isinstance(choice.get("name"), str):  # Responses' named function
+        # Responses' named function
+        if isinstance(choice, dict) and isinstance(choice.get("name"), str):
             choice = {"type": "function", "function": {"name": choice["name"]}}
         return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens,
                 "tool_choice": choice}
@@ -198,7 +208,8 @@ class ResponsesRequest:
 
 def responses_request(body) -> ResponsesRequest:
     """A Responses API body as chat messages: instructions → system; input items → messages, a
-    function_call joining the assistant message before it, a function_call_output → a tool message."""
+    function_call joining the assistant message before it, a function_call_output → a tool
+    message."""
     body = _body(body)
     if body.get("stream"):
         raise _bad("streaming is not supported on /v1/responses: use stream=false", "stream")
@@ -206,7 +217,8 @@ def responses_request(body) -> ResponsesRequest:
     items = [{"role": "user", "content": items}] if isinstance(items, str) else items
     if not isinstance(items, list) or not items:
         raise _bad("input must be a string or a non-empty list of items", "input")
-    msgs = [{"role": "system", "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
+    msgs = [{"role": "system",
+             "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
     for i, it in enumerate(items):
         if not isinstance(it, dict):
             raise _bad("each input item must be an object", f"input[{i}]")
@@ -244,25 +256,30 @@ def chat_choice(index: int, message: dict, reason: str) -> dict:
 
 
 def _usage(prompt: int, completion: int) -> dict:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
-def chat_completion(model: str, choices: list[dict], prompt_tokens: int, completion_tokens: int) -> dict:
+def chat_completion(model: str, choices: list[dict], prompt_tokens: int,
+                    completion_tokens: int) -> dict:
     from openai.types.chat import ChatCompletion
 
     return ChatCompletion.model_validate({
-        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+        "created": int(time.time()),
         "model": model, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens),
     }).model_dump(mode="json", exclude_none=True)
 
 
-def completion(model: str, texts: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int) -> dict:
+def completion(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
+               completion_tokens: int) -> dict:
     from openai.types import Completion
 
     return Completion.model_validate({
         "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
         "model": model, "usage": _usage(prompt_tokens, completion_tokens),
-        "choices": [{"index": i, "text": t, "finish_reason": r, "logprobs": None} for i, (t, r) in enumerate(texts)],
+        "choices": [{"index": i, "text": t, "finish_reason": r, "logprobs": None} for i,
+                    (t, r) in enumerate(texts)],
     }).model_dump(mode="json", exclude_none=True)
 
 
@@ -274,18 +291,22 @@ def response_from_chat(model: str, chat: dict, req: ResponsesRequest) -> dict:
     if msg.get("content"):
         output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant",
                        "status": "completed",
-                       "content": [{"type": "output_text", "text": msg["content"], "annotations": []}]})
+                       "content": [{"type": "output_text", "text": msg["content"],
+                                    "annotations": []}]})
     for c in msg.get("tool_calls", []):
         output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c["id"],
                        "name": c["function"]["name"], "arguments": c["function"]["arguments"],
                        "status": "completed"})
     u = chat["usage"]
     return Response.model_validate({
-        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(), "model": model,
-        "status": "completed", "output": output, "parallel_tool_calls": True, "tool_choice": req.tool_choice,
+        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(),
+        "model": model,
+        "status": "completed", "output": output, "parallel_tool_calls": True,
+        "tool_choice": req.tool_choice,
         "tools": req.raw_tools,
         "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                  "total_tokens": u["total_tokens"], "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "total_tokens": u["total_tokens"],
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                   "output_tokens_details": {"reasoning_tokens": 0}},
     }).model_dump(mode="json", exclude_none=True)
 
@@ -296,9 +317,11 @@ def sse(result: dict):
         for ch in result["choices"]:
             delta = {"role": "assistant", "content": ch["message"].get("content")}
             if ch["message"].get("tool_calls"):
-                delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(ch["message"]["tool_calls"])]
+                delta["tool_calls"] = [{"index": j, **c} for j,
+                                       c in enumerate(ch["message"]["tool_calls"])]
             for d, reason in ((delta, None), ({}, ch["finish_reason"])):
-                chunk = {"id": result["id"], "object": "chat.completion.chunk", "created": result["created"],
+                chunk = {"id": result["id"], "object": "chat.completion.chunk",
+                         "created": result["created"],
                          "model": result["model"],
                          "choices": [{"index": ch["index"], "delta": d, "finish_reason": reason}]}
                 yield f"data: {json.dumps(chunk)}\n\n"

@@ -1,12 +1,14 @@
 """The rollout worker's OpenAI-compatible endpoint (FastAPI on uvicorn, loopback only).
 
 Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
-gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST /v1/chat/completions``
-(messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop, stream),
+gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
+/v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
+stream),
 ``POST /v1/responses`` (the Responses API: text and function tools, no streaming) and
 ``POST /v1/completions``. Every request needs ``Authorization: Bearer <the worker's token>``; a
 missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
-errors come back in OpenAI's shape (400 ``context_length_exceeded`` for a prompt beyond the context).
+errors come back in OpenAI's shape (400 ``context_length_exceeded`` for a prompt beyond the
+context).
 
 Sampling is the run's: the trainer recomputes logprobs at ``rollout.temperature`` / ``top_p``, so a
 request's temperature, top_p and seed are not applied (an evaluation's engine is greedy). A stream
@@ -34,11 +36,13 @@ from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
 from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
 
-METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}  # metrics.jsonl names
+# metrics.jsonl names
+METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}
 
 
 class Endpoint:
-    """What the routes share: the renderer, the engine bridge, the open episodes and the counters."""
+    """What the routes share: the renderer, the engine bridge, the open episodes and the
+    counters."""
 
     def __init__(self, renderer: ChatRenderer, bridge: EngineBridge, token: str, model: str,
                  max_new_tokens: int, context: int, eos_ids: set[int]):
@@ -58,21 +62,26 @@ class Endpoint:
             return None
         ep = self.episodes.get(key)
         if ep is None or ep.closed:
-            raise rq.ApiError(404, f"no open episode {key!r} (it ended or timed out)", "not_found_error")
+            raise rq.ApiError(404, f"no open episode {key!r} (it ended or timed out)",
+                              "not_found_error")
         return ep
 
     # ---- one call: generate, record, parse ----
 
-    async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None, n: int,
+    async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None,
+                        n: int,
                         stop: list[str]) -> list[Choice]:
         budget = min(max_tokens or self.max_new_tokens, self.max_new_tokens)
         if len(prompt_ids) + budget > self.context:
-            raise rq.ApiError(400, f"this request has {len(prompt_ids)} prompt tokens and asks for {budget}; "
-                              f"the context is {self.context} tokens", "invalid_request_error",
+            raise rq.ApiError(400, f"this request has {len(prompt_ids)} prompt tokens and asks for "
+                              f"{budget}; the context is {self.context} "
+                              "tokens", "invalid_request_error",
                               "context_length_exceeded", "messages")
         if ep is not None:
             if ep.started >= ep.max_calls:
-                raise rq.ApiError(400, f"this episode has made its {ep.max_calls} calls (workflow.max_turns)",
+                raise rq.ApiError(400,
+                                  f"this episode has made its {ep.max_calls} calls "
+                                  "(workflow.max_turns)",
                                   "invalid_request_error", "too_many_calls")
             ep.started += 1
         else:
@@ -84,7 +93,8 @@ class Endpoint:
         return choices
 
     def _choice(self, seq, stop: list[str]) -> Choice:
-        ids, logps, versions, reason = list(seq.output_ids), list(seq.logprobs), list(seq.versions), seq.finish_reason
+        ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
+        reason = seq.finish_reason
         if stop:
             cut = self._stop_at(ids, stop)
             if cut is not None:
@@ -112,22 +122,26 @@ class Endpoint:
         req = rq.chat_request(body)
         ep = self.episode(key)
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
-        forced = forced_text(self.renderer.style, req.tool_name, req.tools) if req.tool_choice == "required" else ""
-        ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids  # forced: prompt, not trained
+        forced = forced_text(self.renderer.style, req.tool_name,
+                             req.tools) if req.tool_choice == "required" else ""
+        # forced: prompt, not trained
+        ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids
         hermes = self.renderer.style.format == ToolFormat.hermes
         close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
         out = []
         for i, c in enumerate(choices):
             text = forced + self._text(c, req.stop)
-            parsed = parse(self.renderer.style, text) if req.tools and req.tool_choice != "none" else None
+            parsed = parse(self.renderer.style,
+                           text) if req.tools and req.tool_choice != "none" else None
             message = {"role": "assistant", "content": text}
             reason = c.finish_reason
             if parsed is not None and parsed.error:
                 self._count(ep, "tool_parse_errors")
                 reason = "stop"
             elif parsed is not None and parsed.tool_calls:
-                message = {"role": "assistant", "content": parsed.content, "tool_calls": parsed.tool_calls}
+                message = {"role": "assistant", "content": parsed.content,
+                           "tool_calls": parsed.tool_calls}
                 reason = "tool_calls"
                 self._count(ep, "tool_calls", len(parsed.tool_calls))
             c.reply = Reply(req.messages + normalise([message]), ids + c.output_ids,
@@ -136,7 +150,8 @@ class Endpoint:
                 ep.replies.append(c.reply)
                 ep.last_text = text
             out.append(rq.chat_choice(i, message, reason))
-        return rq.chat_completion(self.model, out, len(prompt.ids), sum(len(c.output_ids) for c in choices))
+        return rq.chat_completion(self.model, out, len(prompt.ids),
+                                  sum(len(c.output_ids) for c in choices))
 
     async def responses(self, body: dict, key: str | None) -> dict:
         req = rq.responses_request(body)
@@ -151,11 +166,14 @@ class Endpoint:
         texts = [self._text(c, req.stop) for c in choices]
         if ep is not None and texts:
             ep.last_text = texts[-1]
-        return rq.completion(self.model, [(t, c.finish_reason) for t, c in zip(texts, choices, strict=True)], len(ids),
+        return rq.completion(self.model,
+                             [(t, c.finish_reason) for t, c in zip(texts, choices, strict=True)],
+                             len(ids),
                              sum(len(c.output_ids) for c in choices))
 
     def _count(self, ep: EpisodeLog | None, what: str, n: int = 1) -> None:
-        """Count ``what`` (an EpisodeLog counter) in its episode, or endpoint-wide for a plain /v1 call."""
+        """Count ``what`` (an EpisodeLog counter) in its episode, or endpoint-wide for a plain /v1
+        call."""
         if ep is not None:
             setattr(ep, what, getattr(ep, what) + n)
         else:
@@ -169,12 +187,14 @@ def build_app(endpoint: Endpoint):
     async def serve(request: Request, handler, key: str | None):
         if not endpoint.authorized(request.headers.get("authorization")):
             return JSONResponse(rq.error_body("a missing or wrong API key: use the run's token",
-                                              "invalid_request_error", "invalid_api_key"), status_code=401)
+                                              "invalid_request_error", "invalid_api_key"),
+                                status_code=401)
         try:
             body = json.loads(await request.body() or b"null")
         except ValueError as err:  # not JSON, or not UTF-8
             endpoint.counters["agent_bad_requests"] += 1
-            return JSONResponse(rq.error_body(f"the body is not JSON ({err})", "invalid_request_error"),
+            return JSONResponse(rq.error_body(f"the body is not JSON ({err})",
+                                              "invalid_request_error"),
                                 status_code=400)
         stream = isinstance(body, dict) and bool(body.get("stream"))
         try:
@@ -190,7 +210,8 @@ def build_app(endpoint: Endpoint):
         @app.get(prefix + "/models")
         async def models(request: Request, key: str | None = None):
             if not endpoint.authorized(request.headers.get("authorization")):
-                return JSONResponse(rq.error_body("a missing or wrong API key", "invalid_request_error",
+                return JSONResponse(rq.error_body("a missing or wrong API key",
+                                                  "invalid_request_error",
                                                   "invalid_api_key"), status_code=401)
             return {"object": "list", "data": [{"id": endpoint.model, "object": "model",
                                                 "created": int(time.time()), "owned_by": "areal"}]}
@@ -222,7 +243,8 @@ class Server:
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    access_log=False))
         self.thread = threading.Thread(target=self._serve, name="agent-endpoint", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

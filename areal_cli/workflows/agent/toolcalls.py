@@ -4,8 +4,8 @@ the prompt, and how a completion's text becomes OpenAI ``tool_calls``.
 Two formats:
 - ``hermes`` (Qwen2.5, Hermes, and the default for templates that render no tools):
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, one block per call;
-- ``llama3_json`` (Llama 3.1+): the whole reply is ``{"name": ..., "parameters": {...}}``, optionally
-  after ``<|python_tag|>``, several calls separated by ``;``.
+- ``llama3_json`` (Llama 3.1+): the whole reply is ``{"name": ..., "parameters": {...}}``,
+  optionally after ``<|python_tag|>``, several calls separated by ``;``.
 
 A template that renders no tools (the default SmolLM2's) gets the schemas in its system message,
 written in the Hermes format, and its assistant tool calls and tool results are written as Hermes
@@ -32,7 +32,8 @@ class Parsed:
     """A completion's text split into what the agent reads."""
 
     content: str | None  # text outside the calls (None when there is none)
-    tool_calls: list[dict] = field(default_factory=list)  # OpenAI shape: {id, type, function: {name, arguments}}
+    # OpenAI shape: {id, type, function: {name, arguments}}
+    tool_calls: list[dict] = field(default_factory=list)
     error: str = ""  # why a started call was not parsed ("" if none was malformed)
 
 
@@ -44,7 +45,8 @@ class ToolStyle:
     native: bool  # False: areal writes the schemas into the system message (Hermes text)
 
     def describe(self) -> str:
-        where = "rendered by the chat template" if self.native else "written into the system message by areal"
+        where = "rendered by the chat template" if self.native else ("written into the system "
+                                                                     "message by areal")
         return f"tool calls in the {self.format.value} format, tool schemas {where}"
 
 
@@ -64,34 +66,41 @@ def detect(tokenizer, wanted: ToolFormat = ToolFormat.template) -> ToolStyle:
         tokenizer.chat_template or "")
     if wanted != ToolFormat.template:
         return ToolStyle(wanted, native)
-    if native and "<tool_call>" not in source and ("<|python_tag|>" in source or '"parameters"' in source):
+    if native and "<tool_call>" not in source and ("<|python_tag|>" in source
+                                                   or '"parameters"' in source):
         return ToolStyle(ToolFormat.llama3_json, True)
     return ToolStyle(ToolFormat.hermes, native)
 
 
 def tools_system_text(tools: list[dict]) -> str:
-    """The system-message text that offers ``tools`` (OpenAI function tools) in the Hermes format."""
+    """The system-message text that offers ``tools`` (OpenAI function tools) in the Hermes
+    format."""
     lines = "\n".join(json.dumps(t.get("function", t), ensure_ascii=False) for t in tools)
-    return ("You can call functions to help with the user's request. Their signatures, as JSON, are "
-            f"inside <tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call a function, write its name "
+    return ("You can call functions to help with the user's request. Their signatures, as JSON, "
+            "are "
+            f"inside <tools></tools>:\n<tools>\n{lines}\n</tools>\n\nTo call a function, write its "
+            "name "
             "and arguments as a JSON object inside <tool_call></tool_call> tags:\n<tool_call>\n"
             '{"name": "<function name>", "arguments": {<arguments>}}\n</tool_call>')
 
 
 def call_text(style: ToolStyle, calls: list[dict]) -> str:
-    """The text a model of ``style`` writes for ``calls`` (OpenAI shape), for rendering them back."""
+    """The text a model of ``style`` writes for ``calls`` (OpenAI shape), for rendering them
+    back."""
     objs = [{"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}
             for c in calls]
     if style.format == ToolFormat.llama3_json:
-        return "; ".join(json.dumps({"name": o["name"], "parameters": o["arguments"]}) for o in objs)
-    return "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>" for o in objs)
+        return "; ".join(json.dumps({"name": o["name"], "parameters": o["arguments"]})
+                         for o in objs)
+    return "\n".join(f"<tool_call>\n{json.dumps(o, ensure_ascii=False)}\n</tool_call>"
+                     for o in objs)
 
 
 def forced_text(style: ToolStyle, name: str | None, tools: list[dict] | None = None) -> str:
-    """The opening of a call that ``tool_choice`` requires, written into the prompt so that the model
-    continues it: up to the name for "required"; for a named function, up to its arguments object, and
-    on into the value of the first argument its schema requires (after the opening quote when that is
-    a string), as schema-guided decoding would force the same characters."""
+    """The opening of a call that ``tool_choice`` requires, written into the prompt so that the
+    model continues it: up to the name for "required"; for a named function, up to its arguments
+    object, and on into the value of the first argument its schema requires (after the opening quote
+    when that is a string), as schema-guided decoding would force the same characters."""
     if not name:
         return '{"name": "' if style.format == ToolFormat.llama3_json else '<tool_call>\n{"name": "'
     key = "parameters" if style.format == ToolFormat.llama3_json else "arguments"
@@ -104,7 +113,8 @@ def forced_text(style: ToolStyle, name: str | None, tools: list[dict] | None = N
 
 
 def _first_required(tools: list[dict], name: str) -> tuple[str, str] | None:
-    """(name, JSON type) of the first required argument of tool ``name``, if its schema declares one."""
+    """(name, JSON type) of the first required argument of tool ``name``, if its schema declares
+    one."""
     for t in tools:
         fn = t.get("function", {})
         if fn.get("name") != name:
@@ -120,8 +130,8 @@ def _first_required(tools: list[dict], name: str) -> tuple[str, str] | None:
 
 
 def arguments_value(raw):
-    """A call's arguments as sent (a JSON text, or already an object) → the decoded value; text that is
-    not JSON stays as it is."""
+    """A call's arguments as sent (a JSON text, or already an object) → the decoded value; text that
+    is not JSON stays as it is."""
     if isinstance(raw, dict):
         return raw
     try:
@@ -131,11 +141,13 @@ def arguments_value(raw):
 
 
 def _arguments(raw) -> dict:
-    """The arguments object to write back into a call: the decoded object, else the value wrapped."""
+    """The arguments object to write back into a call: the decoded object, else the value
+    wrapped."""
     value = arguments_value(raw)
     if isinstance(value, dict):
         return value
-    return {"_raw": str(raw)} if value is raw else {"_value": value}  # not JSON / JSON but not an object
+    # not JSON / JSON but not an object
+    return {"_raw": str(raw)} if value is raw else {"_value": value}
 
 
 def parse(style: ToolStyle, text: str) -> Parsed:
@@ -188,7 +200,8 @@ def _parse_llama3(text: str) -> Parsed:
             obj = json.loads(part)
         except ValueError as err:
             return Parsed(text, error=f"a tool call that is not JSON ({err})")
-        call = _call(obj.get("name"), obj.get("parameters", obj.get("arguments"))) if isinstance(obj, dict) else None
+        call = _call(obj.get("name"),
+                     obj.get("parameters", obj.get("arguments"))) if isinstance(obj, dict) else None
         if call is None:
             return Parsed(text, error='a tool call without "name" and a "parameters" object')
         calls.append(call)

@@ -7,9 +7,10 @@ into that episode (``episode.py``). Its return value is the reward (a float, or 
 ``reward`` and numbers to log), or None: the task's reward scores the last reply's text. Up to
 ``workflow.agent_concurrency`` episodes run at once, in the endpoint's event loop.
 
-An agent that raises, returns something else, makes no call, or runs past ``workflow.agent_timeout_s``
-fails its episode: the traceback goes to the worker log, the group is returned as failed (not trained,
-its admission slot freed) and counted; the controller stops the run when more than
+An agent that raises, returns something else, makes no call, or runs past
+``workflow.agent_timeout_s`` fails its episode: the traceback goes to the worker log, the group is
+returned as failed (not trained, its admission slot freed) and counted; the controller stops the run
+when more than
 ``workflow.max_failed_fraction`` of a step's episodes fail.
 """
 
@@ -47,7 +48,8 @@ class EpisodeRun:
     index: int
     log: EpisodeLog
     future: cf.Future  # the agent's run, in the endpoint's loop
-    reward_future: cf.Future | None = None  # the task reward of the last reply (agent returned None)
+    # the task reward of the last reply (agent returned None)
+    reward_future: cf.Future | None = None
     reward: float | None = None
     extras: dict = field(default_factory=dict)
     failed: str = ""
@@ -67,37 +69,44 @@ class AgentWorkflow:
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
-        self.cfg, self.engine, self.rewards, self.tok, self.worker = cfg, engine, rewards, tokenizer, worker
+        self.cfg, self.engine, self.rewards = cfg, engine, rewards
+        self.tok, self.worker = tokenizer, worker
         self.agent = import_agent(cfg.agent)
         for name in ("httpx", "httpx2", "openai"):  # one INFO line per call otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         self.style = detect(tokenizer, cfg.tool_format)
         eos = tokenizer.eos_token_id
-        self.endpoint = Endpoint(ChatRenderer(tokenizer, self.style), None, new_token(), model, max_new_tokens,
+        self.endpoint = Endpoint(ChatRenderer(tokenizer, self.style), None, new_token(), model,
+                                 max_new_tokens,
                                  context, {eos} if isinstance(eos, int) else set(eos or []))
-        # the endpoint's thread waits for the GIL at every await while the main thread steps the engine;
-        # at Python's default 5 ms switch interval an HTTP round trip queues there many times over
+        # the endpoint's thread waits for the GIL at every await while the main thread steps the
+        # engine; at Python's default 5 ms switch interval an HTTP round trip queues there many
+        # times over
         short_gil_switch()
         self.server = Server(build_app(self.endpoint))
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
-        if run_dir is not None:  # readable by the run's user alone; a link there is replaced, not followed
+        # readable by the run's user alone; a link there is replaced, not followed
+        if run_dir is not None:
             atomic_write(Path(run_dir) / f"agent-{worker}.json",
-                         json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n", mode=0o600)
+                         json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n",
+                         mode=0o600)
         log.info("agent %s: endpoint %s (key in agent-%d.json); %s", cfg.agent, self.url, worker,
                  self.style.describe())
 
     @classmethod
     def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
                  run_dir: str | None) -> AgentWorkflow:
-        """A rollout worker's: the model's context from its config.json (8192 where it names none)."""
+        """A rollout worker's: the model's context from its config.json (8192 where it names
+        none)."""
         from transformers import AutoConfig
 
         from areal_cli.model_source import resolve_model
 
-        context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)), "max_position_embeddings", 0) or 8192
+        context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)),
+                          "max_position_embeddings", 0) or 8192
         return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
                    max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
 
@@ -132,7 +141,8 @@ class AgentWorkflow:
         return len(self.groups)
 
     def drop_stale(self, oldest: int) -> list[GroupResult]:
-        """None: an agent's episodes run to their end (the controller drops a group too stale to train)."""
+        """None: an agent's episodes run to their end (the controller drops a group too stale to
+        train)."""
         return []
 
     def close(self) -> None:
@@ -163,7 +173,8 @@ class AgentWorkflow:
         try:
             run.reward, run.extras = episode_reward(run.future.result())
         except (asyncio.TimeoutError, TimeoutError):
-            return self._fail(group, run, f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s")
+            return self._fail(group, run,
+                              f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s")
         except Exception as err:  # noqa: BLE001 — the user's agent: any failure drops its episode, named
             return self._fail(group, run, "".join(traceback.format_exception(err)).rstrip())
         if not run.log.trajectories:
@@ -174,7 +185,8 @@ class AgentWorkflow:
         run.done = True
 
     def _fail(self, group: AgentGroup, run: EpisodeRun, why: str) -> None:
-        log.error("agent %s failed on %s (episode %d of group %d): %s", self.cfg.agent, group.problem.id,
+        log.error("agent %s failed on %s (episode %d of group %d): %s", self.cfg.agent,
+                  group.problem.id,
                   run.index, group.item.group_id, why)
         run.failed, run.done = why.splitlines()[-1][:200], True
 
@@ -194,9 +206,12 @@ class AgentWorkflow:
             for t in run.log.trajectories:
                 out.append(Sample(
                     sample_index=len(out), prompt_ids=np.asarray(t.prompt_ids, np.int32),
-                    output_ids=np.asarray(t.out_ids, np.int32), logprobs=np.asarray(t.logprobs, np.float32),
-                    versions=np.asarray(t.versions, np.int32), loss_mask=np.asarray(t.loss_mask, np.uint8),
-                    reward=float(run.reward), reward_status="ok", finish_reason=t.finish_reason or "stop",
+                    output_ids=np.asarray(t.out_ids, np.int32),
+                    logprobs=np.asarray(t.logprobs, np.float32),
+                    versions=np.asarray(t.versions, np.int32),
+                    loss_mask=np.asarray(t.loss_mask, np.uint8),
+                    reward=float(run.reward), reward_status="ok",
+                    finish_reason=t.finish_reason or "stop",
                     num_turns=t.calls, completion=run.log.last_text, episode=run.index))
         return out
 
@@ -205,7 +220,8 @@ class AgentWorkflow:
         for run in group.episodes:
             ep = run.log
             c.update(agent_episodes=1, agent_failed=bool(run.failed), agent_calls=ep.calls,
-                     agent_splits=ep.splits, agent_tool_calls=ep.tool_calls, tool_parse_errors=ep.tool_parse_errors,
+                     agent_splits=ep.splits, agent_tool_calls=ep.tool_calls,
+                     tool_parse_errors=ep.tool_parse_errors,
                      agent_trajectories=len(ep.trajectories))
             for k, v in run.extras.items():
                 c[f"agent_extra_{k}"] += v
