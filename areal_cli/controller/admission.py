@@ -26,7 +26,8 @@ class Admission:
 
     def can_admit(self) -> bool:
         # a group admitted now (first token of version v at the earliest) can go into the batches of
-        # steps 0 .. last_trainable_step(v, η): no more groups than those batches take are accepted or running
+        # steps 0 .. last_trainable_step(v, η): no more groups than those batches take are accepted
+        # or running
         limit = (last_trainable_step(self.version, self.max_staleness) + 1) * self.batch_size
         return self.accepted + self.running < limit and self.running < self.max_concurrent
 

@@ -1,6 +1,7 @@
 """`areal eval workflow=agent`: the agent run once per problem, greedily, through the endpoint of an
 ``AgentWorkflow`` on the evaluator's engine. The task's reward scores the agent's last reply (the
-accuracy, comparable with single_turn's); the agent's own reward and its calls are kept per sample."""
+accuracy, comparable with single_turn's); the agent's own reward and its calls are kept per
+sample."""
 
 from __future__ import annotations
 
@@ -16,13 +17,17 @@ from areal_cli.transport.messages import WorkItem
 from areal_cli.workflows.agent.workflow import AgentWorkflow
 
 
-def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tokens: int, context: int,
+def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tokens: int,
+               context: int,
                timeout_s: float, model: str) -> list[dict]:
     """One sample per problem: {prompt_id, pass, completion, answer, reference, score, ...}."""
-    # an episode waits for the engine behind every other one started with it: bounded by the evaluation's
-    # own no-progress limit rather than by training's per-episode workflow.agent_timeout_s
-    workflow = dataclasses.replace(workflow, agent_timeout_s=max(workflow.agent_timeout_s, timeout_s or 0))
-    flow = AgentWorkflow(workflow, engine, pool, tok, 0, model=model, max_new_tokens=max_new_tokens, context=context)
+    # an episode waits for the engine behind every other one started with it: bounded by the
+    # evaluation's own no-progress limit rather than by training's per-episode
+    # workflow.agent_timeout_s
+    workflow = dataclasses.replace(workflow,
+                                   agent_timeout_s=max(workflow.agent_timeout_s, timeout_s or 0))
+    flow = AgentWorkflow(workflow, engine, pool, tok, 0, model=model, max_new_tokens=max_new_tokens,
+                         context=context)
     try:
         for i, p in enumerate(problems):
             flow.start(WorkItem(i, p.id, np.zeros(0, np.int32), 1, max_new_tokens, p.to_dict(), 0))
@@ -40,7 +45,8 @@ def agent_pass(engine, tok, pool, workflow, problems: list[Problem], max_new_tok
                                    f"({len(problems) - len(results)} problems left)")
         texts = {i: (g.samples[-1].completion if g.samples else "") for i, g in results.items()}
         scores = {i: pool.submit(t, problems[i]) for i, t in texts.items()}
-        return [_record(problems[i], results[i], texts[i], scores[i].result()) for i in sorted(results)]
+        return [_record(problems[i], results[i], texts[i], scores[i].result())
+                for i in sorted(results)]
     finally:
         flow.close()
 

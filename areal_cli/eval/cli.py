@@ -46,7 +46,8 @@ def _run(overrides: list[str]) -> None:
     models = _models(head)
     chosen = [_problems(cfg, models) for cfg in cfgs]
     problems = [p for p, _ in chosen]
-    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S") + f"-{secrets.token_hex(2)}")
+    out_dir = Path(head.out_dir or time.strftime("runs/eval-%Y%m%d-%H%M%S")
+                   + f"-{secrets.token_hex(2)}")
     if head.data_parallel():
         from areal_cli.eval.parallel import run_data_parallel
 
@@ -83,7 +84,8 @@ def _check_engine(cfg: EvalRunConfig) -> None:
 
 
 def _check_gpus(cfg: EvalRunConfig) -> None:
-    """Every id of ``gpus`` must be a visible GPU (else the worker would silently run on the CPU)."""
+    """Every id of ``gpus`` must be a visible GPU (else the worker would silently run on the
+    CPU)."""
     if not cfg.gpus:
         return
     import torch
@@ -126,13 +128,17 @@ def _problems(cfg: EvalRunConfig, models: list[tuple[str, Path]]) -> tuple[list,
             problems = [p for p in problems if p.key not in trained]
     problems = problems[: cfg.size or None]
     if not problems:
-        raise EvalError(f"task {cfg.task.name}: no eval problem is left (eval split {len(split.problems)}, "
-                        f"in a run's training split: {dropped}); use another task or raise task.eval_size")
-    info = {"problems": len(problems), "split": split.report.to_dict(), "dropped_in_training": dropped}
-    overlap = "".join(f"; {n} in the training split of {run}, dropped" for run, n in dropped.items())
-    say(f"{cfg.task.name}: {len(problems)} held-out problems, distinct by content from the task's training "
-         f"split ({split.report.removed_other_side} training-side and {split.report.removed_duplicates} duplicate "
-         f"draws removed; {info['split']['space']['text']}){overlap}")
+        raise EvalError(f"task {cfg.task.name}: no eval problem is left (eval split "
+                        f"{len(split.problems)}, in a run's training split: {dropped}); use "
+                        "another task or raise task.eval_size")
+    info = {"problems": len(problems), "split": split.report.to_dict(),
+            "dropped_in_training": dropped}
+    overlap = "".join(f"; {n} in the training split of {run}, dropped" for run,
+                      n in dropped.items())
+    say(f"{cfg.task.name}: {len(problems)} held-out problems, distinct by content from the task's "
+         f"training split ({split.report.removed_other_side} training-side and "
+         f"{split.report.removed_duplicates} duplicate draws removed; "
+         f"{info['split']['space']['text']}){overlap}")
     return problems, info
 
 
@@ -148,7 +154,8 @@ def _trained_keys(model: str) -> set[str] | None:
         task = load_yaml(config, private=False).task
         return {p.key for p in load_problems(task, "train")}
     except (ConfigError, ValueError) as err:
-        raise EvalError(f"model={model}: cannot rebuild that run's training split to check overlap: {err}") from None
+        raise EvalError(f"model={model}: cannot rebuild that run's training split to check "
+                        f"overlap: {err}") from None
 
 
 def _run_info(head: EvalRunConfig, cfgs: list[EvalRunConfig], models, wall_s: float) -> dict:

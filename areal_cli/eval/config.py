@@ -54,29 +54,32 @@ class EvalRunConfig:
     seed: int = 0
     """Seed of the sampled pass."""
     threads: int = 0
-    """torch CPU threads (of each worker); 0 = every core (data-parallel: the cores divided among workers)."""
+    """torch CPU threads (of each worker); 0 = every core (data-parallel: the cores divided among
+    workers)."""
     max_concurrent: int = 64
     """Sequences generating at once in the engine (the KV cache is sized for them); with engine=vllm
     raise it (e.g. 256): vLLM schedules and sizes its KV cache itself."""
     gpus: list = field(default_factory=list)
-    """GPU ids for data-parallel evaluation: the problems of every task are split into one contiguous
-    shard per worker process, each process sees only its GPU(s) (CUDA_VISIBLE_DEVICES; with engine=vllm
-    engine.tensor_parallel_size GPUs each), and the samples are merged into one eval.json.
-    [] = one process on the default device."""
+    """GPU ids for data-parallel evaluation: the problems of every task are split into one
+    contiguous shard per worker process, each process sees only its GPU(s) (CUDA_VISIBLE_DEVICES;
+    with engine=vllm engine.tensor_parallel_size GPUs each), and the samples are merged into one
+    eval.json. [] = one process on the default device."""
     workers: int = 0
-    """Evaluation processes, one shard each; 0 = one per GPU of `gpus` (1 without gpus). More workers
-    than GPUs share them round-robin; workers > 1 without gpus = processes on the default device
-    (on a CPU machine: CPU processes with cores / workers torch threads each unless `threads` is set)."""
+    """Evaluation processes, one shard each; 0 = one per GPU of `gpus` (1 without gpus). More
+    workers than GPUs share them round-robin; workers > 1 without gpus = processes on the default
+    device (on a CPU machine: CPU processes with cores / workers torch threads each unless `threads`
+    is set)."""
     timeout_s: float = 3600.0
-    """Longest one evaluation may go without finishing a sequence or scoring a completion, and longest a
-    data-parallel worker (one shard) may run; past it the evaluation stops with an error naming the
-    shard. 0 = no limit."""
+    """Longest one evaluation may go without finishing a sequence or scoring a completion, and
+    longest a data-parallel worker (one shard) may run; past it the evaluation stops with an error
+    naming the shard. 0 = no limit."""
     task: TaskConfig = field(default_factory=TaskConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     workflow: WorkflowConfig = field(default_factory=WorkflowConfig)
-    """single_turn (the default) or agent: `workflow=agent workflow.agent=module:function` runs the agent
-    greedily on each problem through the engine's endpoint; the task's reward scores its last reply."""
+    """single_turn (the default) or agent: `workflow=agent workflow.agent=module:function` runs the
+    agent greedily on each problem through the engine's endpoint; the task's reward scores its last
+    reply."""
 
     def model_list(self) -> list[str]:
         return [str(m) for m in self.models] or [self.model]
@@ -86,19 +89,23 @@ class EvalRunConfig:
         return generic + drop_repeats(generic, self._cross_field())
 
     def _cross_field(self) -> list[str]:
-        problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward, self.task)
+        problems = self.task.validate() + self.reward.validate() + sandbox_problems(self.reward,
+                                                                                    self.task)
         if self.reward.served or len(self.reward.parts) > 1:
-            problems.append(f"reward.fn={self.reward.fn}: areal eval scores with one verifier (auto, math_verify, "
-                            "exact, numeric, code or module:function); model and judge rewards run inside areal train")
+            problems.append(f"reward.fn={self.reward.fn}: areal eval scores with one verifier "
+                            "(auto, math_verify, exact, numeric, code or module:function); model "
+                            "and judge rewards run inside areal train")
         if self.n_samples < 1:
             problems.append(f"n_samples={self.n_samples}: must be >= 1")
         if self.temperature < 0:
             problems.append(f"temperature={self.temperature}: must be >= 0 (0 = greedy)")
         if self.temperature == 0 and self.n_samples > 1:
-            problems.append(f"n_samples={self.n_samples} with temperature=0: greedy decoding gives one "
-                            "answer per problem; set temperature>0 (e.g. temperature=0.6) for pass@k")
+            problems.append(f"n_samples={self.n_samples} with temperature=0: greedy decoding gives "
+                            "one answer per problem; set temperature>0 (e.g. temperature=0.6) for "
+                            "pass@k")
         if self.temperature == 0 and not self.greedy:
-            problems.append("greedy=false with temperature=0 runs nothing: set temperature>0 or greedy=true")
+            problems.append("greedy=false with temperature=0 runs nothing: set temperature>0 or "
+                            "greedy=true")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p={self.top_p}: must be in (0, 1]")
         for key in ("max_new_tokens", "max_concurrent"):
@@ -112,15 +119,17 @@ class EvalRunConfig:
         if unknown_engine(self.engine.name):
             problems.append(unknown_engine(self.engine.name))
         if self.workers < 0:
-            problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else 1)")
+            problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else "
+                            "1)")
         problems += self._gpu_problems()
         if self.workflow.name not in ("single_turn", "agent"):
             problems.append(f"workflow={self.workflow.name}: areal eval runs single_turn or agent")
         elif self.workflow.name == "agent" and ":" not in self.workflow.agent:
-            problems.append("workflow=agent needs workflow.agent=module:function (examples/agents/)")
+            problems.append("workflow=agent needs workflow.agent=module:function "
+                            "(examples/agents/)")
         elif self.workflow.name == "agent" and (self.temperature > 0 or self.data_parallel()):
-            problems.append("workflow=agent is evaluated greedily in one process: drop temperature, gpus "
-                            "and workers")
+            problems.append("workflow=agent is evaluated greedily in one process: drop "
+                            "temperature, gpus and workers")
         return problems
 
     def _gpu_problems(self) -> list[str]:
@@ -133,8 +142,8 @@ class EvalRunConfig:
             out.append(f"gpus={gpus}: must be distinct GPU ids >= 0")
         tp = self.gpus_per_worker()
         if gpus and len(gpus) % tp:
-            out.append(f"gpus={gpus} with engine.tensor_parallel_size={tp}: give a multiple of {tp} GPUs "
-                       "(each worker takes tensor_parallel_size of them)")
+            out.append(f"gpus={gpus} with engine.tensor_parallel_size={tp}: give a multiple of "
+                       f"{tp} GPUs (each worker takes tensor_parallel_size of them)")
         return out
 
     def gpus_per_worker(self) -> int:
@@ -165,7 +174,8 @@ def compose_eval(overrides: list[str]) -> list[EvalRunConfig]:
     if not base.tasks:
         return [base]
     rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") not in ("task", "tasks")]
-    return [replace(_compose(rest + [f"task={name}"]), tasks=list(base.tasks)) for name in base.tasks]
+    return [replace(_compose(rest + [f"task={name}"]), tasks=list(base.tasks))
+            for name in base.tasks]
 
 
 def _compose(overrides: list[str]) -> EvalRunConfig:
@@ -189,12 +199,14 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     problems = cfg.validate()
     if problems:
         raise ConfigError(problems)
-    return replace(cfg, engine=resolve_engine(cfg.engine, updates=False))  # no launcher plans an evaluation
+    # no launcher plans an evaluation
+    return replace(cfg, engine=resolve_engine(cfg.engine, updates=False))
 
 
 def _for_eval(message: str) -> str:
     """A load.py message with the fix `areal eval` users need."""
-    message = message.replace("`areal train --dry-run` prints every valid key", "conf/eval.yaml lists every key")
+    message = message.replace("`areal train --dry-run` prints every valid key",
+                              "conf/eval.yaml lists every key")
     if "Could not find 'task/" in message:
         presets = sorted(p.stem for p in (conf_dir() / "task").glob("*.yaml"))
         return message.split(" (see")[0] + f" (task presets: {', '.join(presets)})"

@@ -69,7 +69,8 @@ class _Worker:
     reader: threading.Thread | None = None
 
 
-def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]], problems: list[list],
+def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]],
+                      problems: list[list],
                       out_dir: Path, say=None) -> list[dict]:
     """Evaluate every model × task over ``cfgs[0].worker_count()`` workers; the merged results, in
     the order and with the keys of the single-process path."""
@@ -85,12 +86,15 @@ def run_data_parallel(overrides: list[str], cfgs, models: list[tuple[str, Path]]
             out.unlink(missing_ok=True)
             spec = {"overrides": list(overrides), "shard": k, "shards": n, "out": str(out),
                     "models": [[name, str(path)] for name, path in models], "threads": threads,
-                    "ids": [[p.id for p in shard(task_problems, k, n)] for task_problems in problems]}
+                    "ids": [[p.id for p in shard(task_problems, k, n)]
+                            for task_problems in problems]}
             spec_path = shard_dir / f"shard-{k}.spec.json"
             atomic_write(spec_path, json.dumps(spec))
-            workers.append(_start(k, head.worker_gpus(k), spec_path, shard_dir / f"shard-{k}.log", out))
+            workers.append(_start(k, head.worker_gpus(k), spec_path, shard_dir / f"shard-{k}.log",
+                                  out))
         if say:
-            say(f"{n} workers: " + ", ".join(f"shard {w.k} on {device_label(w.gpus)} (pid {w.proc.pid})"
+            say(f"{n} workers: "
+                + ", ".join(f"shard {w.k} on {device_label(w.gpus)} (pid {w.proc.pid})"
                                                for w in workers))
         _wait(workers, n, head.timeout_s)
     finally:
@@ -104,8 +108,10 @@ def _start(k: int, gpus: list[int], spec_path: Path, log: Path, out: Path) -> _W
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = physical_gpus(gpus)
     proc = subprocess.Popen([sys.executable, "-m", "areal_cli.eval.parallel", str(spec_path)],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=env, start_new_session=True)  # its own group: vLLM's children go with it
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            # its own group: vLLM's children go with it
+                            env=env, start_new_session=True)
     w = _Worker(k, gpus, proc, log, out)
     w.reader = threading.Thread(target=_pump, args=(w,), daemon=True, name=f"eval-shard-{k}")
     w.reader.start()
@@ -147,8 +153,10 @@ def _wait(workers: list[_Worker], n: int, timeout_s: float = 0.0) -> None:
         if timeout_s and time.monotonic() - start > timeout_s:
             late = [w for w in running if w.proc.poll() is None]
             _dump_stacks(late)
-            raise WorkerFailed("\n".join(_failure(w, n, f"still running after timeout_s={timeout_s:g}s (stuck? its "
-                                                           "thread stacks are at the end of its log)") for w in late))
+            raise WorkerFailed("\n".join(_failure(w, n, "still running after "
+                                                           f"timeout_s={timeout_s:g}s (stuck? its "
+                                                           "thread stacks are at the end of its "
+                                                           "log)") for w in late))
         for w in list(running):
             rc = w.proc.poll()
             if rc is None:
@@ -213,10 +221,12 @@ def _read_shard(w: _Worker, n: int) -> dict:
     try:
         return json.loads(w.out.read_text())
     except (OSError, ValueError) as err:
-        raise WorkerFailed(_failure(w, n, f"exited 0 but its result {w.out} is unreadable ({err})")) from None
+        why = f"exited 0 but its result {w.out} is unreadable ({err})"
+        raise WorkerFailed(_failure(w, n, why)) from None
 
 
-def merge(cfgs, models: list[tuple[str, Path]], problems: list[list], shards: list[dict]) -> list[dict]:
+def merge(cfgs, models: list[tuple[str, Path]], problems: list[list],
+          shards: list[dict]) -> list[dict]:
     """One result per model × task (the single-process order): the shards' samples of each pass
     concatenated in shard order (= problem order), metrics recomputed from all of them."""
     results = []
@@ -227,7 +237,8 @@ def merge(cfgs, models: list[tuple[str, Path]], problems: list[list], shards: li
                 if part["model"] != name or part["task"] != cfg.task.name:
                     raise WorkerFailed(f"shard result for {part['model']} on {part['task']} where "
                                        f"{name} on {cfg.task.name} was expected")
-            samples = [s for p in PASSES for part in parts for s in part["samples"] if s["pass"] == p]
+            samples = [s for p in PASSES for part in parts for s in part["samples"]
+                       if s["pass"] == p]
             ids = [p.id for p in task_problems]
             for p in PASSES:
                 got = list(dict.fromkeys(s["prompt_id"] for s in samples if s["pass"] == p))
@@ -236,7 +247,8 @@ def merge(cfgs, models: list[tuple[str, Path]], problems: list[list], shards: li
                                        f"{len(got)} problems, not the {len(ids)} asked, in order")
             results.append({"model": name, "task": cfg.task.name,
                              "metrics": summarize(samples, cfg.n_samples), "samples": samples,
-                             "wall_s": max(part["wall_s"] for part in parts), "model_path": str(path)})
+                             "wall_s": max(part["wall_s"] for part in parts),
+                            "model_path": str(path)})
     return results
 
 
@@ -249,24 +261,28 @@ def worker_main(spec_path: str) -> None:
     from areal_cli.runtime import die_with_parent
 
     die_with_parent()
-    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the parent dumps a stuck worker's stacks
+    # the parent dumps a stuck worker's stacks
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     spec = json.loads(Path(spec_path).read_text())
     out, k, n = Path(spec["out"]), spec["shard"], spec["shards"]
     faults.point("eval", k, out.parent)
     cfgs = compose_eval(spec["overrides"])
     mine = []
-    for cfg, ids in zip(cfgs, spec["ids"], strict=True):  # the parent's choice (overlap with a run dropped)
+    # the parent's choice (overlap with a run dropped)
+    for cfg, ids in zip(cfgs, spec["ids"], strict=True):
         split = {p.id: p for p in eval_problems(cfg.task)}
         if any(i not in split for i in ids):
-            raise EvalError(f"task {cfg.task.name}: shard {k} loaded other problems than the parent "
-                            "(is the task's data changing?)")
+            raise EvalError(f"task {cfg.task.name}: shard {k} loaded other problems than the "
+                            "parent (is the task's data changing?)")
         mine.append([split[i] for i in ids])
     print(f"shard {k} of {n}: " + ", ".join(f"{cfg.task.name} {len(p)} problems" for cfg, p in
-                                              zip(cfgs, mine, strict=True)), file=sys.stderr, flush=True)
+                                              zip(cfgs, mine, strict=True)), file=sys.stderr,
+          flush=True)
     t0, results = time.perf_counter(), []
     for name, path in spec["models"]:
         results += evaluate_model(name, Path(path), cfgs, mine, spec["threads"])
-    atomic_write(out, json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
+    atomic_write(out,
+                 json.dumps({"shard": k, "shards": n, "wall_s": round(time.perf_counter() - t0, 2),
                                   "results": results}))
 
 

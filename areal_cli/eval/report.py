@@ -12,7 +12,8 @@ from pathlib import Path
 
 from areal_cli.durable import atomic_write
 
-LABELS = {"problems": "n", "accuracy": "acc (greedy)", "mean_reward": "reward", "mean_length": "len",
+LABELS = {"problems": "n", "accuracy": "acc (greedy)", "mean_reward": "reward",
+          "mean_length": "len",
           "truncation_rate": "trunc"}
 HIDDEN = ("mean_reward",)  # in eval.json only
 
@@ -25,7 +26,8 @@ def columns(results: list[dict]) -> list[str]:
     order = ["problems", "accuracy"]
     middle = [k for k in keys if k.startswith("avg@")]
     middle += sorted((k for k in keys if k.startswith("pass@")), key=lambda k: int(k[5:]))
-    return [k for k in order if k in keys] + middle + [k for k in ("mean_length", "truncation_rate") if k in keys]
+    return [k for k in order if k in keys] + middle + [k for k in ("mean_length", "truncation_rate")
+                                                       if k in keys]
 
 
 def label(key: str) -> str:
@@ -46,7 +48,8 @@ def rows(results: list[dict]) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the summary, shared by the terminal table and eval.md."""
     keys = columns(results)
     header = ["task", "model"] + [label(k) for k in keys] + ["time s"]
-    body = [[r["task"], r["model"]] + [cell(k, r["metrics"].get(k)) for k in keys] + [f"{r['wall_s']:.0f}"]
+    body = [[r["task"], r["model"]] + [cell(k, r["metrics"].get(k)) for k in keys]
+            + [f"{r['wall_s']:.0f}"]
             for r in sorted(results, key=lambda r: r["task"])]
     return header, body
 
@@ -84,14 +87,18 @@ def write(results: list[dict], out_dir: Path, run: dict) -> None:
 
 def markdown(results: list[dict], run: dict) -> str:
     header, body = rows(results)
-    lines = ["# areal eval", "", _settings(run), "", _md_row(header), _md_row(["---"] * len(header))]
+    lines = ["# areal eval", "", _settings(run), "", _md_row(header),
+             _md_row(["---"] * len(header))]
     lines += [_md_row(r) for r in body]
     for r in results:
         lines += ["", f"## {r['task']} — {r['model']}", "",
-                  _md_row(["prompt id", "pass", "#", "answer", "reference", "score", "tokens", "finish",
+                  _md_row(["prompt id", "pass", "#", "answer", "reference", "score", "tokens",
+                           "finish",
                            "completion"]), _md_row(["---"] * 9)]
-        lines += [_md_row([s["prompt_id"], s["pass"], str(s["sample"]), str(s["answer"]), s["reference"],
-                           f"{s['score']:g}", str(s["length"]), s["finish_reason"], s["completion"]])
+        lines += [_md_row([s["prompt_id"], s["pass"], str(s["sample"]), str(s["answer"]),
+                           s["reference"],
+                           f"{s['score']:g}", str(s["length"]), s["finish_reason"],
+                           s["completion"]])
                   for s in r["samples"]]
     return "\n".join(lines) + "\n"
 

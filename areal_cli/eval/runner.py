@@ -34,8 +34,8 @@ from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
 
 @dataclass(frozen=True)
 class EvalId:
-    """The engine request of sample ``sample`` of problem ``problem`` in pass ``pass_no`` (pass numbers
-    keep ids unique in a vLLM engine that every pass reuses)."""
+    """The engine request of sample ``sample`` of problem ``problem`` in pass ``pass_no`` (pass
+    numbers keep ids unique in a vLLM engine that every pass reuses)."""
 
     pass_no: int
     problem: int
@@ -61,8 +61,10 @@ class Evaluator:
     per pass; ``seed`` seeds vLLM's sampling.
     """
 
-    def __init__(self, model_path: str | Path, reward_cfg: RewardConfig, engine_cfg: EngineConfig | None = None,
-                 threads: int | None = None, max_concurrent: int = 64, pool: RewardPool | None = None,
+    def __init__(self, model_path: str | Path, reward_cfg: RewardConfig,
+                 engine_cfg: EngineConfig | None = None,
+                 threads: int | None = None, max_concurrent: int = 64,
+                 pool: RewardPool | None = None,
                  seed: int = 0, timeout_s: float = 3600.0):
         self.timeout_s = timeout_s  # longest wait for a sequence or a score; 0 = no limit
         self._own_pool = pool is None  # started first: its workers warm up while the model loads
@@ -71,7 +73,8 @@ class Evaluator:
         self._passes = 0
         try:
             # not planned by a launcher: its engine's auto values are resolved here, once
-            self._load(model_path, resolve_engine(engine_cfg or EngineConfig(), updates=False), threads,
+            self._load(model_path, resolve_engine(engine_cfg or EngineConfig(), updates=False),
+                       threads,
                        max_concurrent, seed)
         except BaseException:
             self.close()
@@ -88,7 +91,8 @@ class Evaluator:
         self.model_path = str(model_path)
         self.tok = load_tokenizer(model_path)
         # greedy until a pass says otherwise; each pass sizes the KV cache for its own context
-        self.engine = make_engine(EngineSetup(engine_cfg, model_path, self.tok.eos_token_id, Sampling(0.0),
+        self.engine = make_engine(EngineSetup(engine_cfg, model_path, self.tok.eos_token_id,
+                                              Sampling(0.0),
                                               sequences=max_concurrent, seed=seed))
 
     def run(self, task_cfg: TaskConfig, *, n_samples: int = 1, temperature: float = 0.0,
@@ -109,20 +113,25 @@ class Evaluator:
             import torch
 
             torch.manual_seed(seed)
-            samples += self._pass("sample", problems, prompts, n_samples, temperature, top_p, max_new_tokens)
+            samples += self._pass("sample", problems, prompts, n_samples, temperature, top_p,
+                                  max_new_tokens)
         return {"model": self.model_path, "task": task_cfg.name,
                 "metrics": summarize(samples, n_samples), "samples": samples,
                 "wall_s": round(time.perf_counter() - t0, 2)}
 
-    def run_agent(self, task_cfg: TaskConfig, workflow, problems: list[Problem], max_new_tokens: int) -> dict:
-        """``workflow.agent`` run greedily once per problem (eval/agent.py); the same dict as ``run``."""
+    def run_agent(self, task_cfg: TaskConfig, workflow, problems: list[Problem],
+                  max_new_tokens: int) -> dict:
+        """``workflow.agent`` run greedily once per problem (eval/agent.py); the same dict as
+        ``run``."""
         from areal_cli.eval.agent import agent_pass
 
         t0 = time.perf_counter()
         self._passes += 1
-        context = 1024 + max_new_tokens * workflow.max_turns  # the agent's messages, then its calls' tokens
+        # the agent's messages, then its calls' tokens
+        context = 1024 + max_new_tokens * workflow.max_turns
         self.engine.configure(Sampling(0.0), context)
-        samples = agent_pass(self.engine, self.tok, self.pool, workflow, problems, max_new_tokens, context,
+        samples = agent_pass(self.engine, self.tok, self.pool, workflow, problems, max_new_tokens,
+                             context,
                              self.timeout_s, self.model_path)
         return {"model": self.model_path, "task": task_cfg.name, "metrics": summarize(samples, 1),
                 "samples": samples, "wall_s": round(time.perf_counter() - t0, 2)}
@@ -134,12 +143,15 @@ class Evaluator:
     def _pass(self, name: str, problems: list[Problem], prompts: list[list[int]], n: int,
               temperature: float, top_p: float, max_new_tokens: int) -> list[dict]:
         self._passes += 1  # request ids unique over the passes of the engine that every pass reuses
-        requests = [Sequence(EvalId(self._passes, i, j), prompts[i], max_new_tokens) for i in range(len(problems))
+        requests = [Sequence(EvalId(self._passes, i, j), prompts[i], max_new_tokens)
+                    for i in range(len(problems))
                     for j in range(n)]
         scored = {}
-        self.engine.configure(Sampling(temperature, top_p), max(map(len, prompts), default=1) + max_new_tokens)
+        self.engine.configure(Sampling(temperature, top_p),
+                              max(map(len, prompts), default=1) + max_new_tokens)
         t0 = time.monotonic()
-        for k, seq in enumerate(generate(self.engine, requests, self.max_concurrent, self.timeout_s), 1):
+        for k, seq in enumerate(generate(self.engine, requests, self.max_concurrent,
+                                         self.timeout_s), 1):
             if k % PROGRESS_EVERY == 0 or k == len(requests):
                 say(f"  {name}: {k}/{len(requests)} completions ({time.monotonic() - t0:.0f}s)")
             i, j = seq.rid.problem, seq.rid.sample
@@ -187,8 +199,9 @@ def generate(engine, requests: list[Sequence], max_concurrent: int, timeout_s: f
             last = time.monotonic()
             yield seq
         if timeout_s and time.monotonic() - last > timeout_s:
-            raise EvalStalled(f"no sequence finished for {timeout_s:g}s ({running} generating, {len(pending)} "
-                              "waiting): the engine is stuck; raise timeout_s if a sequence can take longer")
+            raise EvalStalled(f"no sequence finished for {timeout_s:g}s ({running} generating, "
+                              f"{len(pending)} waiting): the engine is stuck; raise timeout_s if a "
+                              "sequence can take longer")
 
 
 def wait_scores(futures: list, timeout_s: float) -> None:
@@ -199,28 +212,31 @@ def wait_scores(futures: list, timeout_s: float) -> None:
         done, waiting = concurrent.futures.wait(waiting, timeout=timeout_s or None,
                                                 return_when=concurrent.futures.FIRST_COMPLETED)
         if not done:
-            raise EvalStalled(f"no completion was scored for {timeout_s:g}s ({len(waiting)} waiting): the "
-                              "reward pool is stuck; see the log for its error")
+            raise EvalStalled(f"no completion was scored for {timeout_s:g}s ({len(waiting)} "
+                              "waiting): the reward pool is stuck; see the log for its error")
 
 def _record(name: str, problem: Problem, j: int, seq: Sequence, text: str, result) -> dict:
     return {"prompt_id": problem.id, "pass": name, "sample": j, "completion": text,
-            "answer": extract_answer(text), "reference": problem.answer, "score": float(result.score),
+            "answer": extract_answer(text), "reference": problem.answer,
+            "score": float(result.score),
             "reward_status": result.status, "length": len(seq.output_ids),
             "finish_reason": seq.finish_reason}
 
 
-def evaluate(model_path: str | Path, task_cfg: TaskConfig, reward_cfg: RewardConfig, n_samples: int = 1,
+def evaluate(model_path: str | Path, task_cfg: TaskConfig, reward_cfg: RewardConfig,
+             n_samples: int = 1,
              temperature: float = 0.0, max_new_tokens: int = 64, size: int = 0, **options) -> dict:
     """Evaluate one model on one task's eval split; what ``areal train`` calls for ``eval.every``.
 
     ``model_path``: an alias, a Hugging Face directory or a run_dir. ``size``: the first that
-    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed``, ``problems`` (of ``run``; ``seed``
-    also seeds a vLLM engine) and
+    many eval problems (0 = all). ``options``: ``greedy``, ``top_p``, ``seed``, ``problems`` (of
+    ``run``; ``seed`` also seeds a vLLM engine) and
     ``engine_cfg``, ``threads``, ``max_concurrent``, ``pool`` (of ``Evaluator``; pass the
     caller's RewardPool to skip starting one). Returns ``Evaluator.run``'s dict.
     """
     run_keys = ("greedy", "top_p", "seed", "problems")
     run_opts = {k: options.pop(k) for k in run_keys if k in options}
-    with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, seed=run_opts.get("seed", 0), **options) as ev:
+    with Evaluator(resolve_eval_model(str(model_path)), reward_cfg, seed=run_opts.get("seed", 0),
+                   **options) as ev:
         return ev.run(task_cfg, n_samples=n_samples, temperature=temperature,
                       max_new_tokens=max_new_tokens, size=size, **run_opts)

@@ -16,7 +16,8 @@ class EvalError(Exception):
     """Something the user must fix; the message says what."""
 
 
-def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list, threads: int) -> list[dict]:
+def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: list,
+                   threads: int) -> list[dict]:
     """One result per task (in ``cfgs`` order) of model ``name``; a task with no problems (a
     data-parallel shard past the end of a small task) gets an empty result without generating."""
     from transformers.utils import logging as hf_logging
@@ -32,7 +33,8 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
     results = []
     say(f"loading {name} ({path})")
     try:
-        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent, seed=head.seed,
+        evaluator = Evaluator(path, head.reward, head.engine, threads, head.max_concurrent,
+                              seed=head.seed,
                               timeout_s=head.timeout_s)
     except (OSError, ValueError) as err:
         raise EvalError(f"model={name}: cannot load {path}: {err}") from None
@@ -43,10 +45,13 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
                 continue
             say(f"{name} on {cfg.task.name}: {len(task_problems)} problems, {passes(cfg)}")
             if cfg.workflow.name == "agent":
-                result = evaluator.run_agent(cfg.task, cfg.workflow, task_problems, cfg.max_new_tokens)
+                result = evaluator.run_agent(cfg.task, cfg.workflow, task_problems,
+                                             cfg.max_new_tokens)
             else:
-                result = evaluator.run(cfg.task, n_samples=cfg.n_samples, temperature=cfg.temperature,
-                                       max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy, top_p=cfg.top_p,
+                result = evaluator.run(cfg.task, n_samples=cfg.n_samples,
+                                       temperature=cfg.temperature,
+                                       max_new_tokens=cfg.max_new_tokens, greedy=cfg.greedy,
+                                       top_p=cfg.top_p,
                                        seed=cfg.seed, problems=task_problems)
             result.update(model=name, model_path=str(path))
             results.append(result)
@@ -57,7 +62,8 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
 def passes(cfg: EvalRunConfig) -> str:
     if cfg.workflow.name == "agent":
         return f"agent {cfg.workflow.agent}, greedy"
-    sampled = f"{cfg.n_samples} samples at temperature {cfg.temperature}" if cfg.temperature > 0 else ""
+    sampled = (f"{cfg.n_samples} samples at temperature {cfg.temperature}"
+               if cfg.temperature > 0 else "")
     greedy = "greedy" if cfg.greedy or cfg.temperature == 0 else ""
     return " + ".join(p for p in (greedy, sampled) if p)
 

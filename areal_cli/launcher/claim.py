@@ -5,9 +5,9 @@ time, no links followed.
   so two runs started in the same second never share a directory.
 - ``claim_run_dir``: a run directory is created 0700, or an existing one is used only when the
   running user owns it and no one else can write to it (``areal_cli/private.py``).
-- ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock`` (``RunDir.lock``), held by ``areal train`` (and ``resume=``)
-  for the whole run; the file names the holder's pid. The kernel drops the lock when the holder
-  dies, so a crash never leaves a stale lock behind.
+- ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock`` (``RunDir.lock``), held by ``areal train``
+  (and ``resume=``) for the whole run; the file names the holder's pid. The kernel drops the lock
+  when the holder dies, so a crash never leaves a stale lock behind.
 - ``check_links``: the paths areal writes through or deletes under (checkpoints and the JSONL
   records) must not be symbolic links.
 """
@@ -29,7 +29,8 @@ class RunDirError(ValueError):
 
 
 def new_run_dir(root: str | Path = "runs") -> Path:
-    """A fresh ``<root>/<YYYYmmdd-HHMMSS>-<4 hex>`` (mode 0700), created here (never an existing one)."""
+    """A fresh ``<root>/<YYYYmmdd-HHMMSS>-<4 hex>`` (mode 0700), created here (never an existing
+    one)."""
     Path(root).mkdir(parents=True, exist_ok=True)
     for _ in range(100):
         path = Path(root) / f"{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
@@ -74,9 +75,11 @@ class RunLock:
             holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "unknown"
             os.close(self.fd)
             gone = holder.isdigit() and not os.path.exists(f"/proc/{holder}")
-            raise RunDirError(f"run_dir={Path(run_dir)} is in use by another areal run (pid {holder}"
-                              + (", exited; a process it started still runs: `pgrep -af <run_dir>`" if gone else "")
-                              + "); wait for it to end or stop it, or choose another run_dir") from None
+            exited = (", exited; a process it started still runs: `pgrep -af <run_dir>`"
+                      if gone else "")
+            raise RunDirError(f"run_dir={Path(run_dir)} is in use by another areal run (pid "
+                              f"{holder}{exited}); wait for it to end or stop it, or choose "
+                              "another run_dir") from None
         os.ftruncate(self.fd, 0)
         os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
 

@@ -41,7 +41,8 @@ def preflight(cfg: RootConfig) -> None:
 
 
 def lora_problems(cfg: RootConfig, model_path) -> list[str]:
-    """trainer.lora against the model (target names, rank), and against the checkpoint a resume reads."""
+    """trainer.lora against the model (target names, rank), and against the checkpoint a resume
+    reads."""
     import importlib.util
     from pathlib import Path
 
@@ -50,21 +51,23 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
 
     out = check_model(model_path, cfg.trainer.lora)
     if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:
-        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install 'areal-cli[lora]', "
-                   "or trainer.lora.rank=0 (full fine-tuning)")
+        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install "
+                   "'areal-cli[lora]', or trainer.lora.rank=0 (full fine-tuning)")
     ckpt = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
     if ckpt is not None:
         saved = saved_rank(ckpt / "adapter") or 0
         if saved != cfg.trainer.lora.rank:
             out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} but the checkpoint {ckpt} holds "
                        + (f"a rank-{saved} adapter" if saved else "full weights (no adapter)")
-                       + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or start a new run "
-                       f"from its merged model (model={Path(cfg.resume) / 'checkpoints' / 'final'})")
+                       + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or "
+                       "start a new run from its merged model "
+                       f"(model={Path(cfg.resume) / 'checkpoints' / 'final'})")
     return out
 
 
 def _check_imports(cfg: RootConfig) -> list[str]:
-    """A custom reward or workflow given by import path must import here, before any process starts."""
+    """A custom reward or workflow given by import path must import here, before any process
+    starts."""
     out = []
     if ":" in cfg.reward.fn:
         from areal_cli.rewards.scoring import import_custom
@@ -106,9 +109,10 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     for p in problems:
         n = len(prompt_ids(tok, p, cfg.task))
         if n > room:
-            return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
-                    f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "
-                    "drop or shorten such prompts, or lower rollout.max_new_tokens"]
+            return [f"task: problem {p.id} has a {n}-token prompt; with "
+                    f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} the model's "
+                    f"{context}-token context leaves {room}: drop or shorten such prompts, or "
+                    "lower rollout.max_new_tokens"]
         longest = max(longest, n)
     if not cfg.engine.kv_cache_tokens:  # "what the run needs", written into config.yaml
         cfg.engine.kv_cache_tokens = kv_cache_tokens_needed(cfg, longest)

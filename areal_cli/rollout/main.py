@@ -43,16 +43,21 @@ from areal_cli.workflows.base import Workflow
 
 
 def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
-    """Rollout worker ``index``'s engine: sampling at rollout.temperature / top_p, a KV cache for its
-    concurrent groups, joined to trainer rank 0's weight group."""
+    """Rollout worker ``index``'s engine: sampling at rollout.temperature / top_p, a KV cache for
+    its concurrent groups, joined to trainer rank 0's weight group."""
     # areal train resolves engine.kv_cache_tokens from the longest prompt; this context is for a
     # worker started some other way
-    context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
+    context = max(256,
+                  len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
+                                                    tokenize=False))
                   ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
     return EngineSetup(cfg.engine, resolve_model(cfg.model), tokenizer.eos_token_id,
                        Sampling(cfg.rollout.temperature, cfg.rollout.top_p),
-                       sequences=concurrency(cfg) * cfg.rollout.group_size, context=context, seed=cfg.seed,
-                       index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port, ep.weights_store))
+                       sequences=concurrency(cfg) * cfg.rollout.group_size, context=context,
+                       seed=cfg.seed,
+                       index=index,
+                       weights=WeightSource(cfg, ep.weights_host, ep.weights_port,
+                                            ep.weights_store))
 
 
 def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None) -> Workflow:
@@ -82,8 +87,9 @@ class GenerationSpeed:
         self.last = now
         if now - self.wall0 >= self.every_s:
             busy = max(self.busy_s, 1e-9)
-            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s generating, "
-                     "%.1f sequences at once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
+            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s "
+                     "generating, %.1f sequences at "
+                     "once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
                      self.held_s / busy)
             self.tokens, self.busy_s, self.held_s, self.wall0 = 0, 0.0, 0.0, now
 
@@ -105,9 +111,11 @@ class Worker:
         self.hb.doing = "loading the model"
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
-        self.hb.doing = "starting its reward pool (and waiting for the reward-model process, if any)"
+        self.hb.doing = ("starting its reward pool (and waiting for the reward-model process, if "
+                         "any)")
         self.pool = make_rewards(self.cfg.reward, self.cfg.reward.workers, lambda: ServedRewards(
-            self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s), self.name, keys, limit))
+            self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s),
+            self.name, keys, limit))
         self.flow = make_workflow(self.cfg, self.engine, self.pool, self.tok, index, run_dir)
         wire = dict(bind=False, keys=keys, max_frame=limit)
         self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)
@@ -149,13 +157,16 @@ class Worker:
                 self._drop_stale(msg.version)
             self._continue_update()
             if self.updating is None:
-                # said after an update too: a worker frozen in _take_work must not still claim to be receiving
-                self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
+                # said after an update too: a worker frozen in _take_work must not still claim to be
+                # receiving
+                self.hb.doing = (f"generating ({self.flow.busy()} groups, version "
+                                 f"{self.engine.version})")
             if not self.stopping:
                 self._take_work()
             in_engine = self.engine.in_flight()
             # while an update arrives the loop comes back soon to see it ready
-            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02 if self.flow.busy() else 0.1):
+            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02
+                                        if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
                 self.hb.advance()
                 self.speed.tokens += len(seq.output_ids)
@@ -176,21 +187,24 @@ class Worker:
             self.flow.start(self.held.popleft())
 
     def _finish_update_before_stop(self, limit_s: float = 60.0) -> None:
-        """An update on its way is taken in before the worker stops (the trainer's broadcast completes), for
+        """An update on its way is taken in before the worker stops (the trainer's broadcast
+        completes), for
         ``limit_s`` at most: a trainer that died mid-broadcast must not hold the stop."""
         deadline = time.monotonic() + limit_s
         while self.updating is not None and time.monotonic() < deadline:
             self.engine.poll(0.01)
             self._continue_update()
         if self.updating is not None:
-            self.log.warning("stopping with the update to version %d not received within %.0fs", self.updating,
+            self.log.warning("stopping with the update to version %d not received within %.0fs",
+                             self.updating,
                              limit_s)
 
     def _order(self, version: int) -> None:
         """An order to take in weights of ``version``: begun now, or after the update on its way."""
         have = self.engine.version if self.updating is None else self.updating
         if version < self.engine.version:
-            self.log.warning("ignored an update to version %d: the weights are at %d", version, self.engine.version)
+            self.log.warning("ignored an update to version %d: the weights are at %d", version,
+                             self.engine.version)
         elif version <= have:
             pass  # the controller repeats an order until it hears that the worker has joined
         elif self.updating is not None:
@@ -199,9 +213,11 @@ class Worker:
             self._begin_update(version)
 
     def _begin_update(self, version: int) -> None:
-        """Start taking in ``version``: behind generation where the engine can (the loop goes on starting
-        groups and sending results until ``_continue_update`` finds it ready), else all at once there."""
-        self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0", Phase.receiving_weights,
+        """Start taking in ``version``: behind generation where the engine can (the loop goes on
+        starting groups and sending results until ``_continue_update`` finds it ready), else all at
+        once there."""
+        self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0",
+                          Phase.receiving_weights,
                           version)
         faults.point("weights", version, self.run_dir)
         self.updating, self.update_t0 = version, time.perf_counter()
@@ -213,24 +229,29 @@ class Worker:
         version, self.updating = self.updating, None
         timings = self.engine.finish_update()
         timings["update_total_s"] = time.perf_counter() - self.update_t0
-        timings.setdefault("pause_total_s", timings["update_total_s"])  # an engine that generates meanwhile says
+        # an engine that generates meanwhile says
+        timings.setdefault("pause_total_s", timings["update_total_s"])
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
-        # every batch from now on is of this version or later (the controller's word may come later still)
+        # every batch from now on is of this version or later (the controller's word may come later
+        # still)
         self._drop_stale(oldest_trainable(version, self.cfg.rollout.max_staleness))
-        self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
-                      timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
-                      "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
+        self.log.info("weights v%d loaded in %.3fs, generation held %.3fs "
+                      "(%d sequences continue)%s", version,
+                      timings["update_total_s"], timings["pause_total_s"],
+                      timings.get("interrupted", 0),
+                      "; the adapter did not change (delta exactly zero)"
+                      if timings.get("adapter_delta_zero") else
                       "; the weights did not change" if timings.get("weights_unchanged") else "")
         if self.next_update is not None:
             later, self.next_update = self.next_update, None
             self._begin_update(later)
 
     def _drop_stale(self, oldest: int) -> None:
-        """The groups whose first model token is older than version ``oldest`` stop generating: no batch to
-        come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their end and the
-        controller drops them)."""
+        """The groups whose first model token is older than version ``oldest`` stop generating: no
+        batch to come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their
+        end and the controller drops them)."""
         if oldest <= 0:
             return
         stale = self.flow.drop_stale(oldest)

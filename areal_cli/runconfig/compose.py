@@ -26,8 +26,9 @@ def conf_dir() -> Path:
         return installed
     checkout = Path(__file__).resolve().parents[2] / "conf"
     if not checkout.is_dir():
-        raise ConfigError([f"no conf/ directory: neither {installed} nor {checkout} exists; reinstall "
-                           "areal-cli (pip install .), or set AREAL_CONF_DIR to a conf/ directory"])
+        raise ConfigError([f"no conf/ directory: neither {installed} nor {checkout} exists; "
+                           "reinstall areal-cli (pip install .), or set AREAL_CONF_DIR to a conf/ "
+                           "directory"])
     return checkout
 
 
@@ -67,7 +68,8 @@ def apply_task_params(cfg, rest: list[str], params: list[str], config_name: str)
     from omegaconf import OmegaConf, open_dict
 
     keys = {o.split("=", 1)[0].lstrip("+~") for o in rest}
-    switched = cfg.task.get("dataset") != _preset(rest, config_name).get("dataset", cfg.task.get("dataset"))
+    switched = cfg.task.get("dataset") != _preset(rest, config_name).get("dataset",
+                                                                         cfg.task.get("dataset"))
     parsed = OverridesParser.create().parse_overrides(params)
     with open_dict(cfg):
         if switched and "task.name" not in keys:
@@ -99,9 +101,11 @@ def _preset(overrides: list[str], config_name: str) -> dict:
     """The task preset file chosen (`task=` or the config's default), as a dict; {} if none."""
     from omegaconf import OmegaConf
 
-    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "task" and "=" in o]
+    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0].lstrip("+") == "task"
+              and "=" in o]
     if not chosen:
-        defaults = OmegaConf.to_container(OmegaConf.load(conf_dir() / f"{config_name}.yaml")).get("defaults", [])
+        loaded = OmegaConf.load(conf_dir() / f"{config_name}.yaml")
+        defaults = OmegaConf.to_container(loaded).get("defaults", [])
         chosen = [d["task"] for d in defaults if isinstance(d, dict) and "task" in d]
     path = conf_dir() / "task" / f"{chosen[-1]}.yaml" if chosen else None
     return OmegaConf.to_container(OmegaConf.load(path)) if path and path.is_file() else {}
@@ -121,7 +125,8 @@ def _hydra_message(err: Exception) -> str:
     text = lines[0]
     if text.startswith("Error merging override"):
         cause = str(err.__cause__ or (lines[1] if len(lines) > 1 else "")).strip().splitlines()
-        text = f"{text}: {cause[0] if cause else 'wrong type'} (give a value of the documented type)"
+        text = (f"{text}: {cause[0] if cause else 'wrong type'} (give a value of the documented "
+                "type)")
     if "Could not find" in text or "not found in" in text.lower():
         return f"{text} (see `ls conf/` for the groups and their options)"
     if "is not in struct" in text or "Could not override" in text or "Key '" in text:
@@ -179,28 +184,31 @@ def _run_bounds(cfg: RootConfig) -> list[str]:
     r, problems = cfg.rollout, []
     most = max(cfg.trainer.steps, RolloutConfig.max_staleness)
     if r.max_staleness > most:
-        problems.append(f"rollout.max_staleness={r.max_staleness}: must be at most trainer.steps="
-                        f"{cfg.trainer.steps} (no sample can be staler in this run; runs shorter than "
-                        f"{RolloutConfig.max_staleness} steps may keep the default {RolloutConfig.max_staleness}): "
-                        f"use at most {most}")
+        problems.append(f"rollout.max_staleness={r.max_staleness}: must be at most "
+                        f"trainer.steps={cfg.trainer.steps} (no sample can be staler in this run; "
+                        f"runs shorter than {RolloutConfig.max_staleness} steps may keep the "
+                        f"default {RolloutConfig.max_staleness}): use at most {most}")
     devices = max(cores(), len(cfg.cluster.gpus), len(r.gpus))  # GPUs named in the config count too
     if cfg.launcher.name == "local" and r.workers > devices:
-        problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) this machine "
-                        "gives areal or the GPUs named in cluster.gpus / rollout.gpus (each worker is a process "
-                        "with its own engine): lower it")
+        problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) "
+                        "this machine gives areal or the GPUs named in cluster.gpus / "
+                        "rollout.gpus (each worker is a process with its own engine): lower it")
     return problems
 def lora_problems(cfg: RootConfig) -> list[str]:
-    """trainer.lora checks that need no model (preflight checks the names and the rank against it)."""
+    """trainer.lora checks that need no model (preflight checks the names and the rank against
+    it)."""
     lora, out = cfg.trainer.lora, []
     if lora.rank <= 0:
         return out
     if not lora.target_modules or not all(isinstance(m, str) and m for m in lora.target_modules):
-        out.append(f"trainer.lora.target_modules={list(lora.target_modules)}: name at least one linear layer, "
-                   "e.g. [q_proj,v_proj] (default: every attention and MLP projection)")
+        out.append(f"trainer.lora.target_modules={list(lora.target_modules)}: name at least one "
+                   "linear layer, e.g. [q_proj,v_proj] (default: every attention and MLP "
+                   "projection)")
     if cfg.algorithm.needs_critic:
-        out.append(f"trainer.lora.rank={lora.rank} with algorithm.adv_estimator={cfg.algorithm.adv_estimator} "
-                   "(algorithm=ppo): the critic has no LoRA (it would train in full beside the adapter); use a critic-free "
-                   "estimator (algorithm=grpo) or trainer.lora.rank=0")
+        out.append(f"trainer.lora.rank={lora.rank} with "
+                   f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (algorithm=ppo): the "
+                   "critic has no LoRA (it would train in full beside the adapter); use a "
+                   "critic-free estimator (algorithm=grpo) or trainer.lora.rank=0")
     return out
 
 
@@ -213,36 +221,43 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     r, t = cfg.rollout, cfg.trainer
     problems += _run_bounds(cfg)
     if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
-        problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a third of "
-                        f"launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower heartbeat_s")
-    if (t.batch_size * r.group_size) % t.ranks and cfg.workflow.name != "agent":  # agent rows vary anyway
+        problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a "
+                        f"third of launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower "
+                        "heartbeat_s")
+    # agent rows vary anyway
+    if (t.batch_size * r.group_size) % t.ranks and cfg.workflow.name != "agent":
         problems.append(
-            f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do not split "
-            f"evenly over trainer.ranks={t.ranks}: choose a batch_size or ranks that divides it"
+            f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do "
+            f"not split evenly over trainer.ranks={t.ranks}: choose a batch_size or ranks that "
+            "divides it"
         )
-    if r.group_size < 2 and cfg.algorithm.adv_estimator in ("grpo", "rloo", "dr_grpo", "reinforce_pp_baseline"):
+    if r.group_size < 2 and cfg.algorithm.adv_estimator in ("grpo", "rloo", "dr_grpo",
+                                                            "reinforce_pp_baseline"):
         problems.append(
-            f"rollout.group_size={r.group_size}: algorithm {cfg.algorithm.adv_estimator} compares samples "
-            "within a group; use rollout.group_size>=2"
+            f"rollout.group_size={r.group_size}: algorithm {cfg.algorithm.adv_estimator} compares "
+            "samples within a group; use rollout.group_size>=2"
         )
     if cfg.algorithm.overlong_buffer >= r.max_new_tokens and cfg.algorithm.overlong_buffer > 0:
         problems.append(
-            f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < rollout.max_new_tokens="
-            f"{r.max_new_tokens}: lower the buffer or raise max_new_tokens"
+            f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < "
+            f"rollout.max_new_tokens={r.max_new_tokens}: lower the buffer or raise max_new_tokens"
         )
-    if (cfg.eval.every or cfg.eval.at_end) and not 0 <= cfg.eval.size <= (cfg.task.eval_size or cfg.eval.size):
-        problems.append(f"eval.size={cfg.eval.size} must be in 0..task.eval_size={cfg.task.eval_size} "
-                        "(0 = the whole eval split): lower eval.size or raise task.eval_size")
+    if (cfg.eval.every or cfg.eval.at_end) and not 0 <= cfg.eval.size <= (cfg.task.eval_size
+                                                                          or cfg.eval.size):
+        problems.append(f"eval.size={cfg.eval.size} must be in "
+                        f"0..task.eval_size={cfg.task.eval_size} (0 = the whole eval split): lower "
+                        "eval.size or raise task.eval_size")
     problems += _agent_problems(cfg.workflow)
     if unknown_engine(cfg.engine.name):
         problems.append(unknown_engine(cfg.engine.name))
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
-        problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the largest batch) "
-                        "or 1..2047")
+        problems.append(f"launcher.max_frame_mb={cfg.launcher.max_frame_mb}: use 0 (sized to the "
+                        "largest batch) or 1..2047")
     problems += lora_problems(cfg)
     problems += _served_reward_problems(cfg)
     if cfg.resume and not RunDir(cfg.resume).config.is_file():
-        problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an earlier run")
+        problems.append(f"resume={cfg.resume}: no config.yaml there; give the run_dir of an "
+                        "earlier run")
     return problems
 
 
@@ -255,11 +270,12 @@ def _agent_problems(w) -> list[str]:
         return [f"workflow.agent={w.agent} is set but workflow={w.name}: add workflow=agent"]
     return []
 def _served_reward_problems(cfg: RootConfig) -> list[str]:
-    """A model or judge reward needs the local launcher; evaluation scores with the verifier part."""
+    """A model or judge reward needs the local launcher; evaluation scores with the verifier
+    part."""
     problems = []
     if cfg.reward.served and cfg.launcher.name != "local":
-        problems.append(f"reward.fn={cfg.reward.fn}: the reward-model process runs under the local launcher "
-                        "only; use launcher=local")
+        problems.append(f"reward.fn={cfg.reward.fn}: the reward-model process runs under the local "
+                        "launcher only; use launcher=local")
     if (cfg.eval.every or cfg.eval.at_end) and cfg.reward.verifier() is None:
         problems.append(f"reward.fn={cfg.reward.fn} has no verifier to score held-out answers: set "
                         "eval.at_end=false eval.every=0, or add one with weight 0 "

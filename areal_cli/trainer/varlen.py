@@ -19,7 +19,8 @@ packed row (benchmarks/trainer_variants.py, docs/bench/history.md).
 
 The kernel is torch's ``varlen_attn`` (FlashAttention 2). cuDNN's attention over the same offsets is
 faster but not offered: a training step stopped with an illegal memory access, and on ragged
-segments its gradients were wrong, not rounded (BENCHMARKS.md "Attention kernels, forward + backward").
+segments its gradients were wrong, not rounded (BENCHMARKS.md "Attention kernels, forward +
+backward").
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _causal_kwargs(fn, scale: float | None, gqa: bool) -> dict:
 
 def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask, scaling: float | None = None, dropout: float = 0.0, **kwargs):
-    """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``,
-    segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
+    """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T,
+    D]``, segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
     ``([B, T, Hq, D], None)``. Without segments it is transformers' SDPA attention."""
     cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu is None or longest is None:  # inputs without segments (a rank's empty micro-batch): SDPA
