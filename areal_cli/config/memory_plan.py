@@ -1,9 +1,10 @@
 """How much activation checkpointing a trainer rank on a GPU needs:
 ``trainer.activation_checkpointing=auto``.
 
-Recomputing activations costs compute that MFU does not count (BENCHMARKS.md "Qwen2.5-7B layout,
-3 trainer ranks, no vLLM"). ``auto`` picks the least recomputation whose estimated peak fits the
-trainer's card: none, every other layer, every layer. The estimate, per rank, in bytes:
+Recomputing activations costs compute that MFU does not count
+(BENCHMARKS.md "Qwen2.5-7B layout, 3 trainer ranks, no vLLM"). ``auto`` picks the least
+recomputation whose estimated peak fits the trainer's card: none, every other layer, every layer.
+The estimate, per rank, in bytes:
 
 - weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with
   LoRA the frozen weights' 4 bytes alone (the adapters are a rounding error);

@@ -114,8 +114,8 @@ class ProbeCheck:
 def engine_merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
     """W0 + s · B @ A for an engine: one GEMM in W0's dtype (float32 accumulation, one rounding),
     with A and B rounded to it first. In bf16 much faster on the CPU than the float32 sum
-    ``lora.merge`` makes for checkpoints, and within one bf16 step of it (BENCHMARKS.md "Small costs
-    behind defaults")."""
+    ``lora.merge`` makes for checkpoints, and within one bf16 step of it
+    (BENCHMARKS.md "Small costs behind defaults")."""
     if w0.dtype == torch.float32:
         return lora.merge(w0, a, b, s)
     return torch.addmm(w0, b.to(w0.dtype), a.to(w0.dtype), alpha=s)

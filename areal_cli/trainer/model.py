@@ -169,8 +169,9 @@ def no_size_guards() -> None:
     features, "mix-order reduction") only past a size (tokens x hidden >= 5 Mi elements, tokens >=
     4096), and with dynamic shapes it guards the compiled graph on that size: a layer compiled for a
     micro-batch of one size compiled again for the next that crossed a threshold, stalling that step
-    even after every form of input had been precompiled (BENCHMARKS.md "Steps that compile inside a
-    run"). Non-strict mode fuses whatever the size, so no graph depends on it."""
+    even after every form of input had been precompiled
+    (BENCHMARKS.md "Steps that compile inside a run"). Non-strict mode fuses whatever the size, so
+    no graph depends on it."""
     import torch._inductor.config as inductor
 
     if hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):

@@ -19,8 +19,8 @@ packed row (benchmarks/trainer_variants.py, docs/bench/history.md).
 
 The kernel is torch's ``varlen_attn`` (FlashAttention 2). cuDNN's attention over the same offsets is
 faster but not offered: a training step stopped with an illegal memory access, and on ragged
-segments its gradients were wrong, not rounded (BENCHMARKS.md "Attention kernels, forward +
-backward").
+segments its gradients were wrong, not rounded
+(BENCHMARKS.md "Attention kernels, forward + backward").
 """
 
 from __future__ import annotations
