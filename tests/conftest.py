@@ -42,13 +42,16 @@ TINY_RUN = ["trainer.batch_size=2", "rollout.group_size=2", "rollout.max_new_tok
 
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool = True):
     if not any(o.startswith("eval.at_end=") for o in overrides):
-        overrides = ("eval.at_end=false", *overrides)  # the closing evaluation only where a test asks
+        # the closing evaluation only where a test asks
+        overrides = ("eval.at_end=false", *overrides)
     cmd = AREAL + ["train", "--quiet", f"run_dir={run_dir}", *overrides]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if check and proc.returncode != 0:
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(run_dir.glob("logs/*.log")))
-        raise AssertionError(f"areal train failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs}")
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}"
+                         for p in sorted(run_dir.glob("logs/*.log")))
+        raise AssertionError("areal train failed "
+                             f"({proc.returncode}):\n{proc.stdout}\n{proc.stderr}\n{logs}")
     return proc
 
 
@@ -64,7 +67,8 @@ def tiny_classifier(out: Path, num_labels: int) -> Path:
     base = resolve_model("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(base)
     cfg.update(dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_labels=num_labels))
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    num_labels=num_labels))
     if num_labels > 1:
         cfg.id2label = {i: f"l{i}" for i in range(num_labels)}
         cfg.label2id = {v: k for k, v in cfg.id2label.items()}
@@ -117,7 +121,8 @@ def drive_workflow(flow, engine, timeout_s: float) -> list:
     return results
 
 
-def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int = 8, context: int = 0,
+def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int = 8,
+              context: int = 0,
               weights=None, index: int = 0, **engine):
     """An hf engine on the CPU from ``make_engine`` (the factory every caller uses): float32, 512
     tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise; its
@@ -127,7 +132,8 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     from areal_cli.engines.factory import make_engine
     from areal_cli.runconfig.autos import resolve_engine
 
-    fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096, page_size=32) | engine
+    fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096,
+                  page_size=32) | engine
     e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)
     return make_engine(EngineSetup(e, path, eos_token_id, Sampling(temperature),
                                    sequences=sequences, context=context, index=index, device="cpu",

@@ -16,7 +16,8 @@ def test_atomic_write_replaces_the_file_and_leaves_no_temp(tmp_path):
     inode = path.stat().st_ino
     atomic_write(path, "new\n")
     assert path.read_text() == "new\n"
-    assert path.stat().st_ino != inode  # a new file renamed over, not the old one rewritten in place
+    # a new file renamed over, not the old one rewritten in place
+    assert path.stat().st_ino != inode
     assert [p.name for p in tmp_path.iterdir()] == ["config.yaml"]
 
 

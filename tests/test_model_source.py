@@ -44,7 +44,8 @@ def offline(hub, monkeypatch):
 
 def areal(cache, *args, timeout=180):
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(AREAL + list(args), capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+    return subprocess.run(AREAL + list(args), capture_output=True, text=True, timeout=timeout,
+                          cwd=ROOT, env=env)
 
 
 @pytest.mark.parametrize("repo", ["Org/TinyLlama", "Org/TinyQwen2", "Org/TinyQwen3"])
@@ -71,7 +72,8 @@ def test_not_cached_offline_names_the_switch_the_cache_and_a_local_copy(offline)
     with pytest.raises(ModelError) as err:
         resolve_model("Org/NotCached")
     msg = str(err.value)
-    assert "HF_HUB_OFFLINE" in msg and str(cache) in msg and "HF_HUB_CACHE" in msg and "HF_HOME" in msg
+    assert ("HF_HUB_OFFLINE" in msg and str(cache) in msg and "HF_HUB_CACHE" in msg
+            and "HF_HOME" in msg)
     assert "model=/path/to/dir" in msg
 
 
@@ -93,7 +95,8 @@ def test_not_cached_offline_exits_2_before_anything_starts(hub, tmp_path):
         assert not (tmp_path / "run").exists()  # no run directory, no process
 
 
-@pytest.mark.parametrize("repo,reason", [("Org/TinyMoE", "mixture-of-experts"), ("Org/TinyVL", "multimodal")])
+@pytest.mark.parametrize("repo,reason",
+                         [("Org/TinyMoE", "mixture-of-experts"), ("Org/TinyVL", "multimodal")])
 def test_unsupported_model_types_exit_2_with_the_reason(hub, tmp_path, repo, reason):
     cache, _ = hub
     proc = areal(cache, "train", f"model={repo}", f"run_dir={tmp_path / 'run'}")
@@ -102,10 +105,12 @@ def test_unsupported_model_types_exit_2_with_the_reason(hub, tmp_path, repo, rea
 
 
 def test_unknown_architecture_in_a_local_directory_is_refused(tmp_path):
-    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}')
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "architectures": '
+                                          '["GPT2LMHeadModel"]}')
     with pytest.raises(ModelError, match="model_type=gpt2"):
         check_supported(tmp_path, "model=x")
-    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "architectures": ["Qwen2ForSequenceClassification"]}')
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "architectures": '
+                                          '["Qwen2ForSequenceClassification"]}')
     with pytest.raises(ModelError, match="causal-LM head Qwen2ForCausalLM"):
         check_supported(tmp_path, "model=x")
 
@@ -124,7 +129,8 @@ def test_docs_examples_with_the_hub_alias_run_through_dry_run(hub):
 
 @pytest.mark.slow
 def test_a_run_from_a_hub_id_loads_the_snapshot_in_every_process(hub, tmp_path):
-    """One real step, offline: the launcher resolves the id once and every process loads the path."""
+    """One real step, offline: the launcher resolves the id once and every process loads the
+    path."""
     from conftest import TINY_RUN
 
     cache, snaps = hub
@@ -138,7 +144,8 @@ def test_a_run_from_a_hub_id_loads_the_snapshot_in_every_process(hub, tmp_path):
 
 
 def test_hub_failures_name_their_fix():
-    """What the Hub answers (gated, missing, unreachable, wrapped by a dry run) as a message with the fix."""
+    """What the Hub answers (gated, missing, unreachable, wrapped by a dry run) as a message with
+    the fix."""
     import httpx2
     from huggingface_hub.errors import DryRunError, GatedRepoError, RepositoryNotFoundError
 
@@ -148,7 +155,8 @@ def test_hub_failures_name_their_fix():
     m = HubModel.parse("meta-llama/Llama-3.2-1B-Instruct")
     cases = [(GatedRepoError("gated", response=response), "hf auth login"),
              (RepositoryNotFoundError("404", response=response), "no such repository"),
-             (httpx2.ConnectError("Name or service not known"), "could not be reached (ConnectError"),
+             (httpx2.ConnectError("Name or service not known"),
+              "could not be reached (ConnectError"),
              (DryRunError("cannot dry run"), "could not be reached (DryRunError")]
     wrapped = DryRunError("cannot dry run")
     wrapped.__cause__ = GatedRepoError("gated", response=response)

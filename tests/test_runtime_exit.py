@@ -10,7 +10,8 @@ CASES = {
     "return": ("pass", 0, ""),
     "sys.exit()": ("sys.exit()", 0, ""),
     "sys.exit(3)": ("sys.exit(3)", 3, ""),
-    "sys.exit(message)": ("sys.exit('no such model: put it under models/')", 1, "no such model: put it under models/"),
+    "sys.exit(message)": ("sys.exit('no such model: put it under models/')", 1,
+                          "no such model: put it under models/"),
     "exception": ("raise ValueError('bad reward code')", 1, "ValueError: bad reward code"),
 }
 
@@ -22,7 +23,8 @@ def test_run_main_ends_with_the_code_of_what_happened(case):
         "import sys, threading, time\n"
         "from areal_cli.runtime import run_main\n"
         "def main():\n"
-        "    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: would block a plain exit\n"
+        "    threading.Thread(target=time.sleep, args=(600,)).start()  # not a daemon: would block "
+        "a plain exit\n"
         "    print('done so far', end='')  # no newline: flushed only by the exit\n"
         f"    {body}\n"
         "run_main(main)\n"

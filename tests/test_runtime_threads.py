@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"),
+                                reason="needs Linux CPU affinity")
 
 
 def test_threads_follow_the_affinity_of_a_pinned_process():
@@ -18,11 +19,13 @@ def test_threads_follow_the_affinity_of_a_pinned_process():
         "from areal_cli.runtime import set_threads, usable_cores\n"
         "print(usable_cores(), set_threads(0, share=1), torch.get_num_threads())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
     assert out.split() == ["1", "1", "1"]
 
 
 def test_an_explicit_thread_count_wins():
     code = "from areal_cli.runtime import set_threads; print(set_threads(3, share=2))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
     assert out.strip() == "3"

@@ -21,7 +21,8 @@ def test_covered_merges_overlaps():
 def test_bench_options_are_stripped():
     run, opts = split_overrides(["trainer.steps=3", "bench.eta=2", "bench.heldout=false"])
     assert run == ["trainer.steps=3"]
-    assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000, "alone": True, "alone_groups": 0}
+    assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000, "alone": True,
+                    "alone_groups": 0}
 
 
 @pytest.mark.slow
@@ -33,12 +34,14 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
                      "bench.heldout_size=6", "bench.alone_groups=8"])
     bench = json.loads((out / "bench.json").read_text())
     assert set(bench["modes"]) == {"sync", "async"}
-    assert bench["modes"]["sync"]["max_staleness"] == 0 and bench["modes"]["async"]["max_staleness"] == 1
+    assert (bench["modes"]["sync"]["max_staleness"] == 0
+            and bench["modes"]["async"]["max_staleness"] == 1)
     for m in bench["modes"].values():
         assert m["effective_trained_tokens_per_s"] > 0
         assert 0 < m["trainer_busy_fraction"] <= 1
         assert len(m["reward_curve"]) == 3
-        assert m["heldout"]["problems"] == 6  # bench.heldout_size widens the eval split beyond its 4
+        # bench.heldout_size widens the eval split beyond its 4
+        assert m["heldout"]["problems"] == 6
     assert bench["speedup"] > 0
     max_new = bench["max_new_tokens"]
     for m in bench["modes"].values():
@@ -48,8 +51,10 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
         assert 0 <= rl["truncated_fraction"] <= 1
         assert len(m["reward_wall_s"]) == 3
     alone = bench["standalone"]
-    assert alone["generation_trained_tokens_per_s"] > 0 and alone["training_trained_tokens_per_s"] > 0
-    measured = alone["generation_alone"]  # the engine alone at the async run's concurrency, in this call
+    assert (alone["generation_trained_tokens_per_s"] > 0
+            and alone["training_trained_tokens_per_s"] > 0)
+    # the engine alone at the async run's concurrency, in this call
+    measured = alone["generation_alone"]
     from areal_cli.config.schema import worker_concurrency
     from areal_cli.runconfig.compose import load_yaml
 
@@ -64,6 +69,7 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
     assert bench["ideal_trained_tokens_per_s"] == min(alone["generation_trained_tokens_per_s"],
                                                       alone["training_trained_tokens_per_s"])
     assert bench["async_vs_ideal"] > 0 and 0 < bench["generation_in_system_fraction"]
-    assert {"ideal_trained_tokens_per_s", "async_vs_ideal", "response_length"} <= set(bench["definitions"])
+    assert {"ideal_trained_tokens_per_s", "async_vs_ideal",
+            "response_length"} <= set(bench["definitions"])
     assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
     assert (out / "curves.png").stat().st_size > 0

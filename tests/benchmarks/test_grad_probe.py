@@ -1,9 +1,11 @@
-"""A step whose gradient norm is not finite keeps its batch (RUN_DIR/nonfinite/), and the trainer alone
-replays it with a probe of where the gradient grows (benchmarks/trainer_profile.py --batch --grad-probe).
+"""A step whose gradient norm is not finite keeps its batch (RUN_DIR/nonfinite/), and the trainer
+alone replays it with a probe of where the gradient grows (benchmarks/trainer_profile.py --batch
+--grad-probe).
 
-The probe's case is the one it was built for: a token whose embedding row is zero (transformers zeroes
-the pad token's row at initialisation) at the start of a sequence keeps a zero hidden state through every
-layer of a random model, and RMSNorm's backward multiplies its gradient by up to 1 / sqrt(eps) per layer."""
+The probe's case is the one it was built for: a token whose embedding row is zero (transformers
+zeroes the pad token's row at initialisation) at the start of a sequence keeps a zero hidden state
+through every layer of a random model, and RMSNorm's backward multiplies its gradient by up to 1 /
+sqrt(eps) per layer."""
 
 from __future__ import annotations
 
@@ -29,8 +31,10 @@ NAN, OK = {"grad_norm": float("nan")}, {"grad_norm": 0.5}
 def random_llama(layers: int = 6):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, pad_token_id=0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                      pad_token_id=0)
     torch.manual_seed(0)
     return LlamaForCausalLM(cfg).float()
 
@@ -58,7 +62,8 @@ def test_the_probe_names_the_zero_hidden_token_where_the_gradient_explodes():
     first = rows[-1]  # layer 0
     assert (first["layer"], first["position"], first["token_id"]) == (0, 0, 0)
     assert first["rms_in_at"] == 0.0 and first["grad_max"] > 1e6 * calm[-1]["grad_max"]
-    assert all(r["growth"] > 10 for r in rows[1:])  # every layer multiplies it (1-2 without the zero token)
+    # every layer multiplies it (1-2 without the zero token)
+    assert all(r["growth"] > 10 for r in rows[1:])
 
 
 def test_a_nonfinite_step_keeps_its_batch_and_the_replay_reads_it_back(tmp_path, monkeypatch):
@@ -66,16 +71,19 @@ def test_a_nonfinite_step_keeps_its_batch_and_the_replay_reads_it_back(tmp_path,
     assert keep_nonfinite_batch(tmp_path, 3, b, OK, TrainerConfig()) is None
     assert keep_nonfinite_batch(tmp_path, 3, b, NAN, TrainerConfig(dtype="float16")) is None
     paths = [keep_nonfinite_batch(tmp_path, s, b, NAN, TrainerConfig()) for s in (4, 5, 6)]
-    assert paths[:KEEP_NONFINITE] == [tmp_path / "nonfinite" / "batch_4.msgpack", tmp_path / "nonfinite" / "batch_5.msgpack"]
+    assert paths[:KEEP_NONFINITE] == [tmp_path / "nonfinite" / "batch_4.msgpack",
+                                      tmp_path / "nonfinite" / "batch_5.msgpack"]
     assert paths[KEEP_NONFINITE:] == [None]  # the first ones only
     (tmp_path / "big").mkdir()
-    monkeypatch.setattr("areal_cli.trainer.main.KEEP_NONFINITE_BYTES", 100)  # too large to keep: not written
+    # too large to keep: not written
+    monkeypatch.setattr("areal_cli.trainer.main.KEEP_NONFINITE_BYTES", 100)
     assert keep_nonfinite_batch(tmp_path / "big", 1, b, NAN, TrainerConfig()) is None
     assert not (tmp_path / "big" / "nonfinite").exists()
     again = kept_batch(str(paths[0]))
     for g, h in zip(b.groups, again.groups, strict=True):
         for s, t in zip(g.samples, h.samples, strict=True):
-            assert np.array_equal(s.prompt_ids, t.prompt_ids) and np.array_equal(s.output_ids, t.output_ids)
+            assert np.array_equal(s.prompt_ids, t.prompt_ids) and np.array_equal(s.output_ids,
+                                                                                 t.output_ids)
             assert np.array_equal(s.logprobs, t.logprobs) and s.reward == t.reward
 
 
@@ -83,8 +91,10 @@ def test_a_nonfinite_step_keeps_its_batch_and_the_replay_reads_it_back(tmp_path,
 def test_trainer_profile_replays_a_kept_batch_with_the_probe(tmp_path, tiny_model):
     path = keep_nonfinite_batch(tmp_path, 0, batch(4, 24, ragged=True), NAN, TrainerConfig())
     out = tmp_path / "profile"
-    run = subprocess.run([sys.executable, "-m", "benchmarks.trainer_profile", "--arch", str(tiny_model), "--batch",
-                          str(path), "--grad-probe", "--rows", "baseline", "--steps", "1", "--profile", "--out", str(out)],
+    run = subprocess.run([sys.executable, "-m", "benchmarks.trainer_profile", "--arch",
+                          str(tiny_model), "--batch",
+                          str(path), "--grad-probe", "--rows", "baseline", "--steps", "1",
+                          "--profile", "--out", str(out)],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "gradient of each decoder layer's output" in run.stdout

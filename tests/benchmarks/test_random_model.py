@@ -13,7 +13,8 @@ from benchmarks.random_model import MODELS, build
 
 
 def dense_params(vocab, d, ff, layers, heads, kv_heads, tied, qkv_bias):
-    """Embedding (+ untied head) + per layer: q, k, v (+ biases), o, gate/up/down, two norms; final norm."""
+    """Embedding (+ untied head) + per layer: q, k, v (+ biases), o, gate/up/down, two norms; final
+    norm."""
     hd = d // heads
     attn = d * d + 2 * d * kv_heads * hd + d * d + (d + 2 * kv_heads * hd if qkv_bias else 0)
     layer = attn + 3 * d * ff + 2 * d
@@ -57,7 +58,9 @@ def test_random_checkpoint_keeps_the_real_vocab_and_loads(tmp_path, tiny_model):
     # no all-zero embedding row (transformers zeroes the pad token's, id 2), unless asked to keep it
     rows = model.get_input_embeddings().weight.float().norm(dim=1)
     assert info["zero_rows_filled"] == [2] and float(rows.min()) > 0.5 * float(rows.median())
-    kept = build(str(tmp_path / "arch"), tmp_path / "kept", tokenizer=tiny_model, keep_zero_pad_row=True)
+    kept = build(str(tmp_path / "arch"), tmp_path / "kept", tokenizer=tiny_model,
+                 keep_zero_pad_row=True)
     assert kept["zero_rows_filled"] == []
-    zero = AutoModelForCausalLM.from_pretrained(tmp_path / "kept").get_input_embeddings().weight.float().norm(dim=1)
+    kept_model = AutoModelForCausalLM.from_pretrained(tmp_path / "kept")
+    zero = kept_model.get_input_embeddings().weight.float().norm(dim=1)
     assert (zero == 0).nonzero().flatten().tolist() == [2]

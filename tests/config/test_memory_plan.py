@@ -1,5 +1,5 @@
-"""trainer.activation_checkpointing=auto: the per-rank memory estimate against peaks measured on H200s
-(random weights, BENCHMARKS "Trainer throughput"), and what resolve picks from it."""
+"""trainer.activation_checkpointing=auto: the per-rank memory estimate against peaks measured on
+H200s (random weights, BENCHMARKS "Trainer throughput"), and what resolve picks from it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ Q7, Q15 = MODELS / "qwen2.5-7b-instruct", MODELS / "qwen2.5-1.5b-instruct"
 
 def test_layouts_count_the_published_parameters():
     assert abs(Layout.from_config(Q7).params - 7.62e9) / 7.62e9 < 0.01
-    assert abs(Layout.from_config(Q15).params - 1.54e9) / 1.54e9 < 0.01  # tied embeddings counted once
+    # tied embeddings counted once
+    assert abs(Layout.from_config(Q15).params - 1.54e9) / 1.54e9 < 0.01
 
 
 # (layout, ranks, micro_batch_tokens, every, AdamW moment bytes, output chunk, measured peak GiB)
@@ -34,7 +35,8 @@ MEASURED = [
 
 
 @pytest.mark.parametrize("path, ranks, mbt, every, moments, chunk, peak", MEASURED)
-def test_the_estimate_is_above_each_measured_peak_and_not_far(path, ranks, mbt, every, moments, chunk, peak):
+def test_the_estimate_is_above_each_measured_peak_and_not_far(path, ranks, mbt, every, moments,
+                                                              chunk, peak):
     est = estimate_bytes(Layout.from_config(path), ranks=ranks, micro_batch_tokens=mbt, every=every,
                          moments_bytes=moments, lora=False, staged=False, chunk=chunk) / GIB
     assert peak <= est <= 1.3 * peak, (est, peak)
@@ -46,7 +48,8 @@ def test_choose_takes_the_least_recomputation_that_fits():
     assert choose(lay, 150 * 10**9, micro_batch_tokens=8704, **kw)[0] is None
     assert choose(lay, 150 * 10**9, micro_batch_tokens=16384, **kw)[0] == 2
     assert choose(lay, 80 * 10**9, micro_batch_tokens=16384, **kw)[0] == 1
-    assert choose(lay, 10 * 10**9, micro_batch_tokens=16384, **kw)[0] == 1  # nothing fits: the least memory
+    # nothing fits: the least memory
+    assert choose(lay, 10 * 10**9, micro_batch_tokens=16384, **kw)[0] == 1
 
 
 def resolved(*over, mem=150 * 10**9, model=Q7, gpu=True):
@@ -66,7 +69,8 @@ def test_auto_resolves_per_card_and_layout():
 def test_auto_checkpoints_every_layer_where_card_or_layout_is_unknown(tmp_path):
     assert resolved(gpu=False).activation_checkpointing == "true"  # the CPU
     assert resolved(mem=0).activation_checkpointing == "true"  # a plan for other nodes
-    (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+    (tmp_path / "config.json").write_text('{"model_type": "llama", "architectures": '
+                                          '["LlamaForCausalLM"]}')
     assert resolved(model=tmp_path).activation_checkpointing == "true"  # a config without the sizes
     t = resolved("trainer.activation_checkpointing=false", mem=10**9)
     assert t.activation_checkpointing == "false"  # asked for: kept

@@ -40,13 +40,15 @@ def test_every_bad_value_is_reported_at_once_with_its_key_and_range():
 
 def test_the_defaults_and_edge_values_pass():
     compose([])
-    compose(["launcher.port_base=65529", "rollout.max_concurrent=0", "engine.gpu_memory_utilization=1.0",
+    compose(["launcher.port_base=65529", "rollout.max_concurrent=0",
+             "engine.gpu_memory_utilization=1.0",
              "algorithm.dual_clip=null"])
 
 
 def test_every_numeric_setting_has_a_range():
     """A new numeric key needs its entry in config/ranges.py RANGES."""
-    missing = [key for cfg in (RootConfig(), EvalRunConfig()) for key, cls, name, _ in numeric_fields(cfg)
+    missing = [key for cfg in (RootConfig(), EvalRunConfig()) for key, cls, name,
+               _ in numeric_fields(cfg)
                if name not in RANGES.get(cls, {})]
     assert not missing, f"add these to RANGES in areal_cli/config/ranges.py: {missing}"
     optional = [("algorithm.dual_clip", 3.0), ("algorithm.behav_mask_low", 0.5),
@@ -66,7 +68,8 @@ def test_eval_settings_are_checked_too():
 
 def test_port_base_out_of_range_exits_2_without_a_traceback(tmp_path):
     proc = subprocess.run(AREAL + ["train", f"run_dir={tmp_path}/r", "launcher.port_base=70000",
-                                   "trainer.grad_clip=-1"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+                                   "trainer.grad_clip=-1"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "launcher.port_base=70000: must be in [0, 65529]" in proc.stderr
     assert "trainer.grad_clip=-1.0" in proc.stderr and "Traceback" not in proc.stderr
@@ -74,7 +77,8 @@ def test_port_base_out_of_range_exits_2_without_a_traceback(tmp_path):
 
 
 def test_nan_parses_as_a_float_and_is_refused():
-    """OmegaConf turns the text 'nan' into float('nan'): the check must see it, comparisons do not."""
+    """OmegaConf turns the text 'nan' into float('nan'): the check must see it, comparisons do
+    not."""
     with pytest.raises(ConfigError) as err:
         compose(["trainer.weight_decay=nan"])
     assert "trainer.weight_decay=nan: must be a finite number in [0, inf)" in str(err.value)
@@ -95,7 +99,8 @@ def test_values_beyond_the_run_or_the_machine_exit_2_naming_each_key(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert proc.returncode == 2, proc.stderr
     for override, why in BEYOND.items():
-        assert any(line.strip().startswith(f"- {override}:") and why in line for line in proc.stderr.splitlines()), \
+        assert any(line.strip().startswith(f"- {override}:") and why in line
+                   for line in proc.stderr.splitlines()), \
             (override, proc.stderr)
     assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
 

@@ -1,6 +1,6 @@
-"""Every "auto" resolved once, when the run is planned: the values on the CPU and on GPUs (plans made
-for GPU ids without a GPU), no auto left in what the processes read, resolving twice changes nothing,
-and the choices are enums that refuse other values with the valid ones named."""
+"""Every "auto" resolved once, when the run is planned: the values on the CPU and on GPUs (plans
+made for GPU ids without a GPU), no auto left in what the processes read, resolving twice changes
+nothing, and the choices are enums that refuse other values with the valid ones named."""
 
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ GPUS = Placement(trainer_gpu=True)
 def auto_lines(yaml_text: str) -> list[str]:
     """Lines of a config.yaml whose value is auto; reward.fn's auto is no resolution (it picks a
     scorer for each problem by what the problem carries), so it is left out."""
-    return [x.strip() for x in yaml_text.splitlines() if x.strip().endswith(": auto") and x.strip() != "fn: auto"]
+    return [x.strip() for x in yaml_text.splitlines() if x.strip().endswith(": auto") and x.strip()
+            != "fn: auto"]
 
 
 def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
@@ -41,18 +42,23 @@ def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
     # host memory with two 32 MiB bucket buffers on the CPU, staged 1 GiB NCCL buckets between GPUs
     assert (cpu.trainer.optim_state, gpu.trainer.optim_state) == ("bfloat16", "float32")
     assert (cpu.weights.backend, cpu.weights.staged, cpu.weights.bucket_mb) == ("gloo", "false", 32)
-    assert (gpu.weights.backend, gpu.weights.staged, gpu.weights.bucket_mb) == ("nccl", "true", 1024)
-    # padded micro-batches on the CPU (a packed row's dense mask is O(T²) in CPU SDPA), packed on GPUs
+    assert (gpu.weights.backend, gpu.weights.staged, gpu.weights.bucket_mb) == ("nccl", "true",
+                                                                                1024)
+    # padded micro-batches on the CPU (a packed row's dense mask is O(T²) in CPU SDPA), packed on
+    # GPUs
     assert (cpu.trainer.packing, gpu.trainer.packing) == ("false", "true")
     for r in (cpu, gpu):  # the same wherever the run is
         assert (r.engine.dtype, r.trainer.dtype, r.weights.dtype) == ("bfloat16",) * 3
         assert (r.engine.lm_head_fp32, r.engine.weight_update) == ("false", "inplace")  # hf
-    assert cfg.trainer.optim_state == "auto" and cfg.weights.bucket_mb == 0  # the input is not changed
+    # the input is not changed
+    assert cfg.trainer.optim_state == "auto" and cfg.weights.bucket_mb == 0
 
 
 def test_a_rollout_worker_on_trainer_rank0s_gpu_gets_the_host_memory_broadcast():
     shared = resolve(compose([]), Placement(trainer_gpu=True, shared_gpu=True))
-    assert (shared.weights.backend, shared.weights.staged, shared.weights.bucket_mb) == ("gloo", "false", 32)
+    assert (shared.weights.backend, shared.weights.staged, shared.weights.bucket_mb) == ("gloo",
+                                                                                         "false",
+                                                                                         32)
     assert shared.trainer.optim_state == "float32"  # the trainer is still on a GPU
 
 
@@ -70,10 +76,14 @@ def test_plans_for_gpu_ids_resolve_for_gpus_without_one(tiny_model, tmp_path):
     one = make_plan(compose(base), gpus=[0]).cfg  # both on GPU 0: colocated
     assert (one.weights.backend, one.trainer.optim_state) == ("gloo", "float32")
     vllm = make_plan(compose([*base, "engine=vllm"]), gpus=[0, 1]).cfg
-    assert (vllm.engine.lm_head_fp32, vllm.engine.weight_update) == ("true", "inplace")  # a Llama at TP 1
-    tp2 = make_plan(compose([*base, "engine=vllm", "engine.tensor_parallel_size=2"]), gpus=[0, 1, 2]).cfg
-    assert tp2.engine.weight_update == "inplace"  # any TP: each rank's weight loaders keep its slice
-    # the tiny model (74k decoder-layer weights) is not compiled; 2048-position output-layer chunks on GPUs
+    # a Llama at TP 1
+    assert (vllm.engine.lm_head_fp32, vllm.engine.weight_update) == ("true", "inplace")
+    tp2 = make_plan(compose([*base, "engine=vllm", "engine.tensor_parallel_size=2"]),
+                    gpus=[0, 1, 2]).cfg
+    # any TP: each rank's weight loaders keep its slice
+    assert tp2.engine.weight_update == "inplace"
+    # the tiny model (74k decoder-layer weights) is not compiled; 2048-position output-layer chunks
+    # on GPUs
     assert (two.trainer.compile, two.trainer.logprob_chunk_tokens) == ("false", 2048)
     assert make_plan(compose(base), gpus=[]).cfg.trainer.logprob_chunk_tokens == 256
 
@@ -81,10 +91,12 @@ def test_plans_for_gpu_ids_resolve_for_gpus_without_one(tiny_model, tmp_path):
 def test_compile_auto_follows_the_layout():
     # Qwen2.5-1.5B: 28 layers × (q, o 1536² each; k, v 1536·256 each; MLP 3·1536·8960) = 1.31B ≥ 1B
     models = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
-    assert layer_params(models / "qwen2.5-1.5b-instruct") == 28 * (2 * 1536**2 + 2 * 1536 * 256 + 3 * 1536 * 8960)
+    assert layer_params(models / "qwen2.5-1.5b-instruct") == 28 * (2 * 1536**2 + 2 * 1536 * 256
+                                                                   + 3 * 1536 * 8960)
     on_gpu = Placement(trainer_gpu=True, model_path=models / "qwen2.5-1.5b-instruct")
     assert resolve(compose([]), on_gpu).trainer.compile == "true"
-    assert resolve(compose([]), dataclasses.replace(on_gpu, trainer_gpu=False)).trainer.compile == "false"
+    assert resolve(compose([]),
+                   dataclasses.replace(on_gpu, trainer_gpu=False)).trainer.compile == "false"
     assert resolve(compose(["trainer.compile=false"]), on_gpu).trainer.compile == "false"
 
 
@@ -94,14 +106,16 @@ def test_what_the_user_set_is_kept_and_weights_follow_the_engine():
     r = resolve(cfg, GPUS)
     assert (r.trainer.optim_state, r.weights.bucket_mb, r.weights.staged, r.weights.backend) == (
         "bfloat16", 64, "false", "gloo")
-    assert (r.engine.lm_head_fp32, r.engine.dtype, r.trainer.dtype) == ("true", "float16", "float16")
+    assert (r.engine.lm_head_fp32, r.engine.dtype, r.trainer.dtype) == ("true", "float16",
+                                                                        "float16")
     assert r.weights.dtype == "float16"  # weights.dtype=auto: the engine's
 
 
 def test_lora_merge_auto_merges_for_vllm_and_sends_the_adapter_to_hf():
     from areal_cli import lora
 
-    assert resolve(compose(["engine=vllm", "trainer.lora.rank=8"]), GPUS).engine.lora_merge == "true"
+    assert resolve(compose(["engine=vllm", "trainer.lora.rank=8"]),
+                   GPUS).engine.lora_merge == "true"
     hf = resolve(compose(["trainer.lora.rank=8"]), CPU)
     assert hf.engine.lora_merge == "false" and lora.sends_adapter(hf)
     kept = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "engine.lora_merge=false"]), GPUS)
@@ -111,7 +125,8 @@ def test_lora_merge_auto_merges_for_vllm_and_sends_the_adapter_to_hf():
 def test_judge_engine_auto_is_vllm_only_on_reward_gpus_of_a_vllm_run():
     # vllm needs the GPU of reward.gpus and is installed where the run's engine is vllm; else hf
     assert resolve(compose([]), CPU).reward.judge.engine == "hf"
-    assert resolve(compose(["engine=vllm"]), GPUS).reward.judge.engine == "hf"  # no reward.gpus: the CPU
+    # no reward.gpus: the CPU
+    assert resolve(compose(["engine=vllm"]), GPUS).reward.judge.engine == "hf"
     assert resolve(compose(["reward.gpus=[2]"]), GPUS).reward.judge.engine == "hf"  # engine=hf
     assert resolve(compose(["engine=vllm", "reward.gpus=[2]"]), GPUS).reward.judge.engine == "vllm"
     kept = compose(["engine=vllm", "reward.gpus=[2]", "reward.judge.engine=hf"])
@@ -121,8 +136,9 @@ def test_judge_engine_auto_is_vllm_only_on_reward_gpus_of_a_vllm_run():
 def test_judge_engine_vllm_without_a_gpu_names_the_fix():
     with pytest.raises(ConfigError) as err:
         compose(["reward.fn=judge", "reward.judge.engine=vllm", "eval.at_end=false"])
-    assert str(err.value) == ("  - reward.judge.engine=vllm needs a GPU and reward.gpus is empty: set "
-                              "reward.gpus=[<gpu id>] (a GPU of its own), or reward.judge.engine=hf")
+    assert str(err.value) == ("  - reward.judge.engine=vllm needs a GPU and reward.gpus is empty: "
+                              "set reward.gpus=[<gpu id>] (a GPU of its own), or "
+                              "reward.judge.engine=hf")
     compose(["reward.fn=judge", "reward.judge.engine=vllm", "reward.gpus=[0]", "eval.at_end=false"])
     compose(["reward.judge.engine=vllm"])  # no judge in reward.fn: nothing runs it
 
@@ -137,25 +153,33 @@ def test_resolving_twice_changes_nothing_and_a_resolved_config_keeps_its_values(
 
 def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_model, tmp_path):
     assert unresolved(compose([])) == [
-        "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge", "engine.lm_head_fp32", "trainer.optim_state",
-        "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator", "logging.wandb_mode"]
-    assert unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([])))) == []
-    plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]), gpus=[0, 1])
+        "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge",
+        "engine.lm_head_fp32", "trainer.optim_state",
+        "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile",
+        "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator",
+        "logging.wandb_mode"]
+    assert (unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([]))))
+            == [])
+    plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]),
+                     gpus=[0, 1])
     plan.write()
     written = (tmp_path / "run" / "config.yaml").read_text()
     assert auto_lines(written) == [] and "fn: auto" in written
-    loaded = require_resolved(load_yaml(tmp_path / "run" / "config.yaml", check=False), "config.yaml")
-    assert loaded == plan.cfg and loaded.weights.staged == "true"  # 'true' survives YAML as the word
+    loaded = require_resolved(load_yaml(tmp_path / "run" / "config.yaml", check=False),
+                              "config.yaml")
+    # 'true' survives YAML as the word
+    assert loaded == plan.cfg and loaded.weights.staged == "true"
 
 
 def test_a_process_refuses_a_config_that_was_not_resolved():
-    with pytest.raises(ValueError, match=r"run/config.yaml: reward.judge.engine, engine.dtype, .* still auto: "
-                                         r"start the run with `areal train`"):
+    with pytest.raises(ValueError, match=r"run/config.yaml: reward.judge.engine, engine.dtype, .* "
+                                         r"still auto: start the run with `areal train`"):
         require_resolved(compose([]), "run/config.yaml")
 
 
 def test_dry_run_prints_the_resolved_config():
-    out = subprocess.run([*AREAL, "train", "--dry-run", "trainer.steps=1"], capture_output=True, text=True,
+    out = subprocess.run([*AREAL, "train", "--dry-run", "trainer.steps=1"], capture_output=True,
+                         text=True,
                          cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     config = out.stdout.split("# resolved config", 1)[1].split("# model", 1)[0]
@@ -170,7 +194,8 @@ def test_dry_run_prints_the_resolved_config():
     ("engine.dtype=fp8", "engine.dtype=fp8: use auto, bfloat16, float16 or float32"),
     ("weights.backend=mpi", "weights.backend=mpi: use auto, nccl or gloo"),
     ("engine.lm_head_fp32=maybe", "engine.lm_head_fp32=maybe: use auto, true or false"),
-    ("launcher.allocator=mimalloc", "launcher.allocator=mimalloc: use auto, tcmalloc, jemalloc or system"),
+    ("launcher.allocator=mimalloc",
+     "launcher.allocator=mimalloc: use auto, tcmalloc, jemalloc or system"),
     ("logging.wandb_mode=cloud", "logging.wandb_mode=cloud: use auto, online, offline or disabled"),
     ("rollout.batch_order=newest", "rollout.batch_order=newest: use finished or admission"),
     ("reward.judge.engine=sglang", "reward.judge.engine=sglang: use auto, hf or vllm"),
@@ -182,18 +207,24 @@ def test_a_value_outside_a_choice_names_the_valid_ones(override, message):
 
 
 def test_choices_keep_the_cli_syntax_and_a_bad_one_exits_2():
-    cfg = compose(["trainer.optim_state=bfloat16", "weights.staged=True", "engine.lm_head_fp32=false"])
-    assert (cfg.trainer.optim_state, cfg.weights.staged, cfg.engine.lm_head_fp32) == ("bfloat16", "true", "false")
-    out = subprocess.run([*AREAL, "train", "--dry-run", "trainer.optim_state=float8"], capture_output=True,
+    cfg = compose(["trainer.optim_state=bfloat16", "weights.staged=True",
+                   "engine.lm_head_fp32=false"])
+    assert (cfg.trainer.optim_state, cfg.weights.staged, cfg.engine.lm_head_fp32) == ("bfloat16",
+                                                                                      "true",
+                                                                                      "false")
+    out = subprocess.run([*AREAL, "train", "--dry-run", "trainer.optim_state=float8"],
+                         capture_output=True,
                          text=True, cwd=ROOT, timeout=120)
-    assert out.returncode == 2 and "trainer.optim_state=float8: use auto, float32 or bfloat16" in out.stderr
+    assert (out.returncode == 2
+            and "trainer.optim_state=float8: use auto, float32 or bfloat16" in out.stderr)
     assert "Traceback" not in out.stderr
 
 
 def test_a_config_file_with_a_bare_yaml_boolean_for_a_switch_is_told_to_quote_it(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text(to_yaml(RootConfig()).replace("staged: auto", "staged: false"))
-    with pytest.raises(ConfigError, match=r"weights.staged=False: use auto, true or false \(in YAML quoted"):
+    with pytest.raises(ConfigError,
+                       match=r"weights.staged=False: use auto, true or false \(in YAML quoted"):
         load_yaml(path, check=False)
 
 
@@ -207,11 +238,13 @@ def test_wandb_mode_follows_the_environment_where_the_run_is_planned(monkeypatch
     monkeypatch.setenv("WANDB_MODE", "dryrun")  # the wandb client's old word for offline
     assert resolve(RootConfig()).logging.wandb_mode == "offline"
     monkeypatch.setenv("WANDB_MODE", "cloud")
-    with pytest.raises(ValueError, match="WANDB_MODE=cloud .*set WANDB_MODE to online, offline or disabled"):
+    with pytest.raises(ValueError,
+                       match="WANDB_MODE=cloud .*set WANDB_MODE to online, offline or disabled"):
         resolve(RootConfig())
     cfg = RootConfig()
     cfg.logging.wandb_mode = "disabled"
-    assert resolve(cfg).logging.wandb_mode == "disabled"  # set in the config: the environment is not read
+    # set in the config: the environment is not read
+    assert resolve(cfg).logging.wandb_mode == "disabled"
 
 
 def test_a_slurm_plan_resolves_for_the_nodes_gpus_not_the_login_nodes(tmp_path):
@@ -222,6 +255,8 @@ def test_a_slurm_plan_resolves_for_the_nodes_gpus_not_the_login_nodes(tmp_path):
         return build(cfg, python="/opt/venv/bin/python")[0].cfg
 
     gpu = planned("launcher.nodes=2", "launcher.gpus_per_node=8")
-    assert (gpu.weights.backend, gpu.weights.staged, gpu.trainer.optim_state) == ("nccl", "true", "float32")
+    assert (gpu.weights.backend, gpu.weights.staged, gpu.trainer.optim_state) == ("nccl", "true",
+                                                                                  "float32")
     cpu = planned("launcher.nodes=2", "launcher.gpus_per_node=0")
-    assert (cpu.weights.backend, cpu.weights.staged, cpu.trainer.optim_state) == ("gloo", "false", "bfloat16")
+    assert (cpu.weights.backend, cpu.weights.staged, cpu.trainer.optim_state) == ("gloo", "false",
+                                                                                  "bfloat16")

@@ -73,7 +73,8 @@ def test_no_path_travels_a_status_with_one_moves_nothing(ctl, tmp_path):
 
 
 def test_forged_status_frames_are_dropped_and_the_controller_goes_on(ctl):
-    rollout, stranger, trainer = client(ctl, "rollout-0"), client(ctl, "mallory"), client(ctl, "trainer-0")
+    rollout, stranger, trainer = client(ctl, "rollout-0"), client(ctl, "mallory"), client(ctl,
+                                                                                          "trainer-0")
     trainer.send(WeightsReady("trainer-0", 7))  # no batch 6 was ever sent
     rollout.send(Bye("rollout-0", finished=True))  # only the trainer ends the run
     rollout.send(StepDone("rollout-0", 0, {}))
@@ -93,7 +94,8 @@ def test_malformed_and_unknown_results_are_dropped(ctl):
     keys, ep = load_keys(ctl.run_dir), Endpoints.load(ctl.run_dir)
     push = Channel(zmq.PUSH, ep.results, bind=False, name="results", keys=keys, max_frame=MIB)
     worker = Channel(zmq.PULL, ep.work, bind=False, name="work", keys=keys, max_frame=MIB)
-    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
+    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+               np.zeros(2, np.float32),
                np.zeros(2, np.int32), np.ones(2, np.uint8), 1.0, "ok", "stop", 1, "2")
     push.sock.send(b"\x00not a result")
     push.send(GroupResult(999, "p", 0, [s] * ctl.cfg.rollout.group_size, 0.1, 2))  # never admitted
@@ -120,18 +122,24 @@ def test_every_status_message_has_a_handler_and_acts(ctl):
     trainer, rollout = client(ctl, "trainer-0"), client(ctl, "rollout-0")
     rollout.send(Hello("rollout-0"))
     rollout.send(Heartbeat("rollout-0", "generating (3 groups)", progress=5, busy=3))
-    trainer.send(Heartbeat("trainer-0", "sending weights", progress=1, phase=Phase.sending_weights, version=1))
+    trainer.send(Heartbeat("trainer-0", "sending weights", progress=1, phase=Phase.sending_weights,
+                           version=1))
     pump(ctl, lambda: "trainer-0" in ctl.doing)
     assert ctl.rollouts_up == {"rollout-0"} and ctl.doing["rollout-0"] == "generating (3 groups)"
-    assert ctl.phase == {"rollout-0": (Phase.other, -1), "trainer-0": (Phase.sending_weights, 1)}  # culprits() reads
+    # culprits() reads
+    assert ctl.phase == {"rollout-0": (Phase.other, -1), "trainer-0": (Phase.sending_weights, 1)}
     assert ctl.watch.peers["rollout-0"].busy and ctl.watch.peers["rollout-0"].progress == 5
     assert not ctl.watch.peers["trainer-0"].busy  # busy -1: the trainer does not say; unchanged
     trainer.send(WeightsReady("trainer-0", 0))  # resume at version 0
-    pump(ctl, lambda: ctl.pending_update is None and ctl.adm.version == 0 and ctl.last_seen.get("trainer-0"))
+    pump(ctl,
+         lambda: ctl.pending_update is None and ctl.adm.version == 0
+         and ctl.last_seen.get("trainer-0"))
     rollout.send(WeightsLoaded("rollout-0", 1, {"pause_total_s": 0.25}))
     pump(ctl, lambda: ctl.rec.pauses)
-    assert ctl.rec.pauses == [0.25] and '"pause_total_s": 0.25' in (ctl.run_dir / "weight_updates.jsonl").read_text()
-    assert ctl.loaded == {"rollout-0": 1}  # what culprits() reads when the trainer hangs sending weights
+    assert (ctl.rec.pauses == [0.25]
+            and '"pause_total_s": 0.25' in (ctl.run_dir / "weight_updates.jsonl").read_text())
+    # what culprits() reads when the trainer hangs sending weights
+    assert ctl.loaded == {"rollout-0": 1}
     assert not ctl.done
     trainer.send(Bye("trainer-0", finished=True))
     pump(ctl, lambda: ctl.done)
@@ -141,12 +149,14 @@ def test_every_status_message_has_a_handler_and_acts(ctl):
 
 
 def test_endpoints_json_is_the_bound_addresses_and_work_items_carry_no_sampling(ctl):
-    """The controller publishes what it bound (port_base=0: the OS chose); the launcher wrote none."""
+    """The controller publishes what it bound (port_base=0: the OS chose); the launcher wrote
+    none."""
     ep = Endpoints.load(ctl.run_dir)
     assert ep.work == ctl.work.addr and ep.status == ctl.status.addr and not ep.work.endswith(":0")
     assert (ctl.run_dir / "controller.ready").is_file()
     assert {f for f in WorkItem.__dataclass_fields__} == {
-        "group_id", "prompt_id", "prompt_ids", "group_size", "max_new_tokens", "problem", "min_version"}
+        "group_id", "prompt_id", "prompt_ids", "group_size", "max_new_tokens", "problem",
+        "min_version"}
 
 
 def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkeypatch):
@@ -174,7 +184,8 @@ def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkey
 
     pump(ctl, heard)
     assert isinstance(got[0], UpdateWeights) and got[0].version == 0 and ctl.update_repeats[0] >= 1
-    rollout.send(Heartbeat("rollout-0", "receiving weights", progress=1, phase=Phase.receiving_weights, version=0))
+    rollout.send(Heartbeat("rollout-0", "receiving weights", progress=1,
+                           phase=Phase.receiving_weights, version=0))
     pump(ctl, lambda: ctl.sent_update is None)
     assert ctl.sent_update is None  # joined: no more orders
     repeats = ctl.update_repeats[0]
@@ -196,7 +207,8 @@ def test_each_batch_tells_the_workers_which_groups_no_later_batch_can_take(ctl):
     trainer = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=MIB)
     time.sleep(0.3)  # the subscription reaches the controller's socket first
     ctl.cfg.rollout.max_staleness, B, G = 1, ctl.cfg.trainer.batch_size, ctl.cfg.rollout.group_size
-    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
+    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+               np.zeros(2, np.float32),
                np.ones(2, np.int32), np.ones(2, np.uint8), 1.0, "ok", "stop", 1, "2")
     heard = []
     for step in (0, 1):
@@ -209,7 +221,8 @@ def test_each_batch_tells_the_workers_which_groups_no_later_batch_can_take(ctl):
         assert isinstance(trainer.recv(5.0), Batch) and ctl.step == step + 1
         msg = sub.recv(0.5)
         heard.append(msg.version if isinstance(msg, StaleBefore) else None)
-    # after batch 0 every batch to come (1, 2, ...) takes groups begun at version 0; after batch 1 none does
+    # after batch 0 every batch to come (1, 2, ...) takes groups begun at version 0; after batch 1
+    # none does
     assert heard == [None, 1]
     sub.close()
     trainer.close()

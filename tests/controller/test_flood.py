@@ -41,7 +41,8 @@ def _flood(ports: list[int], controller: int) -> tuple[int, list[socket.socket]]
             held.append(s)
         else:
             if i % 3 == 1:
-                s.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00NULL" + b"\0" * 16)  # ZMTP 3.0, no CURVE
+                # ZMTP 3.0, no CURVE
+                s.sendall(b"\xff" + b"\0" * 8 + b"\x7f\x03\x00NULL" + b"\0" * 16)
             s.close()
         if i % 50 == 0:
             peak = max(peak, _fds(controller))
@@ -51,9 +52,11 @@ def _flood(ports: list[int], controller: int) -> tuple[int, list[socket.socket]]
 @pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_a_connection_flood_adds_few_log_lines_and_no_lasting_descriptors(tiny_model, tmp_path):
     run = tmp_path / "run"
-    cmd = AREAL + ["train", "--quiet", f"run_dir={run}", f"model={tiny_model}", *TINY_RUN, "trainer.steps=400",
+    cmd = AREAL + ["train", "--quiet", f"run_dir={run}", f"model={tiny_model}", *TINY_RUN,
+                   "trainer.steps=400",
                    "eval.at_end=false"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         deadline = time.monotonic() + 300
         while not (run / "metrics.jsonl").exists():
@@ -62,7 +65,8 @@ def test_a_connection_flood_adds_few_log_lines_and_no_lasting_descriptors(tiny_m
             time.sleep(0.5)
         controller = json.loads((run / "pids.json").read_text())["controller"]
         ep = json.loads((run / "endpoints.json").read_text())
-        ports = [int(ep[c].rsplit(":", 1)[1]) for c in ("work", "results", "batches", "control", "status")]
+        ports = [int(ep[c].rsplit(":", 1)[1])
+                 for c in ("work", "results", "batches", "control", "status")]
         log = run / "logs" / "controller.log"
         lines, fds, steps = len(log.read_text().splitlines()), _fds(controller), _steps(run)
         peak, held = _flood(ports, controller)
@@ -74,8 +78,8 @@ def test_a_connection_flood_adds_few_log_lines_and_no_lasting_descriptors(tiny_m
         # the lines the flood added: every line but the run's own progress (INFO)
         added = [x for x in text.splitlines()[lines:] if " INFO " not in x]
         refusals = [x for x in added if "refused a connection" in x]
-        print(f"flood: {CONNECTIONS} connections in {SECONDS:.0f} s; controller fds {fds} -> peak {peak} -> {after}; "
-              f"{len(added)} log lines added")
+        print(f"flood: {CONNECTIONS} connections in {SECONDS:.0f} s; controller fds {fds} -> peak "
+              f"{peak} -> {after}; {len(added)} log lines added")
         assert len(added) <= 10, "\n".join(added)
         assert refusals and all(f"127.0.0.1:{p}" in " ".join(refusals) for p in ports), refusals
         assert "127.0.0.1:0)" not in text

@@ -1,5 +1,6 @@
-"""The controller's drop of buffered groups older than rollout.max_staleness: the slot is freed, the prompt
-requeued, and the group's generated tokens counted (``stale_dropped_tokens``: generated, never trained)."""
+"""The controller's drop of buffered groups older than rollout.max_staleness: the slot is freed, the
+prompt requeued, and the group's generated tokens counted (``stale_dropped_tokens``: generated,
+never trained)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def group(gid: int, first_version: int, model_tokens: int, env_tokens: int = 0) 
     versions[model_tokens:] = -1
     mask = np.zeros(n, np.uint8)
     mask[:model_tokens] = 1
-    sample = Sample(0, np.zeros(3, np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.float32), versions, mask,
+    sample = Sample(0, np.zeros(3, np.int32), np.arange(n, dtype=np.int32), np.zeros(n, np.float32),
+                    versions, mask,
                     0.0, "ok", "length", 1, "")
     return GroupResult(gid, f"p{gid}", 0, [sample, sample], 1.0, 2 * n)
 
@@ -36,15 +38,20 @@ class Cursor:
 def test_a_group_past_the_staleness_bound_is_dropped_requeued_and_its_tokens_counted(tmp_path):
     cfg = RootConfig()
     cfg.rollout.max_staleness = 2
-    fresh, stale = group(1, first_version=3, model_tokens=40), group(2, first_version=2, model_tokens=30, env_tokens=5)
+    fresh, stale = group(1, first_version=3, model_tokens=40), group(2, first_version=2,
+                                                                     model_tokens=30, env_tokens=5)
     adm = Admission(batch_size=2, max_staleness=2, max_concurrent=10, accepted=2)
-    ctl = SimpleNamespace(cfg=cfg, step=5, buffer=[fresh, stale], adm=adm, rec=StepRecorder(tmp_path, cfg),
+    ctl = SimpleNamespace(cfg=cfg, step=5, buffer=[fresh, stale], adm=adm,
+                          rec=StepRecorder(tmp_path, cfg),
                           cursor=Cursor(), groups={1: (1, "p1", None), 2: (2, "p2", None)})
     Controller._drop_stale(ctl)
-    assert [g.group_id for g in ctl.buffer] == [1]  # 5 - 3 = 2 is within the bound; 5 - 2 = 3 is not
-    assert ctl.adm.accepted == 1 and ctl.cursor.requeued == [(2, "p2", None)] and 2 not in ctl.groups
+    # 5 - 3 = 2 is within the bound; 5 - 2 = 3 is not
+    assert [g.group_id for g in ctl.buffer] == [1]
+    assert ctl.adm.accepted == 1 and ctl.cursor.requeued == [(2, "p2",
+                                                              None)] and 2 not in ctl.groups
     assert ctl.rec.stale_dropped == 1
-    assert ctl.rec.stale_dropped_tokens == 2 * 30  # model tokens of both samples; the env turn's are no generation
+    # model tokens of both samples; the env turn's are no generation
+    assert ctl.rec.stale_dropped_tokens == 2 * 30
 
 
 def test_the_controller_says_once_when_stale_drops_waste_a_fifth_of_generation(tmp_path, caplog):
@@ -52,7 +59,8 @@ def test_the_controller_says_once_when_stale_drops_waste_a_fifth_of_generation(t
 
     cfg = RootConfig()
     rec = StepRecorder(tmp_path, cfg)
-    ctl = SimpleNamespace(cfg=cfg, rec=rec, stale_warned=False, log=logging.getLogger("areal-test-controller"))
+    ctl = SimpleNamespace(cfg=cfg, rec=rec, stale_warned=False,
+                          log=logging.getLogger("areal-test-controller"))
     rec.gen_tokens_total, rec.stale_dropped_tokens, rec.stale_dropped = 1000, 150, 3
     with caplog.at_level(logging.WARNING, logger="areal-test-controller"):
         Controller._warn_stale_waste(ctl, 9)
@@ -64,8 +72,8 @@ def test_the_controller_says_once_when_stale_drops_waste_a_fifth_of_generation(t
         Controller._warn_stale_waste(ctl, 6)
     assert len(caplog.records) == 1
     said = caplog.records[0].getMessage()
-    assert said.startswith("44% of the tokens generated so far were of groups dropped as older than "
-                           "rollout.max_staleness=4") and "Raise rollout.max_staleness" in said
+    assert said.startswith("44% of the tokens generated so far were of groups dropped as older "
+                           "than rollout.max_staleness=4") and "Raise rollout.max_staleness" in said
 
 
 def test_after_a_resume_the_waste_counts_only_what_this_controller_saw(tmp_path):
@@ -88,5 +96,6 @@ def test_a_group_its_worker_stopped_as_stale_frees_its_slot_and_is_drawn_again(t
     assert ctl.adm.running == 2 and ctl.adm.accepted == 0  # the slot is free, nothing was accepted
     assert ctl.cursor.requeued == [(7, "p7", None)] and 7 not in ctl.groups and ctl.buffer == []
     assert ctl.rec.stale_stopped == 1 and ctl.rec.stale_dropped == 0
-    assert ctl.rec.stale_dropped_tokens == 900 and ctl.rec.gen_tokens_total == 900  # generated, never trained
+    # generated, never trained
+    assert ctl.rec.stale_dropped_tokens == 900 and ctl.rec.gen_tokens_total == 900
     assert ctl.rec.stale_waste() == 1.0

@@ -73,7 +73,8 @@ def test_checkpoint_links_are_never_resumed_from_or_pruned_through(tmp_path):
 
 
 def test_a_users_directories_among_the_checkpoints_are_never_picked_or_pruned(tmp_path):
-    """Before: resume picked a user's checkpoints/step_9_mycopy and pruning deleted step_2_backup."""
+    """Before: resume picked a user's checkpoints/step_9_mycopy and pruning deleted
+    step_2_backup."""
     ck = tmp_path / "checkpoints"
     for v in (1, 2, 3):
         _complete(ck / f"step_{v}", v)
@@ -84,4 +85,5 @@ def test_a_users_directories_among_the_checkpoints_are_never_picked_or_pruned(tm
     (ck / "step_5" / "controller.json").write_text(json.dumps({"version": 5}))
     assert latest_checkpoint(tmp_path).name == "step_3"
     _prune(ck, keep=1)
-    assert sorted(p.name for p in ck.iterdir()) == ["step_12", "step_2_backup", "step_3", "step_5", "step_9_mycopy"]
+    assert sorted(p.name for p in ck.iterdir()) == ["step_12", "step_2_backup", "step_3", "step_5",
+                                                    "step_9_mycopy"]

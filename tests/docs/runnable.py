@@ -1,9 +1,9 @@
 """The shell blocks of README.md and docs/ that are marked runnable, and how each line is checked.
 
 A block is runnable when the line before its fence is ``<!-- runnable -->``. Every line of it must
-be an ``areal`` or ``make`` command (``#`` comments, ``\\`` continuations and a ``.venv/bin/`` prefix
-allowed); anything else fails, so an unmarkable block stays unmarked. ``check_line`` applies the
-rewrite rules below; none of them starts a training process, and each fails the way the command
+be an ``areal`` or ``make`` command (``#`` comments, ``\\`` continuations and a ``.venv/bin/``
+prefix allowed); anything else fails, so an unmarkable block stays unmarked. ``check_line`` applies
+the rewrite rules below; none of them starts a training process, and each fails the way the command
 would for a reader: a renamed key, preset, option, command or make target.
 
 - ``areal train ARGS`` and ``make train ARGS="..."``: composed and planned as ``areal train
@@ -56,7 +56,8 @@ def runnable_lines(path: Path, root: Path) -> list[Line]:
         if text.strip() != MARKER:
             continue
         if i + 1 >= len(lines) or not lines[i + 1].startswith("```"):
-            raise ValueError(f"{path.relative_to(root)}:{i + 1}: {MARKER} must sit on the line before a ``` fence")
+            raise ValueError(f"{path.relative_to(root)}:{i + 1}: {MARKER} must sit on the line "
+                             "before a ``` fence")
         j, pending = i + 2, ""
         while j < len(lines) and not lines[j].startswith("```"):
             pending += lines[j].rstrip()
@@ -74,7 +75,8 @@ def runnable_lines(path: Path, root: Path) -> list[Line]:
 def needs_run(line: Line) -> bool:
     """Whether the line reads a run: a path placeholder, a resume, status or plot."""
     words = line.words[1:]
-    return words[:1] in (["status"], ["plot"]) or any(PLACEHOLDER.search(w) or w.startswith("resume=")
+    return words[:1] in (["status"], ["plot"]) or any(PLACEHOLDER.search(w)
+                                                      or w.startswith("resume=")
                                                       for w in words)
 
 
@@ -95,7 +97,8 @@ def check_line(line: Line, tmp: Path, run: Path, makefile: Path) -> None:
         from areal_cli.eval.cli import _models
         from areal_cli.eval.config import compose_eval
 
-        _models(compose_eval(args)[0])  # every model named must exist (a run needs checkpoints/final)
+        # every model named must exist (a run needs checkpoints/final)
+        _models(compose_eval(args)[0])
         return None
     if cmd == "bench":
         assert args[:1] == ["sync-vs-async"], f"{line}: unknown bench {args[:1]}"
@@ -114,7 +117,8 @@ def _make(args: list[str], tmp: Path, makefile: Path) -> None:
     if targets == ["train"]:
         extra = next((a.split("=", 1)[1] for a in args if a.startswith("ARGS=")), "")
         return _train(shlex.split(extra), tmp, None)
-    proc = subprocess.run(["make", "-n", "-f", str(makefile), *targets], capture_output=True, text=True,
+    proc = subprocess.run(["make", "-n", "-f", str(makefile), *targets], capture_output=True,
+                          text=True,
                           cwd=makefile.parent)
     assert "No rule to make target" not in proc.stderr, proc.stderr
 
@@ -136,7 +140,8 @@ def _train(args: list[str], tmp: Path, run: Path | None) -> None:
 
         build(cfg)
         return
-    gpus = list(range(8)) if any("gpus" in a or a == "engine=vllm" for a in args) else visible_gpus()
+    gpus = list(range(8)) if any("gpus" in a or a == "engine=vllm"
+                                 for a in args) else visible_gpus()
     make_plan(cfg, gpus=gpus)
 
 
@@ -144,6 +149,9 @@ def _cli(args: list[str], tmp: Path) -> None:
     import os
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "areal_cli.cli", *args], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "areal_cli.cli", *args], capture_output=True,
+                          text=True,
                           cwd=tmp, timeout=120, env={**os.environ, "MPLBACKEND": "Agg"})
-    assert proc.returncode == 0, f"areal {shlex.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    assert (proc.returncode
+            == 0), (f"areal {shlex.join(args)} exited "
+                    f"{proc.returncode}:\n{proc.stdout}\n{proc.stderr}")

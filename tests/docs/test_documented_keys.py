@@ -11,7 +11,8 @@ import typing
 
 from conftest import ROOT
 
-GROUPS = ("task", "reward", "algorithm", "engine", "workflow", "rollout", "trainer", "weights", "launcher",
+GROUPS = ("task", "reward", "algorithm", "engine", "workflow", "rollout", "trainer", "weights",
+          "launcher",
           "cluster", "checkpoint", "eval", "logging")
 KEY = re.compile(r"(?<![\w./-])((?:" + "|".join(GROUPS) + r")\.[a-z_][\w.]*)")
 FILES = (".json", ".jsonl", ".md", ".png", ".yaml", ".log", ".py")
@@ -38,7 +39,9 @@ def test_every_key_in_the_documents_is_a_schema_key():
             continue
         for key in (k.rstrip(".") for k in KEY.findall(doc.read_text())):
             known = key in keys or key.startswith("task.params.") or key.endswith(FILES) or (
-                key.endswith("_") and any(k.startswith(key) for k in keys))  # a family: reward.code_*
+                # a family: reward.code_*
+                key.endswith("_") and any(k.startswith(key) for k in keys))
             if not known:
                 unknown.append(f"{doc.relative_to(ROOT)}: {key}")
-    assert not unknown, "keys in the documents that the schema does not have:\n" + "\n".join(unknown)
+    assert not unknown, ("keys in the documents that the schema does not have:\n"
+                         + "\n".join(unknown))

@@ -14,7 +14,8 @@ import gen_reference  # noqa: E402
 
 
 def dotted(cls: type, prefix: str = "") -> list[str]:
-    """Every key of a config dataclass, nested ones as group.key, walked from the dataclasses alone."""
+    """Every key of a config dataclass, nested ones as group.key, walked from the dataclasses
+    alone."""
     out, hints = [], typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         out.append(prefix + f.name)
@@ -46,7 +47,8 @@ def test_config_reference_shows_the_values_conf_gives():
 
 def test_cli_reference_lists_every_command():
     page = gen_reference.cli_page()
-    for cmd in ("areal train", "areal eval", "areal bench sync-vs-async", "areal tasks", "areal status",
+    for cmd in ("areal train", "areal eval", "areal bench sync-vs-async", "areal tasks",
+                "areal status",
                 "areal plot"):
         assert f"## `{cmd}`" in page
     assert "`--dry-run`" in page

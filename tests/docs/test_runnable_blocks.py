@@ -25,7 +25,8 @@ def test_readme_and_the_guides_have_runnable_blocks():
 
 @pytest.fixture(scope="module")
 def run(tiny_model, tmp_path_factory) -> Path:
-    """A real 2-step run of the tiny model (with a checkpoint): what status, plot and resume read."""
+    """A real 2-step run of the tiny model (with a checkpoint): what status, plot and resume
+    read."""
     run_dir = tmp_path_factory.mktemp("docs") / "run"
     run_train(run_dir, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "checkpoint.every=1")
     return run_dir
@@ -42,13 +43,15 @@ def hub(tmp_path_factory) -> Path:
     for line in LINES:
         for key, _, value in (w.partition("=") for w in line.words):
             hub_id = hub_model(value) if key in ("model", "reward.model.path") else None
-            if hub_id is None or (cache / ("models--" + hub_id.repo_id.replace("/", "--"))).exists():
+            if hub_id is None or (cache / ("models--"
+                                           + hub_id.repo_id.replace("/", "--"))).exists():
                 continue
             if key == "reward.model.path":
                 tiny_classifier(snapshot(cache, hub_id.repo_id), 1)
             else:
                 name = hub_id.repo_id.lower()
-                add_model(cache, hub_id.repo_id, "qwen3" if "qwen3" in name else "qwen2" if "qwen" in name
+                add_model(cache, hub_id.repo_id,
+                          "qwen3" if "qwen3" in name else "qwen2" if "qwen" in name
                           else "llama", tok)
     return cache
 

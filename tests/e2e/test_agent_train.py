@@ -12,11 +12,13 @@ from conftest import TINY_RUN, read_jsonl, run_train
 
 def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_model, tmp_path):
     run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "trainer.ranks=2",
-              "rollout.group_size=3", "workflow=agent", "workflow.agent=examples.agents.plan_then_answer:run",
+              "rollout.group_size=3", "workflow=agent",
+              "workflow.agent=examples.agents.plan_then_answer:run",
               timeout=300)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
-    assert sum(r["agent_episodes"] for r in rows) >= 12 and all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_episodes"] for r in rows) >= 12 and all(r.get("agent_failed", 0) == 0
+                                                                for r in rows)
     assert sum(r["agent_calls"] for r in rows) == 2 * sum(r["agent_episodes"] for r in rows)
     assert sum(r["agent_splits"] for r in rows) == sum(r["agent_episodes"] for r in rows)
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
@@ -25,7 +27,8 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
         per_episode.setdefault((t["group_id"], t["episode"]), []).append(t)
     assert len(trained) == 2 * 2 * 3 * 2 and all(len(v) == 2 for v in per_episode.values())
     key = json.loads((tmp_path / "agent-0.json").read_text())
-    assert key["base_url"].startswith("http://127.0.0.1:") and (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0
+    assert key["base_url"].startswith("http://127.0.0.1:")
+    assert (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0
 
 
 @pytest.mark.slow
@@ -33,7 +36,8 @@ def test_an_agent_that_always_fails_stops_the_run_naming_it(tiny_model, tmp_path
     from pathlib import Path
 
     monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1] / "workflows"))
-    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "workflow=agent",
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2",
+                     "workflow=agent",
                      "workflow.agent=agent_cases:raises", check=False, timeout=300)
     assert proc.returncode != 0
     out = proc.stdout + proc.stderr + (tmp_path / "logs" / "controller.log").read_text()

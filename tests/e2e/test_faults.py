@@ -16,7 +16,8 @@ from conftest import AREAL, ROOT, TINY_RUN, read_jsonl, run_train
 
 
 def _left(run_dir) -> list[str]:
-    return subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    return subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True,
+                          text=True).stdout.split()
 
 
 def _wait_metrics(run_dir, proc, timeout=180):
@@ -31,7 +32,8 @@ def _wait_metrics(run_dir, proc, timeout=180):
 def test_stopped_rollout_worker_is_named_with_its_stack(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50", "launcher.peer_timeout_s=6"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     _wait_metrics(tmp_path, proc)
     pid = json.loads((tmp_path / "pids.json").read_text())["rollout-0"]
     os.kill(pid, signal.SIGSTOP)
@@ -97,7 +99,8 @@ def test_reward_calls_that_never_return_are_scored_timeouts(tiny_model, tmp_path
 def test_hostile_input_gets_a_clear_message(tmp_path, overrides, needle):
     (tmp_path / "empty.jsonl").write_text("")
     (tmp_path / "bad.jsonl").write_text('{"prompt": "1+1", "answer": "2"}\n{"prompt": 3,\n')
-    long = [{"prompt": "word " * 9000 + end, "answer": "1"} for end in "ab"]  # one held out, one trains
+    # one held out, one trains
+    long = [{"prompt": "word " * 9000 + end, "answer": "1"} for end in "ab"]
     (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
     import socket
 
@@ -117,7 +120,8 @@ def test_hostile_input_gets_a_clear_message(tmp_path, overrides, needle):
 
 
 @pytest.mark.slow
-def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_model, tmp_path, monkeypatch):
+def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_model, tmp_path,
+                                                                           monkeypatch):
     """A real run whose step 1 gets a NaN gradient (as an overflow leaves one): that step leaves the
     weights alone and is counted, its batch is kept for a replay and named, and the run finishes."""
     from areal_cli.transport.messages import decode
@@ -127,7 +131,8 @@ def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     assert [r["skipped_steps"] for r in rows] == [0, 1, 1, 1]
-    assert [r["grad_norm"] != r["grad_norm"] for r in rows] == [False, True, False, False]  # NaN at step 1 only
+    # NaN at step 1 only
+    assert [r["grad_norm"] != r["grad_norm"] for r in rows] == [False, True, False, False]
     kept = tmp_path / "nonfinite" / "batch_1.msgpack"
     assert sorted(p.name for p in (tmp_path / "nonfinite").iterdir()) == [kept.name]
     assert decode(kept.read_bytes()).groups  # the wire frame of the step's batch
@@ -136,17 +141,21 @@ def test_a_nan_gradient_skips_its_step_keeps_its_batch_and_the_run_goes_on(tiny_
 
 
 @pytest.mark.slow
-def test_nan_gradients_in_a_row_stop_the_run_naming_the_parameters(tiny_model, tmp_path, monkeypatch):
-    """trainer.max_nonfinite_steps such steps in a row end the run with an error that names the parameters
-    and the fix, with no process left; the batches of the first two are kept."""
+def test_nan_gradients_in_a_row_stop_the_run_naming_the_parameters(tiny_model, tmp_path,
+                                                                   monkeypatch):
+    """trainer.max_nonfinite_steps such steps in a row end the run with an error that names the
+    parameters and the fix, with no process left; the batches of the first two are kept."""
     monkeypatch.setenv("AREAL_FAULT", "grad@1,2")
-    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=6", "trainer.max_nonfinite_steps=2",
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=6",
+                     "trainer.max_nonfinite_steps=2",
                      check=False)
     assert proc.returncode != 0
     said = proc.stderr + (tmp_path / "logs" / "trainer-0.log").read_text()
     assert "steps 1-2: the gradient norm was not finite in 2 steps in a row" in said
     assert "model.embed_tokens.weight" in said and "trainer.detect_anomaly=true" in said
-    assert sorted(p.name for p in (tmp_path / "nonfinite").iterdir()) == ["batch_1.msgpack", "batch_2.msgpack"]
-    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] <= 2  # nothing trained after the stop
+    assert sorted(p.name for p in (tmp_path / "nonfinite").iterdir()) == ["batch_1.msgpack",
+                                                                          "batch_2.msgpack"]
+    # nothing trained after the stop
+    assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")][-1] <= 2
     time.sleep(0.5)
     assert not _left(tmp_path)

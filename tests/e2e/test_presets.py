@@ -29,7 +29,8 @@ def one(completion, problem):
     return 1.0
 '''
 
-STEP_METRICS = {"loss", "clip_fraction", "approx_kl", "entropy", "behav_weight_mean", "behav_weight_max",
+STEP_METRICS = {"loss", "clip_fraction", "approx_kl", "entropy", "behav_weight_mean",
+                "behav_weight_max",
                 "masked_fraction", "grad_norm", "adv_mean", "adv_std", "response_length_mean",
                 "filtered_groups"}
 RUN = [*TINY_RUN, "rollout.max_new_tokens=16"]
@@ -52,9 +53,11 @@ def _finite_metrics(run_dir, steps: int) -> list[dict]:
     return metrics
 
 
-@pytest.mark.parametrize(("preset", "steps"), [("grpo", 2), ("dr_grpo", 2), ("rloo", 2), ("cispo", 3)])
+@pytest.mark.parametrize(("preset", "steps"),
+                         [("grpo", 2), ("dr_grpo", 2), ("rloo", 2), ("cispo", 3)])
 def test_preset_runs(tiny_model, tmp_path, rewards_on_path, preset, steps):
-    run_train(tmp_path, f"model={tiny_model}", *RUN, f"algorithm={preset}", f"trainer.steps={steps}",
+    run_train(tmp_path, f"model={tiny_model}", *RUN, f"algorithm={preset}",
+              f"trainer.steps={steps}",
               "reward.fn=preset_rewards:parity")
     metrics = _finite_metrics(tmp_path, steps)
     if preset == "rloo":  # k1 KL in the reward: a reference model ran
@@ -75,7 +78,8 @@ def test_ppo_value_loss_falls(tiny_model, tmp_path, rewards_on_path):
 def test_dapo_dynamic_sampling_batches(tiny_model, tmp_path, rewards_on_path):
     steps, eta, B = 3, 1, 2
     run_train(tmp_path, f"model={tiny_model}", *RUN, "algorithm=dapo", f"trainer.steps={steps}",
-              "algorithm.overlong_buffer=4", f"rollout.max_staleness={eta}", f"trainer.batch_size={B}",
+              "algorithm.overlong_buffer=4", f"rollout.max_staleness={eta}",
+              f"trainer.batch_size={B}",
               "reward.fn=preset_rewards:parity")
     metrics = _finite_metrics(tmp_path, steps)
     groups: dict[int, dict[int, list]] = defaultdict(lambda: defaultdict(list))

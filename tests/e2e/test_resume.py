@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def _kill_everything(run_dir, launcher: subprocess.Popen) -> None:
-    pids = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True,
+                          text=True).stdout.split()
     for pid in [launcher.pid, *map(int, pids)]:
         try:
             os.kill(int(pid), signal.SIGKILL)
@@ -31,7 +32,8 @@ def _kill_everything(run_dir, launcher: subprocess.Popen) -> None:
 
 def _start(run_dir, model, *extra, env=None):
     cmd = AREAL + ["train", "--quiet", f"run_dir={run_dir}", f"model={model}", *RESUMABLE, *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
                             env={**os.environ, **(env or {})})
 
 
@@ -68,14 +70,16 @@ def test_kill_and_resume_trains_each_sample_once(tiny_model, tmp_path, uninterru
 def test_sigterm_leaves_a_complete_checkpoint_and_partial_ones_are_ignored(tiny_model, tmp_path):
     # the trainer pauses inside step 2, so the signal lands mid-run however fast the steps are
     proc = _start(tmp_path, tiny_model, "checkpoint.every=0", "launcher.stop_timeout_s=60",
-                  env={"AREAL_FAULT": "train@2", "AREAL_FAULT_MODE": "pause", "AREAL_FAULT_PAUSE_S": "5"})
+                  env={"AREAL_FAULT": "train@2", "AREAL_FAULT_MODE": "pause",
+                       "AREAL_FAULT_PAUSE_S": "5"})
     _wait_for(tmp_path / "FAULT_REACHED")
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=90)
     ckpts = [d.name for d in (tmp_path / "checkpoints").iterdir()]
     complete = [c for c in ckpts if c.startswith("step_") and not c.endswith(".partial")]
     assert complete, f"no complete checkpoint after SIGTERM: {ckpts}"
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                          text=True).stdout.split()
     assert not left
     # a half-written checkpoint (killed during the write) must never be picked
     (tmp_path / "checkpoints" / "step_99.partial" / "trainer").mkdir(parents=True)

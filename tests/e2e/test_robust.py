@@ -19,7 +19,8 @@ pytestmark = pytest.mark.slow
 
 
 def _left(run_dir) -> list[str]:
-    return subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
+    return subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True,
+                          text=True).stdout.split()
 
 
 def _wait_for(path, proc, timeout=180):
@@ -36,7 +37,8 @@ def test_a_process_stuck_in_its_main_loop_is_named(tiny_model, tmp_path, fault, 
     saw a healthy process forever). The controller sees work held and no progress."""
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=4", "launcher.progress_timeout_s=8"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
                             env={**os.environ, "AREAL_FAULT": fault})
     _wait_for(tmp_path / "FAULT_REACHED", proc)
     t0 = time.monotonic()
@@ -60,7 +62,8 @@ def test_a_nan_reward_is_scored_zero_counted_and_never_trained(tiny_model, tmp_p
     env_path = f"{tmp_path}:{os.environ.get('PYTHONPATH', '')}"
     os.environ["PYTHONPATH"] = env_path
     try:
-        run_train(tmp_path / "r", f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "reward.fn=nan_reward:fn")
+        run_train(tmp_path / "r", f"model={tiny_model}", *TINY_RUN, "trainer.steps=3",
+                  "reward.fn=nan_reward:fn")
     finally:
         os.environ["PYTHONPATH"] = env_path.split(":", 1)[1]
     metrics = read_jsonl(tmp_path / "r" / "metrics.jsonl")
@@ -89,8 +92,10 @@ def test_resume_then_sigterm_before_the_first_new_step_then_resume_again(tiny_mo
     proc = subprocess.Popen(AREAL + ["train", f"resume={tmp_path}", "trainer.steps=2",
                                      "launcher.stop_timeout_s=20"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "AREAL_FAULT": "generate@1"})  # no new batch will come
-    _wait_for(tmp_path / "FAULT_REACHED", proc)  # the worker has the resumed weights: the trainer waits
+                            # no new batch will come
+                            env={**os.environ, "AREAL_FAULT": "generate@1"})
+    # the worker has the resumed weights: the trainer waits
+    _wait_for(tmp_path / "FAULT_REACHED", proc)
     log = tmp_path / "logs" / "trainer-0.log"
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)

@@ -12,7 +12,8 @@ import time
 import pytest
 from conftest import AREAL, ROOT, TINY_RUN, read_jsonl, run_train
 
-CONTRACT_METRICS = {"step", "version", "reward_mean", "trained_tokens", "step_time_s", "staleness_max",
+CONTRACT_METRICS = {"step", "version", "reward_mean", "trained_tokens", "step_time_s",
+                    "staleness_max",
                     "staleness_mean", "weight_sync_s", "gen_tokens_per_s", "train_tokens_per_s",
                     "wall_time_s"}
 CONTRACT_TRAJ = {"prompt_id", "sample_index", "version_start", "version_end", "trained_version",
@@ -39,7 +40,8 @@ def test_async_run_keeps_staleness_bound(tiny_model, tmp_path):
 
 @pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
 def test_synchronous_mode_is_on_policy(tiny_model, tmp_path):
-    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3", "rollout.max_staleness=0",
+    proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=3",
+                     "rollout.max_staleness=0",
               "eval.every=2", "eval.at_end=true", "eval.size=4")
     metrics = read_jsonl(tmp_path / "metrics.jsonl")
     assert [("eval/basic_arithmetic/accuracy" in m) for m in metrics] == [False, True, False]
@@ -64,7 +66,8 @@ def test_weight_broadcast_bit_exact_two_trainer_ranks(tiny_model, tmp_path):
 
 
 def _start_until_first_step(cmd, run_dir):
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.monotonic() + 180
     while not (run_dir / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -85,7 +88,8 @@ def test_killed_rollout_worker_stops_the_run(tiny_model, tmp_path):
     assert proc.returncode != 0
     assert "rollout-0" in err
     time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                          text=True).stdout.split()
     assert not left, f"processes of the run left behind: {left}"
 
 
@@ -136,5 +140,6 @@ def test_ctrl_c_stops_everything_within_10_seconds(tiny_model, tmp_path):
     assert time.monotonic() - t0 < 10
     assert proc.returncode != 0
     time.sleep(0.3)
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                          text=True).stdout.split()
     assert not left, f"processes of the run left behind: {left}"

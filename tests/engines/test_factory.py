@@ -44,7 +44,8 @@ def endpoints(port: int) -> Endpoints:
 
 
 def in_thread(fn):
-    """Run ``fn`` in a thread (both ends of a group block until the other joins); join() → its result."""
+    """Run ``fn`` in a thread (both ends of a group block until the other joins); join() → its
+    result."""
     box: dict = {}
     t = threading.Thread(target=lambda: box.update(out=fn()))
     t.start()
@@ -85,7 +86,8 @@ def test_vllm_without_vllm_names_the_extra(tiny_model):
 def test_the_evaluator_gets_its_engine_from_the_factory_without_a_weight_source(tiny_model):
     from areal_cli.eval.runner import Evaluator
 
-    with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"), max_concurrent=4) as ev:
+    with Evaluator(tiny_model, RewardConfig(workers=1), EngineConfig(dtype="float32"),
+                   max_concurrent=4) as ev:
         assert isinstance(ev.engine, Engine) and ev.engine.receiver is None
         assert ev.engine._running[0].greedy  # greedy until a pass says otherwise
         with pytest.raises(RuntimeError, match="without a weight source"):
@@ -106,7 +108,8 @@ def test_sender_broadcasts_into_the_rollout_engines_own_update_weights(tiny_mode
     tok = AutoTokenizer.from_pretrained(tiny_model)
     trainer = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     setup = dataclasses.replace(engine_setup(cfg, 0, tok, endpoints(port)), device="cpu")
-    join_sender = in_thread(lambda: make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cpu")))
+    join_sender = in_thread(lambda: make_sender(cfg, "127.0.0.1", port, trainer,
+                                                torch.device("cpu")))
     engine = make_engine(setup)
     sender = join_sender()
     try:
@@ -116,12 +119,14 @@ def test_sender_broadcasts_into_the_rollout_engines_own_update_weights(tiny_mode
         with torch.no_grad():
             for p in trainer.parameters():
                 p.add_(torch.randn_like(p) * 0.1)
-        assert not torch.equal(trainer.model.embed_tokens.weight, engine.model.model.embed_tokens.weight)
+        assert not torch.equal(trainer.model.embed_tokens.weight,
+                               engine.model.model.embed_tokens.weight)
         sender.prepare(iter(trainer.named_parameters()))
         join_broadcast = in_thread(lambda: sender.broadcast(digest=True))
         timings = engine.update_weights(1)
         sent = join_broadcast()
-        assert set(timings) == {"weight_recv_s", "weight_load_s", "pause_s", "pause_wait_s", "interrupted"}
+        assert set(timings) == {"weight_recv_s", "weight_load_s", "pause_s", "pause_wait_s",
+                                "interrupted"}
         assert engine.version == 1 and sent["weights_sha"] == engine.weights_digest()
         got = dict(engine.model.named_parameters())
         for name, p in trainer.named_parameters():

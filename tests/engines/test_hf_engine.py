@@ -40,7 +40,8 @@ def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model, ba
     for i, p in enumerate(prompts):
         eng.submit(Sequence(f"s{i}", p, max_new_tokens=48))
     done, deadline = [], time.monotonic() + 60
-    while not any(len(s.output_ids) >= 4 for s in eng.seqs.values()) and time.monotonic() < deadline:
+    while not any(len(s.output_ids) >= 4
+                  for s in eng.seqs.values()) and time.monotonic() < deadline:
         done += eng.poll(0.005)
 
     with eng.paused(1) as stats:
@@ -75,7 +76,8 @@ def test_logprobs_match_forward_without_interruption(tiny_model, batching):
     eng.close()
     s = out[0]
     assert s.finish_reason in ("stop", "length") and len(s.output_ids) == len(s.logprobs)
-    assert torch.allclose(torch.tensor(s.logprobs), _teacher_forced(ref, s.prompt_ids, s.output_ids),
+    assert torch.allclose(torch.tensor(s.logprobs),
+                          _teacher_forced(ref, s.prompt_ids, s.output_ids),
                           atol=1e-3)
 
 
@@ -90,7 +92,9 @@ def test_kv_cache_on_a_gpu_fits_the_given_share_of_free_memory(tiny_model, monke
     per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 2  # K and V, bf16
     weights = (12 * c.num_hidden_layers * c.hidden_size ** 2 + c.vocab_size * c.hidden_size) * 2
     half = kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.5)
-    assert half == int((free * 0.5 - weights) // per_token)  # the share, less the weights, in tokens
+    # the share, less the weights, in tokens
+    assert half == int((free * 0.5 - weights) // per_token)
     assert kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.25) < half
-    free = 1 << 20  # nothing left: still a usable minimum, the engine then fails loudly if it can't allocate
+    # nothing left: still a usable minimum, the engine then fails loudly if it can't allocate
+    free = 1 << 20
     assert kv_tokens_that_fit(tiny_model, "cuda:0", torch.bfloat16, 0.5) == 4096

@@ -1,6 +1,7 @@
-"""The embedded engine's weight-update pause (paged loop), at its edges: cache pressure (the scheduler holding
-back new requests), weights that are not finite, a sequence whose budget is spent, and KV cache
-and input buffers full of garbage (what an accelerator's fresh or recycled memory may hold)."""
+"""The embedded engine's weight-update pause (paged loop), at its edges: cache pressure (the
+scheduler holding back new requests), weights that are not finite, a sequence whose budget is spent,
+and KV cache and input buffers full of garbage (what an accelerator's fresh or recycled memory may
+hold)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,8 @@ def test_update_while_the_scheduler_holds_back_new_requests_does_not_stall(tiny_
     # request and then admits no waiting request until some request finishes. The update
     # cancels every active request, so none would ever finish: the resubmitted ones must be let in.
     # eos_token_id=-1 is transformers' "no EOS": no sequence can finish before its 40 tokens.
-    eng = _engine(tiny_model, max_batch_tokens=64, kv_cache_tokens=256, page_size=16, eos_token_id=-1)
+    eng = _engine(tiny_model, max_batch_tokens=64, kv_cache_tokens=256, page_size=16,
+                  eos_token_id=-1)
     for i in range(12):
         eng.submit(Sequence(f"s{i}", [1, 500 + i, 600, 700], max_new_tokens=40))
     scheduler = _processor(eng).scheduler
@@ -65,7 +67,8 @@ def test_nonfinite_weights_stop_generation_with_a_named_error(tiny_model):
     _poll_until(eng, lambda _: any(len(s.output_ids) >= 2 for s in eng.seqs.values()), 30)
     name = "model.layers.0.mlp.down_proj.weight"
 
-    with pytest.raises(RuntimeError, match=f"version 1 are not finite.*{name}"), eng.paused(1), torch.no_grad():
+    with pytest.raises(RuntimeError,
+                       match=f"version 1 are not finite.*{name}"), eng.paused(1), torch.no_grad():
         eng.model.get_parameter(name)[0, 0] = float("nan")
     time.sleep(0.3)  # the loop must not have sampled from the NaN weights
     assert eng.manager.is_running() and eng.manager.background_thread_status.fatal_error is None
@@ -121,7 +124,8 @@ def test_garbage_in_the_kv_cache_and_input_buffers_is_never_read(tiny_model, mon
         return prepare(self, *args, **kwargs)
 
     monkeypatch.setattr(cache_allocator.CacheAllocator, "free_blocks", free_and_poison)
-    monkeypatch.setattr(input_outputs.ContinuousBatchingIOs, "prepare_batch_tensors", poison_and_prepare)
+    monkeypatch.setattr(input_outputs.ContinuousBatchingIOs, "prepare_batch_tensors",
+                        poison_and_prepare)
     eng = _engine(tiny_model, max_batch_tokens=32, kv_cache_tokens=512, page_size=16)
     _processor(eng).cache.cache_tensor.fill_(255)  # before any request: no KV is written yet
     rng = random.Random(0)

@@ -38,7 +38,8 @@ def test_arrivals_departures_and_updates_keep_every_logprob_exact(tiny_model):
     version that produced it."""
     from transformers import AutoModelForCausalLM
 
-    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32) for _ in range(3)]
+    models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+              for _ in range(3)]
     torch.manual_seed(5)
     with torch.no_grad():
         for m in models[1:]:
@@ -49,7 +50,8 @@ def test_arrivals_departures_and_updates_keep_every_logprob_exact(tiny_model):
     rng = random.Random(0)
     for i in range(30):
         n = 150 if i == 17 else rng.randrange(2, 40)
-        eng.submit(Sequence(f"s{i}", [1] + [rng.randrange(3, 40000) for _ in range(n)], rng.randrange(1, 30)))
+        eng.submit(Sequence(f"s{i}", [1] + [rng.randrange(3, 40000) for _ in range(n)],
+                            rng.randrange(1, 30)))
     done: list = []
     for version in (1, 2):
         _poll_until(eng, lambda d, v=version: len(d) >= 8 * v, 500, done)
@@ -75,7 +77,8 @@ def test_nonfinite_weights_stop_generation_with_a_named_error(tiny_model):
         eng.submit(Sequence(f"s{i}", [1, 9690, 198, 504 + i], max_new_tokens=200))
     eng.poll(0.0)
     name = "model.layers.0.mlp.down_proj.weight"
-    with pytest.raises(RuntimeError, match=f"version 1 are not finite.*{name}"), eng.paused(1), torch.no_grad():
+    with pytest.raises(RuntimeError,
+                       match=f"version 1 are not finite.*{name}"), eng.paused(1), torch.no_grad():
         eng.model.get_parameter(name)[0, 0] = float("nan")
     with pytest.raises(RuntimeError, match="not finite"):
         eng.poll(0.01)
@@ -95,21 +98,24 @@ def test_a_sequence_with_no_budget_left_is_finished_not_resubmitted(tiny_model):
     done = eng.poll(0.0)
     eng.close()
     assert [s.rid for s in done] == ["s0"]
-    assert done[0].finish_reason == "length" and done[0].segments == 1 and done[0].output_ids == spent
+    assert (done[0].finish_reason == "length" and done[0].segments == 1 and done[0].output_ids
+            == spent)
 
 
 def test_greedy_and_sampled_draws_follow_the_distribution_they_report():
     torch.manual_seed(0)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, -30.0]]).repeat(20000, 1)
     tok, logp = sample(logits[:2], Sampling(0.0))
-    assert tok.tolist() == [0, 0] and math.isclose(logp[0].item(), torch.log_softmax(logits[0], -1)[0].item())
+    assert tok.tolist() == [0, 0] and math.isclose(logp[0].item(),
+                                                   torch.log_softmax(logits[0], -1)[0].item())
     t = 0.7
     tok, logp = sample(logits, Sampling(t))
     want = torch.softmax(logits[0] / t, -1)
     freq = torch.bincount(tok, minlength=5).float() / len(tok)
     assert (freq - want).abs().max() < 0.015, (freq, want)
     assert torch.allclose(logp, want.log()[tok], atol=1e-5)
-    tok, logp = sample(logits, Sampling(1.0, top_p=0.8))  # p = .64 .24 .09 .03: the nucleus is {0, 1}
+    # p = .64 .24 .09 .03: the nucleus is {0, 1}
+    tok, logp = sample(logits, Sampling(1.0, top_p=0.8))
     assert set(tok.tolist()) == {0, 1}
     kept = torch.softmax(logits[0, :2], -1)
     assert torch.allclose(logp, kept.log()[tok], atol=1e-5)

@@ -1,6 +1,7 @@
 """Adding an engine is one package under engines/ with its spec, and no edit anywhere else: a toy
 engine written into a package directory of its own is found by the registry, built by the factory,
-its spec read where the config is resolved and the run is planned, and its name accepted in checks."""
+its spec read where the config is resolved and the run is planned, and its name accepted in
+checks."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from areal_cli.runconfig.autos import resolve, resolve_engine
 SPEC = '''
 from areal_cli.engines.spec import EngineSpec
 
-SPEC = EngineSpec("toy", loads_model=False, tensor_parallel=False, fp32_logits=True, merges_lora=True,
-                  lora_apply="the toy engine ignores adapters")
+SPEC = EngineSpec("toy", loads_model=False, tensor_parallel=False, fp32_logits=True,
+                  merges_lora=True, lora_apply="the toy engine ignores adapters")
 '''
 
 ENGINE = '''
@@ -72,7 +73,8 @@ def make_sender(cfg, host, port, model, device, store=""):
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """engines/toy/ (spec.py, engine.py) in a directory of its own, on the engines package's path."""
+    """engines/toy/ (spec.py, engine.py) in a directory of its own, on the engines package's
+    path."""
     package = tmp_path / "toy"
     package.mkdir()
     (package / "__init__.py").write_text('"""engine=toy: a test\'s engine."""\n')
@@ -88,13 +90,16 @@ def test_a_toy_engine_is_found_built_and_read_by_the_planner(toy, tmp_path):
     assert toy in engines() and spec(toy).lora_apply == "the toy engine ignores adapters"
     assert unknown(toy) == "" and "engine=toy" in unknown("sglang")
     heard = []
-    engine = make_engine(EngineSetup(EngineConfig(name=toy), tmp_path, 2, Sampling(1.0), sequences=1), heard.append)
+    engine = make_engine(EngineSetup(EngineConfig(name=toy), tmp_path, 2, Sampling(1.0),
+                                     sequences=1), heard.append)
     engine.submit(Sequence("a", [1, 2], 3))
-    assert [s.output_ids for s in engine.poll(0.0)] == [[7, 7, 7]] and heard == ["loading the model"]
+    assert [s.output_ids
+            for s in engine.poll(0.0)] == [[7, 7, 7]] and heard == ["loading the model"]
     cfg = RootConfig()
     cfg.engine.name = toy
     assert make_sender(cfg, "127.0.0.1", 1, None, None) == ("toy sender", "127.0.0.1", 1)
-    # the config's autos and the plan's notes come from its spec (the EngineSpec defaults where it has none)
+    # the config's autos and the plan's notes come from its spec (the EngineSpec defaults where it
+    # has none)
     e = resolve_engine(cfg.engine)
     assert (e.lm_head_fp32, e.lora_merge, e.weight_update) == ("true", "true", "inplace")
     resolved = resolve(cfg)

@@ -14,9 +14,9 @@ from areal_cli.runconfig.autos import resolve_engine
 
 
 class FakeCore:
-    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version. A request
-    with ``prompt_logprobs`` (a probe) gets them from ``prompt_lp(ids)``; ``full=True``: no new probe is
-    scheduled (vLLM's queue behind requests that fill the engine)."""
+    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version. A
+    request with ``prompt_logprobs`` (a probe) gets them from ``prompt_lp(ids)``; ``full=True``: no
+    new probe is scheduled (vLLM's queue behind requests that fill the engine)."""
 
     def __init__(self):
         self.requests, self.aborted, self.version, self.params, self.salts = {}, [], 0, {}, {}
@@ -37,11 +37,13 @@ class FakeCore:
             r[0], r[2] = ids + [tok], made + 1
             done = r[2] >= budget
             lp = {tok: types.SimpleNamespace(logprob=-0.1 * self.version)}
-            comp = types.SimpleNamespace(token_ids=[tok], logprobs=[lp], finish_reason="length" if done else None)
+            comp = types.SimpleNamespace(token_ids=[tok], logprobs=[lp],
+                                         finish_reason="length" if done else None)
             out = types.SimpleNamespace(request_id=req, outputs=[comp], finished=done)
             if probe:
                 out.prompt_logprobs = [None] + [{t: types.SimpleNamespace(logprob=float(v))}
-                                                for t, v in zip(ids[1:], self.prompt_lp(ids), strict=True)]
+                                                for t,
+                                                v in zip(ids[1:], self.prompt_lp(ids), strict=True)]
             outs.append(out)
             if done:
                 del self.requests[req]
@@ -54,18 +56,22 @@ class FakeCore:
 
 
 def never_reset():
-    raise AssertionError("the prefix cache is salted by weight version; a reset would hold generation")
+    raise AssertionError("the prefix cache is salted by weight version; a reset would hold "
+                         "generation")
 
 
 def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
     eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
-    eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
+    eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n,
+                                                                    ignore_eos=ignore_eos)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
-    eng._weights_check, eng._probe, eng._probing, eng._verdict, eng._steps, eng._probes = None, [], None, {}, 0, 0
-    eng._probe_params = lambda: types.SimpleNamespace(max_tokens=1, ignore_eos=False, prompt_logprobs=0)
+    eng._weights_check, eng._probe, eng._probing = None, [], None
+    eng._verdict, eng._steps, eng._probes = {}, 0, 0
+    eng._probe_params = lambda: types.SimpleNamespace(max_tokens=1, ignore_eos=False,
+                                                      prompt_logprobs=0)
     return eng
 
 
@@ -101,7 +107,8 @@ def test_an_aborted_sequence_leaves_vllm_and_its_late_outputs_are_dropped():
     eng.submit(Sequence("b", [1, 2], max_new_tokens=3))
     late = eng.core.step()  # outputs of both, not yet folded in when "a" is aborted
     gone = eng.abort(["a", "missing"])
-    assert [s.rid for s in gone] == ["a"] and eng.core.aborted == ["a#1"] and "a#1" not in eng.core.requests
+    assert [s.rid for s in gone] == ["a"]
+    assert eng.core.aborted == ["a#1"] and "a#1" not in eng.core.requests
     assert [eng._apply(out) for out in late] == [None, None] and gone[0].output_ids == []
     done = []
     while eng.in_flight():
@@ -111,7 +118,8 @@ def test_an_aborted_sequence_leaves_vllm_and_its_late_outputs_are_dropped():
 
 def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
     eng = fake_engine()
-    seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0])
+    seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0],
+                   versions=[0, 0])
     eng.seqs["b"], eng.segment["b#1"] = seq, "b"
     with eng.paused(1):
         pass
@@ -123,7 +131,8 @@ def test_ignore_eos_sequence_continues_past_eos_after_an_update():
     """Length profiles (random weights): an EOS token does not end a sequence that ignores EOS;
     its next segment asks vLLM to ignore EOS too."""
     eng = fake_engine()
-    seq = Sequence("c", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0],
+    seq = Sequence("c", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0],
+                   versions=[0, 0],
                    ignore_eos=True)
     eng.seqs["c"], eng.segment["c#1"] = seq, "c"
     with eng.paused(1):
@@ -137,21 +146,26 @@ def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs
     """vLLM 0.26 sometimes puts the request's cumulative logprobs on a delta output (0 new tokens,
     thousands of logprobs): the sequence takes the new tokens' logprobs, the last ones."""
     eng = fake_engine()
-    seq = Sequence("d", [1], max_new_tokens=8, output_ids=[5, 6], logprobs=[-1.0, -2.0], versions=[0, 0])
+    seq = Sequence("d", [1], max_new_tokens=8, output_ids=[5, 6], logprobs=[-1.0, -2.0],
+                   versions=[0, 0])
     eng.seqs["d"], eng.segment["d#1"] = seq, "d"
     lp = [{t: types.SimpleNamespace(logprob=-float(t))} for t in (5, 6, 7)]
     comp = types.SimpleNamespace(token_ids=[7], logprobs=lp, finish_reason=None)
-    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=False)) is None
+    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp],
+                                            finished=False)) is None
     assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0]
     comp = types.SimpleNamespace(token_ids=[], logprobs=lp, finish_reason="length")
     assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=True)) is seq
-    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0] and seq.finish_reason == "length"
+    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0,
+                                                            -7.0] and seq.finish_reason == "length"
 
 
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
-    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lora_merge, engine.lm_head_fp32=auto: resolve"):
+    with pytest.raises(ValueError,
+                       match="engine.dtype, engine.weight_update, engine.lora_merge, "
+                             "engine.lm_head_fp32=auto: resolve"):
         llm_kwargs(cfg.engine, cfg.seed, 1)
     cfg.engine = resolve_engine(cfg.engine, updates=False)  # an engine no weights reach: reload
     kw = llm_kwargs(cfg.engine, cfg.seed, 1)
@@ -169,7 +183,8 @@ def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():
     cfg.engine = resolve_engine(cfg.engine)
     kw = llm_kwargs(cfg.engine, cfg.seed, 0)
     assert "weight_transfer_config" not in kw and "hf_overrides" not in kw
-    module, name = kw["worker_extension_cls"].rsplit(".", 1)  # vLLM imports it by name in its workers
+    # vLLM imports it by name in its workers
+    module, name = kw["worker_extension_cls"].rsplit(".", 1)
     import importlib
 
     assert hasattr(importlib.import_module(module), name)
@@ -211,7 +226,8 @@ def _gpu_vllm() -> str:
 def test_real_vllm_generates_with_logprobs(tiny_model):
     cfg = RootConfig()
     cfg.engine.name = "vllm"
-    cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
+    cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization = True, 0.2
+    cfg.engine.max_model_len = 512
     cfg.engine = resolve_engine(cfg.engine, updates=False)
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine
@@ -229,7 +245,8 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
 
 
 class LocalIntake:
-    """``InplaceReceiver``'s calls without the RPC: a real ``StagedUpdate`` over gloo in this process."""
+    """``InplaceReceiver``'s calls without the RPC: a real ``StagedUpdate`` over gloo in this
+    process."""
 
     def __init__(self, staged, verified: bool = False):
         self.staged, self.reports_change = staged, verified
@@ -268,7 +285,8 @@ def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_sw
     timings = eng.update_weights(1)
     sent.join()
     seq = eng.seqs["a"]
-    # tokens came while the update was on its way, under the old version; the rest follows under the new
+    # tokens came while the update was on its way, under the old version; the rest follows under the
+    # new
     assert timings["steps_behind"] > 0 and seq.versions.count(0) >= timings["steps_behind"]
     assert timings["pause_total_s"] == timings["pause_s"] < timings["weight_behind_s"]
     assert eng.version == 1 and eng.core.aborted == ["a#1"] and "a#2" in eng.core.requests
@@ -287,9 +305,10 @@ def time_to_generate(eng) -> None:
 
 
 def verified_engine(staged: bool, engine_reads_weights: bool | None):
-    """A fake engine over a real ``StagedUpdate`` whose probe logprobs are a function of the live weights
-    (as a real engine's forward is), or stay as they were (an engine that never reads the new weights);
-    None: the weights are read, but vLLM's queue never reaches a probe (the first, waited for, included)."""
+    """A fake engine over a real ``StagedUpdate`` whose probe logprobs are a function of the live
+    weights (as a real engine's forward is), or stay as they were (an engine that never reads the
+    new weights); None: the weights are read, but vLLM's queue never reaches a probe (the first,
+    waited for, included)."""
     import torch
 
     from tests.engines.test_vllm_inplace import _ends
@@ -327,7 +346,8 @@ def verified_engine(staged: bool, engine_reads_weights: bool | None):
 
 
 def answered(eng) -> None:
-    """Step the engine until its probe is answered (what the worker's polling does between updates)."""
+    """Step the engine until its probe is answered (what the worker's polling does between
+    updates)."""
     for _ in range(5):
         eng.poll(0.001)
     assert eng._probing is None
@@ -339,12 +359,14 @@ def test_an_in_place_update_is_verified_by_the_probe_and_an_unchanged_one_is_nam
 
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=True)
     first = update(1)
-    assert first["weights_changed"] == 1 and first["weights_unchanged"] == 0 and "probe_version" not in first
+    assert (first["weights_changed"] == 1 and first["weights_unchanged"] == 0
+            and "probe_version" not in first)
     assert eng._probing is not None  # submitted, not waited for: the worker goes on meanwhile
     answered(eng)
     again = update(2)  # the trainer's weights did not move (a skipped step): reported, not an error
     assert again["weights_changed"] == 0 and again["weights_unchanged"] == 1
-    assert again["probe_version"] == 1 and again["probe_logp_change"] > 0  # the verdict on version 1
+    # the verdict on version 1
+    assert again["probe_version"] == 1 and again["probe_logp_change"] > 0
     answered(eng)
     with torch.no_grad():
         next(trainer.parameters()).mul_(2.0)
@@ -361,23 +383,27 @@ def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
 
     eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
     update(1)
-    with pytest.raises(WeightSyncError, match="update to version 1: the weights changed but the engine's logprobs"):
+    with pytest.raises(WeightSyncError,
+                       match="update to version 1: the weights changed but the engine's logprobs"):
         answered(eng)
     rx.close()
 
 
-def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_never_waited_for(monkeypatch):
+def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_never_waited_for(
+        monkeypatch):
     import time
 
     from areal_cli.engines.vllm import engine as vllm_engine
 
-    monkeypatch.setattr(vllm_engine, "PROBE_WAIT_S", 0.2)  # the one probe waited for: before the first update
+    # the one probe waited for: before the first update
+    monkeypatch.setattr(vllm_engine, "PROBE_WAIT_S", 0.2)
     eng, trainer, update, rx = verified_engine(staged=True, engine_reads_weights=None)
     assert update(1)["weights_changed"] == 1
     eng.poll(0.01)
     t0 = time.perf_counter()
     got = update(2)
     assert time.perf_counter() - t0 < 5.0  # no wait for the probe (it was 10 s per update)
-    assert got["probe_version"] == 1 and got["probe_skipped"] == 1 and "probe_logp_change" not in got
+    assert (got["probe_version"] == 1 and got["probe_skipped"] == 1
+            and "probe_logp_change" not in got)
     assert "areal-probe-v1" in eng.core.aborted and eng._probing[0] == "areal-probe-v2"
     rx.close()

@@ -1,5 +1,6 @@
-"""In-place intake of the vLLM engine (engines/vllm/inplace.py) on the CPU: areal's bucketed broadcast
-(gloo, trainer and engine ends in two threads) received behind the live weights, which change only at
+"""In-place intake of the vLLM engine (engines/vllm/inplace.py) on the CPU: areal's bucketed
+broadcast (gloo, trainer and engine ends in two threads) received behind the live weights, which
+change only at
 ``apply``; the routing of checkpoint tensors into the engine's fused parameters. vLLM's own weight
 loaders and GPU worker are exercised on a GPU (benchmarks/device/vllm_update.py)."""
 
@@ -17,8 +18,8 @@ from tests.transport.test_weights import free_port, small_model
 
 
 def _ends(staged: bool, bucket: int = 300, trainer=None, live=None, signal: str | None = None):
-    """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback; by default
-    the small model, the engine's copy zeroed."""
+    """(trainer model, sender, engine parameters, the engine's StagedUpdate) joined on loopback; by
+    default the small model, the engine's copy zeroed."""
     if trainer is None:
         trainer, engine = small_model(torch.float32), small_model(torch.bfloat16)
         with torch.no_grad():
@@ -34,7 +35,8 @@ def _ends(staged: bool, bucket: int = 300, trainer=None, live=None, signal: str 
 
     t = threading.Thread(target=join)
     t.start()
-    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"),
+                      torch.bfloat16,
                       bucket, timeout_s=30)
     t.join()
     return trainer, tx, live, box["rx"]
@@ -59,7 +61,8 @@ def test_staged_update_is_received_behind_the_live_weights_and_swapped_at_apply(
     assert not rx.done()  # the receiving thread waits for the wire
     sent = threading.Thread(target=tx.broadcast)
     sent.start()
-    while not rx.done():  # "generation" goes on reading the live weights meanwhile: still the old ones
+    # "generation" goes on reading the live weights meanwhile: still the old ones
+    while not rx.done():
         assert all(not p.any() for p in live.values())
     sent.join()
     assert all(not p.any() for p in live.values())
@@ -106,16 +109,17 @@ def test_apply_says_whether_the_update_changed_the_weights(staged):
 
 @pytest.mark.parametrize("staged", [True, False])
 def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(staged):
-    """vLLM pads its vocabulary to a multiple of 64; its loader writes the real rows only. Weights the engine
-    already has (the trainer skipped its first step) must not count as a change, or the probe check would
-    stop a healthy run."""
+    """vLLM pads its vocabulary to a multiple of 64; its loader writes the real rows only. Weights
+    the engine already has (the trainer skipped its first step) must not count as a change, or the
+    probe check would stop a healthy run."""
     trainer = torch.nn.Sequential(torch.nn.Embedding(10, 4))
 
     def padded_rows_loader(param, tensor):
         param.data[: tensor.shape[0]].copy_(tensor)
 
     table = torch.nn.Parameter(torch.full((16, 4), 7.0, dtype=torch.bfloat16), requires_grad=False)
-    with torch.no_grad():  # the engine starts from the trainer's weights, as both load one checkpoint
+    # the engine starts from the trainer's weights, as both load one checkpoint
+    with torch.no_grad():
         table[:10] = trainer[0].weight.to(torch.bfloat16)
     table.weight_loader = padded_rows_loader
     trainer, tx, live, rx = _ends(staged, 1 << 20, trainer, {"0.weight": table})
@@ -123,11 +127,13 @@ def test_unchanged_weights_read_unchanged_where_the_engine_pads_a_parameter(stag
     def update():
         return _send(trainer, tx, rx)["weights_changed"]
 
-    assert update() == 0  # the first update, after a skipped step: the engine already has these weights
+    # the first update, after a skipped step: the engine already has these weights
+    assert update() == 0
     with torch.no_grad():
         trainer[0].weight[3] += 1.0
     assert update() == 1 and update() == 0
-    assert torch.equal(table.data[10:], torch.full((6, 4), 7.0, dtype=torch.bfloat16))  # padding untouched
+    # padding untouched
+    assert torch.equal(table.data[10:], torch.full((6, 4), 7.0, dtype=torch.bfloat16))
     rx.close()
 
 
@@ -136,12 +142,15 @@ def test_fingerprint_sees_one_element_moved_by_one_unit_in_the_last_place():
 
     same_width = {2: torch.int16, 4: torch.int32}
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
-        for shape in ((64, 32), (7, 5)):  # a whole number of 32-bit words, and an odd count of 16-bit values
+        # a whole number of 32-bit words, and an odd count of 16-bit values
+        for shape in ((64, 32), (7, 5)):
             a = torch.randn(*shape).to(dtype)
             b = a.clone()
-            assert torch.equal(fingerprint([a, a[1:4]]), fingerprint([b, b[1:4]]))  # also a view at an offset
+            # also a view at an offset
+            assert torch.equal(fingerprint([a, a[1:4]]), fingerprint([b, b[1:4]]))
             b.view(same_width[b.element_size()])[3, 4] += 1  # the next representable value
-            assert not torch.equal(a, b) and not torch.equal(fingerprint([a]), fingerprint([b])), (dtype, shape)
+            assert not torch.equal(a, b) and not torch.equal(fingerprint([a]),
+                                                             fingerprint([b])), (dtype, shape)
 
 
 def test_checkpoint_tensors_route_into_the_engines_fused_parameters():
@@ -151,9 +160,11 @@ def test_checkpoint_tensors_route_into_the_engines_fused_parameters():
     assert route(f"{layer}.mlp.up_proj.weight") == (f"{layer}.mlp.gate_up_proj.weight", 1)
     assert route(f"{layer}.mlp.down_proj.weight") == (f"{layer}.mlp.down_proj.weight", None)
     assert route("model.norm.weight") == ("model.norm.weight", None)
-    specs = [ParamSpec(f"{layer}.self_attn.{m}.weight", (4, 4), 16) for m in ("q_proj", "k_proj", "v_proj")]
+    specs = [ParamSpec(f"{layer}.self_attn.{m}.weight", (4, 4), 16)
+             for m in ("q_proj", "k_proj", "v_proj")]
     fused = {f"{layer}.self_attn.qkv_proj.weight": torch.zeros(12, 4)}
-    assert set(routes(specs, fused).values()) == {(f"{layer}.self_attn.qkv_proj.weight", s) for s in "qkv"}
+    assert set(routes(specs, fused).values()) == {(f"{layer}.self_attn.qkv_proj.weight", s)
+                                                  for s in "qkv"}
     with pytest.raises(ValueError, match="nothing sent to .*o_proj.*engine.weight_update=reload"):
         routes(specs, {**fused, f"{layer}.self_attn.o_proj.weight": torch.zeros(4, 4)})
     with pytest.raises(ValueError, match="no engine parameter for .*q_proj"):
@@ -170,7 +181,8 @@ def test_shadow_keeps_the_parameter_class_and_its_loading_attributes_over_new_me
     s = shadow(p)
     assert type(s) is Sharded and s.output_dim == 0 and s.weight_loader is p.weight_loader
     assert s.shape == p.shape and s.data_ptr() != p.data_ptr()
-    s.weight_loader(s, torch.full((3, 2), 7.0))  # the loader writes into the shadow, never the live one
+    # the loader writes into the shadow, never the live one
+    s.weight_loader(s, torch.full((3, 2), 7.0))
     assert torch.equal(p, torch.ones(3, 2)) and torch.equal(s, torch.full((3, 2), 7.0))
 
 
@@ -180,9 +192,11 @@ def test_tensor_parallel_ranks_stage_only_with_staged_tp():
     assert staging_choice(1, {"staging": True}, short) == (False, "too little memory")
     assert staging_choice(1, {"staging": False}, fits)[0] is False
     staged, why = staging_choice(2, {"staging": True}, fits)
-    assert not staged and "engine.staged_tp=false" in why  # the default at TP > 1: received in the pause
+    # the default at TP > 1: received in the pause
+    assert not staged and "engine.staged_tp=false" in why
     assert staging_choice(2, {"staging": True, "staged_tp": True}, fits) == (True, "fits")
-    assert staging_choice(4, {"staging": True, "staged_tp": True}, short)[0] is False  # memory still decides
+    # memory still decides
+    assert staging_choice(4, {"staging": True, "staged_tp": True}, short)[0] is False
 
 
 def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is_received():
@@ -199,7 +213,8 @@ def test_the_engine_process_switches_the_gil_often_only_while_a_staged_update_is
         sys.setswitchinterval(0.005)  # Python's default, as in vLLM's engine process
         tx.prepare(iter(trainer.named_parameters()))
         worker.areal_weights_begin()
-        assert sys.getswitchinterval() == SWITCH_INTERVAL_S  # the receiving thread gets the GIL after each bucket
+        # the receiving thread gets the GIL after each bucket
+        assert sys.getswitchinterval() == SWITCH_INTERVAL_S
         sent = threading.Thread(target=tx.broadcast)
         sent.start()
         worker.areal_weights_apply()
@@ -224,7 +239,8 @@ def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_p
         deadline = time.monotonic() + 30
         while receives_finished(signal) < n and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert receives_finished(signal) == n and rx2.done()  # the file says it as soon as the future does
+        # the file says it as soon as the future does
+        assert receives_finished(signal) == n and rx2.done()
         rx2.apply()
         sent.join()
     rx2.close()
@@ -232,8 +248,8 @@ def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_p
 
 
 class EngineWorker:
-    """vLLM's GPU worker as ``InplaceWorker`` sees it (vLLM does not run on the CPU): its model and its
-    place in the engine's tensor parallel group."""
+    """vLLM's GPU worker as ``InplaceWorker`` sees it (vLLM does not run on the CPU): its model and
+    its place in the engine's tensor parallel group."""
 
     def __init__(self, model: torch.nn.Module):
         from types import SimpleNamespace
@@ -263,13 +279,16 @@ def test_the_rollout_workers_receiver_sees_a_staged_update_done_from_the_threads
     llm = SimpleNamespace(collective_rpc=lambda name, kwargs=None: calls.append(name) or [
         getattr(worker, name)(**(kwargs or {}))])
     specs = param_specs(trainer)
-    spec = WireSpec([s.name for s in specs], ["bfloat16"] * len(specs), [list(s.shape) for s in specs])
+    spec = WireSpec([s.name for s in specs], ["bfloat16"] * len(specs),
+                    [list(s.shape) for s in specs])
     port, box = free_port(), {}
     plan = dict(host="127.0.0.1", port=port, store="", rank_offset=1, world_size=2, backend="gloo",
-                wire_dtype="bfloat16", bucket_bytes=300, timeout_s=30, staging=True, staged_tp=False)
+                wire_dtype="bfloat16", bucket_bytes=300, timeout_s=30, staging=True,
+                staged_tp=False)
     joining = threading.Thread(target=lambda: box.update(rx=InplaceReceiver(llm, spec, plan)))
     joining.start()
-    tx = WeightSender(specs, "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16, 300, timeout_s=30)
+    tx = WeightSender(specs, "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16, 300,
+                      timeout_s=30)
     joining.join()
     rx = box["rx"]
     assert rx.background  # staged: the engine generates between begin and apply
@@ -281,7 +300,8 @@ def test_the_rollout_workers_receiver_sees_a_staged_update_done_from_the_threads
     deadline = time.monotonic() + 30
     while not rx.done() and time.monotonic() < deadline:
         time.sleep(0.001)
-    assert rx.done() and calls[-1] == "areal_weights_begin"  # waited on the file: no call into the engine
+    # waited on the file: no call into the engine
+    assert rx.done() and calls[-1] == "areal_weights_begin"
     got = rx.apply()
     sent.join()
     assert got["weights_changed"] == 1

@@ -1,7 +1,8 @@
-"""LoRA with engine=vllm: vLLM's LoRA settings, and, where vLLM and a GPU are present, the real thing:
-an adapter update (areal's broadcast over gloo, loaded through vLLM's LoRA API from tmpfs) changes the
-engine's logprobs as the merged weights dictate; an unchanged adapter is a zero delta; a sync forced to
-do nothing (``AREAL_FAULT=adapter@v``, ``AREAL_FAULT_MODE=skip``) is caught and named."""
+"""LoRA with engine=vllm: vLLM's LoRA settings, and, where vLLM and a GPU are present, the real
+thing: an adapter update (areal's broadcast over gloo, loaded through vLLM's LoRA API from tmpfs)
+changes the engine's logprobs as the merged weights dictate; an unchanged adapter is a zero delta; a
+sync forced to do nothing (``AREAL_FAULT=adapter@v``, ``AREAL_FAULT_MODE=skip``) is caught and
+named."""
 
 from __future__ import annotations
 
@@ -32,8 +33,9 @@ def test_llm_kwargs_enable_lora_at_a_rank_vllm_accepts():
 
 
 def test_merged_updates_to_vllm_name_the_plain_parameters(tiny_model):
-    """engine.lora_merge=true: vLLM's transfer is planned from the merged plain parameters (names and
-    shapes of the model without adapters), not from the adapted model's base_layer / lora_A names."""
+    """engine.lora_merge=true: vLLM's transfer is planned from the merged plain parameters (names
+    and shapes of the model without adapters), not from the adapted model's base_layer / lora_A
+    names."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -42,7 +44,8 @@ def test_merged_updates_to_vllm_name_the_plain_parameters(tiny_model):
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.lora_merge, cfg.trainer.lora.rank = "vllm", "true", 4
     plain = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    adapted = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
+    adapted = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
+                          cfg.trainer.lora)
     want = [(n, list(p.shape)) for n, p in plain.named_parameters()]
     assert sender_specs(adapted, cfg) == want
     cfg.trainer.lora.rank = 0
@@ -85,24 +88,32 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
     from areal_cli.runconfig.autos import resolve
     from areal_cli.runconfig.compose import compose
 
-    cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16", "engine.lora_merge=false",
-                           "weights.backend=gloo", "engine.enforce_eager=true", "engine.gpu_memory_utilization=0.2",
+    cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16",
+                           "engine.lora_merge=false",
+                           "weights.backend=gloo", "engine.enforce_eager=true",
+                           "engine.gpu_memory_utilization=0.2",
                            "engine.max_model_len=512", "launcher.peer_timeout_s=120"]),
-                  Placement(model_path=Path(tiny_model)))  # as the launcher resolves it: no "auto" left
-    trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32), cfg.trainer.lora)
+                  # as the launcher resolves it: no "auto" left
+                  Placement(model_path=Path(tiny_model)))
+    trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),
+                          cfg.trainer.lora)
     port, box = _free_port(), {}
     setup = EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8,
                         weights=WeightSource(cfg, "127.0.0.1", port))
 
-    def start(key, make):  # an engine that fails to start fails the test at once, with its own error
+    # an engine that fails to start fails the test at once, with its own error
+    def start(key, make):
         try:
             box[key] = make()
         except BaseException as err:  # noqa: BLE001 (handed to the test's thread below)
             box[f"{key}_error"] = err
 
-    threads = [threading.Thread(target=start, args=("eng", lambda: make_engine(setup)), daemon=True),
-               threading.Thread(target=start, args=("tx", lambda: make_sender(cfg, "127.0.0.1", port, trainer,
-                                                                             torch.device("cpu"))), daemon=True)]
+    threads = [threading.Thread(target=start, args=("eng", lambda: make_engine(setup)),
+                                daemon=True),
+               threading.Thread(target=start,
+                                args=("tx", lambda: make_sender(cfg, "127.0.0.1", port, trainer,
+                                                                             torch.device("cpu"))),
+                                daemon=True)]
     for t in threads:
         t.start()
     threads[0].join(600)
@@ -129,7 +140,8 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
         assert (after - base).abs().max() > 1e-2
         trainer.eval()
         with torch.no_grad():
-            want = torch.log_softmax(trainer(input_ids=torch.tensor([ids])).logits[0, :-1].float(), -1)
+            want = torch.log_softmax(trainer(input_ids=torch.tensor([ids])).logits[0, :-1].float(),
+                                     -1)
         want = want.gather(-1, torch.tensor(ids[1:])[:, None])[:, 0]
         assert (after - want).abs().mean() < 0.05  # bf16 engine vs float32 trainer
         got = update(2)

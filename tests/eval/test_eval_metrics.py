@@ -46,7 +46,8 @@ def test_k_values_are_powers_of_two_then_n():
 
 
 def sample(pid, kind, score, length=10, finish="stop"):
-    return {"prompt_id": pid, "pass": kind, "score": score, "length": length, "finish_reason": finish}
+    return {"prompt_id": pid, "pass": kind, "score": score, "length": length,
+            "finish_reason": finish}
 
 
 def test_summary_of_a_greedy_and_a_sampled_pass():
@@ -69,13 +70,17 @@ def test_summary_of_a_greedy_and_a_sampled_pass():
 
 def test_greedy_only_summary_has_no_pass_at_k():
     m = summarize([sample("a", "greedy", 1.0, 64, "length")], 1)
-    assert m == {"problems": 1, "accuracy": 1.0, "mean_reward": 1.0, "mean_length": 64.0, "truncation_rate": 1.0}
+    assert m == {"problems": 1, "accuracy": 1.0, "mean_reward": 1.0, "mean_length": 64.0,
+                 "truncation_rate": 1.0}
 
 
 def test_table_columns_and_cells():
-    results = [{"metrics": {"problems": 2, "accuracy": 0.5, "avg@4": 0.25, "pass@4": 0.5, "pass@2": 0.4,
-                            "pass@1": 0.25, "mean_reward": 0.3, "mean_length": 25.0, "truncation_rate": 0.5}}]
-    assert columns(results) == ["problems", "accuracy", "avg@4", "pass@1", "pass@2", "pass@4", "mean_length",
+    results = [{"metrics": {"problems": 2, "accuracy": 0.5, "avg@4": 0.25, "pass@4": 0.5,
+                            "pass@2": 0.4,
+                            "pass@1": 0.25, "mean_reward": 0.3, "mean_length": 25.0,
+                            "truncation_rate": 0.5}}]
+    assert columns(results) == ["problems", "accuracy", "avg@4", "pass@1", "pass@2", "pass@4",
+                                "mean_length",
                                 "truncation_rate"]
     assert cell("accuracy", 0.5) == "50.0" and cell("mean_length", 25.04) == "25.0"
     assert cell("problems", 2) == "2" and cell("pass@2", None) == "-"

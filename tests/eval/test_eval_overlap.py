@@ -32,10 +32,12 @@ def test_a_run_trained_with_the_same_task_shares_nothing(tiny_model, tmp_path):
 
 
 def test_eval_drops_and_reports_problems_the_run_trained_on(tiny_model, tmp_path):
-    """The run held out only 10% of the space, so part of this eval split's 20% was its training data."""
+    """The run held out only 10% of the space, so part of this eval split's 20% was its training
+    data."""
     run = fake_run(tmp_path / "leaky", tiny_model, ["task.size=400", "task.eval_share=0.1"])
     out = tmp_path / "out"
-    cmd = AREAL + [f"model={run}", "task.eval_size=20", "max_new_tokens=4", f"out_dir={out}", "reward.workers=1",
+    cmd = AREAL + [f"model={run}", "task.eval_size=20", "max_new_tokens=4", f"out_dir={out}",
+                   "reward.workers=1",
                    "engine.dtype=float32"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,4 +51,5 @@ def test_eval_drops_and_reports_problems_the_run_trained_on(tiny_model, tmp_path
     asked = [s for s in data["results"][0]["samples"]]
     assert len(asked) == 20 - dropped
     held = {p.id: p for p in load_problems(compose_eval(["task.eval_size=20"])[0].task, "eval")}
-    assert not {normalize(held[s["prompt_id"]].meta["rg_entry"]["question"]) for s in asked} & trained
+    assert not {normalize(held[s["prompt_id"]].meta["rg_entry"]["question"])
+                for s in asked} & trained

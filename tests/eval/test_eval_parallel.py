@@ -19,7 +19,8 @@ ENV = {**os.environ, "COLUMNS": "400", "TOKENIZERS_PARALLELISM": "false"}
 
 
 def run_eval(*args, env=None, timeout=300):
-    return subprocess.run(AREAL + list(args), capture_output=True, text=True, env=env or ENV, timeout=timeout)
+    return subprocess.run(AREAL + list(args), capture_output=True, text=True, env=env or ENV,
+                          timeout=timeout)
 
 
 def table(stdout: str) -> list[str]:
@@ -32,7 +33,8 @@ def test_two_cpu_workers_give_the_one_process_result(tmp_path):
     """SmolLM2-135M-Instruct, greedy, 2 tasks × 3 problems: 2 workers (shards of 1 and 2 problems
     per task) merge into exactly the samples and metrics of one process. float32, because bf16
     argmax can flip at a near-tie when the batch composition changes (as with max_concurrent)."""
-    common = ["tasks=[basic_arithmetic,chain_sum]", "size=3", "max_new_tokens=12", "reward.workers=1",
+    common = ["tasks=[basic_arithmetic,chain_sum]", "size=3", "max_new_tokens=12",
+              "reward.workers=1",
               "engine.dtype=float32"]
     one = run_eval(*common, f"out_dir={tmp_path / 'one'}")
     assert one.returncode == 0, one.stderr[-3000:]
@@ -61,11 +63,13 @@ def test_a_dead_worker_is_named_and_stops_the_run(tiny_model, tmp_path):
     """Shard 1 exits at start (fault injection): exit 1 at once, naming the shard and its log."""
     env = {**ENV, "AREAL_FAULT": "eval@1", "AREAL_FAULT_MODE": "exit"}
     t0 = time.monotonic()
-    proc = run_eval(f"model={tiny_model}", "size=4", "max_new_tokens=8", "reward.workers=1", "workers=2",
+    proc = run_eval(f"model={tiny_model}", "size=4", "max_new_tokens=8", "reward.workers=1",
+                    "workers=2",
                     f"out_dir={tmp_path}", env=env, timeout=120)
     assert proc.returncode == 1, proc.stderr
     assert "shard 1 of 2 (CPU" in proc.stderr and "failed: exit code 17" in proc.stderr
-    assert str(tmp_path / "shards" / "shard-1.log") in proc.stderr and "Traceback" not in proc.stderr
+    assert (str(tmp_path / "shards" / "shard-1.log") in proc.stderr
+            and "Traceback" not in proc.stderr)
     assert not (tmp_path / "eval.json").exists() and time.monotonic() - t0 < 60
 
 
@@ -74,7 +78,8 @@ def test_a_stuck_worker_is_named_after_timeout_s(tiny_model, tmp_path):
     the run after timeout_s, naming the shard, with the stuck worker's stacks in its log."""
     env = {**ENV, "AREAL_FAULT": "eval@1"}
     t0 = time.monotonic()
-    proc = run_eval(f"model={tiny_model}", "size=4", "max_new_tokens=8", "reward.workers=1", "workers=2",
+    proc = run_eval(f"model={tiny_model}", "size=4", "max_new_tokens=8", "reward.workers=1",
+                    "workers=2",
                     "timeout_s=20", f"out_dir={tmp_path}", env=env, timeout=150)
     assert proc.returncode == 1, proc.stderr
     assert "shard 1 of 2 (CPU" in proc.stderr and "still running after timeout_s=20s" in proc.stderr
@@ -129,7 +134,8 @@ def test_worker_gpus_follow_tensor_parallel_size():
     assert cfg.worker_count() == 2 and [cfg.worker_gpus(k) for k in (0, 1)] == [[0, 1], [2, 3]]
     cfg = compose_eval(["gpus=[4,5]", "workers=3"])[0]
     assert [cfg.worker_gpus(k) for k in range(3)] == [[4], [5], [4]]
-    assert not compose_eval([])[0].data_parallel() and compose_eval(["workers=2"])[0].data_parallel()
+    assert (not compose_eval([])[0].data_parallel()
+            and compose_eval(["workers=2"])[0].data_parallel())
 
 
 @pytest.mark.parametrize("n_items, n", [(0, 2), (1, 3), (5, 2), (7, 3), (64, 8)])
@@ -149,11 +155,14 @@ def test_merge_orders_passes_then_problems():
     problems = [[SimpleNamespace(id=f"t/eval/{i}") for i in range(3)]]
     shards = [{"results": [{"model": "m", "task": "t", "wall_s": w, "samples": s}]} for w, s in (
         (1.0, [sample(0, "greedy"), sample(0, "sample"), sample(0, "sample", 1)]),
-        (2.0, [sample(i, p, j) for i in (1, 2) for p, j in (("greedy", 0), ("sample", 0), ("sample", 1))]))]
+        (2.0,
+         [sample(i, p, j) for i in (1, 2) for p,
+          j in (("greedy", 0), ("sample", 0), ("sample", 1))]))]
     (r,) = merge([cfg], [("m", "/m")], problems, shards)
     assert [(s["pass"], s["prompt_id"][-1], s["sample"]) for s in r["samples"]] == [
         ("greedy", "0", 0), ("greedy", "1", 0), ("greedy", "2", 0),
-        ("sample", "0", 0), ("sample", "0", 1), ("sample", "1", 0), ("sample", "1", 1), ("sample", "2", 0),
+        ("sample", "0", 0), ("sample", "0", 1), ("sample", "1", 0), ("sample", "1", 1),
+        ("sample", "2", 0),
         ("sample", "2", 1)]
     assert r["metrics"]["accuracy"] == pytest.approx(1 / 3) and r["wall_s"] == 2.0
     assert r["model_path"] == "/m" and r["metrics"]["problems"] == 3

@@ -25,7 +25,8 @@ def test_a_second_lock_names_the_holder_and_a_released_lock_is_free(tmp_path):
     held = RunLock(tmp_path)
     code = ("import sys; from areal_cli.launcher.claim import RunLock, RunDirError\n"
             "try:\n    RunLock(sys.argv[1])\nexcept RunDirError as e:\n    print(e); sys.exit(2)\n")
-    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+    other = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                           text=True,
                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert other.returncode == 2 and f"pid {os.getpid()}" in other.stdout
     held.release()
@@ -33,8 +34,10 @@ def test_a_second_lock_names_the_holder_and_a_released_lock_is_free(tmp_path):
 
 
 def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
-    code = "import sys, os; from areal_cli.launcher.claim import RunLock; RunLock(sys.argv[1]); os._exit(9)"
-    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = ("import sys, os; from areal_cli.launcher.claim import RunLock; RunLock(sys.argv[1]); "
+            "os._exit(9)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
     RunLock(tmp_path).release()  # a crashed holder leaves no stale lock
 
 
@@ -43,7 +46,8 @@ def test_resume_of_a_locked_run_dir_exits_2_naming_the_holder(tmp_path):
     run.mkdir()
     save_yaml(compose(["trainer.steps=1", "task.size=8", f"run_dir={run}"]), run / "config.yaml")
     lock = RunLock(run)
-    proc = subprocess.run(AREAL + ["train", "--quiet", f"resume={run}"], capture_output=True, text=True,
+    proc = subprocess.run(AREAL + ["train", "--quiet", f"resume={run}"], capture_output=True,
+                          text=True,
                           cwd=ROOT, timeout=180)
     lock.release()
     assert proc.returncode == 2, proc.stderr
@@ -60,7 +64,8 @@ def test_links_in_a_run_directory_are_named(tmp_path):
     (run / "metrics.jsonl").symlink_to(outside / "m.jsonl")
     problems = check_links(run)
     assert len(problems) == 2 and all("symbolic link" in p for p in problems)
-    assert any("checkpoints/step_3" in p for p in problems) and any("metrics.jsonl" in p for p in problems)
+    assert any("checkpoints/step_3" in p for p in problems) and any("metrics.jsonl" in p
+                                                                    for p in problems)
     with pytest.raises(RunDirError):
         (run / "run.lock").symlink_to(outside / "lock")
         RunLock(run)

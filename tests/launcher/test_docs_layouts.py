@@ -24,7 +24,8 @@ def gpu_ids(cell: str) -> list[int]:
     return out
 
 
-ROWS = [m.groups() for line in (ROOT / "docs" / "gpu.md").read_text().splitlines() if (m := ROW.match(line))]
+ROWS = [m.groups() for line in (ROOT / "docs" / "gpu.md").read_text().splitlines()
+        if (m := ROW.match(line))]
 
 
 def test_the_table_was_found():

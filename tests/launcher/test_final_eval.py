@@ -14,7 +14,8 @@ def test_final_eval_reports_both_models_and_caches_the_base(tiny_model, tmp_path
     monkeypatch.setenv("AREAL_CACHE", str(tmp_path / "cache"))
     run_dir = tmp_path / "run"
     shutil.copytree(tiny_model, run_dir / "checkpoints" / "final")
-    cfg = compose([f"model={tiny_model}", "eval.at_end=true", "eval.size=6", "rollout.max_new_tokens=4",
+    cfg = compose([f"model={tiny_model}", "eval.at_end=true", "eval.size=6",
+                   "rollout.max_new_tokens=4",
                    "reward.workers=1", "engine.dtype=float32"])
     lines: list[str] = []
     out = evaluate_run(cfg, run_dir, say=lines.append)
@@ -25,7 +26,8 @@ def test_final_eval_reports_both_models_and_caches_the_base(tiny_model, tmp_path
     cached = list((tmp_path / "cache" / "eval").glob("base-*.json"))
     assert len(cached) == 1
     cached[0].write_text(json.dumps({**json.loads(cached[0].read_text()), "accuracy": 0.5}))
-    # set, then removed: the undo restores the variable as it was (evaluate_run sets it in this process)
+    # set, then removed: the undo restores the variable as it was (evaluate_run sets it in this
+    # process)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     again = evaluate_run(cfg, run_dir, say=lines.append, gpus="5")

@@ -26,10 +26,13 @@ def _environ(pid: int) -> dict:
     return {k.decode(): v.decode(errors="replace") for k, v in items}
 
 
-def test_the_launcher_and_controller_hold_no_torch_and_one_cpu_rank_has_no_agent(tiny_model, tmp_path):
-    cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN, "trainer.steps=40",
+def test_the_launcher_and_controller_hold_no_torch_and_one_cpu_rank_has_no_agent(tiny_model,
+                                                                                 tmp_path):
+    cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
+                   "trainer.steps=40",
                    "eval.at_end=false"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         deadline = time.monotonic() + 240
         while not (tmp_path / "metrics.jsonl").exists():
@@ -53,6 +56,7 @@ def test_the_launcher_and_controller_hold_no_torch_and_one_cpu_rank_has_no_agent
     finally:
         proc.terminate()
         proc.communicate(timeout=120)
-    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
+                          text=True).stdout.split()
     assert not left, f"processes left: {left}"
     assert os.path.exists(tmp_path / "config.yaml")

@@ -1,6 +1,6 @@
-"""Hostile LoRA settings stop `areal train` with exit code 2 before any process starts, naming the key
-and the fix: a rank above the smallest targeted dimension, an unknown target module, LoRA with PPO's
-critic, and a LoRA checkpoint resumed with another rank."""
+"""Hostile LoRA settings stop `areal train` with exit code 2 before any process starts, naming the
+key and the fix: a rank above the smallest targeted dimension, an unknown target module, LoRA with
+PPO's critic, and a LoRA checkpoint resumed with another rank."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from areal_cli.rundir import RunDir
 
 
 def _train(*args: str):
-    return subprocess.run(AREAL + ["train", *args], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    return subprocess.run(AREAL + ["train", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=180)
 
 
 def _nothing_started(run_dir) -> bool:
@@ -28,8 +29,10 @@ def _nothing_started(run_dir) -> bool:
     (["trainer.lora.rank=48"], ["trainer.lora.rank=48", "trainer.lora.rank<=32"]),
     (["trainer.lora.rank=4", "trainer.lora.target_modules=[q_proj,qkv_proj]"],
      ["trainer.lora.target_modules", "qkv_proj", "use some of", "o_proj"]),
-    (["trainer.lora.rank=4", "algorithm=ppo"], ["trainer.lora.rank=4", "algorithm=grpo", "trainer.lora.rank=0"]),
-    (["trainer.lora.rank=4", "trainer.lora.target_modules=[]"], ["trainer.lora.target_modules", "q_proj"]),
+    (["trainer.lora.rank=4", "algorithm=ppo"],
+     ["trainer.lora.rank=4", "algorithm=grpo", "trainer.lora.rank=0"]),
+    (["trainer.lora.rank=4", "trainer.lora.target_modules=[]"],
+     ["trainer.lora.target_modules", "q_proj"]),
     (["trainer.lora.rank=-1"], ["trainer.lora.rank=-1"]),
 ])
 def test_bad_lora_settings_exit_2_before_any_process(tiny_model, tmp_path, overrides, needles):

@@ -36,7 +36,8 @@ def test_one_tp2_vllm_worker_and_two_trainer_ranks_on_four_gpus(tiny_model, tmp_
 
 
 def test_two_tp1_workers_each_get_a_gpu_and_ranks_in_one_group(tiny_model, tmp_path):
-    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2", "trainer.ranks=2")
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2",
+             "trainer.ranks=2")
     assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
     assert [env_of(p, "rollout-0"), env_of(p, "rollout-1")] == ["0", "1"]
     assert p.cfg.engine.weight_update == "inplace"  # a Llama at TP 1
@@ -53,11 +54,14 @@ def test_two_tp2_workers_leave_the_trainer_the_rest(tiny_model, tmp_path):
 
 
 def test_gpu_ids_count_among_the_gpus_this_process_was_given(tiny_model, tmp_path, monkeypatch):
-    # under CUDA_VISIBLE_DEVICES=4,5,6,7 (a scheduler's allocation) GPU 0 of the run is card 4, never card 0
+    # under CUDA_VISIBLE_DEVICES=4,5,6,7 (a scheduler's allocation) GPU 0 of the run is card 4,
+    # never card 0
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
-    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2", "trainer.ranks=2")
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.workers=2",
+             "trainer.ranks=2")
     assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
-    assert [env_of(p, "rollout-0"), env_of(p, "rollout-1"), env_of(p, "trainer")] == ["4", "5", "6,7"]
+    assert [env_of(p, "rollout-0"), env_of(p, "rollout-1"), env_of(p, "trainer")] == ["4", "5",
+                                                                                      "6,7"]
 
 
 def test_gpus_no_process_uses_are_shown_idle(tiny_model, tmp_path):
@@ -67,7 +71,8 @@ def test_gpus_no_process_uses_are_shown_idle(tiny_model, tmp_path):
 
 
 def test_explicit_gpu_lists_with_tensor_parallel_workers(tiny_model, tmp_path):
-    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.gpus=[2,3]", "trainer.gpus=[0]",
+    p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.gpus=[2,3]",
+             "trainer.gpus=[0]",
              "engine.tensor_parallel_size=2")
     assert p.devices == {"rollout": [2, 3], "trainer": [0], "idle": [1]}
     assert env_of(p, "rollout-0") == "2,3"
@@ -76,7 +81,8 @@ def test_explicit_gpu_lists_with_tensor_parallel_workers(tiny_model, tmp_path):
 @pytest.mark.parametrize("overrides,fix", [
     (["engine.tensor_parallel_size=2", "rollout.workers=2"], "leave none of the 4 GPUs"),
     (["engine.tensor_parallel_size=2", "trainer.ranks=4"], "trainer.ranks=4 but only 2 GPU(s)"),
-    (["engine.tensor_parallel_size=2", "rollout.gpus=[0,1]", "rollout.workers=2", "trainer.gpus=[2,3]"],
+    (["engine.tensor_parallel_size=2", "rollout.gpus=[0,1]", "rollout.workers=2",
+      "trainer.gpus=[2,3]"],
      "needs 4 generation GPUs; rollout.gpus has 2"),
     (["engine=hf", "engine.tensor_parallel_size=2"], "only with engine=vllm"),
 ])
@@ -98,13 +104,17 @@ def test_tp2_layout_exits_2_at_the_cli_when_it_does_not_fit(tmp_path):
 
     from conftest import AREAL, ROOT
 
-    proc = subprocess.run(AREAL + ["train", "engine=vllm", "cluster.gpus=[0,1,2,3]", "engine.tensor_parallel_size=2",
-                                   "--dry-run"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    proc = subprocess.run(AREAL
+                          + ["train", "engine=vllm", "cluster.gpus=[0,1,2,3]",
+                             "engine.tensor_parallel_size=2",
+                                   "--dry-run"], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
     assert proc.returncode == 2 and "do not exist here" in proc.stderr
 
 
 def test_dry_run_shows_the_drawn_lengths_and_refuses_an_unknown_profile(tiny_model, tmp_path):
-    p = plan(tiny_model, tmp_path, [], "rollout.length_profile=arithmetic_long", "rollout.max_new_tokens=8192")
+    p = plan(tiny_model, tmp_path, [], "rollout.length_profile=arithmetic_long",
+             "rollout.max_new_tokens=8192")
     assert "p10 160, p50 848, p90 3264 of rollout.max_new_tokens=8192), EOS ignored" in p.describe()
     with pytest.raises(ValueError, match="rollout.length_profile=nope: neither a built-in"):
         plan(tiny_model, tmp_path, [], "rollout.length_profile=nope")
@@ -112,28 +122,34 @@ def test_dry_run_shows_the_drawn_lengths_and_refuses_an_unknown_profile(tiny_mod
 
 def test_a_judge_reward_plans_the_reward_model_process(tiny_model, tiny_reward_model, tmp_path):
     p = plan(tiny_model, tmp_path, [0, 1, 2], "engine=vllm", "reward.fn=[auto,judge,model]",
-             "reward.weights=[1,0.5,2]", f"reward.model.path={tiny_reward_model}", "reward.gpus=[2]")
+             "reward.weights=[1,0.5,2]", f"reward.model.path={tiny_reward_model}",
+             "reward.gpus=[2]")
     names = [proc.name for proc in p.procs]
     assert names[:2] == ["controller", "reward-model"] and p.devices["reward"] == [2]
     assert "idle" not in p.devices  # GPU 2 is the reward model's
     assert env_of(p, "reward-model") == "2"
     text = p.describe()
     assert "reward = 1·auto + 0.5·judge + 2·model" in text and "areal_cli.rewards.server" in text
-    assert "reward.judge.engine=vllm: a vllm.LLM on GPU 2, 80% of its memory" in text  # auto: GPU 2, engine=vllm
+    # auto: GPU 2, engine=vllm
+    assert "reward.judge.engine=vllm: a vllm.LLM on GPU 2, 80% of its memory" in text
     on_cpu = plan(tiny_model, tmp_path / "cpu", [], "reward.fn=judge", "eval.at_end=false")
     assert env_of(on_cpu, "reward-model") == "" and on_cpu.devices["reward"] == []
     assert "reward.judge.engine=hf: transformers on the CPU" in on_cpu.describe()
     with pytest.raises(ValueError, match=r"reward.gpus=\[5\]"):
-        plan(tiny_model, tmp_path / "bad", [0, 1], "reward.fn=judge", "eval.at_end=false", "reward.gpus=[5]")
+        plan(tiny_model, tmp_path / "bad", [0, 1], "reward.fn=judge", "eval.at_end=false",
+             "reward.gpus=[5]")
 
 
 def test_the_plan_says_what_activation_checkpointing_auto_chose(tiny_model, tmp_path):
-    """A trainer on GPUs of known memory: the choice and its estimate in the plan's memory lines (the tiny
-    model fits any card whole); a plan for other nodes (memory unknown) says so and checkpoints every layer."""
+    """A trainer on GPUs of known memory: the choice and its estimate in the plan's memory lines
+    (the tiny model fits any card whole); a plan for other nodes (memory unknown) says so and
+    checkpoints every layer."""
     cfg = compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"])
-    plan = make_plan(cfg, gpus=[], placement=Placement(trainer_gpu=True, gpu_memory_bytes=80 * 10**9))
+    plan = make_plan(cfg, gpus=[],
+                     placement=Placement(trainer_gpu=True, gpu_memory_bytes=80 * 10**9))
     assert plan.cfg.trainer.activation_checkpointing == "false"
-    assert any("activation checkpointing none (auto: ~" in n and "of 75 GiB" in n for n in plan.notes["memory"])
+    assert any("activation checkpointing none (auto: ~" in n and "of 75 GiB" in n
+               for n in plan.notes["memory"])
     unknown = make_plan(cfg, gpus=[], placement=Placement(trainer_gpu=True))
     assert unknown.cfg.trainer.activation_checkpointing == "true"
     assert any("every layer (auto: the card or the model's layout is not known here)" in n

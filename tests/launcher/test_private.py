@@ -25,11 +25,14 @@ from areal_cli.transport.auth import load_keys, make_keys
 from areal_cli.transport.channels import Endpoints, make_endpoints
 
 NOBODY = 65534
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="giving a directory to another user needs root")
+root_only = pytest.mark.skipif(os.geteuid() != 0,
+                               reason="giving a directory to another user needs root")
 
 
 def _train(run_dir, *overrides, timeout=120):
-    return subprocess.run(AREAL + ["train", "--quiet", f"run_dir={run_dir}", "trainer.steps=1", *overrides],
+    return subprocess.run(AREAL
+                          + ["train", "--quiet", f"run_dir={run_dir}", "trainer.steps=1",
+                             *overrides],
                           capture_output=True, text=True, cwd=ROOT, timeout=timeout)
 
 
@@ -51,14 +54,16 @@ def test_a_run_dir_others_can_write_exits_2(tmp_path):
     run.chmod(0o777)
     proc = _train(run)
     assert proc.returncode == 2, proc.stderr
-    assert "can be written by other users (mode drwxrwxrwx" in proc.stderr and f"chmod go-w {run}" in proc.stderr
+    assert ("can be written by other users (mode drwxrwxrwx" in proc.stderr
+            and f"chmod go-w {run}" in proc.stderr)
     assert os.listdir(run) == []
 
 
 def test_run_dirs_are_created_0700_and_a_swappable_parent_is_refused(tmp_path):
     os.umask(old := os.umask(0))  # the test's umask, unchanged
     assert stat.S_IMODE(new_run_dir(tmp_path / "runs").stat().st_mode) == 0o700
-    assert claim_run_dir(tmp_path / "a" / "b") and stat.S_IMODE((tmp_path / "a" / "b").stat().st_mode) == 0o700
+    assert (claim_run_dir(tmp_path / "a" / "b")
+            and stat.S_IMODE((tmp_path / "a" / "b").stat().st_mode) == 0o700)
     assert not claim_run_dir(tmp_path / "a" / "b")  # exists, ours, 0700: used
     shared = tmp_path / "shared"
     (shared / "run").mkdir(parents=True)
@@ -103,11 +108,13 @@ def test_files_read_back_belong_to_the_running_user(tmp_path):
 def _swap_procs(run, marker, stop):
     """Replace procs.json (as the attack did) the moment it appears, with a 'controller' that
     writes ``marker``; a planted copy is there from the start too."""
-    evil = {"procs": [{"name": "controller", "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"],
+    evil = {"procs": [{"name": "controller",
+                       "argv": [sys.executable, "-c", f"open({str(marker)!r}, 'w').write('x')"],
                        "env": {}}], "devices": {"rollout": [], "trainer": []}}
     (run / "procs.json").write_text(json.dumps(evil))
     while not stop.is_set():
-        if (run / "procs.json").exists() and json.loads((run / "procs.json").read_text() or "{}") != evil:
+        if (run / "procs.json").exists() and json.loads((run / "procs.json").read_text()
+                                                        or "{}") != evil:
             tmp = run / ".evil"
             tmp.write_text(json.dumps(evil))
             os.replace(tmp, run / "procs.json")

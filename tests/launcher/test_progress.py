@@ -20,7 +20,8 @@ def test_resume_truncating_the_file_beneath_the_reader(tmp_path):
     tail = MetricsTail(path)
     assert [r["step"] for r in tail.read()] == [0, 1, 2, 3, 4, 5]
     truncate_records(tmp_path, 3)
-    append_jsonl(path, [{"step": 3, "reward_mean": 0.9, "wall_time_s": 1.0, "note": "a longer row " * 3}])
+    append_jsonl(path,
+                 [{"step": 3, "reward_mean": 0.9, "wall_time_s": 1.0, "note": "a longer row " * 3}])
     assert [r["step"] for r in tail.read()] == [3]  # only what is new is shown again
     append_jsonl(path, rows(4))
     assert [r["step"] for r in tail.read()] == [4]

@@ -18,12 +18,16 @@ def test_summary_reports_reward_and_the_token_weighted_logprob_gap(tmp_path, cap
     _write(tmp_path, rows)
     summarize(tmp_path)
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("done: 4 steps in 40s; mean reward first quarter 0.000 → last quarter 0.300")
-    assert out[1] == "behaviour vs trainer logprobs, same weights: mean |difference| 0.0150 over 400 tokens"
+    assert out[0].startswith("done: 4 steps in 40s; mean reward first quarter 0.000 → last quarter "
+                             "0.300")
+    assert out[1] == ("behaviour vs trainer logprobs, same weights: mean |difference| 0.0150 over "
+                      "400 tokens")
 
 
 def test_summary_flags_a_large_gap_and_omits_a_missing_one(tmp_path, capsys):
-    _write(tmp_path, [{"step": 0, "reward_mean": 0.5, "wall_time_s": 3.0, "logp_gap_fresh": 0.4, "fresh_tokens": 9}])
+    _write(tmp_path,
+           [{"step": 0, "reward_mean": 0.5, "wall_time_s": 3.0, "logp_gap_fresh": 0.4,
+             "fresh_tokens": 9}])
     summarize(tmp_path)
     assert "far apart" in capsys.readouterr().out
     _write(tmp_path, [{"step": 0, "reward_mean": 0.5, "wall_time_s": 3.0}])

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-SMALL = ["trainer.steps=2", "trainer.batch_size=2", "rollout.max_new_tokens=16", "rollout.group_size=2"]
+SMALL = ["trainer.steps=2", "trainer.batch_size=2", "rollout.max_new_tokens=16",
+         "rollout.group_size=2"]
 
 
 def _cluster_up() -> str:
     if not shutil.which("sbatch"):
-        return "sbatch is not on PATH (no Slurm here; launch/slurm/setup-local-cluster.sh sets one up)"
+        return ("sbatch is not on PATH (no Slurm here; launch/slurm/setup-local-cluster.sh sets "
+                "one up)")
     out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True)
     if out.returncode or not any(s.strip("*~#") in ("idle", "mixed") for s in out.stdout.split()):
         return f"no idle Slurm node (sinfo: {out.stdout.strip() or out.stderr.strip()})"
@@ -72,9 +74,11 @@ def test_train_through_sbatch(tmp_path):
     job_id = _submit(run_dir)
     state = _wait_done(job_id, 480)
     assert state == "COMPLETED", f"job {job_id}: {state}\n{_logs(run_dir)}"
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if x.strip()]
     assert len(rows) == 2, rows
-    assert (run_dir / "config.yaml").is_file() and (run_dir / "trajectories.jsonl").stat().st_size > 0
+    assert ((run_dir / "config.yaml").is_file()
+            and (run_dir / "trajectories.jsonl").stat().st_size > 0)
     assert (run_dir / "checkpoints" / "final").is_dir()
     ep = json.loads((run_dir / "endpoints.json").read_text())
     assert not ep["work"].startswith("tcp://127.0.0.1:")  # advertised by hostname

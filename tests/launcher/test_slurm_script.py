@@ -35,7 +35,8 @@ def test_two_nodes_of_eight_gpus(tmp_path):
         "HEAD=${NODES[0]}", "GEN_NODES=$(list 0 1)", "TRAIN_NODES=$(list 1 1)",
         # hostnames: ports + hostname of the first training node, endpoints rewritten on node 0
         '--nodelist="${NODES[1]}" --gres=none "$PY" -m areal_cli.launcher.slurm_job ports',
-        '"$PY" -m areal_cli.launcher.slurm_job prepare "$RUN_DIR" "$TRAIN_HOST" "$WEIGHTS_PORT" "$RDZV_PORT"',
+        '"$PY" -m areal_cli.launcher.slurm_job prepare "$RUN_DIR" "$TRAIN_HOST" "$WEIGHTS_PORT" '
+        '"$RDZV_PORT"',
         # controller: node 0, no GPU
         '--nodes=1 --ntasks=1 --nodelist="$HEAD" --gres=none',
         "-m areal_cli.controller.main",
@@ -44,7 +45,8 @@ def test_two_nodes_of_eight_gpus(tmp_path):
         "--gpus-per-task=1", 'slurm_job rollout "$RUN_DIR" 1',
         # trainer: one torchrun per training node with all its GPUs, c10d rendezvous
         '--nodes=1 --nodelist="$TRAIN_NODES" --ntasks=1 --ntasks-per-node=1', "--gpus-per-node=8",
-        "--nnodes=1 --nproc-per-node=8", "--rdzv-backend=areal-c10d", "-m areal_cli.launcher.torchrun",
+        "--nnodes=1 --nproc-per-node=8", "--rdzv-backend=areal-c10d",
+        "-m areal_cli.launcher.torchrun",
         '--rdzv-endpoint="$TRAIN_HOST:$RDZV_PORT"', '--rdzv-id="$SLURM_JOB_ID"',
         # every step overlaps on CPUs; a failed task kills its step; the job fails with it
         "srun --overlap --kill-on-bad-exit=1", 'echo "$SLURM_JOB_ID" > "$RUN_DIR/slurm_job_id"',
@@ -79,8 +81,10 @@ def test_one_cpu_node(tmp_path):
 @pytest.mark.parametrize("overrides, fix", [
     (["launcher.nodes=1", "launcher.gpus_per_node=1"], "launcher=local"),
     (["launcher.nodes=2", "launcher.gen_nodes=2"], "choose 1..1 generation nodes"),
-    (["launcher.nodes=2", "launcher.gpus_per_node=8", "engine.tensor_parallel_size=3"], "does not divide"),
-    (["launcher.nodes=3", "launcher.gen_nodes=1", "launcher.gpus_per_node=8", "trainer.batch_size=3"],
+    (["launcher.nodes=2", "launcher.gpus_per_node=8", "engine.tensor_parallel_size=3"],
+     "does not divide"),
+    (["launcher.nodes=3", "launcher.gen_nodes=1", "launcher.gpus_per_node=8",
+      "trainer.batch_size=3"],
      "do not split"),
 ])
 def test_bad_layouts_name_the_fix(tmp_path, overrides, fix):
@@ -103,7 +107,8 @@ def test_prepare_advertises_hostnames(tmp_path, monkeypatch):
     slurm_job.prepare(tmp_path, "trainer-node-7", 41000, 41001)
     ep = json.loads((tmp_path / "endpoints.json").read_text())
     host = socket.gethostname()
-    assert all(ep[k].startswith(f"tcp://{host}:") for k in ("work", "results", "batches", "control", "status"))
+    assert all(ep[k].startswith(f"tcp://{host}:")
+               for k in ("work", "results", "batches", "control", "status"))
     assert (ep["weights_host"], ep["weights_port"]) == ("trainer-node-7", 41000)
     assert compose_resume(tmp_path) == str(tmp_path)  # requeued with a checkpoint → resume
 
@@ -143,7 +148,8 @@ def _run_with_fake_slurm(tmp_path, controller: str, trainer: int, rollout: str =
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in [("srun", FAKE_SRUN), ("scontrol", FAKE_SCONTROL),
-                       ("python", FAKE_PY.format(controller=controller, trainer=trainer, rollout=rollout))]:
+                       ("python",
+                        FAKE_PY.format(controller=controller, trainer=trainer, rollout=rollout))]:
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     cfg = _cfg(tmp_path, "launcher.stop_timeout_s=2")
@@ -151,7 +157,8 @@ def _run_with_fake_slurm(tmp_path, controller: str, trainer: int, rollout: str =
     plan.run_dir.mkdir(parents=True)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "SLURM_JOB_NODELIST": "node1", "SLURM_JOB_ID": "42",
            "SLURM_CPUS_ON_NODE": "2"}
-    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True,
+                         timeout=60)
     return out, plan.run_dir
 
 
@@ -161,7 +168,8 @@ def test_a_failed_step_fails_the_job(tmp_path):
     assert out.returncode == 3, out.stdout + out.stderr
     assert "the trainer step failed (exit code 3)" in out.stderr
     assert (run_dir / "slurm_job_id").read_text().strip() == "42"
-    left = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True, text=True).stdout.split()
+    left = subprocess.run(["pgrep", "-f", "sleep 60"], capture_output=True,
+                          text=True).stdout.split()
     assert not [p for p in left if (Path(f"/proc/{p}/cwd").resolve() == run_dir)]  # stopped
 
 

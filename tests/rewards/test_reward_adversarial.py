@@ -57,15 +57,18 @@ CODE_RIGHT = "```python\ndef answer():\n    return 7\n```"
 def rg_problem(dataset: str, reference: str) -> Problem:
     entry = {"question": f"Calculate {reference} + 0.", "answer": reference,
              "metadata": {"expression": f"{reference} + 0"}}
-    return Problem(f"{dataset}/0", entry["question"], reference, {"rg_dataset": dataset, "rg_entry": entry})
+    return Problem(f"{dataset}/0", entry["question"], reference,
+                   {"rg_dataset": dataset, "rg_entry": entry})
 
 
 def scorers(reference: str) -> dict:
     """name -> (problem, reward config) for every shipped reward fn but code."""
     plain = Problem("file/0", "What is it?", reference, {})
     return {
-        "reasoning_gym/basic_arithmetic": (rg_problem("basic_arithmetic", reference), RewardConfig(fn="reasoning_gym")),
-        "reasoning_gym/chain_sum": (rg_problem("chain_sum", reference), RewardConfig(fn="reasoning_gym")),
+        "reasoning_gym/basic_arithmetic": (rg_problem("basic_arithmetic", reference),
+                                           RewardConfig(fn="reasoning_gym")),
+        "reasoning_gym/chain_sum": (rg_problem("chain_sum", reference),
+                                    RewardConfig(fn="reasoning_gym")),
         "auto/reasoning_gym": (rg_problem("basic_arithmetic", reference), RewardConfig(fn="auto")),
         "auto/math_verify": (plain, RewardConfig(fn="auto")),
         "math_verify": (plain, RewardConfig(fn="math_verify")),
@@ -99,5 +102,6 @@ def test_partial_credit_only_when_asked():
     """reasoning-gym's own graded score: "10" holds the reference "0", len 1 / len 2 = 0.5."""
     problem = rg_problem("basic_arithmetic", "0")
     assert score("Answer: 10", problem, RewardConfig(fn="reasoning_gym")) == 0.0
-    assert score("Answer: 10", problem, RewardConfig(fn="reasoning_gym", partial_credit=True)) == 0.5
+    assert score("Answer: 10", problem,
+                 RewardConfig(fn="reasoning_gym", partial_credit=True)) == 0.5
     assert score("Answer: 0", problem, RewardConfig(fn="reasoning_gym", partial_credit=True)) == 1.0

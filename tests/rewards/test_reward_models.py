@@ -72,7 +72,8 @@ def test_judge_yes_no_is_a_probability_and_batching_changes_nothing(judge_dir):
     for b, s in zip(batched, single, strict=True):
         assert b.status == "ok" and 0.0 < b.score < 1.0
         assert b.score == pytest.approx(s.score, abs=1e-4)  # left padding is masked
-    strict = Judge(judge_dir, JudgeConfig(min_verdict_mass=1.0), torch.float32)  # P(yes) + P(no) < 1 always
+    # P(yes) + P(no) < 1 always
+    strict = Judge(judge_dir, JudgeConfig(min_verdict_mass=1.0), torch.float32)
     assert {v.status for v in strict.score(items)} == {"parse_error"}
 
 
@@ -87,7 +88,8 @@ def test_judge_with_nothing_parseable_is_counted_per_on_parse_error(judge_dir):
 
 def test_reward_model_scores_a_batch_as_one_by_one(tmp_path):
     rm = RewardModel(tiny_classifier(tmp_path / "rm", 1), RewardModelConfig(), torch.float32)
-    items = [("What is 3 + 4?", "7", "Answer: 7"), ("What is 3 + 4?", "7", "I think it is eight " * 10)]
+    items = [("What is 3 + 4?", "7", "Answer: 7"),
+             ("What is 3 + 4?", "7", "I think it is eight " * 10)]
     batched = rm.score(items)
     assert batched[0] != batched[1]
     assert batched == pytest.approx([rm.score([it])[0] for it in items], abs=1e-5)
@@ -123,7 +125,8 @@ class FakeJudgeProcess:
 
 def test_served_rewards_time_out_without_a_reply(keys, gate):
     server = FakeJudgeProcess(keys, gate, silent=True)
-    client = ServedRewards(RewardConfig(fn="judge", timeout_s=0.3), server.sock.addr, "rollout-0", keys, 1 << 20)
+    client = ServedRewards(RewardConfig(fn="judge", timeout_s=0.3), server.sock.addr, "rollout-0",
+                           keys, 1 << 20)
     try:
         t0 = time.monotonic()
         result = client.submit("judge", PROBLEM, "7").result(timeout=5)
@@ -144,7 +147,8 @@ def test_combined_reward_weights_its_parts(keys, gate):
         wrong = combined.submit("8", PROBLEM).result(timeout=30)
         # exact pays 1 for "7" and 0 for "8"; the judge 0.25 for both: 2 * 1 + 4 * 0.25 = 3, and 1
         assert right.score == pytest.approx(3.0) and wrong.score == pytest.approx(1.0)
-        assert right.status == "ok" and right.parts["verifier"] == 1.0 and right.parts["judge"] == 0.25
+        assert (right.status == "ok" and right.parts["verifier"] == 1.0 and right.parts["judge"]
+                == 0.25)
         assert right.parts["judge_batch"] == 1 and right.parts["judge_status"] == "ok"
         assert server.seen[0].problem == PROBLEM.prompt and server.seen[0].reference == "7"
     finally:
@@ -153,7 +157,8 @@ def test_combined_reward_weights_its_parts(keys, gate):
 
 
 def _rows(statuses: list[str]) -> list[dict]:
-    return [{"reward_status": "ok", "reward_parts": {"verifier": 1.0, "verifier_status": "ok", "judge": 0.5,
+    return [{"reward_status": "ok",
+             "reward_parts": {"verifier": 1.0, "verifier_status": "ok", "judge": 0.5,
                                                      "judge_status": s, "judge_batch": 2 + i % 2,
                                                      "judge_batch_workers": 1 + i % 2}}
             for i, s in enumerate(statuses)]
@@ -163,10 +168,12 @@ def test_part_metrics_and_the_error_fraction():
     rows = _rows(["ok", "timeout", "parse_error", "ok"])
     m = part_metrics(rows)
     assert m["reward_verifier_mean"] == 1.0 and m["reward_judge_mean"] == 0.5
-    assert m["reward_judge_timeout"] == 1 and m["reward_judge_parse_error"] == 1 and m["reward_judge_error"] == 0
+    assert (m["reward_judge_timeout"] == 1 and m["reward_judge_parse_error"] == 1
+            and m["reward_judge_error"] == 0)
     assert m["reward_judge_batch_mean"] == 2.5 and m["reward_judge_batch_workers_max"] == 2
     check_reward_failures(0, rows, 0.5)  # 2 of 4 (a timeout, a parse error) is not more than half
-    with pytest.raises(RewardFailed, match="reward part judge failed .* on 2 of the 4 .* reward-model"):
+    with pytest.raises(RewardFailed,
+                       match="reward part judge failed .* on 2 of the 4 .* reward-model"):
         check_reward_failures(3, rows, 0.25)
     plain = [{"reward_status": "error", "reward_parts": {}}] * 2
     with pytest.raises(RewardFailed, match="part verifier .* reward pools"):
@@ -182,5 +189,6 @@ def test_reward_config_parts_and_validation():
     assert any("at most one verifier" in e for e in errors)
     assert any("reward.weights=[1]" in e for e in errors)
     assert any("reward.model.path is empty" in e for e in errors)
-    assert any("finite number" in e for e in RewardConfig(fn=["auto", "judge"], weights=[1, float("nan")]).validate())
+    assert any("finite number" in e
+               for e in RewardConfig(fn=["auto", "judge"], weights=[1, float("nan")]).validate())
     assert RewardConfig(fn=3).validate()[0].startswith("reward.fn='3': use one of")

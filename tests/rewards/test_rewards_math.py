@@ -87,7 +87,8 @@ def test_default_task_uses_its_own_verifier():
 
 def test_reasoning_gym_partial_credit_is_the_datasets_own_and_opt_in():
     p = Problem("t/0", "Calculate 1 + 1.", "2", {"rg_dataset": "basic_arithmetic",
-                "rg_entry": {"question": "Calculate 1 + 1.", "answer": "2", "metadata": {}}})  # fmt: skip
+                # fmt: skip
+                "rg_entry": {"question": "Calculate 1 + 1.", "answer": "2", "metadata": {}}})
     # reasoning-gym's base score_answer: the oracle inside a longer answer earns len(2)/len(12)
     assert score("Answer: 12", p, RewardConfig(fn="reasoning_gym", partial_credit=True)) == 0.5
     assert score("Answer: 12", p, RewardConfig(fn="reasoning_gym")) == 0.0

@@ -112,7 +112,9 @@ def test_the_pool_thread_survives_a_cancelled_call(module):
 def test_non_finite_scores_are_zero_and_counted(module):
     cfg = RewardConfig(fn=f"{module}:slow_or_nonfinite", timeout_s=5)
     with RewardPool(cfg, num_workers=1) as pool:
-        results = [pool.submit(c, p).result(timeout=30) for c, p in zip(["nan", "inf", "ok"], problems(3),
+        results = [pool.submit(c, p).result(timeout=30) for c,
+                   p in zip(["nan", "inf", "ok"], problems(3),
                                                                           strict=True)]
-        assert [(r.score, r.status) for r in results] == [(0.0, "nonfinite"), (0.0, "nonfinite"), (1.0, "ok")]
+        assert [(r.score, r.status) for r in results] == [(0.0, "nonfinite"), (0.0, "nonfinite"),
+                                                          (1.0, "ok")]
         assert pool.nonfinite == 2 and pool.errors == 0

@@ -64,7 +64,8 @@ def test_all_164_canonical_solutions_pass():
 
 FORGERIES = {
     # the old attack: a "passed" marker on every descriptor, then exit before any test runs
-    "marker_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'ok{\"end\":true}\\n')\n"
+    "marker_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, "
+                        "b'ok{\"end\":true}\\n')\n"
     "    except OSError:\n        pass\nos._exit(0)\ndef f():\n    return 2\n",
     # a well-formed "end" record, then exit: the calls the tests make were never answered
     "end_record_then_exit": "import os\nfor fd in range(3, 64):\n    try:\n"
@@ -98,7 +99,8 @@ def test_a_forged_verdict_scores_zero(forgery, isolation):
 
 
 def test_the_replay_keeps_exceptions_mutation_and_tests_without_an_entry_point():
-    raises = probe("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        return\n"
+    raises = probe("def check(f):\n    try:\n        f(-1)\n    except ValueError:\n        "
+                   "return\n"
                    "    raise AssertionError('no ValueError')\n")  # fmt: skip
     body = "def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x\n"
     assert run_tests(f"```python\n{body}```", raises, FAST).passed

@@ -158,7 +158,8 @@ def test_no_network_even_to_loopback():
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     server.setblocking(False)
-    body = f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), 1)\nreturn True"
+    body = (f"import socket\nsocket.create_connection(('127.0.0.1', {server.getsockname()[1]}), "
+            "1)\nreturn True")
     try:
         assert contained(attempt(body))
         with pytest.raises(BlockingIOError):
@@ -311,7 +312,8 @@ def test_memory_held_outside_processes_counts_against_the_limit(program):
     limit."""
     limit = 256
     cfg = RewardConfig(code_cpu_s=5, code_wall_s=8.0, code_mem_mb=limit, code_nproc=16)
-    programs = {"memfd": MEMFD, "files_and_memory": FILES_AND_MEMORY, "socket_buffers": SOCKET_BUFFERS}
+    programs = {"memfd": MEMFD, "files_and_memory": FILES_AND_MEMORY,
+                "socket_buffers": SOCKET_BUFFERS}
     body = programs[program].format(limit=limit)
     with ShmemPeak() as host:
         result, leftovers = left_behind(attempt, body, cfg=cfg)

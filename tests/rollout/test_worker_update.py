@@ -1,8 +1,9 @@
-"""The rollout worker's side of a weight update received behind generation, over a real staged intake
-(``StagedUpdate`` joined to a ``WeightSender`` on gloo; vLLM's engine loop itself is the fake core of
-``test_vllm_engine``, vLLM not running on the CPU): begun on the order, applied when the wire is done, the
-loop free meanwhile; a newer order waits for the update on its way; a stop takes in the update on its way
-first, for a bounded time."""
+"""The rollout worker's side of a weight update received behind generation, over a real staged
+intake (``StagedUpdate`` joined to a ``WeightSender`` on gloo; vLLM's engine loop itself is the fake
+core of
+``test_vllm_engine``, vLLM not running on the CPU): begun on the order, applied when the wire is
+done, the loop free meanwhile; a newer order waits for the update on its way; a stop takes in the
+update on its way first, for a bounded time."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from tests.engines.test_vllm_inplace import _ends
 
 
 def staged_worker():
-    """(worker, messages it sent, trainer model, sender, intake): the worker's loop state around a fake vLLM
-    core whose weights arrive through the real staged intake."""
+    """(worker, messages it sent, trainer model, sender, intake): the worker's loop state around a
+    fake vLLM core whose weights arrive through the real staged intake."""
     trainer, tx, live, rx = _ends(staged=True)
     eng = fake_engine()
     eng.receiver = LocalIntake(rx)
@@ -34,7 +35,8 @@ def staged_worker():
     w.hb = types.SimpleNamespace(send=sent.append, set_doing=lambda what, phase, version: setattr(
         w.hb, "now", (what, phase, version)))
     w.updating, w.next_update, w.update_t0 = None, None, 0.0
-    w.flow = types.SimpleNamespace()  # no groups to judge after an update (Workflow.drop_stale: test_stale_stop)
+    # no groups to judge after an update (Workflow.drop_stale: test_stale_stop)
+    w.flow = types.SimpleNamespace()
     return w, sent, trainer, tx, rx
 
 

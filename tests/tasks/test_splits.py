@@ -21,7 +21,8 @@ ANY_DATASET = "leg_counting"  # what the reasoning_gym preset is tried with (it 
 
 
 def preset(name: str, **overrides) -> TaskConfig:
-    raw = OmegaConf.merge(OmegaConf.structured(TaskConfig), OmegaConf.load(CONF / "task" / f"{name}.yaml"))
+    raw = OmegaConf.merge(OmegaConf.structured(TaskConfig),
+                          OmegaConf.load(CONF / "task" / f"{name}.yaml"))
     cfg = OmegaConf.to_object(OmegaConf.merge(raw, overrides))
     if cfg.source == "reasoning_gym" and not cfg.dataset:
         cfg.dataset = cfg.name = ANY_DATASET
@@ -32,14 +33,16 @@ def preset(name: str, **overrides) -> TaskConfig:
 def question(problem) -> str:
     """The problem's own text, without the answer-format instruction, normalised."""
     meta = problem.meta
-    text = meta["rg_entry"]["question"] if "rg_entry" in meta else meta.get("code_prefix") or problem.prompt
+    text = (meta["rg_entry"]["question"] if "rg_entry" in meta else meta.get("code_prefix")
+            or problem.prompt)
     return normalize(text)
 
 
 def jsonl_with_duplicates(path: Path) -> Path:
     """40 problems, a quarter of them written twice with other spacing and case."""
     rows = [{"prompt": f"What is {i} plus {i + 1}?", "answer": str(2 * i + 1)} for i in range(40)]
-    rows += [{"prompt": f"  WHAT is {i}   plus {i + 1} ? ", "answer": str(2 * i + 1)} for i in range(0, 40, 4)]
+    rows += [{"prompt": f"  WHAT is {i}   plus {i + 1} ? ", "answer": str(2 * i + 1)}
+             for i in range(0, 40, 4)]
     random.Random(0).shuffle(rows)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -60,8 +63,9 @@ def test_every_preset_splits_disjoint_by_normalised_text(name, tmp_path):
     report = split_report(cfg, train, held)
     assert report["overlap"] == 0
     assert report["eval"]["problems"] == len(held.problems)
-    assert report["train"]["draws"] == len(train.problems) + report["train"]["removed_other_side"] or \
-        cfg.source != "reasoning_gym"  # a generated train split keeps every training-side draw
+    # a generated train split keeps every training-side draw
+    assert (report["train"]["draws"] == len(train.problems) + report["train"]["removed_other_side"]
+            or cfg.source != "reasoning_gym")
     json.dumps(report)  # splits.json / eval.json
 
 
@@ -73,7 +77,8 @@ def test_default_task_training_stream_never_yields_a_held_out_problem():
     name = next(d["task"] for d in defaults["defaults"] if isinstance(d, dict) and "task" in d)
     cfg = preset(name)
     train, held = load_split(cfg, "train"), load_split(cfg, "eval")
-    bigger = load_split(preset(name, eval_size=cfg.eval_size // 2 + 1, seed=cfg.seed + 1), "eval").problems
+    bigger = load_split(preset(name, eval_size=cfg.eval_size // 2 + 1, seed=cfg.seed + 1),
+                        "eval").problems
     held_text = {question(p) for p in held.problems + bigger}
     cursor = Cursor(train.problems, seed=0)
     drawn = []
@@ -83,7 +88,8 @@ def test_default_task_training_stream_never_yields_a_held_out_problem():
             cursor.requeue(seq, pid, problem)
             seq, pid, problem = cursor.next()
         drawn.append(problem)
-    assert len({p.key for p in drawn}) == len({p.key for p in train.problems})  # every one was reached
+    # every one was reached
+    assert len({p.key for p in drawn}) == len({p.key for p in train.problems})
     assert all(side_of(p.key, cfg.eval_share) == "train" for p in drawn)
     assert not {question(p) for p in drawn} & held_text
     assert train.report.removed_other_side > 0  # held-out problems were drawn and removed
@@ -107,11 +113,13 @@ def test_small_space_counts_are_exact_and_match_the_generator():
 
 def test_eval_size_beyond_the_held_out_space_names_the_counts_and_the_fix():
     cfg = TaskConfig(params=SMALL, size=100, eval_size=64, eval_share=0.2)
-    with pytest.raises(ValueError, match=r"held-out part of the problem space has only \d+ distinct problems "
-                                         r"\(task.eval_share=0.2 .*fewer than task.eval_size=64: raise "
-                                         r"task.eval_share, lower task.eval_size"):
+    with pytest.raises(ValueError, match=r"held-out part of the problem space has only \d+ "
+                                         r"distinct problems \(task.eval_share=0.2 .*fewer than "
+                                         r"task.eval_size=64: raise task.eval_share, lower "
+                                         r"task.eval_size"):
         load_split(cfg, "eval")
-    assert len(load_split(TaskConfig(params=SMALL, size=100, eval_size=30, eval_share=0.5), "eval").problems) == 30
+    assert len(load_split(TaskConfig(params=SMALL, size=100, eval_size=30, eval_share=0.5),
+                          "eval").problems) == 30
 
 
 def test_normalize_and_partition():

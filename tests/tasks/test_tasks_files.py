@@ -117,5 +117,6 @@ def test_a_bad_byte_names_the_file_and_line(tmp_path, suffix):
     raw = body.encode().replace(b'"What is 1', b'"What is \xff1')
     path.write_bytes(raw)
     line = 2 if suffix == ".jsonl" else 3
-    with pytest.raises(ValueError, match=rf"{path} line {line}: not UTF-8 \(byte 0xff at column \d+\)"):
+    with pytest.raises(ValueError,
+                       match=rf"{path} line {line}: not UTF-8 \(byte 0xff at column \d+\)"):
         load_problems(cfg_for(path), "train")

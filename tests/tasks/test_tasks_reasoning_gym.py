@@ -30,11 +30,14 @@ def test_default_task_is_two_terms_of_one_or_two_digits_plus_minus():
         expression = p.meta["rg_entry"]["metadata"]["expression"]
         assert "*" not in expression and "/" not in expression
         terms = [t for t in expression.split() if t.isdigit()]
-        assert len(terms) == 2 and all(int(t) <= 100 for t in terms)  # reasoning-gym: 2 digits = 0..100
-        assert "(" not in expression and not any(t.startswith("-") and t != "-" for t in expression.split())
+        # reasoning-gym: 2 digits = 0..100
+        assert len(terms) == 2 and all(int(t) <= 100 for t in terms)
+        assert "(" not in expression and not any(t.startswith("-") and t != "-"
+                                                 for t in expression.split())
         assert p.prompt.endswith("'Answer: <number>'.")
         assert p.answer == str(eval(expression))  # the reference is the expression's value
-    assert any(int(t) > 10 for p in train for t in p.meta["rg_entry"]["metadata"]["expression"].split()
+    assert any(int(t) > 10 for p in train
+               for t in p.meta["rg_entry"]["metadata"]["expression"].split()
                if t.isdigit())  # both sizes are drawn
     assert [p.prompt for p in train[:20]] != [p.prompt for p in ev]  # eval uses another seed
     assert load_problems(cfg, "train") == train  # same seed, same problems

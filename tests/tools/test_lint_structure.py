@@ -33,21 +33,26 @@ def test_a_cycle_through_a_function_level_import_is_reported_as_its_path(tmp_pat
         "config/d.py": "from pkg.config import a\n",  # imports into the loop, is not part of it
     })
     found = lint_structure.problems(root)
-    assert found == ["import cycle: pkg.config.a (pkg/config/a.py:1) -> pkg.config.b (pkg/config/b.py:2) -> "
-                     "pkg.config.c (pkg/config/c.py:1) -> pkg.config.a; move what both need into a module that "
-                     "neither imports back"]
+    assert found == ["import cycle: pkg.config.a (pkg/config/a.py:1) -> pkg.config.b "
+                     "(pkg/config/b.py:2) -> pkg.config.c (pkg/config/c.py:1) -> pkg.config.a; "
+                     "move what both need into a module that neither imports back"]
 
 
 def test_relative_imports_close_a_cycle_too(tmp_path):
-    root = plant(tmp_path, {"config/one.py": "from . import two\n", "config/two.py": "from .one import thing\n"})
-    assert [c[0].source for c in lint_structure.cycles(lint_structure.scan(root))] == ["pkg.config.one"]
+    root = plant(tmp_path,
+                 {"config/one.py": "from . import two\n",
+                  "config/two.py": "from .one import thing\n"})
+    assert [c[0].source
+            for c in lint_structure.cycles(lint_structure.scan(root))] == ["pkg.config.one"]
 
 
 def test_an_import_to_a_higher_layer_is_reported_lazy_or_not(tmp_path):
     root = plant(tmp_path, {
-        "config/load.py": "def check():\n    from pkg.engines import spec\n",  # ground -> components
+        # ground -> components
+        "config/load.py": "def check():\n    from pkg.engines import spec\n",
         "engines/__init__.py": "spec = None\n",
-        "rewards/judge.py": "from pkg.engines import spec\nfrom pkg.config import load\n",  # sideways, down
+        # sideways, down
+        "rewards/judge.py": "from pkg.engines import spec\nfrom pkg.config import load\n",
         "eval/runner.py": "from pkg.rewards import judge\n",
         "trainer/main.py": "from pkg.eval import runner\n",  # a role calls the evaluator: down
         "tasks/files.py": "from pkg.eval import runner\n",  # components -> evaluation
@@ -59,7 +64,8 @@ def test_an_import_to_a_higher_layer_is_reported_lazy_or_not(tmp_path):
 
 def test_one_role_importing_another_is_reported(tmp_path):
     root = plant(tmp_path, {
-        "trainer/main.py": "from pkg.controller.state import latest\nfrom pkg.transport import wire\n",
+        "trainer/main.py": "from pkg.controller.state import latest\nfrom pkg.transport import "
+                           "wire\n",
         "controller/state.py": "latest = 1\n",
         "transport/wire.py": "",
         "bench/run.py": "from pkg.controller import state\n",  # a command drives roles
@@ -95,7 +101,8 @@ def test_an_engines_own_modules_are_imported_only_inside_engines(tmp_path):
         "engines/hf/spec.py": "from pkg.engines.base import Engine\n",
         "engines/hf/engine.py": "from pkg.engines.base import Engine\n",
         "rollout/main.py": "from pkg.engines.factory import make_engine\n",
-        "eval/runner.py": "from pkg.engines.base import Engine\nfrom pkg.engines.hf.engine import X\n",
+        "eval/runner.py": "from pkg.engines.base import Engine\nfrom pkg.engines.hf.engine import "
+                          "X\n",
         "trainer/main.py": "import pkg.engines.hf.engine\n",
     })
     found = lint_structure.problems(root)
@@ -105,15 +112,19 @@ def test_an_engines_own_modules_are_imported_only_inside_engines(tmp_path):
 
 def test_areal_cli_passes_and_make_lint_fails_on_a_finding(tmp_path):
     assert lint_structure.problems(ROOT / "areal_cli") == []
-    bad = plant(tmp_path, {"config/a.py": "import pkg.config.b\n", "config/b.py": "import pkg.config.a\n"})
+    bad = plant(tmp_path,
+                {"config/a.py": "import pkg.config.b\n", "config/b.py": "import pkg.config.a\n"})
     proc = subprocess.run([sys.executable, str(ROOT / "tools" / "lint_structure.py"), str(bad)],
                           capture_output=True, text=True)
-    assert proc.returncode == 1 and ("import cycle: pkg.config.a (pkg/config/a.py:1) -> pkg.config.b "
-                                     "(pkg/config/b.py:1) -> pkg.config.a") in proc.stdout
+    assert proc.returncode == 1 and ("import cycle: pkg.config.a (pkg/config/a.py:1) -> "
+                                     "pkg.config.b (pkg/config/b.py:1) -> "
+                                     "pkg.config.a") in proc.stdout
 
 
 def test_a_package_missing_from_pyproject_is_reported(tmp_path):
     root = plant(tmp_path, {"config/a.py": "", "config/sub/b.py": ""})
-    (tmp_path / "pyproject.toml").write_text('[tool.setuptools]\npackages = ["pkg", "pkg.config"]\n')
-    assert lint_structure.problems(root) == ['pyproject.toml: package pkg.config.sub is not in [tool.setuptools] '
-                                             'packages; add "pkg.config.sub" there, or a wheel leaves it out']
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools]\npackages = ["pkg", "pkg.config"]\n')
+    assert lint_structure.problems(root) == ['pyproject.toml: package pkg.config.sub is not in '
+                                             '[tool.setuptools] packages; add "pkg.config.sub" '
+                                             'there, or a wheel leaves it out']

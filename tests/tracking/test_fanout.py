@@ -24,8 +24,10 @@ LOG = logging.getLogger("test.tracking")
 
 
 def row(step: int) -> dict:
-    return {"step": step, "version": step + 1, "reward_mean": 0.25 * step, "staleness_max": step % 3,
-            "gen_tokens_per_s": 100.0 + step, "weights_sha": "ab12", "eval/basic_arithmetic/accuracy": 0.5,
+    return {"step": step, "version": step + 1, "reward_mean": 0.25 * step,
+            "staleness_max": step % 3,
+            "gen_tokens_per_s": 100.0 + step, "weights_sha": "ab12",
+            "eval/basic_arithmetic/accuracy": 0.5,
             "grad_norm": float("nan")}
 
 
@@ -38,9 +40,11 @@ def config(*backends: str) -> RootConfig:
 
 def test_names():
     m = tracker_metrics(row(2))
-    assert m == {"train/version": 3.0, "reward/mean": 0.5, "staleness/max": 2.0, "perf/gen_tokens_per_s": 102.0,
+    assert m == {"train/version": 3.0, "reward/mean": 0.5, "staleness/max": 2.0,
+                 "perf/gen_tokens_per_s": 102.0,
                  "eval/basic_arithmetic/accuracy": 0.5}, "no step, no text, no NaN"
-    assert [tracker_name(k) for k in ("pool_buffered", "reward_foo", "weight_pause_s", "loss", "log_s")] == [
+    assert [tracker_name(k)
+            for k in ("pool_buffered", "reward_foo", "weight_pause_s", "loss", "log_s")] == [
         "rollout/buffered", "reward/foo", "weights/pause_s", "train/loss", "perf/log_s"]
 
 
@@ -53,7 +57,8 @@ def test_a_backend_that_breaks_mid_run_is_switched_off_once(tmp_path, caplog):
         for step in (1, 2, 3):
             assert fanout.log_step(row(step)) >= 0
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith("mlflow failed while logging step 1"), warnings
+    assert (len(warnings) == 1
+            and warnings[0].startswith("mlflow failed while logging step 1")), warnings
     fanout.close()
     assert sorted(tensorboard_scalars(tmp_path / "tensorboard")["reward/mean"]) == [0, 1, 2, 3]
 
@@ -61,7 +66,8 @@ def test_a_backend_that_breaks_mid_run_is_switched_off_once(tmp_path, caplog):
 def test_a_backend_that_cannot_start_leaves_the_others(tmp_path, caplog):
     cfg = config("mlflow", "tensorboard")
     (tmp_path / "blocked").write_text("")
-    cfg.logging.mlflow_uri = (tmp_path / "blocked" / "mlruns").as_uri()  # below a file: cannot be made
+    # below a file: cannot be made
+    cfg.logging.mlflow_uri = (tmp_path / "blocked" / "mlruns").as_uri()
     with caplog.at_level(logging.WARNING, LOG.name):
         fanout = open_for_run(tmp_path, cfg, LOG, None, -1)
     assert [t.name for t in fanout.trackers] == ["tensorboard"]
@@ -81,14 +87,16 @@ def test_closing_evaluation_reopens_the_same_tracker_runs(tmp_path):
         log_final_eval(tmp_path, cfg, result, ["held-out greedy accuracy ..."], LOG)
     state = json.loads((tmp_path / "tracking.json").read_text())
     tb = tensorboard_scalars(tmp_path / "tensorboard")
-    assert tb["eval_final/trained_accuracy"] == {1: 0.5} and tb["eval_final/gain_points"] == {1: 25.0}
+    assert (tb["eval_final/trained_accuracy"] == {1: 0.5} and tb["eval_final/gain_points"]
+            == {1: 25.0})
     runs = wandb_runs(tmp_path)
     assert [r["id"] for r in runs] == [state["wandb"]["id"]] * 2
     assert runs[1]["summary"]["eval_final/trained_accuracy"] == 0.5
     client = mlflow_client(tmp_path)
     run = client.get_run(state["mlflow"]["run_id"])
     assert run.data.metrics["eval_final/base_accuracy"] == 0.25 and run.info.status == "FINISHED"
-    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml", "eval_final.txt"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id)] == ["config.yaml",
+                                                                        "eval_final.txt"]
 
 
 BLOCK_WANDB = ("import sys; sys.modules['wandb'] = None; from areal_cli.cli import main; "
@@ -97,7 +105,8 @@ BLOCK_WANDB = ("import sys; sys.modules['wandb'] = None; from areal_cli.cli impo
 
 @pytest.mark.parametrize("backends,needle", [
     ("[jsonl,wandb]", "pip install 'areal-cli[tracking]'"),
-    ("[jsonl,tensorbord]", "unknown backend 'tensorbord': use any of jsonl, tensorboard, wandb, mlflow"),
+    ("[jsonl,tensorbord]",
+     "unknown backend 'tensorbord': use any of jsonl, tensorboard, wandb, mlflow"),
 ])
 def test_missing_library_or_unknown_backend_exits_2(backends, needle):
     proc = subprocess.run([sys.executable, "-c", BLOCK_WANDB, f"logging.backends={backends}"],

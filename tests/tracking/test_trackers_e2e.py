@@ -13,7 +13,8 @@ from readers import mlflow_client, offline, tensorboard_accumulator, tensorboard
 from areal_cli.tracking.names import tracker_metrics
 
 ALL = "logging.backends=[jsonl,tensorboard,wandb,mlflow]"
-LR = "trainer.lr=3e-5"  # set here, so the hyperparameters the trackers record do not follow the default
+# set here, so the hyperparameters the trackers record do not follow the default
+LR = "trainer.lr=3e-5"
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +23,8 @@ def resumed(tiny_model, tmp_path_factory):
     trained (and logged) again, then 4 and 5. Returns (run_dir, rows before, rows after)."""
     run_dir = tmp_path_factory.mktemp("tracked")
     with offline(tmp_path_factory.mktemp("wandb-home")):
-        run_train(run_dir, f"model={tiny_model}", *TINY_RUN, "trainer.steps=4", "checkpoint.every=2", ALL, LR,
+        run_train(run_dir, f"model={tiny_model}", *TINY_RUN, "trainer.steps=4",
+                  "checkpoint.every=2", ALL, LR,
                   "logging.samples_every=2", "logging.samples=3")
         before = read_jsonl(run_dir / "metrics.jsonl")
         run_train(run_dir, f"resume={run_dir}", "trainer.steps=6")
@@ -41,18 +43,24 @@ def test_tensorboard_holds_metrics_jsonl_after_its_purge(resumed):
     scalars = tensorboard_scalars(run_dir / "tensorboard")
     for row in after:  # the retrained steps 2 and 3 replaced the first run's
         for name, value in tracker_metrics(row).items():
-            assert scalars[name][row["step"]] == pytest.approx(value, rel=1e-6, abs=1e-9), (name, row["step"])
-    for name in ("reward/mean", "staleness/max", "perf/gen_tokens_per_s", "weights/sync_s", "perf/log_s"):
+            assert scalars[name][row["step"]] == pytest.approx(value, rel=1e-6, abs=1e-9), (name,
+                                                                                            row["step"])
+    for name in ("reward/mean", "staleness/max", "perf/gen_tokens_per_s", "weights/sync_s",
+                 "perf/log_s"):
         assert sorted(scalars[name]) == [0, 1, 2, 3, 4, 5], name
     acc = tensorboard_accumulator(run_dir / "tensorboard")
-    assert "_hparams_/experiment" in acc.PluginTagToContent("hparams"), "the config as hyperparameters"
-    texts = {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors("samples/completions/text_summary")}
+    assert "_hparams_/experiment" in acc.PluginTagToContent("hparams"), ("the config as "
+                                                                         "hyperparameters")
+    texts = {e.step: e.tensor_proto.string_val[0].decode()
+             for e in acc.Tensors("samples/completions/text_summary")}
     assert sorted(texts) == [0, 2, 4]
-    assert texts[4].startswith("| step | prompt_id | prompt | completion |") and texts[4].count("\n") == 4
+    assert (texts[4].startswith("| step | prompt_id | prompt | completion |")
+            and texts[4].count("\n") == 4)
 
 
 def _expected(before, after, step):
-    """W&B and MLflow cannot overwrite a step: the retrained steps 2 and 3 keep their first values."""
+    """W&B and MLflow cannot overwrite a step: the retrained steps 2 and 3 keep their first
+    values."""
     return tracker_metrics((before if step in (2, 3) else after)[step])
 
 
@@ -66,7 +74,8 @@ def test_wandb_offline_run_continues_under_the_same_id(resumed):
     for h in (h for r in runs for h in r["history"]):
         for name, value in _expected(before, after, h["_step"]).items():
             assert h[name] == pytest.approx(value), (name, h["_step"])
-    tables = [h["_step"] for r in runs for h in r["history"] if h.get("samples/completions/_type") == "table-file"]
+    tables = [h["_step"] for r in runs for h in r["history"] if h.get("samples/completions/_type")
+              == "table-file"]
     assert tables == [0, 2, 4]
     assert runs[0]["config"]["trainer.lr"] == 3e-05, "the config as hyperparameters"
 
@@ -76,7 +85,8 @@ def test_mlflow_file_store_run_continues_under_the_same_id(resumed):
     client = mlflow_client(run_dir)
     exp = client.get_experiment_by_name("areal")
     (run,) = client.search_runs([exp.experiment_id])
-    assert run.info.run_id == json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"]
+    assert (run.info.run_id
+            == json.loads((run_dir / "tracking.json").read_text())["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.data.params["trainer.lr"] == "3e-05"
     for name in tracker_metrics(after[0]):
         history = client.get_metric_history(run.info.run_id, name)
@@ -86,5 +96,6 @@ def test_mlflow_file_store_run_continues_under_the_same_id(resumed):
     samples = sorted(a.path for a in client.list_artifacts(run.info.run_id, "samples"))
     assert samples == [f"samples/step_00000{s}.json" for s in (0, 2, 4)]
     table = json.loads(open(client.download_artifacts(run.info.run_id, samples[0])).read())
-    assert table["columns"][:4] == ["step", "prompt_id", "prompt", "completion"] and len(table["data"]) == 3
+    assert table["columns"][:4] == ["step", "prompt_id", "prompt",
+                                    "completion"] and len(table["data"]) == 3
     assert all(row[2] for row in table["data"]), "every sample shows its prompt"

@@ -47,11 +47,14 @@ def make_batch(model, groups: int, group_size: int, seed: int = 0, rewards=None)
             resp = tokens(2, 8)
             r = float(rewards[g * group_size + i]) if rewards is not None else float((g + i) % 2)
             samples.append(Sample(
-                sample_index=i, prompt_ids=np.array(prompt, np.int32), output_ids=np.array(resp, np.int32),
+                sample_index=i, prompt_ids=np.array(prompt, np.int32),
+                output_ids=np.array(resp, np.int32),
                 logprobs=behaviour_logprobs(model, prompt, resp).astype(np.float32),
-                versions=np.zeros(len(resp), np.int32), loss_mask=np.ones(len(resp), np.uint8), reward=r,
+                versions=np.zeros(len(resp), np.int32), loss_mask=np.ones(len(resp), np.uint8),
+                reward=r,
                 reward_status="ok", finish_reason="stop", num_turns=1, completion=""))
-        out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
+        out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples,
+                               gen_time_s=0.0,
                                gen_tokens=0))
     return Batch(step=0, groups=out)
 
@@ -59,10 +62,12 @@ def make_batch(model, groups: int, group_size: int, seed: int = 0, rewards=None)
 def plain_model(path):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa")
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                attn_implementation="sdpa")
 
 
-def default_shaped_batch(seed: int = 0, groups: int = 8, group_size: int = 4, uniform=(1, 4, 6)) -> Batch:
+def default_shaped_batch(seed: int = 0, groups: int = 8, group_size: int = 4,
+                         uniform=(1, 4, 6)) -> Batch:
     """The default run's batch shape: ``groups`` × ``group_size`` samples, prompts of 55–65
     tokens, responses of 10–64; the groups in ``uniform`` got one reward for every sample (zero
     advantage, as 3 of 8 groups do early in the default run), the others 1 and 0 mixed.
@@ -74,13 +79,16 @@ def default_shaped_batch(seed: int = 0, groups: int = 8, group_size: int = 4, un
         samples = []
         for i in range(group_size):
             resp = rng.integers(100, 10000, int(rng.integers(10, 65))).astype(np.int32)
-            reward = float(g % 2) if g in uniform else float(i % 2 == 0 if i < 2 else rng.random() < 0.5)
+            reward = float(g % 2) if g in uniform else float(i % 2 == 0
+                                                             if i < 2 else rng.random() < 0.5)
             samples.append(Sample(
                 sample_index=i, prompt_ids=prompt, output_ids=resp,
                 logprobs=rng.uniform(-3, -0.01, len(resp)).astype(np.float32),
-                versions=np.zeros(len(resp), np.int32), loss_mask=np.ones(len(resp), np.uint8), reward=reward,
+                versions=np.zeros(len(resp), np.int32), loss_mask=np.ones(len(resp), np.uint8),
+                reward=reward,
                 reward_status="ok", finish_reason="stop", num_turns=1, completion=""))
-        out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
+        out.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples,
+                               gen_time_s=0.0,
                                gen_tokens=0))
     return Batch(step=0, groups=out)
 
@@ -92,7 +100,8 @@ def step_runner(path, *overrides: str, checkpointing: bool = False):
 
     cfg = config(*overrides)
     torch.manual_seed(0)
-    model = build_policy(path, torch.device("cpu"), torch.float32, activation_checkpointing=checkpointing,
+    model = build_policy(path, torch.device("cpu"), torch.float32,
+                         activation_checkpointing=checkpointing,
                          lora=cfg.trainer.lora)
     return StepRunner.build(model, path, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
 

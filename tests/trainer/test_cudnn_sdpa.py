@@ -21,7 +21,8 @@ from areal_cli.trainer.batching import from_batch, model_inputs
 from areal_cli.trainer.logprobs import forward_logprobs
 from areal_cli.transport.messages import Batch, GroupResult, Sample
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN's attention backend needs a CUDA GPU")
+cuda = pytest.mark.skipif(not torch.cuda.is_available(),
+                          reason="cuDNN's attention backend needs a CUDA GPU")
 
 
 @pytest.fixture
@@ -61,10 +62,12 @@ def padded_batch(prompt_len: int, resp_lens: list[int]) -> Batch:
     """One group of samples with one prompt and responses of ``resp_lens`` tokens (random ids)."""
     gen = np.random.default_rng(0)
     prompt = gen.integers(5, 1000, prompt_len).astype(np.int32)
-    samples = [Sample(sample_index=i, prompt_ids=prompt, output_ids=gen.integers(5, 1000, n).astype(np.int32),
+    samples = [Sample(sample_index=i, prompt_ids=prompt,
+                      output_ids=gen.integers(5, 1000, n).astype(np.int32),
                       logprobs=np.full(n, -2.0, np.float32), versions=np.zeros(n, np.int32),
                       loss_mask=np.ones(n, np.uint8), reward=float(i % 2), reward_status="ok",
-                      finish_reason="stop", num_turns=1, completion="") for i, n in enumerate(resp_lens)]
+                      finish_reason="stop", num_turns=1, completion="") for i,
+               n in enumerate(resp_lens)]
     return Batch(step=0, groups=[GroupResult(group_id=0, prompt_id="p0", worker=0, samples=samples,
                                              gen_time_s=0.0, gen_tokens=0)])
 
@@ -78,11 +81,13 @@ def test_left_padded_micro_batch_has_finite_gradients(tiny_model, cudnn_sdpa_res
     grads = {}
     for dtype in (torch.float32, torch.bfloat16):
         model = plain_model(tiny_model).cuda()
-        x = model_inputs(ro, list(range(ro.n)), packed=False, device=torch.device("cuda"), buckets=0)
+        x = model_inputs(ro, list(range(ro.n)), packed=False, device=torch.device("cuda"),
+                         buckets=0)
         assert x.ids.shape[1] % 128 == 64, x.ids.shape
         lp, _ = forward_logprobs(model, x, dtype, 1.0, 64)
         (lp * ro.loss_mask.cuda()).sum().backward()
-        grads[dtype] = torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+        grads[dtype] = torch.cat([p.grad.float().flatten() for p in model.parameters()
+                                  if p.grad is not None])
     assert torch.isfinite(grads[torch.bfloat16]).all()
     rel = (grads[torch.bfloat16] - grads[torch.float32]).norm() / grads[torch.float32].norm()
     assert rel < 0.05, rel

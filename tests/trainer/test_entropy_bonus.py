@@ -43,7 +43,8 @@ def test_chunked_entropy_gradient_equals_one_log_softmax():
 
 
 def _runner(path, *overrides: str, checkpointing: bool = False):
-    return step_runner(path, "algorithm=grpo", "algorithm.loss_agg=token_mean", "trainer.grad_clip=1e9",
+    return step_runner(path, "algorithm=grpo", "algorithm.loss_agg=token_mean",
+                       "trainer.grad_clip=1e9",
                        "trainer.lr=1e-12", *overrides, checkpointing=checkpointing)
 
 
@@ -53,7 +54,8 @@ def test_entropy_bonus_is_the_only_gradient_of_a_zero_advantage_batch(tiny_model
     # and with entropy_coef = c the step's gradient is -c * d(mean token entropy)/dθ (also with
     # the layers' activation checkpointing, the CPU default)
     coef = 0.05
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4, rewards=[1.0, 1.0, 0.0, 0.0])
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=4,
+                       rewards=[1.0, 1.0, 0.0, 0.0])
     runner = _runner(tiny_model, f"algorithm.entropy_coef={coef}", checkpointing=checkpointing)
     out = runner.train(batch)
     assert out["skipped_rows"] == 0
@@ -99,5 +101,6 @@ def test_detect_anomaly_names_the_operation_where_a_nan_gradient_starts(tiny_mod
     assert out["skipped_steps"] == 1 and out["grad_norm"] != out["grad_norm"]
     runner = _runner(tiny_model, "algorithm.entropy_coef=0.05", "trainer.detect_anomaly=true")
     _nan_in_backward(runner)
-    with pytest.raises(RuntimeError, match=r"trainer.detect_anomaly: Function '\w+' returned nan values"):
+    with pytest.raises(RuntimeError,
+                       match=r"trainer.detect_anomaly: Function '\w+' returned nan values"):
         runner.train(batch)

@@ -37,7 +37,8 @@ def test_chunked_equals_one_log_softmax_values_and_gradients(chunk):
                       head.bias.grad.clone()))
     (lp0, ent0, *g0), (lp1, ent1, *g1) = grads
     assert lp1.dtype == F64 and not ent1.requires_grad
-    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-6) and torch.allclose(ent1, ent0, rtol=0, atol=1e-6)
+    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-6) and torch.allclose(ent1, ent0, rtol=0,
+                                                                          atol=1e-6)
     for a, b in zip(g1, g0, strict=True):
         assert torch.allclose(a, b, rtol=0, atol=1e-6)
     assert float(g0[1].abs().sum()) > 0
@@ -45,7 +46,8 @@ def test_chunked_equals_one_log_softmax_values_and_gradients(chunk):
 
 def test_chunked_rejects_a_chunk_below_one():
     with pytest.raises(ValueError, match="logprob_chunk_tokens must be at least 1"):
-        chunked_logprobs(torch.nn.Identity(), torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), 1.0, 0)
+        chunked_logprobs(torch.nn.Identity(), torch.zeros(2, 3), torch.zeros(2, dtype=torch.long),
+                         1.0, 0)
 
 
 def _sequence_logprobs(model, ro, temperature):
@@ -83,7 +85,8 @@ def test_forward_logprobs_equals_per_sequence_float64(tiny_model, packed):
     assert head.forward is counting
     (lp * weights).sum().backward()
     got = {n: p.grad.clone() for n, p in model.named_parameters()}
-    assert seen and max(seen) <= 3 and sum(seen) == 2 * int(ro.loss_mask.sum())  # forward + recompute
+    # forward + recompute
+    assert seen and max(seen) <= 3 and sum(seen) == 2 * int(ro.loss_mask.sum())
 
     model.zero_grad()
     want = _sequence_logprobs(model, ro, 0.9)

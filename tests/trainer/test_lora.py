@@ -1,5 +1,6 @@
-"""LoRA in the trainer: only the adapters train and hold optimizer state; a checkpoint holds the adapter
-and its optimizer, and a resume restores both exactly; the final checkpoint is a merged model that
+"""LoRA in the trainer: only the adapters train and hold optimizer state; a checkpoint holds the
+adapter and its optimizer, and a resume restores both exactly; the final checkpoint is a merged
+model that
 ``from_pretrained`` loads and that computes what the adapted model computes."""
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from areal_cli.trainer import checkpoint
 from areal_cli.trainer.model import save_hf
 from tests.trainer.helpers import init_gloo, make_batch, plain_model, step_runner
 
-LORA = ("trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.lr=1e-2", "trainer.optim_state=float32",
+LORA = ("trainer.lora.rank=4", "trainer.lora.alpha=8", "trainer.lr=1e-2",
+        "trainer.optim_state=float32",
         "algorithm.ppo_epochs=1")
 
 
@@ -26,7 +28,8 @@ def test_only_adapters_train_and_hold_optimizer_state(tiny_model):
     before = _adapter(runner.model)
     runner.train(make_batch(plain_model(tiny_model), 2, 4), version=0)
     after = _adapter(runner.model)
-    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n), "B did not move"
+    assert any(not torch.equal(before[n], after[n]) for n in before
+               if "lora_B" in n), "B did not move"
     for n, p in runner.model.named_parameters():
         if "lora_" not in n:
             assert torch.equal(p, base[n]), f"frozen {n} changed"
@@ -79,8 +82,9 @@ def test_final_checkpoint_is_the_merged_model(tiny_model, tmp_path):
 
 
 def test_frozen_linear_weights_in_the_compute_dtype_compute_the_same(tiny_model):
-    """One CPU rank with LoRA keeps the frozen linear weights in bf16 (autocast cast them to bf16 for each
-    matmul anyway); the embedding, the norms and the adapters stay float32; the logits are the same."""
+    """One CPU rank with LoRA keeps the frozen linear weights in bf16 (autocast cast them to bf16
+    for each matmul anyway); the embedding, the norms and the adapters stay float32; the logits are
+    the same."""
     from areal_cli.config.schema import LoraConfig
     from areal_cli.trainer.batching import autocast
     from areal_cli.trainer.model import build_policy
@@ -107,8 +111,8 @@ def test_frozen_linear_weights_in_the_compute_dtype_compute_the_same(tiny_model)
 
 
 def test_mfu_counts_four_flops_a_frozen_weight_and_token():
-    """With LoRA the frozen weights' matmuls cost forward 2 + input gradient 2 = 4 FLOPs a weight and
-    token (no weight gradient); attention scores (no weights) keep their 6 × 2 · d per pair."""
+    """With LoRA the frozen weights' matmuls cost forward 2 + input gradient 2 = 4 FLOPs a weight
+    and token (no weight gradient); attention scores (no weights) keep their 6 × 2 · d per pair."""
     from transformers import AutoConfig
 
     from areal_cli.model_source import resolve_model

@@ -206,7 +206,8 @@ def test_cispo_by_hand():
     # it 0: min(e, 1.28) is the constant 1.28).
     logp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
     prox, adv = torch.full((1, 2), -2.0, dtype=F64), torch.ones(1, 2, dtype=F64)
-    mask, denoms = torch.ones(1, 2, dtype=torch.bool), dict(global_tokens=2, global_seqs=1, max_len=2)
+    mask, denoms = torch.ones(1, 2, dtype=torch.bool), dict(global_tokens=2, global_seqs=1,
+                                                            max_len=2)
     cfg = AlgorithmConfig(objective="cispo", eps_clip_low=1.0, eps_clip_high=0.28)
     loss, stats = policy_loss(logp, prox, prox, adv, mask, cfg, **denoms)
     assert_rel(loss, 1.64)
@@ -224,12 +225,14 @@ def test_cispo_behaviour_weight_and_no_lower_bound():
     # loss = -(2 * e^-3 * -1 * -4) = -8 e^-3, and nothing is clipped.
     logp = torch.tensor([[-4.0]], dtype=F64)
     prox, behav = logp + 3.0, logp + 3.0 - math.log(2.0)
-    mask, denoms = torch.ones(1, 1, dtype=torch.bool), dict(global_tokens=1, global_seqs=1, max_len=1)
+    mask, denoms = torch.ones(1, 1, dtype=torch.bool), dict(global_tokens=1, global_seqs=1,
+                                                            max_len=1)
     cfg = AlgorithmConfig(objective="cispo", eps_clip_low=1.0, eps_clip_high=0.28)
     loss, stats = policy_loss(logp, prox, behav, -torch.ones(1, 1, dtype=F64), mask, cfg, **denoms)
     assert_rel(loss, -8.0 * math.exp(-3.0))
     assert stats["clip_fraction"].item() == 0
-    assert any("dual_clip" in e for e in AlgorithmConfig(objective="cispo", dual_clip=2.0).validate())
+    assert any("dual_clip" in e
+               for e in AlgorithmConfig(objective="cispo", dual_clip=2.0).validate())
 
 
 def test_behaviour_weight_by_hand():

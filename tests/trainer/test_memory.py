@@ -39,7 +39,8 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 cfg = resolve(compose([]))  # the CPU's values, as `areal train` plans them here
 torch.set_num_threads(cfg.trainer.threads)
 path = resolve_model(cfg.model)
-model = build_policy(path, torch.device("cpu"), torch.bfloat16, cfg.trainer.activation_checkpointing == "true")
+model = build_policy(path, torch.device("cpu"), torch.bfloat16,
+                     cfg.trainer.activation_checkpointing == "true")
 runner = StepRunner.build(model, path, cfg, torch.device("cpu"), torch.bfloat16, 0, 1)
 for seed in range(4):  # lengths differ between the batches, as between the steps of a run
     metrics = runner.train(default_shaped_batch(seed=seed), version=0)
@@ -54,10 +55,12 @@ def test_trainer_peak_memory_of_four_default_steps():
     here = Path(__file__).parent
     allocator = resolve(RootConfig()).launcher.allocator  # launcher.allocator=auto, as planned here
     alloc_env, _ = allocator_env(allocator)  # what `areal train` gives the trainer here
-    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(helpers=str(here))], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT.format(helpers=str(here))],
+                          capture_output=True,
                           text=True, timeout=900,
                           env={**os.environ, **alloc_env, "PYTHONPATH": str(here.parents[1])})
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads(proc.stdout.strip().splitlines()[-1])
     assert metrics["skipped_rows"] == 12  # 3 of the 8 groups had one reward for all 4 samples
-    assert 1.0 < metrics["peak_rss_gb"] < PEAK_RSS_BOUND_GB[allocator], (allocator, metrics["peak_rss_gb"])
+    assert 1.0 < metrics["peak_rss_gb"] < PEAK_RSS_BOUND_GB[allocator], (allocator,
+                                                                         metrics["peak_rss_gb"])

@@ -13,7 +13,8 @@ from areal_cli.trainer.metrics import flop_terms, peak_flops, sequence_flops
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
 
-TINY = types.SimpleNamespace(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+TINY = types.SimpleNamespace(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=2,
                              head_dim=16, intermediate_size=128, vocab_size=49152)
 
 
@@ -34,19 +35,23 @@ def test_peak_flops_table_and_override():
 
 def test_step_reports_mfu_and_peak_memory(tiny_model):
     init_gloo()
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=12, rewards=[1.0, 0.0, 1.0, 1.0])
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=12,
+                       rewards=[1.0, 0.0, 1.0, 1.0])
     metrics = {}
     for peak in (0.0, 1e9):
         cfg = config(f"trainer.peak_flops={peak}")
         torch.manual_seed(0)
-        model = build_policy(tiny_model, torch.device("cpu"), torch.float32, activation_checkpointing=False)
-        runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+        model = build_policy(tiny_model, torch.device("cpu"), torch.float32,
+                             activation_checkpointing=False)
+        runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float32,
+                                  rank=0, world=1)
         metrics[peak] = runner.train(batch)
     assert "mfu" not in metrics[0.0] and "peak_gpu_mem_gb" not in metrics[0.0]
     m = metrics[1e9]
     # only the mixed group (rows 0 and 1) was trained: its model FLOPs over the step's time
     ro = from_batch(batch)
-    flops = sum(sequence_flops(flop_terms(runner.model.config), len(ro.prompts[i]) + len(ro.responses[i]),
+    flops = sum(sequence_flops(flop_terms(runner.model.config),
+                               len(ro.prompts[i]) + len(ro.responses[i]),
                                len(ro.responses[i])) for i in (0, 1))
     assert m["skipped_rows"] == 2
     seconds = m["trained_tokens"] / m["train_tokens_per_s"]  # the step's time

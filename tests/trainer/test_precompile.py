@@ -1,6 +1,6 @@
 """Compiling the policy's layers before the first batch (``trainer/precompile.py``): which forms of
-input a run's steps can give the layers, and, with the layers really compiled on the CPU, that a step
-after ``precompile`` compiles nothing more while one without it does."""
+input a run's steps can give the layers, and, with the layers really compiled on the CPU, that a
+step after ``precompile`` compiles nothing more while one without it does."""
 
 from __future__ import annotations
 
@@ -28,12 +28,14 @@ def test_forms_of_a_packed_gpu_run_cover_rows_and_segment_offsets(tiny_model):
                          "rollout.max_new_tokens=2048")
     runner.varlen = True  # what a GPU with FlashAttention's varlen op sets (trainer.varlen)
     forms = input_forms(runner, PACKED_ROW_TOKENS_CUDA)
-    assert names(forms) == [("one packed row", True), ("packed rows", True), ("segment offsets", True),
+    assert names(forms) == [("one packed row", True), ("packed rows", True),
+                            ("segment offsets", True),
                             ("empty micro-batch", True)]  # every row of a batch can be skipped
     for form in forms[:-1]:  # each synthetic micro-batch takes the path its name says
         ro = synthetic_rollouts(form.lengths)
         long = runner.varlen and max(form.lengths) > PACKED_ROW_TOKENS_CUDA
-        x = model_inputs(ro, list(range(ro.n)), True, row_tokens=PACKED_ROW_TOKENS_CUDA, varlen=long)
+        x = model_inputs(ro, list(range(ro.n)), True, row_tokens=PACKED_ROW_TOKENS_CUDA,
+                         varlen=long)
         assert (x.cu_seqlens is not None) == (form.name == "segment offsets")
         assert x.ids.shape[0] == (2 if form.name == "packed rows" else 1)
     # responses of at most 512 tokens never exceed a packed row: no segment offsets to compile for
@@ -50,7 +52,8 @@ def test_forms_follow_padding_ranks_and_the_proximal_pass(tiny_model):
     runner.world = 1
     assert "empty micro-batch" not in [f.name for f in input_forms(runner, None)]
     cpu_packed = step_runner(tiny_model, "trainer.packing=true")  # the CPU packs one row
-    assert names(input_forms(cpu_packed, None)) == [("one packed row", True), ("empty micro-batch", True)]
+    assert names(input_forms(cpu_packed, None)) == [("one packed row", True),
+                                                    ("empty micro-batch", True)]
 
 
 def test_segment_offsets_pack_one_row_whatever_the_row_limit(tiny_model):
@@ -60,7 +63,8 @@ def test_segment_offsets_pack_one_row_whatever_the_row_limit(tiny_model):
     assert masked.ids.shape[0] > 1 and x.ids.shape[0] == 1
     lens = [len(p) + len(r) for p, r in zip(ro.prompts, ro.responses, strict=True)]
     assert x.ids.shape[1] == sum(lens)  # no padding
-    assert torch.equal(x.cu_seqlens, torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
+    assert torch.equal(x.cu_seqlens,
+                       torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32))
 
 
 @pytest.mark.slow
@@ -73,25 +77,31 @@ def test_a_step_after_precompile_compiles_nothing(tiny_model):
     for warm in (True, False):
         torch._dynamo.reset()
         torch.manual_seed(0)
-        model = build_policy(tiny_model, torch.device("cpu"), torch.float32, activation_checkpointing=False,
+        model = build_policy(tiny_model, torch.device("cpu"), torch.float32,
+                             activation_checkpointing=False,
                              compile_layers=True)
-        runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float32, rank=0, world=1)
+        runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float32,
+                                  rank=0, world=1)
         before = compiled_graphs()
         forms, seconds = runner.precompile() if warm else ([], 0.0)
         if warm:
-            assert forms == ["one packed row", "empty micro-batch"] and compiled_graphs() > before and seconds > 0
-            assert all(p.grad is None for p in runner.model.parameters())  # the zero gradients dropped
+            assert forms == ["one packed row",
+                             "empty micro-batch"] and compiled_graphs() > before and seconds > 0
+            # the zero gradients dropped
+            assert all(p.grad is None for p in runner.model.parameters())
         compiled[warm] = runner.train(batch)["compiled_graphs"]
     assert compiled[True] == 0 and compiled[False] > 0
 
 
 def test_compiled_layers_are_not_guarded_on_the_micro_batch_size(tiny_model):
-    # inductor's mix-order reduction (GPU) decides by the tokens of the micro-batch and guards the graph on
-    # that size unless in non-strict mode: a run then compiled each layer again mid-run (1.5B, H200)
+    # inductor's mix-order reduction (GPU) decides by the tokens of the micro-batch and guards the
+    # graph on that size unless in non-strict mode: a run then compiled each layer again mid-run
+    # (1.5B, H200)
     import torch._inductor.config as inductor
 
     if not hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
         pytest.skip("this torch's inductor has no mix-order reduction")
     inductor.triton.mix_order_reduction_non_strict_mode = False
-    build_policy(tiny_model, torch.device("cpu"), torch.float32, activation_checkpointing=False, compile_layers=True)
+    build_policy(tiny_model, torch.device("cpu"), torch.float32, activation_checkpointing=False,
+                 compile_layers=True)
     assert inductor.triton.mix_order_reduction_non_strict_mode

@@ -22,7 +22,8 @@ def _aliased(rank: int, init: str, out: str) -> None:
     zero = torch.zeros(())
     gap = {"logp_gap_sum": torch.tensor(0.5), "fresh_tokens": torch.tensor(4.0)} if rank == 0 else \
         {"logp_gap_sum": zero, "fresh_tokens": zero}  # the same tensor under two keys
-    got = reduce_stats({**gap, "clip_fraction": torch.tensor(float(rank))}, {"clip_fraction": "max"}, 1.0,
+    got = reduce_stats({**gap, "clip_fraction": torch.tensor(float(rank))},
+                       {"clip_fraction": "max"}, 1.0,
                        torch.device("cpu"))
     if rank == 0:
         open(out, "w").write(json.dumps(got))
@@ -53,18 +54,22 @@ def _step(rank: int, init: str, model: str, out: str) -> None:
     # rows 2, 3 (rank 1's shard) got one reward each: zero advantage, skipped, no fresh token there
     torch.manual_seed(0)
     cpu = torch.device("cpu")
-    runner = StepRunner.build(build_policy(model, cpu, torch.float32, False), model, config("algorithm=grpo"), cpu,
+    runner = StepRunner.build(build_policy(model, cpu, torch.float32, False), model,
+                              config("algorithm=grpo"), cpu,
                               torch.float32, rank=rank, world=2)
     stats = runner.train(batch, version=0)
     if rank == 0:
-        open(out, "w").write(json.dumps({k: stats[k] for k in ("logp_gap_fresh", "fresh_tokens", "skipped_rows")}))
+        open(out, "w").write(json.dumps({k: stats[k]
+                                         for k in ("logp_gap_fresh", "fresh_tokens",
+                                                   "skipped_rows")}))
     dist.destroy_process_group()
     exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
 def test_gap_of_two_ranks_counts_only_fresh_tokens(tmp_path, tiny_model):
     out = tmp_path / "rank0.json"
-    mp.spawn(_step, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2, join=True)
+    mp.spawn(_step, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2,
+             join=True)
     got = json.loads(out.read_text())
     assert got["skipped_rows"] == 2 and got["fresh_tokens"] > 0
     # behaviour logprobs are the model's own (float32, unpadded): the gap is rounding only

@@ -21,7 +21,8 @@ def test_final_checkpoint_round_trips_the_trained_weights(tmp_path):
             p.add_(0.25)  # "trained"
     save_hf(model, path, tmp_path / "final")
     assert (tmp_path / "final" / "COMPLETE").exists() and not (tmp_path / "final.partial").exists()
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "final", dtype=torch.float32).state_dict()
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "final",
+                                                dtype=torch.float32).state_dict()
     live = model.state_dict()
     assert set(live) <= set(back)
     assert all(torch.equal(live[k], back[k]) for k in live)

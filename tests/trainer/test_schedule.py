@@ -30,11 +30,13 @@ def test_decay_starts_full_and_ends_at_min_ratio(decay, warmup):
     top = max(warmup, 1) - 1
     assert f[top] == pytest.approx(1.0)
     assert f[-1] == pytest.approx(0.1)
-    assert all(a >= b for a, b in zip(f[top:], f[top + 1:], strict=False))  # never rises after warm-up
+    # never rises after warm-up
+    assert all(a >= b for a, b in zip(f[top:], f[top + 1:], strict=False))
     mid = top + (steps - 1 - top) / 2
     if float(mid).is_integer():  # halfway down: both decays sit at the middle of 1 and 0.1
         assert f[int(mid)] == pytest.approx(0.55)
-    assert lr_factor(steps + 5, steps, warmup, decay, 0.1) == pytest.approx(0.1)  # past the end: stays
+    # past the end: stays
+    assert lr_factor(steps + 5, steps, warmup, decay, 0.1) == pytest.approx(0.1)
 
 
 def test_cosine_shape():
@@ -51,7 +53,8 @@ def test_cosine_shape():
 def test_step_runner_decays_over_every_optimizer_step(tiny_model, steps, epochs, logged):
     # real optimizer steps of a cosine-decayed run: each step logs the rate of its first epoch,
     # and after the run's last optimizer step the rate is at the floor
-    r = step_runner(tiny_model, "trainer.lr=1e-3", f"trainer.steps={steps}", "trainer.lr_decay=cosine",
+    r = step_runner(tiny_model, "trainer.lr=1e-3", f"trainer.steps={steps}",
+                    "trainer.lr_decay=cosine",
                     "trainer.min_lr_ratio=0.2", f"algorithm.ppo_epochs={epochs}")
     lrs = [r.train(make_batch(r.model, 2, 2, seed=k))["lr"] for k in range(steps)]
     assert lrs == pytest.approx(logged)

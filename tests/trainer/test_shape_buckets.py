@@ -16,7 +16,8 @@ F64 = torch.float64
 
 def test_bucket_sizes():
     # 4 per doubling: (64, 128] in steps of 16, (128, 256] in steps of 32
-    assert [bucket(n, 4) for n in (1, 4, 5, 9, 65, 80, 81, 128, 129)] == [1, 4, 5, 10, 80, 80, 96, 128, 160]
+    assert [bucket(n, 4) for n in (1, 4, 5, 9, 65, 80, 81, 128, 129)] == [1, 4, 5, 10, 80, 80, 96,
+                                                                          128, 160]
     assert [bucket(n, 1) for n in (3, 5, 9, 100)] == [4, 8, 16, 128]  # powers of two
     assert [bucket(n, 0) for n in (3, 65, 129)] == [3, 65, 129]  # off: exact
 
@@ -55,7 +56,8 @@ def test_bucketed_inputs_give_the_exact_logprobs_and_gradients(tiny_model):
     (shape0, seen0, lp0, ent0, g0), (shape1, seen1, lp1, ent1, g1) = out[0], out[1]
     assert shape0[0] == 5 and shape1[0] == 8 and shape1[1] == bucket(shape0[1], 1) > shape0[1]
     assert seen1 == [bucket(n, 1) for n in seen0] and seen1 != seen0
-    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-12) and torch.allclose(ent1, ent0, rtol=0, atol=1e-12)
+    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-12) and torch.allclose(ent1, ent0, rtol=0,
+                                                                           atol=1e-12)
     assert (lp1[~ro.loss_mask] == 0).all()
     for name in g0:
         assert torch.allclose(g1[name], g0[name], rtol=1e-9, atol=1e-12), name

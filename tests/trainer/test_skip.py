@@ -15,7 +15,8 @@ def gloo():
 
 
 def _runner(path, *overrides: str):
-    return step_runner(path, "algorithm=grpo", "trainer.grad_clip=1e9", "trainer.lr=1e-12", *overrides)
+    return step_runner(path, "algorithm=grpo", "trainer.grad_clip=1e9", "trainer.lr=1e-12",
+                       *overrides)
 
 
 def _count_rows(model) -> list[int]:
@@ -25,7 +26,8 @@ def _count_rows(model) -> list[int]:
     def hook(_module, _args, kwargs):
         mask = kwargs.get("attention_mask")
         packed = mask is not None and mask.dim() == 4
-        seen.append(int(kwargs["position_ids"].eq(0).sum()) if packed else kwargs["input_ids"].shape[0])
+        seen.append(int(kwargs["position_ids"].eq(0).sum())
+                    if packed else kwargs["input_ids"].shape[0])
 
     model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
@@ -40,10 +42,12 @@ def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing
     rewards = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0]
     batch = make_batch(plain_model(tiny_model), groups=3, group_size=2, seed=8, rewards=rewards)
     gen = torch.Generator().manual_seed(8)
-    for s in (s for g in batch.groups for s in g.samples):  # off-policy: behaviour weights ≠ 1, loss ≠ 0
+    # off-policy: behaviour weights ≠ 1, loss ≠ 0
+    for s in (s for g in batch.groups for s in g.samples):
         s.logprobs += 0.3 * torch.rand(len(s.logprobs), generator=gen).numpy()
     over = (f"trainer.packing={packing}", f"algorithm.loss_agg={agg}")
-    skip, full = _runner(tiny_model, *over), _runner(tiny_model, *over, "trainer.skip_zero_advantage=false")
+    skip, full = _runner(tiny_model, *over), _runner(tiny_model, *over,
+                                                     "trainer.skip_zero_advantage=false")
     rows_skip, rows_full = _count_rows(skip.model), _count_rows(full.model)
     got, want = skip.train(batch), full.train(batch)
     assert sum(rows_skip) == 4 and sum(rows_full) == 6
@@ -54,7 +58,8 @@ def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing
     # float32 sums of O(1) terms that cancel to ~1e-3: agreement to 1e-6 absolute
     assert got["loss"] == pytest.approx(want["loss"], rel=0, abs=1e-6) and abs(want["loss"]) > 1e-3
     g_skip, g_full = _grads(skip.model), _grads(full.model)
-    for name, g in g_full.items():  # float32: the other rows' padded shapes differ, so rounding does
+    # float32: the other rows' padded shapes differ, so rounding does
+    for name, g in g_full.items():
         err = float((g_skip[name] - g).abs().max())
         assert err <= 1e-5 * float(g.abs().max()), (name, err)
     assert sum(float(g.abs().sum()) for g in g_full.values()) > 0
@@ -63,7 +68,8 @@ def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing
 def test_every_row_skipped_still_gives_zero_gradients(tiny_model):
     # every group uniform: no row is forwarded, one zero-weight dummy micro-batch gives every
     # parameter a zero gradient (not None), so AdamW's step is the unskipped one
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9, rewards=[1.0, 1.0, 0.0, 0.0])
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9,
+                       rewards=[1.0, 1.0, 0.0, 0.0])
     runner = _runner(tiny_model)
     rows = _count_rows(runner.model)
     out = runner.train(batch)
@@ -71,11 +77,13 @@ def test_every_row_skipped_still_gives_zero_gradients(tiny_model):
     assert rows == [1]  # the dummy's one row
     assert all(float(g.abs().max()) == 0.0 for g in _grads(runner.model).values())
     # the step still reports the loss statistics (as 0), like every other step
-    assert all(out[k] == 0.0 for k in ("approx_kl", "clip_fraction", "entropy", "behav_weight_max")), out
+    assert all(out[k] == 0.0
+               for k in ("approx_kl", "clip_fraction", "entropy", "behav_weight_max")), out
 
 
 def test_no_skipping_with_an_entropy_or_kl_loss_term(tiny_model):
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9, rewards=[1.0, 1.0, 0.0, 1.0])
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=9,
+                       rewards=[1.0, 1.0, 0.0, 1.0])
     for over in ("algorithm.entropy_coef=0.01", "algorithm.kl_coef=0.1"):
         out = _runner(tiny_model, over).train(batch)
         assert out["skipped_rows"] == 0, over
@@ -83,8 +91,8 @@ def test_no_skipping_with_an_entropy_or_kl_loss_term(tiny_model):
 
 
 def test_a_step_skipped_for_a_non_finite_gradient_is_said_in_the_log(caplog):
-    """The optimizer step skipped for a NaN/inf gradient norm (weights unchanged) is a warning naming the
-    step and the count, not only a metric; a finite norm says nothing."""
+    """The optimizer step skipped for a NaN/inf gradient norm (weights unchanged) is a warning
+    naming the step and the count, not only a metric; a finite norm says nothing."""
     import logging
     import types
 

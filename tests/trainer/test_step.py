@@ -46,7 +46,8 @@ def _standard_ppo_grads(model, batch, eps=0.2) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("packing", [True, False])
 def test_decoupled_gradient_equals_standard_ppo_at_staleness_0(tiny_model, packing):
     # the gradients stay in .grad after AdamW's step; a huge grad_clip leaves them unscaled
-    runner = step_runner(tiny_model, "algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=0",
+    runner = step_runner(tiny_model, "algorithm=grpo", "algorithm.loss_agg=token_mean",
+                         "rollout.max_staleness=0",
                      "trainer.grad_clip=1e9", f"trainer.packing={packing}")
     ref_model = plain_model(tiny_model)
     batch = make_batch(ref_model, groups=2, group_size=3, seed=2)
@@ -68,20 +69,24 @@ def test_prox_mu_clips_against_the_policy_that_sampled_stale_samples(tiny_model)
             s.logprobs = s.logprobs.copy()
             s.logprobs[::2] += 0.5
     want = _standard_ppo_grads(ref_model, batch)
-    common = ("algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=2", "trainer.grad_clip=1e9")
+    common = ("algorithm=grpo", "algorithm.loss_agg=token_mean", "rollout.max_staleness=2",
+              "trainer.grad_clip=1e9")
     coupled = step_runner(tiny_model, *common, "algorithm.recompute_proximal=false")
     stats = coupled.train(batch)
     assert stats["clip_fraction"] > 0
     got = _grads(coupled.model)
     for name in want:
         assert torch.allclose(got[name], want[name], rtol=1e-4, atol=1e-6), name
-    recomputed = step_runner(tiny_model, *common, "algorithm.recompute_proximal=true")  # r = 1: no clip
+    # r = 1: no clip
+    recomputed = step_runner(tiny_model, *common, "algorithm.recompute_proximal=true")
     assert recomputed.train(batch)["clip_fraction"] == 0
-    assert any(not torch.allclose(g, want[n], rtol=1e-4, atol=1e-6) for n, g in _grads(recomputed.model).items())
+    assert any(not torch.allclose(g, want[n], rtol=1e-4, atol=1e-6) for n,
+               g in _grads(recomputed.model).items())
 
 
 def test_proximal_recomputed_equals_same_forward(tiny_model):
-    runner = step_runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1", "algorithm.recompute_proximal=true")
+    runner = step_runner(tiny_model, "algorithm.ppo_epochs=2", "rollout.max_staleness=1",
+                         "algorithm.recompute_proximal=true")
     assert runner._needs_proximal()
     ro = from_batch(make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=3))
     mbs = runner._micro_batches(ro)
@@ -121,10 +126,12 @@ def test_critic_value_loss_falls_on_a_fixed_batch(tiny_model):
 
 
 EXPECTED = {"loss", "pg_loss", "clip_fraction", "approx_kl", "entropy", "behav_weight_mean",
-            "behav_weight_max", "masked_fraction", "grad_norm", "adv_mean", "adv_std", "train_tokens_per_s"}
+            "behav_weight_max", "masked_fraction", "grad_norm", "adv_mean", "adv_std",
+            "train_tokens_per_s"}
 
 
-@pytest.mark.parametrize("preset", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+@pytest.mark.parametrize("preset",
+                         ["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
                                     "ppo", "dapo", "cispo"])
 def test_every_preset_trains_in_process(tiny_model, preset):
     runner = step_runner(tiny_model, f"algorithm={preset}", "algorithm.ppo_epochs=2")
@@ -163,12 +170,16 @@ def test_float16_compute_scales_the_loss_and_skips_an_overflowing_step(tiny_mode
     # weights move); a scale so large the float16 gradients overflow skips the step and halves
     cfg = config("trainer.dtype=float16", "trainer.lr=1e-3")
     torch.manual_seed(0)
-    model = build_policy(tiny_model, torch.device("cpu"), torch.float16, activation_checkpointing=False)
-    runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float16, rank=0, world=1)
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=7, rewards=[1.0, 0.0, 1.0, 0.0])
+    model = build_policy(tiny_model, torch.device("cpu"), torch.float16,
+                         activation_checkpointing=False)
+    runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), torch.float16, rank=0,
+                              world=1)
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=7,
+                       rewards=[1.0, 0.0, 1.0, 0.0])
     before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
     out = runner.train(batch, version=0)
-    assert out["loss_scale"] == 2.0**16 and out["skipped_steps"] == 0 and math.isfinite(out["grad_norm"])
+    assert (out["loss_scale"] == 2.0**16 and out["skipped_steps"] == 0
+            and math.isfinite(out["grad_norm"]))
     assert any(not torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
     runner.scale.value = 1e30
     kept = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
@@ -183,23 +194,27 @@ def test_precision_fp16_sets_engine_and_trainer_and_validates():
     cfg = compose(["engine=vllm", "precision=fp16"])
     assert (cfg.engine.dtype, cfg.trainer.dtype) == ("float16", "float16") and validate(cfg) == []
     assert compose(["engine=vllm"]).engine.dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="trainer.dtype=float8: use auto, bfloat16, float16 or float32"):
+    with pytest.raises(ConfigError,
+                       match="trainer.dtype=float8: use auto, bfloat16, float16 or float32"):
         compose(["trainer.dtype=float8"])
 
 
 def test_activation_checkpointing_recomputes_layers_and_keeps_gradients(tiny_model):
     # the policy trains in train mode, so transformers checkpoints each decoder layer: its
     # forward runs again in backward (2 calls per micro-batch, not 1); the gradients are the same
-    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=10, rewards=[1.0, 0.0, 0.0, 1.0])
+    batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=10,
+                       rewards=[1.0, 0.0, 0.0, 1.0])
     grads, calls = {}, {}
     for ckpt in (False, True):
-        cfg = config("trainer.grad_clip=1e9", "trainer.lr=1e-12", f"trainer.activation_checkpointing={ckpt}")
+        cfg = config("trainer.grad_clip=1e9", "trainer.lr=1e-12",
+                     f"trainer.activation_checkpointing={ckpt}")
         torch.manual_seed(0)
         model = build_policy(tiny_model, torch.device("cpu"), F32, activation_checkpointing=ckpt)
         assert model.training and model.model.gradient_checkpointing == ckpt
         seen = []
         # transformers checkpoints the layer's forward (its own hooks run once): count a submodule
-        model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_, seen=seen: seen.append(1))
+        model.model.layers[0].self_attn.register_forward_pre_hook(lambda *_,
+                                                                  seen=seen: seen.append(1))
         runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), F32, rank=0, world=1)
         out = runner.train(batch)
         grads[ckpt], calls[ckpt] = _grads(runner.model), len(seen) / out["micro_batches"]
@@ -219,13 +234,17 @@ def test_a_non_finite_gradient_skips_the_step(tiny_model, dtype):
     runner = StepRunner.build(model, tiny_model, cfg, torch.device("cpu"), dt, rank=0, world=1)
     ref = plain_model(tiny_model)
     before = {n: p.detach().clone() for n, p in runner.model.named_parameters()}
-    bad = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, float("nan"), 0.0, 1.0]))
+    bad = runner.train(make_batch(ref, groups=2, group_size=2, seed=11,
+                                  rewards=[1.0, float("nan"), 0.0, 1.0]))
     assert not math.isfinite(bad["grad_norm"]) and bad["skipped_steps"] == 1
     names = dict(runner.model.named_parameters())
-    assert runner.nonfinite and all(n in names for n in runner.nonfinite)  # named for the trainer's warning
+    # named for the trainer's warning
+    assert runner.nonfinite and all(n in names for n in runner.nonfinite)
     assert all(torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
-    good = runner.train(make_batch(ref, groups=2, group_size=2, seed=11, rewards=[1.0, 0.0, 0.0, 1.0]))
-    assert math.isfinite(good["grad_norm"]) and good["skipped_steps"] == 1 and runner.nonfinite == []
+    good = runner.train(make_batch(ref, groups=2, group_size=2, seed=11,
+                                   rewards=[1.0, 0.0, 0.0, 1.0]))
+    assert (math.isfinite(good["grad_norm"]) and good["skipped_steps"] == 1 and runner.nonfinite
+            == [])
     assert any(not torch.equal(before[n], p.detach()) for n, p in runner.model.named_parameters())
 
 

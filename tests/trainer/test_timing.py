@@ -10,7 +10,8 @@ from helpers import init_gloo, make_batch, plain_model, step_runner
 
 from areal_cli.trainer.timing import StepClock
 
-STEP_PARTS = {"prepare", "forward", "head_forward", "loss", "head_backward", "backward", "optimizer", "stats"}
+STEP_PARTS = {"prepare", "forward", "head_forward", "loss", "head_backward", "backward",
+              "optimizer", "stats"}
 
 
 def test_each_mark_takes_the_time_since_the_previous_one():
@@ -22,7 +23,9 @@ def test_each_mark_takes_the_time_since_the_previous_one():
         clock.mark(part)
     out = clock.parts()
     assert set(out) == {"time/a_s", "time/b_s", "time/step_s"}
-    assert out["time/a_s"] == pytest.approx(0.06, abs=0.015) and out["time/b_s"] == pytest.approx(0.06, abs=0.015)
+    assert out["time/a_s"] == pytest.approx(0.06,
+                                            abs=0.015) and out["time/b_s"] == pytest.approx(0.06,
+                                                                                            abs=0.015)
     assert out["time/a_s"] + out["time/b_s"] == pytest.approx(out["time/step_s"], rel=0.01)
     assert clock.parts() == {}  # a step's marks are read once
 
@@ -33,11 +36,13 @@ def test_each_mark_takes_the_time_since_the_previous_one():
 ])
 def test_the_parts_sum_to_the_step_time(tiny_model, overrides, extra):
     init_gloo()
-    runner = step_runner(tiny_model, "trainer.skip_zero_advantage=false", *overrides, checkpointing=True)
+    runner = step_runner(tiny_model, "trainer.skip_zero_advantage=false", *overrides,
+                         checkpointing=True)
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=3)
     runner.train(batch)  # the first step allocates AdamW's state
     out = runner.train(batch)
-    parts = {k[len("time/"):-len("_s")]: v for k, v in out.items() if k.startswith("time/") and k != "time/step_s"}
+    parts = {k[len("time/"):-len("_s")]: v for k,
+             v in out.items() if k.startswith("time/") and k != "time/step_s"}
     assert set(parts) == STEP_PARTS | extra
     assert all(v > 0 for v in parts.values()), parts
     assert sum(parts.values()) == pytest.approx(out["time/step_s"], rel=0.05)

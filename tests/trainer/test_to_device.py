@@ -1,4 +1,5 @@
-"""Host tensors reach the GPU through pinned memory without blocking the host (trainer/batching.py)."""
+"""Host tensors reach the GPU through pinned memory without blocking the host
+(trainer/batching.py)."""
 
 from __future__ import annotations
 

@@ -39,9 +39,11 @@ def test_segments_are_the_sequences_end_to_end():
     assert cu.tolist() == [0, 2, 5, 8] and cu.dtype == torch.int32 and longest == 3
 
 
-def older_signature(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+def older_signature(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None,
+                    window_size=(-1, -1)):
     """varlen_attn as torch 2.11 has it: no enable_gqa (the key/value heads must be repeated)."""
-    assert k.shape[1] == q.shape[1], "key/value heads not repeated for a varlen_attn without enable_gqa"
+    assert (k.shape[1]
+            == q.shape[1]), "key/value heads not repeated for a varlen_attn without enable_gqa"
     return sdpa_by_segment(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, scale=scale)
 
 
@@ -56,11 +58,13 @@ def test_varlen_path_equals_masked_path(tiny_model, monkeypatch, row_tokens, ker
         from transformers import AutoModelForCausalLM
 
         attn = varlen.register() if use_varlen else "sdpa"
-        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=F64, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=F64,
+                                                     attn_implementation=attn)
         assert varlen.uses(model) == use_varlen
         x = model_inputs(ro, list(range(ro.n)), True, row_tokens=row_tokens, varlen=use_varlen)
         assert (x.attention_mask is None) == use_varlen
-        if use_varlen:  # one row whatever row_tokens (the masked path's rows hold padding), none padded
+        # one row whatever row_tokens (the masked path's rows hold padding), none padded
+        if use_varlen:
             assert x.ids.shape[0] == 1 and x.cu_seqlens[-1] == x.ids.numel()
         elif row_tokens:
             assert x.ids.shape[0] > 1
@@ -69,7 +73,8 @@ def test_varlen_path_equals_masked_path(tiny_model, monkeypatch, row_tokens, ker
         results.append((lp.detach(), ent, {n: p.grad for n, p in model.named_parameters()}))
     (lp0, ent0, g0), (lp1, ent1, g1) = results
     assert float(lp0.abs().sum()) > 0
-    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-9) and torch.allclose(ent1, ent0, rtol=0, atol=1e-9)
+    assert torch.allclose(lp1, lp0, rtol=0, atol=1e-9) and torch.allclose(ent1, ent0, rtol=0,
+                                                                          atol=1e-9)
     for name, grad in g0.items():
         assert torch.allclose(g1[name], grad, rtol=1e-7, atol=1e-10), name
 
@@ -109,7 +114,8 @@ def test_half_gemm_backward_is_the_linear_layers():
     x = torch.randn(2, 3, 8, generator=gen).bfloat16()
     w = torch.randn(11, 8, generator=gen).bfloat16()
     grad = torch.randn(2, 3, 11, generator=gen)
-    gx, gw = HalfGemmFloat32Out.backward(SimpleNamespace(saved_tensors=(x, w), needs_input_grad=(True, True)), grad)
+    gx, gw = HalfGemmFloat32Out.backward(SimpleNamespace(saved_tensors=(x, w),
+                                                         needs_input_grad=(True, True)), grad)
     xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
     (xr @ wr.t()).backward(grad.bfloat16().float())
     assert gx.dtype == gw.dtype == torch.bfloat16 and gx.shape == x.shape and gw.shape == w.shape
@@ -119,8 +125,9 @@ def test_half_gemm_backward_is_the_linear_layers():
 
 
 def test_half_gemm_with_a_frozen_weight_computes_no_weight_gradient(monkeypatch):
-    # LoRA: the output layer is frozen, so its backward returns None for the weight (no [vocab, hidden] GEMM)
-    # and the input's gradient is the linear layer's; the CUDA-only GEMM is replaced by its float32 value
+    # LoRA: the output layer is frozen, so its backward returns None for the weight (no [vocab,
+    # hidden] GEMM) and the input's gradient is the linear layer's; the CUDA-only GEMM is replaced
+    # by its float32 value
     import areal_cli.trainer.model as model
 
     monkeypatch.setattr(model, "mm_float32_out", lambda a, b: a.float() @ b.float())

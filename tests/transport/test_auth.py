@@ -21,7 +21,8 @@ MIB = 1 << 20
 
 
 def result(group_id: int) -> GroupResult:
-    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
+    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+               np.zeros(2, np.float32),
                np.zeros(2, np.int32), np.ones(2, np.uint8), 1.0, "ok", "stop", 1, "2")
     return GroupResult(group_id, f"p{group_id}", 0, [s], 0.1, 2)
 
@@ -71,14 +72,16 @@ def test_a_client_without_the_keys_cannot_deliver_and_is_logged(keys, gate, tmp_
     forged.connect(a)
     with caplog.at_level(logging.WARNING):
         for sock in (plain, forged):
-            # best effort: the server may refuse the connection between a poll and the send (zmq.Again)
+            # best effort: the server may refuse the connection between a poll and the send
+            # (zmq.Again)
             with contextlib.suppress(zmq.Again):
                 sock.send(encode(result(1)), zmq.NOBLOCK)
         assert pull.recv(1.5) is None  # nothing got through
         assert wait_for(lambda: gate.refused >= 2)
     text = caplog.text
     assert "not a CURVE peer" in text and "results channel" in text  # the plain socket
-    assert "peer 127.0.0.1 presented a CURVE key that is not this run's" in text  # ZAP, with its address
+    # ZAP, with its address
+    assert "peer 127.0.0.1 presented a CURVE key that is not this run's" in text
     good = Channel(zmq.PUSH, a, bind=False, name="results", keys=keys, max_frame=MIB)
     good.send(result(2))
     assert pull.recv(5).group_id == 2  # the run's own client still gets through

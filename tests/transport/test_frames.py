@@ -42,7 +42,8 @@ MIB = 1 << 20
 
 
 def result(group_id: int) -> GroupResult:
-    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32), np.zeros(2, np.float32),
+    s = Sample(0, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+               np.zeros(2, np.float32),
                np.zeros(2, np.int32), np.ones(2, np.uint8), 1.0, "ok", "stop", 1, "2")
     return GroupResult(group_id, f"p{group_id}", 0, [s], 0.1, 2)
 
@@ -97,7 +98,8 @@ EXAMPLES = {  # one well-formed message of every registered type
     StaleBefore: StaleBefore(2),
     Stop: Stop(),
     Hello: Hello("rollout-0"),
-    Heartbeat: Heartbeat("trainer-0", "sending weights of version 3", 7, phase=Phase.sending_weights, version=3),
+    Heartbeat: Heartbeat("trainer-0", "sending weights of version 3", 7,
+                         phase=Phase.sending_weights, version=3),
     WeightsReady: WeightsReady("trainer-0", 3),
     StepDone: StepDone("trainer-0", 3, {"loss": 0.5, "note": "x"}, checkpoint=True),
     CheckpointWritten: CheckpointWritten("trainer-0", 3),
@@ -127,9 +129,12 @@ def test_each_channel_accepts_exactly_its_types(channel):
 
 def test_the_channel_table():
     names = lambda ch: {c.__name__ for c in CHANNELS[ch]}  # noqa: E731
-    assert names("work") == {"WorkItem"} and names("results") == {"GroupResult"} and names("batches") == {"Batch"}
-    assert names("control") == {"UpdateWeights", "StaleBefore", "Stop"} and names("ranks") == {"Batch", "Stop"}
-    assert names("status") == {"Hello", "Heartbeat", "WeightsReady", "StepDone", "CheckpointWritten", "Bye",
+    assert (names("work") == {"WorkItem"} and names("results") == {"GroupResult"}
+            and names("batches") == {"Batch"})
+    assert names("control") == {"UpdateWeights", "StaleBefore",
+                                "Stop"} and names("ranks") == {"Batch", "Stop"}
+    assert names("status") == {"Hello", "Heartbeat", "WeightsReady", "StepDone",
+                               "CheckpointWritten", "Bye",
                                "WeightsLoaded"}
     assert set(CHANNELS["status"]) == set(SENDERS)  # every status message says who may send it
     nested = {Sample}  # travels only inside a GroupResult
@@ -148,29 +153,39 @@ def test_who_may_send_which_status_message():
 
 def test_status_messages_are_checked_field_by_field():
     with pytest.raises(BadFrame, match="unknown message type"):
-        decode(msgpack.packb({"type": "RenameCheckpoint", "body": {"sender": "trainer-0"}}), CHANNELS["status"])
+        decode(msgpack.packb({"type": "RenameCheckpoint", "body": {"sender": "trainer-0"}}),
+               CHANNELS["status"])
     with pytest.raises(BadFrame, match="metrics must map names to numbers"):
         decode(encode(StepDone("trainer-0", 1, {"x": [1, 2]})), CHANNELS["status"])
     with pytest.raises(BadFrame, match="unknown field"):  # no path rides along
-        decode(msgpack.packb({"type": "CheckpointWritten", "body": {"sender": "trainer-0", "version": 1,
-                                                                    "path": "/etc"}}), CHANNELS["status"])
+        decode(msgpack.packb({"type": "CheckpointWritten",
+                              "body": {"sender": "trainer-0", "version": 1,
+                                                                    "path": "/etc"}}),
+               CHANNELS["status"])
     with pytest.raises(BadFrame, match="expected int"):
-        decode(msgpack.packb({"type": "WeightsReady", "body": {"sender": "trainer-0", "version": "1"}}),
+        decode(msgpack.packb({"type": "WeightsReady",
+                              "body": {"sender": "trainer-0", "version": "1"}}),
                CHANNELS["status"])
     b = decode(encode(Batch(0, [result(3)])), CHANNELS["batches"])
-    assert isinstance(b.groups[0], GroupResult) and b.groups[0].samples[0].logprobs.dtype == np.float32
+    assert isinstance(b.groups[0],
+                      GroupResult) and b.groups[0].samples[0].logprobs.dtype == np.float32
 
 
 def test_a_heartbeat_phase_is_one_of_its_words_and_older_peers_default_to_other():
-    back = decode(encode(Heartbeat("rollout-1", "receiving", 3, 2, Phase.receiving_weights, 4)), CHANNELS["status"])
-    assert back.phase is Phase.receiving_weights and back.version == 4  # a member, not a bare string
-    old = msgpack.packb({"type": "Heartbeat", "body": {"sender": "rollout-1", "doing": "x", "progress": 3}})
+    back = decode(encode(Heartbeat("rollout-1", "receiving", 3, 2, Phase.receiving_weights, 4)),
+                  CHANNELS["status"])
+    # a member, not a bare string
+    assert back.phase is Phase.receiving_weights and back.version == 4
+    old = msgpack.packb({"type": "Heartbeat",
+                         "body": {"sender": "rollout-1", "doing": "x", "progress": 3}})
     back = decode(old, CHANNELS["status"])  # sent before heartbeats had a phase
     assert (back.phase, back.version, back.busy) == (Phase.other, -1, -1)
     for phase in ("sending weights", 1):
-        frame = msgpack.packb({"type": "Heartbeat", "body": {"sender": "rollout-1", "doing": "x", "progress": 3,
+        frame = msgpack.packb({"type": "Heartbeat",
+                               "body": {"sender": "rollout-1", "doing": "x", "progress": 3,
                                                              "phase": phase}})
-        with pytest.raises(BadFrame, match="Heartbeat.phase: expected one of other, sending_weights"):
+        with pytest.raises(BadFrame,
+                           match="Heartbeat.phase: expected one of other, sending_weights"):
             decode(frame, CHANNELS["status"])
 
 

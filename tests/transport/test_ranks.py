@@ -16,7 +16,8 @@ from areal_cli.transport.ranks import share_message
 
 def batch() -> Batch:
     s = Sample(0, np.arange(5, dtype=np.int32), np.arange(300_000, dtype=np.int32),
-               np.full(300_000, -0.5, np.float32), np.zeros(300_000, np.int32), np.ones(300_000, np.uint8),
+               np.full(300_000, -0.5, np.float32), np.zeros(300_000, np.int32),
+               np.ones(300_000, np.uint8),
                1.0, "ok", "stop", 1, "é" * 1000)
     return Batch(4, [GroupResult(9, "p", 0, [s, s], 0.1, 2)])
 
@@ -34,7 +35,8 @@ def _rank(rank: int, init: str, out: str) -> None:
     if rank == 1:
         ok = got[0] is None and isinstance(got[2], Stop) and isinstance(got[1], Batch)
         b = got[1]
-        ok = ok and b.step == 4 and np.array_equal(b.groups[0].samples[1].logprobs, batch().groups[0].samples[1].logprobs)
+        ok = ok and b.step == 4 and np.array_equal(b.groups[0].samples[1].logprobs,
+                                                   batch().groups[0].samples[1].logprobs)
         open(out, "w").write("ok" if ok else f"mismatch: {[type(m).__name__ for m in got]}")
     dist.destroy_process_group()
     exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread

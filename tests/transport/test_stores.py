@@ -57,9 +57,11 @@ def test_weight_group_listens_on_the_configured_host_only():
     port = free_ports("127.0.0.1", 1)[0]
     box = {}
     t = threading.Thread(target=lambda: box.setdefault("rx", WeightReceiver(
-        torch.nn.Linear(4, 4), "127.0.0.1", port, 1, 2, "gloo", torch.float32, 1 << 20, timeout_s=30)))
+        torch.nn.Linear(4, 4), "127.0.0.1", port, 1, 2, "gloo", torch.float32, 1 << 20,
+        timeout_s=30)))
     t.start()
-    tx = WeightSender(param_specs(model), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.float32,
+    tx = WeightSender(param_specs(model), "127.0.0.1", port, 2, "gloo", torch.device("cpu"),
+                      torch.float32,
                       1 << 20, timeout_s=30)
     t.join()
     socks = listening(os.getpid())
@@ -77,7 +79,8 @@ if int(os.environ["RANK"]) == 0:
     sys.path.insert(0, {tests!r})
     from test_stores import listening
     json.dump({{"agent": listening(os.getppid()), "rank0": listening(os.getpid()),
-               "port": int(os.environ["MASTER_PORT"]), "store": os.environ.get("AREAL_RANKS_STORE", "")}},
+               "port": int(os.environ["MASTER_PORT"]),
+               "store": os.environ.get("AREAL_RANKS_STORE", "")}},
               open({out!r}, "w"))
 dist.barrier()
 dist.destroy_process_group()
@@ -99,7 +102,8 @@ def test_torchrun_rendezvous_listens_on_no_port(tmp_path):
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE.format(tests=str(Path(__file__).parent), out=str(out)))
     env = {**child_env(proc_.env), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([*cmd, str(probe)], capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
+    proc = subprocess.run([*cmd, str(probe)], capture_output=True, text=True, timeout=180, env=env,
+                          cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(out.read_text())
     assert got["store"].startswith(str(tmp_path / "run" / "stores"))
@@ -116,7 +120,8 @@ def test_slurm_rendezvous_stores_listen_on_no_wildcard_address(tmp_path):
     out, probe = tmp_path / "listening.json", tmp_path / "probe.py"
     probe.write_text(PROBE.format(tests=str(Path(__file__).parent), out=str(out)))
     cmd = [sys.executable, "-m", "areal_cli.launcher.torchrun", "--nnodes=1", "--nproc-per-node=2",
-           "--max-restarts=0", "--rdzv-backend=areal-c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=t",
+           "--max-restarts=0", "--rdzv-backend=areal-c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+           "--rdzv-id=t",
            str(probe)]
     env = {**child_env({}), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
@@ -131,7 +136,8 @@ def _store_client_reads(host: str, port: int) -> bool:
     from datetime import timedelta
 
     try:
-        client = torch.distributed.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=3))
+        client = torch.distributed.TCPStore(host, port, is_master=False,
+                                            timeout=timedelta(seconds=3))
         client.num_keys()
         return True
     except (RuntimeError, ValueError):  # DistNetworkError / DistStoreError: nothing listens there
@@ -146,9 +152,11 @@ def test_a_live_runs_stores_refuse_a_client_without_the_runs_files(tiny_model, t
     from conftest import AREAL, TINY_RUN
 
     run = tmp_path / "run"
-    cmd = AREAL + ["train", "--quiet", f"run_dir={run}", f"model={tiny_model}", *TINY_RUN, "trainer.steps=40",
+    cmd = AREAL + ["train", "--quiet", f"run_dir={run}", f"model={tiny_model}", *TINY_RUN,
+                   "trainer.steps=40",
                    "trainer.ranks=2", "eval.at_end=false"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         deadline = time.monotonic() + 300
         while not (run / "metrics.jsonl").exists():  # the weight group formed before the first step
@@ -156,13 +164,15 @@ def test_a_live_runs_stores_refuse_a_client_without_the_runs_files(tiny_model, t
             assert time.monotonic() < deadline, "no step within 300 s"
             time.sleep(0.5)
         ep = json.loads((run / "endpoints.json").read_text())
-        trainer = next(p for p in _children(proc.pid) if b"areal_cli.launcher.torchrun" in _cmdline(p))
+        trainer = next(p for p in _children(proc.pid)
+                       if b"areal_cli.launcher.torchrun" in _cmdline(p))
         rdzv = _cmdline(trainer).split(b"--rdzv-endpoint\0")[1].split(b"\0")[0].decode()
         host, port = rdzv.rsplit(":", 1)
         assert not _store_client_reads(ep["weights_host"], ep["weights_port"])
         assert not _store_client_reads(host, int(port))
         stores = run / "stores"
-        assert stat.S_IMODE(stores.stat().st_mode) == 0o700 and ep["weights_store"].startswith(str(stores))
+        assert (stat.S_IMODE(stores.stat().st_mode) == 0o700
+                and ep["weights_store"].startswith(str(stores)))
         if os.geteuid() == 0:  # another user cannot open the file stores
             code = ("import os, sys; os.setgid(65534); os.setuid(65534)\n"
                     "try:\n    open(sys.argv[1], 'rb')\nexcept PermissionError:\n    sys.exit(3)\n")

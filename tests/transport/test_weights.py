@@ -23,7 +23,8 @@ def free_port() -> int:
 
 def small_model(dtype) -> torch.nn.Module:
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).to(dtype)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 8)).to(dtype)
 
 
 @pytest.mark.parametrize("staged", [True, False])
@@ -37,7 +38,8 @@ def test_updates_arrive_bit_exact_in_several_buckets(staged):
     t = threading.Thread(target=lambda: box.setdefault("rx", WeightReceiver(
         engine, "127.0.0.1", port, 1, 2, "gloo", torch.bfloat16, bucket, timeout_s=30)))
     t.start()
-    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"),
+                      torch.bfloat16,
                       bucket, timeout_s=30, staged=staged)
     t.join()
     rx = box["rx"]
@@ -59,10 +61,13 @@ def test_updates_arrive_bit_exact_in_several_buckets(staged):
 def test_weight_order_mismatch_is_an_error():
     trainer = small_model(torch.float32)
     port = free_port()
-    t = threading.Thread(target=lambda: WeightReceiver(small_model(torch.bfloat16), "127.0.0.1", port, 1, 2,
-                                                       "gloo", torch.bfloat16, 1 << 20, timeout_s=30))
+    t = threading.Thread(target=lambda: WeightReceiver(small_model(torch.bfloat16), "127.0.0.1",
+                                                       port, 1, 2,
+                                                       "gloo", torch.bfloat16, 1 << 20,
+                                                       timeout_s=30))
     t.start()
-    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"), torch.bfloat16,
+    tx = WeightSender(param_specs(trainer), "127.0.0.1", port, 2, "gloo", torch.device("cpu"),
+                      torch.bfloat16,
                       1 << 20, timeout_s=30)
     t.join()
     with pytest.raises(RuntimeError, match="weight order"):
@@ -81,7 +86,8 @@ def test_one_gpu_run_sends_weights_through_host_memory_and_refuses_vllm():
         shares_rank0_gpu(cfg, device_map(cfg, gpus=[0]))
     cfg = RootConfig()
     assert not shares_rank0_gpu(cfg, device_map(cfg, gpus=[0, 1]))
-    assert resolve(cfg, Placement(trainer_gpu=True)).weights.backend == "nccl"  # between the two GPUs
+    # between the two GPUs
+    assert resolve(cfg, Placement(trainer_gpu=True)).weights.backend == "nccl"
 
 
 def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
@@ -104,7 +110,8 @@ def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
     assert resolve_engine(cfg.engine).lm_head_fp32 == "true"  # on with vllm
 
 
-def test_auto_weight_update_is_inplace_where_the_fused_layout_is_known_at_any_tp(tiny_model, tmp_path):
+def test_auto_weight_update_is_inplace_where_the_fused_layout_is_known_at_any_tp(tiny_model,
+                                                                                 tmp_path):
     from transformers import AutoConfig
 
     from areal_cli.engines.vllm.weights import choose_weight_update

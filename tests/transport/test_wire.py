@@ -32,12 +32,14 @@ def test_round_trip_keeps_arrays_raw_and_typed():
 
 def test_receive_times_out_instead_of_hanging(keys, gate):
     port = free_ports("127.0.0.1", 1)[0]
-    pull = Channel(zmq.PULL, f"tcp://127.0.0.1:{port}", bind=True, name="results", keys=keys, max_frame=MIB,
+    pull = Channel(zmq.PULL, f"tcp://127.0.0.1:{port}", bind=True, name="results", keys=keys,
+                   max_frame=MIB,
                    gate=gate)
     t0 = time.monotonic()
     assert pull.recv(0.2) is None
     assert 0.15 < time.monotonic() - t0 < 2
-    push = Channel(zmq.PUSH, f"tcp://127.0.0.1:{port}", bind=False, name="results", keys=keys, max_frame=MIB)
+    push = Channel(zmq.PUSH, f"tcp://127.0.0.1:{port}", bind=False, name="results", keys=keys,
+                   max_frame=MIB)
     push.send(GroupResult(1, "p", 0, [_sample(0)], 0.5, 3))
     assert pull.recv(5).samples[0].completion == "Answer: 3"
     pull.close()
@@ -51,7 +53,8 @@ from areal_cli.transport.channels import Channel, shutdown
 from areal_cli.transport.messages import Stop
 keys = load_keys(sys.argv[2])
 gate = Gatekeeper(keys, logging.getLogger("child"))
-pub = Channel(zmq.PUB, sys.argv[1], bind=True, name="control", keys=keys, max_frame=1 << 20, gate=gate)
+pub = Channel(zmq.PUB, sys.argv[1], bind=True, name="control", keys=keys, max_frame=1 << 20,
+              gate=gate)
 sys.stdin.readline()  # the subscriber is connected
 time.sleep(0.3)  # and its subscription has arrived
 pub.send(Stop())
@@ -70,11 +73,13 @@ def test_the_last_message_before_exit_is_delivered(keys, tmp_path):
 
     for _ in range(10):
         addr = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
-        child = subprocess.Popen([sys.executable, "-c", CHILD, addr, str(tmp_path)], stdin=subprocess.PIPE,
+        child = subprocess.Popen([sys.executable, "-c", CHILD, addr, str(tmp_path)],
+                                 stdin=subprocess.PIPE,
                                  text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         sub = Channel(zmq.SUB, addr, bind=False, name="control", keys=keys, max_frame=MIB)
         mon = sub.sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
-        assert mon.poll(20000) and recv_monitor_message(mon)["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED
+        assert (mon.poll(20000) and recv_monitor_message(mon)["event"]
+                == zmq.EVENT_HANDSHAKE_SUCCEEDED)
         child.stdin.write("go\n")
         child.stdin.flush()
         got = sub.recv(10)

@@ -24,9 +24,11 @@ def _rank(rank: int, init: str, path: str, out: str) -> None:
     got = {}
     for fused in (False,):
         plan = transfer_plan(specs)
-        # the reference: every full tensor gathered first, then each engine parameter's parts cast and stacked
+        # the reference: every full tensor gathered first, then each engine parameter's parts cast
+        # and stacked
         whole = {clean_name(n): t.detach().clone() for n, t in full_parameters(model)}
-        reference = [(target, torch.cat([whole[p].to(torch.bfloat16) for p in parts])) for target, parts, _ in plan]
+        reference = [(target, torch.cat([whole[p].to(torch.bfloat16) for p in parts])) for target,
+                     parts, _ in plan]
         # each engine parameter is due as soon as the last of its parts has been gathered
         at = {clean_name(n): i + 1 for i, (n, _) in enumerate(specs)}
         due = [max(at[p] for p in parts) for _, parts, _ in plan]
@@ -50,12 +52,15 @@ def _rank(rank: int, init: str, path: str, out: str) -> None:
 
 def test_streamed_wire_tensors_equal_the_gathered_update(tiny_model, tmp_path):
     out = tmp_path / "rank0.pt"
-    mp.spawn(_rank, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2, join=True)
+    mp.spawn(_rank, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2,
+             join=True)
     for fused, (reference, streamed, left_at, due) in torch.load(out).items():
-        assert [n for n, _ in streamed] == [n for n, _ in reference]  # the order the receiver expects
+        # the order the receiver expects
+        assert [n for n, _ in streamed] == [n for n, _ in reference]
         assert all(a.dtype == torch.bfloat16 and torch.equal(a, b)
                    for (_, a), (_, b) in zip(streamed, reference, strict=True))
-        assert left_at == due, fused  # none waited for a later parameter: never the whole update at once
+        # none waited for a later parameter: never the whole update at once
+        assert left_at == due, fused
 
 
 def test_a_parameter_outside_the_plan_is_refused():

@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import asyncio
 
-TOOLS = [{"type": "function", "function": {"name": "calculate", "description": "Evaluate arithmetic.",
+TOOLS = [{"type": "function",
+          "function": {"name": "calculate", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {}}}}]
 
 
 async def three_calls(client, problem):
     """Chat with tools, then a streamed follow-up, then n=2: each extends the one before."""
     messages = [{"role": "user", "content": problem.prompt}]
-    first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=6)
-    messages += [first.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "Go on."}]
-    stream = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6, stream=True)
+    first = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                                 max_tokens=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "Go on."}]
+    stream = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                                  stream=True)
     text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Once more."}]
-    last = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6, n=2)
+    last = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                                n=2)
     assert len(last.choices) == 2
     return {"reward": 1.0, "choices": len(last.choices)}
 
@@ -24,7 +29,8 @@ async def three_calls(client, problem):
 async def plan_then_answer(client, problem):
     """Two calls, the second not extending the first: two trajectories, one split."""
     plan = await client.chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": f"Plan: {problem.prompt}"}], max_tokens=4)
+        model="policy", messages=[{"role": "user", "content": f"Plan: {problem.prompt}"}],
+        max_tokens=4)
     await client.chat.completions.create(model="policy", max_tokens=4, messages=[
         {"role": "system", "content": f"Plan: {plan.choices[0].message.content}"},
         {"role": "user", "content": problem.prompt}])
@@ -34,7 +40,8 @@ async def plan_then_answer(client, problem):
 async def responses_and_completions(client, problem):
     """The Responses API with a function tool, then /v1/completions."""
     r = await client.responses.create(model="policy", input=problem.prompt, max_output_tokens=5,
-                                      tools=[{"type": "function", "name": "calculate", "parameters": {}}])
+                                      tools=[{"type": "function", "name": "calculate",
+                                              "parameters": {}}])
     assert r.output and r.status == "completed"
     c = await client.completions.create(model="policy", prompt="2 + 2 =", max_tokens=3)
     assert c.choices[0].finish_reason in ("stop", "length")
@@ -42,7 +49,8 @@ async def responses_and_completions(client, problem):
 
 
 async def raises(client, problem):
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    await client.chat.completions.create(model="policy",
+                                         messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     raise RuntimeError("the agent's own bug")
 
 
@@ -55,19 +63,23 @@ async def no_call(client, problem):
 
 
 async def bad_return(client, problem):
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    await client.chat.completions.create(model="policy",
+                                         messages=[{"role": "user", "content": "hi"}], max_tokens=2)
     return "yes"
 
 
 async def forced_call(client, problem):
     """A call that tool_choice forces to `calculate`, then one naming a tool that is not offered."""
     await client.chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS, max_tokens=6,
+        model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
+        max_tokens=6,
         tool_choice={"type": "function", "function": {"name": "calculate"}})
     try:
         await client.chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS, max_tokens=6,
+            model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
+            max_tokens=6,
             tool_choice={"type": "function", "function": {"name": "search"}})
     except Exception as err:  # noqa: BLE001 — the test reads what the endpoint answered
-        return 1.0 if getattr(err, "status_code", 0) == 400 and getattr(err, "param", "") == "tool_choice" else 0.0
+        refused = getattr(err, "status_code", 0) == 400
+        return 1.0 if refused and getattr(err, "param", "") == "tool_choice" else 0.0
     return 0.0

@@ -1,12 +1,13 @@
-"""Tool-call formats and chat templates of workflow=agent: a tool call as a template writes it parses
-back to the same call, malformed ones are counted, and an episode's prompts built incrementally
-(earlier ids kept, only what is new tokenised) equal the whole conversation's rendering — or, where
-a template renders earlier turns differently later, the split is counted.
+"""Tool-call formats and chat templates of workflow=agent: a tool call as a template writes it
+parses back to the same call, malformed ones are counted, and an episode's prompts built
+incrementally (earlier ids kept, only what is new tokenised) equal the whole conversation's
+rendering — or, where a template renders earlier turns differently later, the split is counted.
 
 Templates: the default model's (it renders no tools: areal writes them in the Hermes format), and
-Qwen2.5-Instruct's and Llama-3.2-Instruct's chat templates (tests/data/chat_templates) on the default
-model's byte-level BPE with each model's special tokens added: their vocabularies cannot be fetched
-here, and what is tested — where the template's text and the tokens meet — is the template's."""
+Qwen2.5-Instruct's and Llama-3.2-Instruct's chat templates (tests/data/chat_templates) on the
+default model's byte-level BPE with each model's special tokens added: their vocabularies cannot be
+fetched here, and what is tested — where the template's text and the tokens meet — is the
+template's."""
 
 from __future__ import annotations
 
@@ -24,8 +25,10 @@ from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, fo
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 TOOLS = [{"type": "function", "function": {
     "name": "calculate", "description": "Evaluate arithmetic.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
-CALL = {"id": "call_1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "12 * 7"}'}}
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                   "required": ["expression"]}}}]
+CALL = {"id": "call_1", "type": "function",
+        "function": {"name": "calculate", "arguments": '{"expression": "12 * 7"}'}}
 
 
 def _tokenizer(kind: str):
@@ -36,7 +39,8 @@ def _tokenizer(kind: str):
         tok.chat_template = (TEMPLATES / "qwen2.5-instruct.jinja").read_text()
     elif kind == "llama3":
         tok.add_special_tokens({"additional_special_tokens": [
-            "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>", "<|python_tag|>"]})
+            "<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+            "<|python_tag|>"]})
         tok.bos_token, tok.eos_token = "<|begin_of_text|>", "<|eot_id|>"
         tok.chat_template = (TEMPLATES / "llama-3.2-instruct.jinja").read_text()
     return tok
@@ -65,15 +69,18 @@ def _choice(ids: list[int]) -> Choice:
     return Choice(ids, [-0.5] * len(ids), [0] * len(ids), "stop")
 
 
-@pytest.mark.parametrize("kind, same_ids", [("smollm2", True), ("qwen2.5", True), ("llama3", False)])
+@pytest.mark.parametrize("kind, same_ids",
+                         [("smollm2", True), ("qwen2.5", True), ("llama3", False)])
 def test_a_tool_conversation_built_call_by_call_equals_its_whole_rendering(kind, same_ids):
-    # llama3: its generation prompt ends in "\n\n", which this BPE (not Llama's own) writes as one token
-    # at the end of a text and as two before "{": the ids the model saw differ from a re-tokenisation of
-    # the whole text at that boundary — what is kept is what the model saw, the text is the same
+    # llama3: its generation prompt ends in "\n\n", which this BPE (not Llama's own) writes as one
+    # token at the end of a text and as two before "{": the ids the model saw differ from a
+    # re-tokenisation of the whole text at that boundary — what is kept is what the model saw, the
+    # text is the same
     tok = _tokenizer(kind)
     r = ChatRenderer(tok, detect(tok))
     log = EpisodeLog("e", 8)
-    msgs = normalise([{"role": "system", "content": "Use the tool."}, {"role": "user", "content": "What is 12 * 7?"}])
+    msgs = normalise([{"role": "system", "content": "Use the tool."},
+                      {"role": "user", "content": "What is 12 * 7?"}])
     asked = {"role": "assistant", "content": None, "tool_calls": [CALL]}
     answered = {"role": "assistant", "content": "12 * 7 is 84."}
 
@@ -107,17 +114,18 @@ def test_a_template_that_rewrites_earlier_turns_splits_the_episode_and_counts_it
     tok = _tokenizer("smollm2")
     # renders an earlier assistant turn without its <think> part once later turns follow
     tok.chat_template = (
-        "{%- for m in messages %}{%- set c = m['content'] %}"
-        "{%- if m['role'] == 'assistant' and not loop.last %}{%- set c = c.split('</think>')[-1] %}{%- endif %}"
-        "{{- '<|im_start|>' + m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}"
-        "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+        "{%- for m in messages %}{%- set c = m['content'] %}{%- if m['role'] == 'assistant' and "
+        "not loop.last %}{%- set c = c.split('</think>')[-1] %}{%- endif %}{{- '<|im_start|>' + "
+        "m['role'] + '\\n' + c + '<|im_end|>\\n' }}{%- endfor %}{%- if add_generation_prompt %}{{- "
+        "'<|im_start|>assistant\\n' }}{%- endif %}")
     r = ChatRenderer(tok, ToolStyle(ToolFormat.hermes, False))
     log = EpisodeLog("e", 8)
     msgs = normalise([{"role": "user", "content": "2 + 2?"}])
     p1 = r.prompt(msgs, None, [])
     out1 = r.encode("<think>add</think>4<|im_end|>")
     log.record(p1.ids, [_choice(out1)])
-    reply = Reply(msgs + normalise([{"role": "assistant", "content": "<think>add</think>4"}]), p1.ids + out1, True)
+    reply = Reply(msgs + normalise([{"role": "assistant", "content": "<think>add</think>4"}]),
+                  p1.ids + out1, True)
     p2 = r.prompt(reply.messages + normalise([{"role": "user", "content": "Sure?"}]), None, [reply])
     assert p2.extends is None
     log.record(p2.ids, [_choice(r.encode("Yes<|im_end|>"))])
@@ -131,13 +139,15 @@ def test_a_written_tool_call_parses_back_to_the_same_call(fmt):
         "name": "lookup", "arguments": '{"key": "a;b", "n": [1, 2]}'}}]
     parsed = parse(style, call_text(style, calls))
     assert not parsed.error and parsed.content is None
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in parsed.tool_calls] == \
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in parsed.tool_calls] == \
         [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
     assert all(c["type"] == "function" and c["id"].startswith("call_") for c in parsed.tool_calls)
 
 
 @pytest.mark.parametrize("fmt, text", [
-    (ToolFormat.hermes, '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}'),  # not closed
+    # not closed
+    (ToolFormat.hermes, '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}'),
     (ToolFormat.hermes, "<tool_call>\nnot json\n</tool_call>"),
     (ToolFormat.hermes, '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
     (ToolFormat.llama3_json, '{"name": "calculate", "parameters": '),
@@ -149,7 +159,8 @@ def test_a_malformed_tool_call_is_plain_content_with_an_error(fmt, text):
 
 
 def test_text_without_a_call_is_content():
-    assert parse(ToolStyle(ToolFormat.hermes, False), "The answer is 4.").content == "The answer is 4."
+    assert parse(ToolStyle(ToolFormat.hermes, False),
+                 "The answer is 4.").content == "The answer is 4."
     assert parse(ToolStyle(ToolFormat.llama3_json, True), "4").tool_calls == []
 
 
@@ -158,15 +169,19 @@ def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_on
     tools = rq._tools([{"type": "function", "function": {"name": "calculate"}}])
     assert rq.tool_choice(None, tools) == ("auto", None)
     assert rq.tool_choice("none", tools) == ("none", None)
-    assert rq.tool_choice({"type": "function", "function": {"name": "calculate"}}, tools) == ("required", "calculate")
-    assert rq.tool_choice({"type": "function", "name": "calculate"}, tools) == ("required", "calculate")
-    for bad in ({"type": "function", "function": {"name": "search"}}, "sometimes", {"type": "file_search"}):
+    assert rq.tool_choice({"type": "function", "function": {"name": "calculate"}},
+                          tools) == ("required", "calculate")
+    assert rq.tool_choice({"type": "function", "name": "calculate"}, tools) == ("required",
+                                                                                "calculate")
+    for bad in ({"type": "function", "function": {"name": "search"}}, "sometimes",
+                {"type": "file_search"}):
         with pytest.raises(rq.ApiError) as err:
             rq.tool_choice(bad, tools)
         assert err.value.status == 400 and "tool_choice" in str(err.value.body())
     with pytest.raises(rq.ApiError):
         rq.tool_choice("required", None)  # nothing to call
-    body = {"input": "2 + 2?", "tools": [{"type": "function", "name": "calculate", "parameters": {}}],
+    body = {"input": "2 + 2?",
+            "tools": [{"type": "function", "name": "calculate", "parameters": {}}],
             "tool_choice": {"type": "function", "name": "calculate"}}
     assert rq.chat_request(rq.responses_request(body).as_chat()).tool_name == "calculate"
 
@@ -175,14 +190,18 @@ def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_on
 def test_a_forced_call_opens_into_the_first_required_argument_and_its_completion_parses(fmt):
     style = ToolStyle(fmt, native=False)
     tools = [{"type": "function", "function": {"name": "calculate", "parameters": {
-        "type": "object", "properties": {"expression": {"type": "string"}, "n": {"type": "integer"}},
+        "type": "object",
+        "properties": {"expression": {"type": "string"}, "n": {"type": "integer"}},
         "required": ["expression"]}}}]
     opening = forced_text(style, "calculate", tools)
-    assert opening.endswith('"calculate", "%s": {"expression": "' % ("arguments" if fmt == ToolFormat.hermes
+    assert opening.endswith('"calculate", "%s": {"expression": "' % ("arguments" if fmt
+                                                                     == ToolFormat.hermes
                                                                        else "parameters"))
     rest = '49 - 5"}}\n</tool_call>' if fmt == ToolFormat.hermes else '49 - 5"}}'
     [call] = parse(style, opening + rest).tool_calls
-    assert call["function"]["name"] == "calculate" and json.loads(call["function"]["arguments"]) == {
-        "expression": "49 - 5"}
-    assert forced_text(style, None, tools).endswith('{"name": "')  # required: the model picks the tool
-    assert forced_text(style, "calculate", None).endswith(': ')  # no schema: up to the arguments object
+    assert call["function"]["name"] == "calculate"
+    assert json.loads(call["function"]["arguments"]) == {"expression": "49 - 5"}
+    # required: the model picks the tool
+    assert forced_text(style, None, tools).endswith('{"name": "')
+    # no schema: up to the arguments object
+    assert forced_text(style, "calculate", None).endswith(': ')

@@ -36,7 +36,8 @@ def setup(tiny_model):
 
     def make(agent: str, **kw):
         cfg = WorkflowConfig(name="agent", agent=f"agent_cases:{agent}", max_turns=4, **kw)
-        flow = AgentWorkflow(cfg, eng, pool, load_tokenizer(tiny_model), 0, model="tiny", max_new_tokens=8,
+        flow = AgentWorkflow(cfg, eng, pool, load_tokenizer(tiny_model), 0, model="tiny",
+                             max_new_tokens=8,
                              context=1024)
         made.append(flow)
         return flow
@@ -55,7 +56,8 @@ def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tup
     results, seen, deadline = [], [], time.monotonic() + timeout_s
     while len(results) < groups and time.monotonic() < deadline:
         # until the update, one engine step per poll (a poll runs until a sequence finishes: a whole
-        # 8-token call can start and end inside one, and no state with a call in flight would be seen)
+        # 8-token call can start and end inside one, and no state with a call in flight would be
+        # seen)
         for s in eng.poll(0.02 if update_at is None else 0.0):
             seen.append(s)
             flow.on_generated(s)
@@ -90,12 +92,14 @@ def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup)
     assert sorted(s.episode for s in g.samples) == [0, 0, 1, 1]
     assert g.counters["agent_extra_choices"] == 4
     assert all(isinstance(s.rid, CallId) for s in seen) and len(seen) == 8
-    for seq in seen:  # every sequence the engine produced is in a trajectory, exactly, with its versions
+    # every sequence the engine produced is in a trajectory, exactly, with its versions
+    for seq in seen:
         assert any(_holds(s, seq) for s in g.samples), f"{seq.rid} is not recorded as generated"
     versions = np.concatenate([s.versions[s.loss_mask.astype(bool)] for s in g.samples])
     assert set(versions.tolist()) == {0, 1}, "the update fell between tokens of the episodes"
     for s in g.samples:
-        assert (s.versions[s.loss_mask == 0] == -1).all() and (s.logprobs[s.loss_mask == 0] == 0).all()
+        assert (s.versions[s.loss_mask == 0] == -1).all() and (s.logprobs[s.loss_mask == 0]
+                                                               == 0).all()
 
 
 def _holds(sample, seq) -> bool:
@@ -104,7 +108,8 @@ def _holds(sample, seq) -> bool:
     if ids[:k] != list(seq.prompt_ids) or ids[k:k + n] != list(seq.output_ids) or k < p:
         return False
     span = slice(k - p, k - p + n)
-    return (sample.loss_mask[span] == 1).all() and sample.versions[span].tolist() == list(seq.versions) \
+    return (sample.loss_mask[span]
+            == 1).all() and sample.versions[span].tolist() == list(seq.versions) \
         and np.allclose(sample.logprobs[span], seq.logprobs)
 
 
@@ -140,8 +145,10 @@ def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name
     assert g.counters["tool_parse_errors"] == 2
 
 
-@pytest.mark.parametrize("agent, why", [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),
-                                        ("no_call", "made no call"), ("bad_return", "return a float")])
+@pytest.mark.parametrize("agent, why",
+                         [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),
+                                        ("no_call", "made no call"),
+                          ("bad_return", "return a float")])
 def test_a_failing_agent_drops_its_group_and_is_named_in_the_log(setup, caplog, agent, why):
     eng, make = setup
     flow = make(agent, agent_timeout_s=2.0)
@@ -165,7 +172,8 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
         except openai.AuthenticationError as err:
             out["401"] = err.status_code
         try:
-            good.chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 2000}])
+            good.chat.completions.create(model="m",
+                                         messages=[{"role": "user", "content": "x " * 2000}])
         except openai.BadRequestError as err:
             out["context"] = err.code
         try:
@@ -173,7 +181,8 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
         except openai.BadRequestError as err:
             out["role"] = err.param
         out["models"] = [m.id for m in good.models.list()]
-        out["plain"] = good.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+        out["plain"] = good.chat.completions.create(model="m",
+                                                    messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=3).choices[0].finish_reason
 
     t = threading.Thread(target=client_calls)
@@ -184,8 +193,10 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
             flow.on_generated(s)
         flow.poll()
     t.join(1)
-    assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]", "models": ["tiny"],
+    assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]",
+                   "models": ["tiny"],
                    "plain": "length"}
     c = flow.endpoint.counters
-    assert c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 2 and c["agent_unattributed_calls"] == 1
+    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 2
+            and c["agent_unattributed_calls"] == 1)
     assert flow.server.sock.getsockname()[0] == "127.0.0.1"

@@ -70,10 +70,12 @@ def _generate(eng, seqs):
 def test_hf_engine_generates_past_eos_when_told_to_ignore_it(tiny_model):
     prompt = [1, 9690, 198, 504, 30, 28]
     eng = _engine(tiny_model, eos=2)
-    free = _generate(eng, [Sequence("a", prompt, 8)])["a"].output_ids  # greedy: the same tokens again
+    # greedy: the same tokens again
+    free = _generate(eng, [Sequence("a", prompt, 8)])["a"].output_ids
     eng.close()
     eng = _engine(tiny_model, eos=free[0])  # the first token is now "EOS"
-    out = _generate(eng, [Sequence("stops", prompt, 8), Sequence("goes", prompt, 8, ignore_eos=True)])
+    out = _generate(eng,
+                    [Sequence("stops", prompt, 8), Sequence("goes", prompt, 8, ignore_eos=True)])
     eng.close()
     assert out["stops"].output_ids == free[:1] and out["stops"].finish_reason == "stop"
     assert out["goes"].output_ids == free and out["goes"].finish_reason == "length"
@@ -86,7 +88,8 @@ def test_workflow_draws_each_samples_length(tiny_model):
     profile = load_profile("arithmetic_long", seed=0)
     flow = SingleTurn(WorkflowConfig(), eng, pool, tok, worker=0, lengths=profile)
     problem = Problem("t/1", "What is 2 + 3?", "5", {})
-    item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64, problem.to_dict(), 0)
+    item = WorkItem(5, "t/1", np.asarray([1, 9690, 198, 504, 30, 28], np.int32), 4, 64,
+                    problem.to_dict(), 0)
     flow.start(item)
     results = drive_workflow(flow, eng, 90)
     eng.close()

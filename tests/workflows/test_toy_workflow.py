@@ -63,7 +63,8 @@ WORKFLOW = ToyFlow
 def toy(tmp_path, monkeypatch):
     """workflows/toy_flow.py in a directory of its own, on the workflows package's path."""
     (tmp_path / "toy_flow.py").write_text(textwrap.dedent(TOY))
-    monkeypatch.setattr(areal_cli.workflows, "__path__", [*areal_cli.workflows.__path__, str(tmp_path)])
+    monkeypatch.setattr(areal_cli.workflows, "__path__",
+                        [*areal_cli.workflows.__path__, str(tmp_path)])
     yield "toy_flow"
     sys.modules.pop("areal_cli.workflows.toy_flow", None)
 
@@ -78,9 +79,11 @@ def test_a_toy_workflow_is_found_built_and_driven_by_the_worker(toy):
     # the worker's staleness bound and its close call the workflow's own methods
     w = Worker.__new__(Worker)
     sent = []
-    w.flow, w.results, w.log = flow, types.SimpleNamespace(send=sent.append), logging.getLogger("toy")
+    w.flow, w.results, w.log = (flow, types.SimpleNamespace(send=sent.append),
+                                logging.getLogger("toy"))
     w.cfg = types.SimpleNamespace(rollout=types.SimpleNamespace(max_staleness=2))
-    w.engine, w.pool = types.SimpleNamespace(close=lambda: None), types.SimpleNamespace(close=lambda: None)
+    w.engine, w.pool = (types.SimpleNamespace(close=lambda: None),
+                        types.SimpleNamespace(close=lambda: None))
     w._drop_stale(4)
     w._drop_stale(5)
     assert [r.group_id for r in sent] == [99] and sent[0].stale

@@ -30,10 +30,12 @@ def _run(tiny_model, cfg: WorkflowConfig, inject=None, reward=None):
     if inject is None:
         flow.start(item)
     else:  # the first turn's text is given (as if generated); later turns are generated
-        flow.groups[0] = Group(item, problem, [Episode(i, list(prompt)) for i in range(2)], time.monotonic())
+        flow.groups[0] = Group(item, problem, [Episode(i, list(prompt)) for i in range(2)],
+                               time.monotonic())
         ids = tok(inject, add_special_tokens=False)["input_ids"] + [2]
         for i in range(2):
-            flow.on_generated(Sequence(TurnId(0, i, 0), prompt, 64, ids, [-1.0] * len(ids), [0] * len(ids),
+            flow.on_generated(Sequence(TurnId(0, i, 0), prompt, 64, ids, [-1.0] * len(ids),
+                                       [0] * len(ids),
                                        "stop"))
     results = drive_workflow(flow, eng, 60)
     eng.close()
