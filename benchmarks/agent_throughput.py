@@ -1,9 +1,11 @@
 """The cost of the agent endpoint: the same task trained with workflow=single_turn and with an agent
 that makes the same single call through the OpenAI client (``one_call`` below), one run after the
-other on this machine; prints episodes/s and generated tokens/s of each over the steps after warm-up.
+other on this machine; prints episodes/s and generated tokens/s of each over the steps after
+warm-up.
 
     python -m benchmarks.agent_throughput --steps 8 --warmup 2 [overrides ...]
-    python -m benchmarks.agent_throughput --agent examples.agents.calculator:run workflow.max_turns=3 ...
+    python -m benchmarks.agent_throughput --agent examples.agents.calculator:run
+    workflow.max_turns=3 ...
 
 GPU: pass engine=vllm and the layout overrides (cluster.gpus=[0,1] ...), the same for both runs.
 """
@@ -21,7 +23,8 @@ from pathlib import Path
 
 async def one_call(client, problem):
     """single_turn's work as an agent: the task's prompt, one completion, the task's reward."""
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": problem.prompt}])
+    await client.chat.completions.create(model="policy",
+                                         messages=[{"role": "user", "content": problem.prompt}])
     return None
 
 
@@ -31,7 +34,8 @@ def run(name: str, overrides: list[str], out: Path, steps: int) -> list[dict]:
            f"trainer.steps={steps}", "eval.at_end=false", *overrides]
     print(f"== {name}: {' '.join(cmd[3:])}", flush=True)
     subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
+            if x.strip()]
 
 
 def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
@@ -45,7 +49,8 @@ def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--agent", default="benchmarks.agent_throughput:one_call")
@@ -57,7 +62,8 @@ def main() -> None:
     common = [f"trainer.batch_size={args.batch}", f"rollout.group_size={args.group}", *overrides]
     per_step = args.batch * args.group
     single = summary(run("single_turn", common, out, args.steps), args.warmup, per_step)
-    agent = summary(run("agent", ["workflow=agent", f"workflow.agent={args.agent}", *common], out, args.steps),
+    agent = summary(run("agent", ["workflow=agent", f"workflow.agent={args.agent}", *common], out,
+                        args.steps),
                     args.warmup, per_step)
     result = {"single_turn": single, "agent": agent, "agent_spec": args.agent, "overrides": common,
               "episodes_per_s_ratio": agent["episodes_per_s"] / single["episodes_per_s"],
@@ -65,10 +71,11 @@ def main() -> None:
     (out / "agent_throughput.json").write_text(json.dumps(result, indent=2))
     for name in ("single_turn", "agent"):
         r = result[name]
-        print(f"{name:12s} episodes/s {r['episodes_per_s']:.2f}  gen tokens/s {r['gen_tokens_per_s']:.0f}  "
-              f"step {r['step_s_median']:.1f} s  calls/episode {r['calls_per_episode']:.2f}  ({r['steps']} steps)")
-    print(f"agent / single_turn: episodes/s {result['episodes_per_s_ratio']:.2f}x, "
-          f"gen tokens/s {result['gen_tokens_per_s_ratio']:.2f}x   ({out / 'agent_throughput.json'})")
+        print(f"{name:12s} episodes/s {r['episodes_per_s']:.2f}  gen tokens/s "
+              f"{r['gen_tokens_per_s']:.0f}  step {r['step_s_median']:.1f} s  calls/episode "
+              f"{r['calls_per_episode']:.2f}  ({r['steps']} steps)")
+    print(f"agent / single_turn: episodes/s {result['episodes_per_s_ratio']:.2f}x, gen tokens/s "
+          f"{result['gen_tokens_per_s_ratio']:.2f}x   ({out / 'agent_throughput.json'})")
 
 
 if __name__ == "__main__":

@@ -2,18 +2,19 @@
 
     python3 -m benchmarks.attention_kernels [--seqs 2] [--length 8256] [--reps 10] [--json FILE]
 
-For the attention shapes of the Qwen2.5-1.5B and -7B layouts (query heads, key/value heads, head size
-128), ``--seqs`` sequences of ``--length`` tokens (bf16, random values) through:
+For the attention shapes of the Qwen2.5-1.5B and -7B layouts (query heads, key/value heads, head
+size 128), ``--seqs`` sequences of ``--length`` tokens (bf16, random values) through:
 
 * ``varlen``: ``torch.nn.attention.varlen.varlen_attn`` over the sequences flattened end to end with
   cumulative offsets (what the trainer runs for packed micro-batches, ``trainer/varlen.py``);
-* ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``: ``scaled_dot_product_attention(is_causal=True)`` on a
-  [seqs, heads, length, 128] batch, one backend each (the key/value heads repeated where the backend
-  refuses grouped queries).
+* ``sdpa_flash``, ``sdpa_cudnn``, ``sdpa_efficient``:
+  ``scaled_dot_product_attention(is_causal=True)`` on a [seqs, heads, length, 128] batch, one
+  backend each (the key/value heads repeated where the backend refuses grouped queries).
 
 Each: the median time of forward + backward over ``--reps`` after 3 warm-ups, the causal TFLOP/s
-(4 · heads · 128 · length² / 2 a sequence forward, 2.5× that backward), and the largest |difference| of the
-output and of the query's gradient from ``varlen``'s. A backend that refuses the shapes says why.
+(4 · heads · 128 · length² / 2 a sequence forward, 2.5× that backward), and the largest |difference|
+of the output and of the query's gradient from ``varlen``'s. A backend that refuses the shapes says
+why.
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def sdpa(backend):
     def run(q, k, v):
         with sdpa_kernel([backend]):
             try:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                      enable_gqa=k.shape[1] != q.shape[1])
             except RuntimeError:
                 rep = q.shape[1] // k.shape[1]
                 k2, v2 = (x.repeat_interleave(rep, dim=1) for x in (k, v))
@@ -71,7 +73,8 @@ def sdpa(backend):
 
 
 KERNELS = {"varlen": run_varlen, "sdpa_flash": sdpa(SDPBackend.FLASH_ATTENTION),
-           "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION), "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
+           "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+           "sdpa_efficient": sdpa(SDPBackend.EFFICIENT_ATTENTION)}
 
 
 def measure(fn, q, k, v, grad, reps: int) -> tuple[float, torch.Tensor, torch.Tensor]:
@@ -92,15 +95,18 @@ def measure(fn, q, k, v, grad, reps: int) -> tuple[float, torch.Tensor, torch.Te
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seqs", type=int, default=2)
     ap.add_argument("--length", type=int, default=8256)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--json", default="")
     args = ap.parse_args()
-    result = {"machine": torch.cuda.get_device_name(), "torch": torch.__version__, "seqs": args.seqs,
+    result = {"machine": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "seqs": args.seqs,
               "length": args.length, "layouts": {}}
-    print(f"{result['machine']}, torch {torch.__version__}, {args.seqs} x {args.length} tokens, bf16, causal", flush=True)
+    print(f"{result['machine']}, torch {torch.__version__}, {args.seqs} x {args.length} tokens, "
+          "bf16, causal", flush=True)
     for layout, (hq, hkv) in LAYOUTS.items():
         q, k, v, grad = inputs(args.seqs, args.length, hq, hkv)
         flops = args.seqs * 4 * hq * HEAD * args.length ** 2 / 2 * 3.5  # forward + 2.5x backward
@@ -118,8 +124,9 @@ def main() -> None:
                           "out_max_abs_diff": float((out.float() - ref[0].float()).abs().max()),
                           "grad_q_max_abs_diff": float((gq.float() - ref[1].float()).abs().max())}
             r = rows[name]
-            print(f"  {layout:13} {name:15} {1e3 * s:8.2f} ms  {r['tflops']:6.1f} TFLOP/s  |out - varlen| "
-                  f"{r['out_max_abs_diff']:.1e}  |dq - varlen| {r['grad_q_max_abs_diff']:.1e}", flush=True)
+            print(f"  {layout:13} {name:15} {1e3 * s:8.2f} ms  {r['tflops']:6.1f} TFLOP/s  |out - "
+                  f"varlen| {r['out_max_abs_diff']:.1e}  |dq - varlen| "
+                  f"{r['grad_q_max_abs_diff']:.1e}", flush=True)
             del out, gq
         result["layouts"][layout] = rows
         del q, k, v, grad

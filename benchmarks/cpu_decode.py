@@ -1,6 +1,7 @@
 """Where a decode step of the hf engine goes on the CPU, and the two batchings side by side.
 
-    .venv/bin/python benchmarks/cpu_decode.py [--batch 8 32] [--threads 1] [--tokens 64] [--rounds 3]
+    .venv/bin/python benchmarks/cpu_decode.py [--batch 8 32] [--threads 1] [--tokens 64] [--rounds
+    3]
 
 SmolLM2-135M-Instruct in bfloat16, prompts of the default task (~50 tokens). Prints one line per
 measurement and a JSON summary:
@@ -47,7 +48,8 @@ def prompts(tok, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
         msg = f"What is {17 + i} + {40 + 3 * i}? End with 'Answer: N'." + " Think." * (i % 4)
-        ids = tok.apply_chat_template([{"role": "user", "content": msg}], tokenize=True, add_generation_prompt=True)
+        ids = tok.apply_chat_template([{"role": "user", "content": msg}], tokenize=True,
+                                      add_generation_prompt=True)
         out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
     return out
 
@@ -59,7 +61,8 @@ def forward_split(model, batch: list[list[int]], steps: int = 16) -> dict:
 
     width = max(map(len, batch))
     ids = torch.tensor([[0] * (width - len(p)) + p for p in batch])
-    mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in batch])[:, None]).long()
+    mask = (torch.arange(width)[None]
+            >= torch.tensor([width - len(p) for p in batch])[:, None]).long()
     cache = DynamicCache(config=model.config)
     out = model(ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
     nxt = out.logits[:, -1].float().argmax(-1)[:, None]
@@ -67,7 +70,8 @@ def forward_split(model, batch: list[list[int]], steps: int = 16) -> dict:
     for _ in range(steps):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
         a = time.perf_counter()
-        h = model.model(input_ids=nxt, attention_mask=mask, past_key_values=cache, use_cache=True).last_hidden_state
+        h = model.model(input_ids=nxt, attention_mask=mask, past_key_values=cache,
+                        use_cache=True).last_hidden_state
         b = time.perf_counter()
         logits = model.lm_head(h[:, -1]).float()
         c = time.perf_counter()
@@ -75,9 +79,11 @@ def forward_split(model, batch: list[list[int]], steps: int = 16) -> dict:
         d = time.perf_counter()
         nxt = tok[:, None]
         body, head, samp = body + b - a, head + c - b, samp + d - c
-    ms = {k: round(1000 * v / steps, 1) for k, v in (("body_ms", body), ("head_ms", head), ("sample_ms", samp))}
+    ms = {k: round(1000 * v / steps, 1) for k,
+          v in (("body_ms", body), ("head_ms", head), ("sample_ms", samp))}
     step = sum(ms.values())
-    return ms | {"step_ms": round(step, 1), "tokens_s": round(1000 * len(batch) / step, 1), "load": load()}
+    return ms | {"step_ms": round(step, 1), "tokens_s": round(1000 * len(batch) / step, 1),
+                 "load": load()}
 
 
 def engine_round(eng, batch: list[list[int]], tokens: int, tag: str) -> float:
@@ -90,7 +96,8 @@ def engine_round(eng, batch: list[list[int]], tokens: int, tag: str) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, nargs="+", default=[8, 32])
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=64)
@@ -108,15 +115,18 @@ def main() -> None:
         batch = prompts(tok, b)
         split = forward_split(model, batch)
         print(f"B={b} forward: {json.dumps(split)}", flush=True)
-        engines = {name: hf_engine(path, dtype="bfloat16", max_batch_tokens=2048, page_size=64, sequences=b,
-                                   kv_cache_tokens=b * 192, cpu_batching=name) for name in ("slots", "paged")}
+        engines = {name: hf_engine(path, dtype="bfloat16", max_batch_tokens=2048, page_size=64,
+                                   sequences=b,
+                                   kv_cache_tokens=b * 192, cpu_batching=name)
+                   for name in ("slots", "paged")}
         rates: dict = {name: [] for name in engines}
         for r in range(args.rounds + 1):
             for name, eng in engines.items():
                 rate = engine_round(eng, batch, args.tokens, f"{r}")
                 if r:  # round 0 warms up
                     rates[name].append(rate)
-                    print(f"B={b} round {r} {name}: {rate:.0f} tokens/s (load {load()})", flush=True)
+                    print(f"B={b} round {r} {name}: {rate:.0f} tokens/s (load {load()})",
+                          flush=True)
         for eng in engines.values():
             eng.close()
         med = {name: round(statistics.median(v), 1) for name, v in rates.items()}

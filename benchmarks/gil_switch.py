@@ -1,12 +1,12 @@
-"""What Python's GIL switch interval does to an OpenAI-compatible endpoint served from a thread while the
-process's main thread is busy (as a rollout worker's engine loop is): N clients of the real ``openai``
-package make calls against a FastAPI app under uvicorn, in the thread's event loop, while the main thread
-runs Python; prints calls/s and the median latency per switch interval.
+"""What Python's GIL switch interval does to an OpenAI-compatible endpoint served from a thread
+while the process's main thread is busy (as a rollout worker's engine loop is): N clients of the
+real ``openai`` package make calls against a FastAPI app under uvicorn, in the thread's event loop,
+while the main thread runs Python; prints calls/s and the median latency per switch interval.
 
     python benchmarks/gil_switch.py [--intervals 0.005 0.0005] [--clients 32] [--calls 10]
 
-Each interval runs in a fresh process (the interval is process-wide). The numbers are of this machine
-and of how busy it is: compare rows of one run only.
+Each interval runs in a fresh process (the interval is process-wide). The numbers are of this
+machine and of how busy it is: compare rows of one run only.
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ def app():
 
     @api.post("/v1/chat/completions")
     async def chat(body: dict):
-        return {"id": "c", "object": "chat.completion", "created": 0, "model": body.get("model", "m"),
-                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "4"}}]}
+        return {"id": "c", "object": "chat.completion", "created": 0,
+                "model": body.get("model", "m"),
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": "4"}}]}
 
     return api
 
@@ -40,8 +42,10 @@ def one(interval: float, clients: int, calls: int, busy: bool) -> dict:
 
     sys.setswitchinterval(interval)
     loop = asyncio.new_event_loop()
-    server = uvicorn.Server(uvicorn.Config(app(), host="127.0.0.1", port=0, log_level="warning", loop="asyncio"))
-    threading.Thread(target=lambda: (asyncio.set_event_loop(loop), loop.run_until_complete(server.serve())),
+    server = uvicorn.Server(uvicorn.Config(app(), host="127.0.0.1", port=0, log_level="warning",
+                                           loop="asyncio"))
+    threading.Thread(target=lambda: (asyncio.set_event_loop(loop),
+                                     loop.run_until_complete(server.serve())),
                      daemon=True).start()
     while not server.started:
         time.sleep(0.05)
@@ -56,13 +60,15 @@ def one(interval: float, clients: int, calls: int, busy: bool) -> dict:
         threading.Thread(target=spin, daemon=True).start()
 
     async def run():
-        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k", max_retries=0)
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k",
+                                    max_retries=0)
         latency = []
 
         async def agent():
             for _ in range(calls):
                 t = time.perf_counter()
-                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "2+2?"}])
+                await client.chat.completions.create(model="m",
+                                                     messages=[{"role": "user", "content": "2+2?"}])
                 latency.append(time.perf_counter() - t)
 
         t0 = time.perf_counter()
@@ -76,7 +82,8 @@ def one(interval: float, clients: int, calls: int, busy: bool) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--intervals", type=float, nargs="+", default=[0.005, 0.0005])
     ap.add_argument("--clients", type=int, default=32)
     ap.add_argument("--calls", type=int, default=10)
@@ -91,8 +98,9 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", str(interval), "--clients", str(args.clients),
                    "--calls", str(args.calls)] + (["--idle"] if idle else [])
             got = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-            print(f"switch interval {interval * 1e3:.1f} ms, main thread {'busy' if not idle else 'idle'}: "
-                  f"{got['calls_per_s']:.0f} calls/s, median latency {got['latency_ms_median']:.0f} ms", flush=True)
+            print(f"switch interval {interval * 1e3:.1f} ms, main thread "
+                  f"{'busy' if not idle else 'idle'}: {got['calls_per_s']:.0f} calls/s, median "
+                  f"latency {got['latency_ms_median']:.0f} ms", flush=True)
 
 
 if __name__ == "__main__":

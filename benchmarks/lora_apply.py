@@ -1,5 +1,6 @@
-"""How the embedded (hf) engine should apply a LoRA adapter: merge it into the weights at each update,
-or keep the base weights and run the adapter beside them (peft's LoRA layers) at every forward.
+"""How the embedded (hf) engine should apply a LoRA adapter: merge it into the weights at each
+update, or keep the base weights and run the adapter beside them (peft's LoRA layers) at every
+forward.
 
     python benchmarks/lora_apply.py [--rank 16] [--seqs 16] [--new 32] [--repeats 3] [--threads 1]
 
@@ -42,7 +43,8 @@ def decode_tps(model, prompts: torch.Tensor, new: int, repeats: int) -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--new", type=int, default=32)
@@ -63,7 +65,8 @@ def main() -> None:
         t0 = time.perf_counter()
         with torch.no_grad():
             for n, m in layers:
-                m.weight.copy_(engine_merge(base[n], adapter[f"{n}.lora_A.weight"], adapter[f"{n}.lora_B.weight"],
+                m.weight.copy_(engine_merge(base[n], adapter[f"{n}.lora_A.weight"],
+                                            adapter[f"{n}.lora_B.weight"],
                                             lora.scale(lo)))
         merge_s.append(time.perf_counter() - t0)
     extra = sum(w.numel() * w.element_size() for w in base.values())
@@ -82,15 +85,16 @@ def main() -> None:
         copy_s.append(time.perf_counter() - t0)
     wrap_tps = decode_tps(wrapped, prompts, a.new, a.repeats)
     merge, copy = min(merge_s), min(copy_s)
-    per_token = 1 / wrap_tps - 1 / plain_tps  # seconds the adapter layers add to every decoded token
+    # seconds the adapter layers add to every decoded token
+    per_token = 1 / wrap_tps - 1 / plain_tps
     print(f"rank {a.rank}, {len(layers)} layers, {a.threads} thread(s)")
     print(f"merge: {merge * 1000:.0f} ms per update; kept W0 {extra / 2**20:.0f} MiB")
     print(f"wrap:  {copy * 1000:.1f} ms per update")
     print(f"decode: plain (merged) {plain_tps:.1f} tokens/s, peft-wrapped {wrap_tps:.1f} tokens/s "
           f"({100 * (plain_tps / wrap_tps - 1):+.0f}% time per token)")
     if per_token > 0:
-        print(f"break-even: merging costs less when more than {(merge - copy) / per_token:.0f} tokens are "
-              "decoded between two updates")
+        print(f"break-even: merging costs less when more than {(merge - copy) / per_token:.0f} "
+              "tokens are decoded between two updates")
     else:
         print("break-even: the wrapped model decoded no slower; wrapping costs less")
 

@@ -1,14 +1,15 @@
-"""The pause of a LoRA weight update into the embedded (hf) engine, both ways: the adapter alone (the
-default: received, merged into the engine's weights, verified by the probe) and ``engine.lora_merge=true``
-(the trainer merges, the full weights cross the broadcast and load in place).
+"""The pause of a LoRA weight update into the embedded (hf) engine, both ways: the adapter alone
+(the default: received, merged into the engine's weights, verified by the probe) and
+``engine.lora_merge=true`` (the trainer merges, the full weights cross the broadcast and load in
+place).
 
     python benchmarks/lora_update.py [--rank 16] [--updates 5]
 
-One process, two threads (trainer rank 0's sender and the rollout worker's engine), gloo on loopback,
-the default model (SmolLM2-135M) in bf16 on the engine and float32 with adapters on the trainer. Each
-update moves every B by a small random step. It prints per path the trainer's prepare + broadcast time
-and the engine's update (its pause without generation in flight), median over ``updates``, and the
-parts of the engine's time.
+One process, two threads (trainer rank 0's sender and the rollout worker's engine), gloo on
+loopback, the default model (SmolLM2-135M) in bf16 on the engine and float32 with adapters on the
+trainer. Each update moves every B by a small random step. It prints per path the trainer's prepare
++ broadcast time and the engine's update (its pause without generation in flight), median over
+``updates``, and the parts of the engine's time.
 """
 
 from __future__ import annotations
@@ -50,7 +51,8 @@ def run(merge: bool, rank: int, updates: int) -> dict:
 
     cfg = resolve(compose([f"trainer.lora.rank={rank}", f"engine.lora_merge={str(merge).lower()}"]))
     path = resolve_model(cfg.model)
-    trainer = lora.inject(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), cfg.trainer.lora)
+    trainer = lora.inject(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+                          cfg.trainer.lora)
     port, box = free_port(), {}
     setup = EngineSetup(cfg.engine, path, 2, Sampling(1.0), sequences=8, context=256, device="cpu",
                         weights=WeightSource(cfg, "127.0.0.1", port))
@@ -79,11 +81,13 @@ def run(merge: bool, rank: int, updates: int) -> dict:
         eng.close()
         tx.close()
     keys = [k for k in got[0] if k.endswith("_s") and isinstance(got[0][k], float)]
-    return {"trainer_s": statistics.median(sent), **{k: statistics.median(g[k] for g in got) for k in keys}}
+    return {"trainer_s": statistics.median(sent),
+            **{k: statistics.median(g[k] for g in got) for k in keys}}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rank", type=int, default=16)
     ap.add_argument("--updates", type=int, default=5)
     a = ap.parse_args()
@@ -91,7 +95,8 @@ def main() -> None:
     for merge in (False, True):
         r = run(merge, a.rank, a.updates)
         name = "engine.lora_merge=true (full weights)" if merge else "adapter (default)"
-        parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in r.items() if k not in ("trainer_s", "pause_s"))
+        parts = ", ".join(f"{k} {v * 1000:.0f} ms" for k,
+                          v in r.items() if k not in ("trainer_s", "pause_s"))
         print(f"{name}: engine pause {r['pause_s'] * 1000:.0f} ms, trainer prepare+broadcast "
               f"{r['trainer_s'] * 1000:.0f} ms ({parts})")
 

@@ -13,8 +13,8 @@ trained response tokens) of each layout, median over the timed steps after one w
 On GPU, ``--packed-rows`` lists the longest packed rows to try (``PACKED_ROW_TOKENS_CUDA``),
 ``--host-mask`` adds the packed layout with its mask built on the host (the code before the
 fix), ``--phases`` times one more step with a sync around each phase (inputs, forward with the
-chunked log-softmax, loss, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler table of one
-step per layout. ``--json`` writes every figure.
+chunked log-softmax, loss, backward, clip + AdamW), and ``--profile-dir`` writes a torch.profiler
+table of one step per layout. ``--json`` writes every figure.
 """
 
 from __future__ import annotations
@@ -46,13 +46,15 @@ def machine(device: torch.device) -> str:
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line)
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                   if "model name" in line)
     except (OSError, StopIteration):
         pass
     return f"{cpu}, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
 
 
-def synthetic_batch(seqs: int, group: int, prompt: tuple[int, int], resp: tuple[int, int], seed: int) -> Batch:
+def synthetic_batch(seqs: int, group: int, prompt: tuple[int, int], resp: tuple[int, int],
+                    seed: int) -> Batch:
     rng = np.random.default_rng(seed)
     groups = []
     for g in range(seqs // group):
@@ -61,10 +63,13 @@ def synthetic_batch(seqs: int, group: int, prompt: tuple[int, int], resp: tuple[
         for i in range(group):
             r = rng.integers(100, 10000, rng.integers(*resp)).astype(np.int32)
             samples.append(Sample(sample_index=i, prompt_ids=p, output_ids=r,
-                                  logprobs=np.full(len(r), -2.0, np.float32), versions=np.zeros(len(r), np.int32),
-                                  loss_mask=np.ones(len(r), np.uint8), reward=float(i % 2), reward_status="ok",
+                                  logprobs=np.full(len(r), -2.0, np.float32),
+                                  versions=np.zeros(len(r), np.int32),
+                                  loss_mask=np.ones(len(r), np.uint8), reward=float(i % 2),
+                                  reward_status="ok",
                                   finish_reason="stop", num_turns=1, completion=""))
-        groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
+        groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples,
+                                  gen_time_s=0.0,
                                   gen_tokens=0))
     return Batch(step=0, groups=groups)
 
@@ -76,7 +81,8 @@ def model_path(name: str):
 
     d = os.path.join(tempfile.gettempdir(), "areal_random_135m")
     if not os.path.exists(os.path.join(d, "config.json")):
-        cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
+        cfg = LlamaConfig(hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+                          num_attention_heads=9,
                           num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
                           max_position_embeddings=8192, rope_theta=100000.0)
         torch.manual_seed(0)
@@ -118,13 +124,16 @@ def phase_timers(device, into: dict):
         torch.nn.utils.clip_grad_norm_ = clip
 
 
-def measure(args, packing: bool, device: torch.device, batch: Batch, label: str, packed_row: int | None = None,
+def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
+            packed_row: int | None = None,
             host_mask: bool = False) -> dict:
     import areal_cli.trainer.batching as batching
     import areal_cli.trainer.step as step
 
-    cfg = compose([f"trainer.packing={packing}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
-                   f"rollout.group_size={args.group}", f"rollout.max_new_tokens={args.response[1]}"])
+    cfg = compose([f"trainer.packing={packing}",
+                   f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
+                   f"rollout.group_size={args.group}",
+                   f"rollout.max_new_tokens={args.response[1]}"])
     cfg = resolve(cfg, Placement(trainer_gpu=device.type == "cuda"))
     dtype = torch.bfloat16
     torch.manual_seed(0)
@@ -132,8 +141,10 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
     if packed_row:
         batching.PACKED_ROW_TOKENS_CUDA = packed_row
     if host_mask:  # the mask built on the host and copied over, as before
-        step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None, buckets=0, varlen=False:
-                             saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens, buckets=buckets).to(device))
+        step.model_inputs = (lambda ro, mb, packed, pad=0, device=None, row_tokens=None, buckets=0,
+                             varlen=False:
+                             saved_inputs(ro, mb, packed, pad, row_tokens=row_tokens,
+                                          buckets=buckets).to(device))
     try:
         model = build_policy(model_path(args.model), device, dtype, activation_checkpointing=False)
         runner = StepRunner(model, cfg, device, dtype, rank=0, world=1)
@@ -166,7 +177,8 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
                 runner.opt.step = orig
             _sync(device)
             ph["step_s"] = time.perf_counter() - t0
-            ph["backward_and_rest_s"] = ph["step_s"] - sum(v for k, v in ph.items() if k != "step_s")
+            ph["backward_and_rest_s"] = ph["step_s"] - sum(v for k,
+                                                           v in ph.items() if k != "step_s")
             out["phases"] = ph
         if args.profile_dir and device.type == "cuda":
             from torch.profiler import ProfilerActivity, profile
@@ -187,7 +199,8 @@ def measure(args, packing: bool, device: torch.device, batch: Batch, label: str,
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--group", type=int, default=4)
@@ -196,22 +209,25 @@ def main() -> None:
     ap.add_argument("--micro-batch-tokens", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--packed-rows", type=int, nargs="*", default=[],
-                    help="GPU: longest packed rows to try (PACKED_ROW_TOKENS_CUDA); none = the default")
-    ap.add_argument("--host-mask", action="store_true", help="also: packed, mask built on the host (before the fix)")
+                    help="GPU: longest packed rows to try (PACKED_ROW_TOKENS_CUDA); none = the "
+                         "default")
+    ap.add_argument("--host-mask", action="store_true",
+                    help="also: packed, mask built on the host (before the fix)")
     ap.add_argument("--phases", action="store_true")
     ap.add_argument("--profile-dir")
     ap.add_argument("--json")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
-    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("nccl" if cuda else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
     batch = synthetic_batch(args.seqs, args.group, tuple(args.prompt), tuple(args.response), seed=0)
     samples = [s for g in batch.groups for s in g.samples]
     total = sum(len(s.prompt_ids) + len(s.output_ids) for s in samples)
     trained = sum(len(s.output_ids) for s in samples)
     print(f"machine: {machine(device)}")
-    print(f"batch: {len(samples)} sequences, {total} tokens ({trained} response), model {args.model}, "
-          f"micro_batch_tokens {args.micro_batch_tokens}, bf16 autocast")
+    print(f"batch: {len(samples)} sequences, {total} tokens ({trained} response), model "
+          f"{args.model}, micro_batch_tokens {args.micro_batch_tokens}, bf16 autocast")
     runs = [("padded", False, None, False)]
     rows = args.packed_rows if device.type == "cuda" and args.packed_rows else [None]
     runs += [(f"packed_{r or 'default'}", True, r, False) for r in rows]
@@ -230,15 +246,18 @@ def main() -> None:
         s = r["step_s"]
         r.update(tokens_per_s=total / s, response_tokens_per_s=trained / s)
         results.append(r)
-        print(f"{label:24} packing={str(packing).lower():5} {s:7.3f} s/step  {total / s:8.0f} tokens/s  "
-              f"{trained / s:8.0f} response tokens/s  micro-batches {r['micro_batches']}"
+        print(f"{label:24} packing={str(packing).lower():5} {s:7.3f} s/step  {total / s:8.0f} "
+              f"tokens/s  {trained / s:8.0f} response tokens/s  micro-batches {r['micro_batches']}"
               + (f"  peak {r['max_mem_GiB']:.1f} GiB" if "max_mem_GiB" in r else ""))
         if "phases" in r:
-            print("    phases (synced): " + "  ".join(f"{k} {v:.3f}" for k, v in r["phases"].items()))
+            print("    phases (synced): "
+                  + "  ".join(f"{k} {v:.3f}" for k, v in r["phases"].items()))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": machine(device), "date": time.strftime("%Y-%m-%d"), "sequences": len(samples),
-                       "tokens": total, "response_tokens": trained, "args": vars(args), "results": results}, f, indent=1)
+            json.dump({"machine": machine(device), "date": time.strftime("%Y-%m-%d"),
+                       "sequences": len(samples),
+                       "tokens": total, "response_tokens": trained, "args": vars(args),
+                       "results": results}, f, indent=1)
     dist.destroy_process_group()
 
 

@@ -67,11 +67,13 @@ def label(pid: int) -> str:
 
 
 def _gb(kb_by_name: dict[str, int]) -> dict[str, float]:
-    return {k: round(v / 2**20, 3) for k, v in sorted(kb_by_name.items(), key=lambda kv: -kv[1]) if v}
+    return {k: round(v / 2**20, 3) for k,
+            v in sorted(kb_by_name.items(), key=lambda kv: -kv[1]) if v}
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     ap.add_argument("--out", default="", help="write the figures as JSON here too")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the command")
@@ -96,7 +98,8 @@ def main() -> int:
             per_name[name] = max(per_name.get(name, 0), kb)
         time.sleep(a.interval)
     wall = time.monotonic() - t0
-    result = {"cmd": cmd, "exit_code": proc.returncode, "wall_s": round(wall, 1), "samples": samples,
+    result = {"cmd": cmd, "exit_code": proc.returncode, "wall_s": round(wall, 1),
+              "samples": samples,
               "peak_pss_gb": round(peak_total / 2**20, 3), "peak_at_s": round(peak_at, 1),
               "at_peak_gb_by_process": _gb(at_peak), "peak_pss_gb_by_process": _gb(per_name)}
     print(json.dumps(result, indent=1), file=sys.stderr)

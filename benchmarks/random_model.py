@@ -12,12 +12,12 @@ memory, stay real. Sampling is not restricted: an id past the tokenizer decodes 
 rewards of random text are 0 anyway) and vLLM runs without detokenising. bos/eos/pad ids are set
 to the tokenizer's. Use with ``rollout.length_profile`` (random weights never stop on their own).
 
-transformers' initialisation zeroes the pad token's embedding row; a real checkpoint has none, and in a
-random one a sequence that starts with that token keeps a zero hidden state through every layer (its
-attention sees only itself, every bias is 0), whose RMSNorm backward multiplies the gradient by up to
-1 / sqrt(eps) per layer. It did: transformers 5.17 reads the default model's GGUF tokenizer with no pad
-token and eos = ``<|im_start|>``, the first token of every chat prompt, which became the pad id here. The
-row is initialised like the others unless ``--keep-zero-pad-row``.
+transformers' initialisation zeroes the pad token's embedding row; a real checkpoint has none, and
+in a random one a sequence that starts with that token keeps a zero hidden state through every layer
+(its attention sees only itself, every bias is 0), whose RMSNorm backward multiplies the gradient by
+up to 1 / sqrt(eps) per layer. It did: transformers 5.17 reads the default model's GGUF tokenizer
+with no pad token and eos = ``<|im_start|>``, the first token of every chat prompt, which became the
+pad id here. The row is initialised like the others unless ``--keep-zero-pad-row``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ MODELS = Path(__file__).resolve().parent / "models"
 
 def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cpu", seed: int = 0,
           keep_zero_pad_row: bool = False) -> dict:
-    """Write the checkpoint (unless there already); returns its description (also in OUT/random_weights.json)."""
+    """Write the checkpoint (unless there already); returns its description (also in
+    OUT/random_weights.json)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -64,7 +65,8 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     tok.save_pretrained(tmp)
     info = {"architecture": name, "config_from": str(src), "params": params, "dtype": "bfloat16",
             "seed": seed, "vocab_size": config.vocab_size, "tokenizer_ids": len(tok),
-            "weights": "random (transformers from_config initialisation)", "zero_rows_filled": filled,
+            "weights": "random (transformers from_config initialisation)",
+            "zero_rows_filled": filled,
             "build_s": time.perf_counter() - t0}
     (tmp / "random_weights.json").write_text(json.dumps(info, indent=1))
     tmp.rename(out)
@@ -72,8 +74,8 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
 
 
 def fill_zero_rows(model, config) -> list[int]:
-    """Initialise the embedding rows transformers left at zero (the pad token's: ``padding_idx``) like the
-    others, normal(0, initializer_range); the ids filled."""
+    """Initialise the embedding rows transformers left at zero (the pad token's: ``padding_idx``)
+    like the others, normal(0, initializer_range); the ids filled."""
     import torch
 
     from areal_cli.trainer.model import zero_embedding_rows
@@ -89,16 +91,22 @@ def fill_zero_rows(model, config) -> list[int]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("name", help=f"one of {sorted(p.name for p in MODELS.iterdir() if p.is_dir())} or a directory")
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("name",
+                    help=f"one of {sorted(p.name for p in MODELS.iterdir() if p.is_dir())} or a "
+                         "directory")
     ap.add_argument("out", type=Path)
     ap.add_argument("--tokenizer", type=Path, default=None, help="default: the default model's")
-    ap.add_argument("--device", default="cpu", help="where to initialise (cuda is much faster at 7B)")
+    ap.add_argument("--device", default="cpu",
+                    help="where to initialise (cuda is much faster at 7B)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep-zero-pad-row", action="store_true",
-                    help="keep the all-zero embedding row transformers gives the pad token (checkpoints built before)")
+                    help="keep the all-zero embedding row transformers gives the pad token "
+                         "(checkpoints built before)")
     args = ap.parse_args()
-    print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed, args.keep_zero_pad_row),
+    print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed,
+                           args.keep_zero_pad_row),
                      indent=1))
 
 

@@ -39,7 +39,8 @@ def parse_list(text: str) -> list[int]:
 
 def core_slots(cores_per_run: int) -> list[list[int]]:
     cores = sorted(os.sched_getaffinity(0))
-    return [cores[i:i + cores_per_run] for i in range(0, len(cores) - cores_per_run + 1, cores_per_run)]
+    return [cores[i:i + cores_per_run]
+            for i in range(0, len(cores) - cores_per_run + 1, cores_per_run)]
 
 
 def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[str], eval_size: int,
@@ -55,18 +56,23 @@ def run_one(eta: int, seed: int, cores: list[int], out: Path, overrides: list[st
     t0 = time.time()
     with open(out / f"eta{eta}_seed{seed}.train.log", "w") as log:
         rc = subprocess.run(pin + cli + ["train", "--quiet", f"run_dir={run_dir}", f"seed={seed}",
-                                         f"rollout.max_staleness={eta}", "eval.at_end=false", *overrides],
+                                         f"rollout.max_staleness={eta}", "eval.at_end=false",
+                                         *overrides],
                             stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-    result = {"eta": eta, "seed": seed, "cores": cores, "train_rc": rc, "wall_s": round(time.time() - t0, 1)}
+    result = {"eta": eta, "seed": seed, "cores": cores, "train_rc": rc,
+              "wall_s": round(time.time() - t0, 1)}
     result.update(reward_summary(run_dir))
     if rc != 0:
         return result
     eval_dir = run_dir / "heldout"
     with open(out / f"eta{eta}_seed{seed}.eval.log", "w") as log:
-        rc = subprocess.run(pin + cli + ["eval", f"model={run_dir}", f"size={eval_size}", f"task.eval_size={eval_size}",
+        rc = subprocess.run(pin + cli
+                            + ["eval", f"model={run_dir}", f"size={eval_size}",
+                               f"task.eval_size={eval_size}",
                                          f"threads={len(cores)}", f"out_dir={eval_dir}",
                                          *([] if gpu is None else [f"gpus=[{gpu}]"]),
-                                         *[o for o in overrides if o.startswith(("task", "reward"))]],
+                                         *[o for o in overrides
+                                           if o.startswith(("task", "reward"))]],
                             stdout=log, stderr=subprocess.STDOUT, env=env).returncode
     result["eval_rc"] = rc
     result["heldout"] = heldout_accuracy(eval_dir)
@@ -106,8 +112,8 @@ def heldout_accuracy(eval_dir: Path) -> float | None:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'eta':>4} {'n':>3} {'held-out mean':>13} {'sd':>5} {'range':>13} {'reward q1 -> q4':>16} "
-             f"{'wall s':>7} {'stale':>6}"]
+    lines = [f"{'eta':>4} {'n':>3} {'held-out mean':>13} {'sd':>5} {'range':>13} "
+             f"{'reward q1 -> q4':>16} {'wall s':>7} {'stale':>6}"]
     for eta in sorted({r["eta"] for r in results}):
         rs = [r for r in results if r["eta"] == eta and r.get("heldout") is not None]
         if not rs:
@@ -126,9 +132,11 @@ def table(results: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--etas", default="0,4", help="maximum staleness values, e.g. 0,1,2,4 (0 = synchronous)")
+    ap.add_argument("--etas", default="0,4",
+                    help="maximum staleness values, e.g. 0,1,2,4 (0 = synchronous)")
     ap.add_argument("--seeds", default="0-3", help="seeds, e.g. 0-5 or 0,3,7")
-    ap.add_argument("--cores", type=int, default=2, help="cores per run (default 2, the CPU default's machine)")
+    ap.add_argument("--cores", type=int, default=2,
+                    help="cores per run (default 2, the CPU default's machine)")
     ap.add_argument("--gpu", type=int, default=None,
                     help="run every train and eval on this GPU (colocated; default: the CPU only)")
     ap.add_argument("--eval-size", type=int, default=1000, help="held-out problems per evaluation")
@@ -139,8 +147,10 @@ def main() -> None:
     jobs = [(eta, seed) for seed in parse_list(args.seeds) for eta in parse_list(args.etas)]
     slots = core_slots(args.cores)
     if not slots:
-        sys.exit(f"need at least {args.cores} cores; this process may use {len(os.sched_getaffinity(0))}")
-    print(f"{len(jobs)} runs on {len(slots)} slots of {args.cores} cores; logs and runs in {args.out}", flush=True)
+        sys.exit(f"need at least {args.cores} cores; this process may use "
+                 f"{len(os.sched_getaffinity(0))}")
+    print(f"{len(jobs)} runs on {len(slots)} slots of {args.cores} cores; logs and runs in "
+          f"{args.out}", flush=True)
     results: list[dict] = []
     lock = threading.Lock()
     pending = list(jobs)
@@ -156,14 +166,17 @@ def main() -> None:
             r = run_one(eta, seed, cores, args.out, args.overrides, args.eval_size, args.gpu)
             with lock:
                 results.append(r)
-                (args.out / "summary.json").write_text(json.dumps({"overrides": args.overrides, "runs": results},
+                (args.out / "summary.json").write_text(json.dumps({"overrides": args.overrides,
+                                                                   "runs": results},
                                                                   indent=1))
-                print(f"[{time.time() - t0:6.0f} s] eta={eta} seed={seed}: held-out {r.get('heldout')}%, "
-                      f"reward {r.get('reward_first_quarter')} -> {r.get('reward_last_quarter')}, "
-                      f"train {r.get('train_wall_s')} s, staleness {r.get('staleness_mean')}, "
-                      f"rc {r['train_rc']}/{r.get('eval_rc')}", flush=True)
+                print(f"[{time.time() - t0:6.0f} s] eta={eta} seed={seed}: held-out "
+                      f"{r.get('heldout')}%, reward {r.get('reward_first_quarter')} -> "
+                      f"{r.get('reward_last_quarter')}, train {r.get('train_wall_s')} s, staleness "
+                      f"{r.get('staleness_mean')}, rc "
+                      f"{r['train_rc']}/{r.get('eval_rc')}", flush=True)
 
-    threads = [threading.Thread(target=worker, args=(cores, 3.0 * i)) for i, cores in enumerate(slots)]
+    threads = [threading.Thread(target=worker, args=(cores, 3.0 * i)) for i,
+               cores in enumerate(slots)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,10 +1,12 @@
 """Where the trainer step's time goes, and what each speed lever does to it: N steps of the real
 ``StepRunner`` on random weights of a real architecture (label every figure "random weights").
 
-    python3 benchmarks/trainer_profile.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192] \
+    python3 benchmarks/trainer_profile.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192]
+    \
         [--steps 3] [--rows baseline compile no_ckpt+compile+chunk2048 ...] [--profile baseline] \
         [--out DIR] [override ...]
-    torchrun --nproc-per-node 4 benchmarks/trainer_profile.py --arch qwen2.5-7b-instruct --seqs 12 ...
+    torchrun --nproc-per-node 4 benchmarks/trainer_profile.py --arch qwen2.5-7b-instruct --seqs 12
+    ...
 
 Each row is the baseline config (packing, varlen attention, activation checkpointing of every layer,
 the float32 output layer of ``engine=vllm`` runs, ``micro_batch_tokens`` 16384, GRPO loss, fused
@@ -13,8 +15,8 @@ AdamW, ``logprob_chunk_tokens`` 256) with the row's levers (``LEVERS``), then th
 median step time over ``--steps`` steps after one warm-up step (which compiles, where the row
 compiles), the MFU the trainer reports, the peak GPU memory and the median of each part of the
 step-time breakdown (``time/<part>_s``, ``trainer/timing.py``), and the largest |difference| of the
-first sequence's logprobs at the initial weights from the first row's. A row that runs out of memory is
-reported as such. ``--profile ROW``: one more step of that row under the torch profiler, written
+first sequence's logprobs at the initial weights from the first row's. A row that runs out of memory
+is reported as such. ``--profile ROW``: one more step of that row under the torch profiler, written
 to DIR as a Chrome trace (``trace_ROW.json.gz``) and a table of the top kernels by GPU time
 (``kernels_ROW.txt``), whose NCCL kernels are the FSDP collectives. Batch: ``--seqs`` sequences of
 a 64-token prompt and a ``--length``-token response (random ids, two rewards per group), split
@@ -68,15 +70,17 @@ LEVERS = {
     "entropy": ["algorithm.entropy_coef=1.0", "trainer.lr=2e-4"],
 }
 """Lever name → overrides on top of ``BASELINE``; also ``chunkN`` (``logprob_chunk_tokens=N``) and
-``mbtN`` (``micro_batch_tokens=N``). ``lora16``, ``entropy`` and ``anomaly`` are not speed levers: LoRA's
-step, a gradient that is not zero (the batch's rewards leave half the advantages 0; the entropy bonus
-reaches every token), and the operation where a NaN gradient starts (``trainer.detect_anomaly``), each row
-reporting its gradient norms. A row joins levers with ``+`` (``no_ckpt+compile+chunk2048``).
+``mbtN`` (``micro_batch_tokens=N``). ``lora16``, ``entropy`` and ``anomaly`` are not speed levers:
+LoRA's step, a gradient that is not zero (the batch's rewards leave half the advantages 0; the
+entropy bonus reaches every token), and the operation where a NaN gradient starts
+(``trainer.detect_anomaly``), each row reporting its gradient norms. A row joins levers with ``+``
+(``no_ckpt+compile+chunk2048``).
 ``auto``: what ``config/resolve.py`` picks for the trainer on a GPU."""
 
 
 def row_overrides(row: str) -> list[str]:
-    """The overrides of a row such as ``every2+compile+mbt32768``; ValueError for an unknown lever."""
+    """The overrides of a row such as ``every2+compile+mbt32768``; ValueError for an unknown
+    lever."""
     out = []
     for lever in row.split("+"):
         number = re.fullmatch(r"(chunk|mbt)(\d+)", lever)
@@ -86,12 +90,14 @@ def row_overrides(row: str) -> list[str]:
         elif lever in LEVERS:
             out += LEVERS[lever]
         else:
-            raise ValueError(f"row {row!r}: unknown lever {lever!r}: use {', '.join(LEVERS)}, chunkN or mbtN")
+            raise ValueError(f"row {row!r}: unknown lever {lever!r}: use {', '.join(LEVERS)}, "
+                             "chunkN or mbtN")
     return out
 
 
 def kept_batch(path: str):
-    """The ``Batch`` the trainer kept for a step with a non-finite gradient norm (its wire frame)."""
+    """The ``Batch`` the trainer kept for a step with a non-finite gradient norm (its wire
+    frame)."""
     from areal_cli.transport.messages import Batch, decode
 
     b = decode(Path(path).read_bytes(), (Batch,))
@@ -120,19 +126,24 @@ def sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: int, world: int) -> dict:
-    cfg = resolve(compose([*BASELINE, f"rollout.max_new_tokens={args.length}", *row_overrides(name), *overrides]),
+def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: int,
+            world: int) -> dict:
+    cfg = resolve(compose([*BASELINE, f"rollout.max_new_tokens={args.length}", *row_overrides(name),
+                           *overrides]),
                   Placement(trainer_gpu=True, model_path=path))
     options = policy_options(cfg)
     t = cfg.trainer
-    shown = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in options.items()}  # JSON
+    # JSON
+    shown = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in options.items()}
     row = {"row": name, "options": shown, "micro_batch_tokens": t.micro_batch_tokens,
            "logprob_chunk_tokens": t.logprob_chunk_tokens}
     model = build_policy(path, device, torch.bfloat16, **options)
     runner = StepRunner(model, cfg, device, torch.bfloat16, rank=rank, world=world)
     ro = from_batch(b)
-    with torch.no_grad():  # the initial weights' logprobs of the first sequence: what each lever computes
-        # every rank runs the forward (FSDP's all-gathers are collectives); the rank that holds row 0 keeps it
+    # the initial weights' logprobs of the first sequence: what each lever computes
+    with torch.no_grad():
+        # every rank runs the forward (FSDP's all-gathers are collectives); the rank that holds row
+        # 0 keeps it
         first = runner._forward(ro, [0])[0][0].float().cpu()
         row["logprobs"] = first if 0 in shard(ro.n, rank, world) else None
     times, metrics = [], []
@@ -148,8 +159,8 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
             row["grad_probe"] = probe.report()
             probe.remove()
             if rank == 0:
-                print(f"{name}: gradient of each decoder layer's output, first micro-batch of rank 0's first step "
-                      f"(gradient norm {metrics[0].get('grad_norm')}):", flush=True)
+                print(f"{name}: gradient of each decoder layer's output, first micro-batch of rank "
+                      f"0's first step (gradient norm {metrics[0].get('grad_norm')}):", flush=True)
                 print_report(row["grad_probe"])
             probe = None
     measured = metrics[1:]
@@ -159,7 +170,8 @@ def run_row(name: str, overrides: list[str], args, path: Path, b, device, rank: 
                tflops_per_gpu=statistics.median(m["model_tflops_per_s"] for m in measured) / world,
                peak_gpu_mem_gb=max(m.get("peak_gpu_mem_gb", 0.0) for m in measured),
                grad_norms=[m.get("grad_norm") for m in metrics],
-               breakdown={k[len("time/"):-len("_s")]: statistics.median(m.get(k, 0.0) for m in measured)
+               breakdown={k[len("time/"):-len("_s")]: statistics.median(m.get(k, 0.0)
+                                                                        for m in measured)
                           for k in parts})
     if name in args.profile:
         profile(name, runner, b, device, Path(args.out), rank)
@@ -176,7 +188,8 @@ def profile(name: str, runner, b, device, out: Path, rank: int) -> None:
         sync(device)
     if rank != 0:
         return
-    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30, max_name_column_width=70)
+    table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=30,
+                                      max_name_column_width=70)
     name = name.replace("+", "_")  # file names of letters, digits, '.', '_' and '-'
     (out / f"kernels_{name}.txt").write_text(table)
     raw = out / f"trace_{name}.json"
@@ -204,27 +217,35 @@ def print_row(r: dict) -> None:
     print(f"{r['row']}: {r['options']}, micro_batch_tokens {r['micro_batch_tokens']}, "
           f"logprob_chunk_tokens {r['logprob_chunk_tokens']}", flush=True)
     parts = "  ".join(f"{k} {v:.3f}" for k, v in r["breakdown"].items() if k != "step")
-    print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak {r['peak_gpu_mem_gb']:5.1f} GiB  "
-          f"(warm-up {r['warmup_s']:.1f} s, logprobs vs first row {r.get('logprob_max_abs_diff_vs_first_row', 0):.1e}) "
-          f"| {parts} | grad norms {', '.join(f'{g:.3g}' for g in r['grad_norms'])}", flush=True)
+    print(f"{r['row']:12} step {r['step_s']:6.3f} s  MFU {100 * r['mfu']:5.1f}%  peak "
+          f"{r['peak_gpu_mem_gb']:5.1f} GiB  (warm-up {r['warmup_s']:.1f} s, logprobs vs first row "
+          f"{r.get('logprob_max_abs_diff_vs_first_row', 0):.1e}) | {parts} | grad norms "
+          f"{', '.join(f'{g:.3g}' for g in r['grad_norms'])}", flush=True)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen2.5-1.5b-instruct")
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--ragged", action="store_true",
-                    help="prompts of 32-256 tokens and responses of length/2-length (padded rows, as a real batch)")
-    ap.add_argument("--batch", help="a batch kept by the trainer (RUN_DIR/nonfinite/batch_STEP.msgpack) instead "
-                                    "of random ids: its tokens, logprobs and rewards (--seqs, --length, --ragged unused)")
+                    help="prompts of 32-256 tokens and responses of length/2-length (padded rows, "
+                         "as a real batch)")
+    ap.add_argument("--batch", help="a batch kept by the trainer "
+                                    "(RUN_DIR/nonfinite/batch_STEP.msgpack) instead of random ids: "
+                                    "its tokens, logprobs and rewards (--seqs, --length, --ragged "
+                                    "unused)")
     ap.add_argument("--grad-probe", action="store_true",
-                    help="each decoder layer's largest output gradient in the first step, the token where it sits and "
-                         "its hidden-state RMS (benchmarks/grad_probe.py)")
+                    help="each decoder layer's largest output gradient in the first step, the "
+                         "token where it sits and its hidden-state RMS (benchmarks/grad_probe.py)")
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--rows", nargs="+", default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
-                                                  "mbt32768", "auto"], help="levers joined by +, e.g. no_ckpt+compile")
-    ap.add_argument("--profile", nargs="*", default=["baseline"], help="rows to profile one more step of")
+    ap.add_argument("--rows", nargs="+",
+                    default=["baseline", "every2", "no_ckpt", "compile", "no_reshard", "chunk1024",
+                                                  "mbt32768", "auto"],
+                    help="levers joined by +, e.g. no_ckpt+compile")
+    ap.add_argument("--profile", nargs="*", default=["baseline"],
+                    help="rows to profile one more step of")
     ap.add_argument("--out", default="trainer_profile")
     ap.add_argument("overrides", nargs="*", help="config overrides for every row")
     args = ap.parse_args()
@@ -240,9 +261,11 @@ def main() -> None:
     b = kept_batch(args.batch) if args.batch else batch(args.seqs, args.length, args.ragged)
     if args.batch:  # its longest response is the rows' max_new_tokens
         args.length = max(len(s.output_ids) for g in b.groups for s in g.samples)
-    head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU", "gpus": world, "torch": torch.__version__,
+    head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            "gpus": world, "torch": torch.__version__,
             "date": time.strftime("%Y-%m-%d"), "arch": args.arch, "weights": "random",
-            "batch": args.batch or f"{args.seqs} x (64 + {args.length}) tokens" + (", ragged" if args.ragged else ""),
+            "batch": args.batch or f"{args.seqs} x (64 + {args.length}) tokens"
+            + (", ragged" if args.ragged else ""),
             "baseline": BASELINE, "overrides": args.overrides}
     if rank == 0:
         print(json.dumps(head), flush=True)
@@ -252,12 +275,14 @@ def main() -> None:
             rows.append(run_row(name, args.overrides, args, path, b, device, rank, world))
         except torch.cuda.OutOfMemoryError as e:
             rows.append({"row": name, "error": f"out of memory: {str(e)[:200]}"})
-        except RuntimeError as e:  # trainer.detect_anomaly's named operation; the next row still runs
+        # trainer.detect_anomaly's named operation; the next row still runs
+        except RuntimeError as e:
             if "trainer.detect_anomaly" not in str(e):
                 raise
             rows.append({"row": name, "error": str(e)[:400]})
         lp = rows[-1].pop("logprobs", None)
-        if lp is not None:  # each row's logprobs against the first row's (bf16 rounding differs, values do not)
+        # each row's logprobs against the first row's (bf16 rounding differs, values do not)
+        if lp is not None:
             base = lp if base is None else base
             rows[-1]["logprob_max_abs_diff_vs_first_row"] = float((lp - base).abs().max())
         free(device)

@@ -1,7 +1,8 @@
 """The trainer step of the default run on the CPU: wall and CPU seconds per step, peak RSS.
 
     .venv/bin/python benchmarks/trainer_step.py [--steps 3] [override ...]
-    .venv/bin/python benchmarks/trainer_step.py trainer.activation_checkpointing=true trainer.threads=1
+    .venv/bin/python benchmarks/trainer_step.py trainer.activation_checkpointing=true
+    trainer.threads=1
 
 One rank (gloo), the real ``StepRunner`` step on SmolLM2-135M (bf16 autocast over float32
 weights) and a batch of the default run's shape (8 groups × 4 samples, prompts ~60 tokens,
@@ -43,7 +44,8 @@ def cpu_s() -> float:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up step")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. trainer.threads=1")
     args = ap.parse_args()
@@ -68,7 +70,8 @@ def main() -> None:
                       "median_wall_s": round(statistics.median(walls), 2),
                       "median_cpu_s": round(statistics.median(cpus), 2),
                       "peak_rss_gb": round(metrics["peak_rss_gb"], 2),
-                      "skipped_rows": metrics["skipped_rows"], "micro_batches": metrics["micro_batches"],
+                      "skipped_rows": metrics["skipped_rows"],
+                      "micro_batches": metrics["micro_batches"],
                       "model_tflops_per_s": round(metrics["model_tflops_per_s"], 4),
                       "load_avg": [round(x, 1) for x in os.getloadavg()]}))
     dist.destroy_process_group()

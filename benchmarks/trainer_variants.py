@@ -1,7 +1,8 @@
 """The trainer step on one GPU with each packed-attention and output-layer variant, on random
 weights of a real architecture (label every figure "random weights").
 
-    python3 benchmarks/trainer_variants.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192] \
+    python3 benchmarks/trainer_variants.py [--arch qwen2.5-1.5b-instruct] [--seqs 8] [--length 8192]
+    \
         [--micro-batch-tokens 16384] [--steps 2] [--profile-dir DIR] [--json FILE]
 
 Variants, all with packing, activation checkpointing and the float32 output layer that
@@ -47,7 +48,8 @@ ARCHS = Path(__file__).resolve().parent / "models"
 
 
 def checkpoint(arch: str) -> Path:
-    """Random bf16 weights of ``arch`` (benchmarks/models/ARCH/config.json), saved once under /tmp."""
+    """Random bf16 weights of ``arch`` (benchmarks/models/ARCH/config.json), saved once under
+    /tmp."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     out = Path(tempfile.gettempdir()) / f"areal_random_{arch}"
@@ -63,19 +65,23 @@ def checkpoint(arch: str) -> Path:
 
 
 def batch(seqs: int, length: int, ragged: bool = False) -> Batch:
-    """``seqs`` sequences in groups of 2 (rewards 0 and 1) of a 64-token prompt and a ``length``-token response
-    of random ids; ``ragged``: prompts of 32-256 tokens and responses of ``length / 2``-``length`` instead, as
-    a real batch has (packed rows then end in padding)."""
+    """``seqs`` sequences in groups of 2 (rewards 0 and 1) of a 64-token prompt and a
+    ``length``-token response of random ids; ``ragged``: prompts of 32-256 tokens and responses of
+    ``length / 2``-``length`` instead, as a real batch has (packed rows then end in padding)."""
     rng = np.random.default_rng(0)
     groups = []
     for g in range(seqs // 2):
-        prompt = rng.integers(100, 10000, int(rng.integers(32, 257)) if ragged else 64).astype(np.int32)
+        prompt = rng.integers(100, 10000,
+                              int(rng.integers(32, 257)) if ragged else 64).astype(np.int32)
         lens = [int(rng.integers(length // 2, length + 1)) if ragged else length for _ in range(2)]
-        samples = [Sample(sample_index=i, prompt_ids=prompt, output_ids=rng.integers(100, 10000, n).astype(np.int32),
+        samples = [Sample(sample_index=i, prompt_ids=prompt,
+                          output_ids=rng.integers(100, 10000, n).astype(np.int32),
                           logprobs=np.full(n, -2.0, np.float32), versions=np.zeros(n, np.int32),
                           loss_mask=np.ones(n, np.uint8), reward=float(i), reward_status="ok",
-                          finish_reason="length", num_turns=1, completion="") for i, n in enumerate(lens)]
-        groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples, gen_time_s=0.0,
+                          finish_reason="length", num_turns=1, completion="") for i,
+                   n in enumerate(lens)]
+        groups.append(GroupResult(group_id=g, prompt_id=f"p{g}", worker=0, samples=samples,
+                                  gen_time_s=0.0,
                                   gen_tokens=0))
     return Batch(step=0, groups=groups)
 
@@ -84,7 +90,8 @@ def reference_logprobs(path: Path, b: Batch, device) -> torch.Tensor:
     """The first sequence's response logprobs from a float32 forward (float32 SDPA, no autocast)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="sdpa").to(device)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32,
+                                                 attn_implementation="sdpa").to(device)
     x = model_inputs(from_batch(b), [0], False, device=device)
     with torch.no_grad():
         lp, _ = forward_logprobs(model, x, torch.float32, 1.0, 256)
@@ -94,8 +101,10 @@ def reference_logprobs(path: Path, b: Batch, device) -> torch.Tensor:
 
 
 def run(args, path: Path, attention: str, head: str, b: Batch, device) -> dict:
-    cfg = compose(["trainer.packing=true", "trainer.activation_checkpointing=true", "engine.lm_head_fp32=true",
-                   f"trainer.varlen={attention == 'varlen'}", f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
+    cfg = compose(["trainer.packing=true", "trainer.activation_checkpointing=true",
+                   "engine.lm_head_fp32=true",
+                   f"trainer.varlen={attention == 'varlen'}",
+                   f"trainer.micro_batch_tokens={args.micro_batch_tokens}",
                    "rollout.group_size=2", f"rollout.max_new_tokens={args.length}"])
     cfg = resolve(cfg, Placement(trainer_gpu=True))
     saved = policy_model.half_gemm_float32_out
@@ -106,9 +115,11 @@ def run(args, path: Path, attention: str, head: str, b: Batch, device) -> dict:
                                           varlen=attention == "varlen")
         runner = StepRunner(model, cfg, device, torch.bfloat16, rank=0, world=1)
         ro = from_batch(b)
-        x = model_inputs(ro, [0], True, device=device, row_tokens=PACKED_ROW_TOKENS_CUDA, varlen=runner.varlen)
+        x = model_inputs(ro, [0], True, device=device, row_tokens=PACKED_ROW_TOKENS_CUDA,
+                         varlen=runner.varlen)
         with torch.no_grad():
-            lp, _ = forward_logprobs(model, x, torch.bfloat16, 1.0, cfg.trainer.logprob_chunk_tokens)
+            lp, _ = forward_logprobs(model, x, torch.bfloat16, 1.0,
+                                     cfg.trainer.logprob_chunk_tokens)
         times, metrics = [], {}
         for _ in range(args.steps + 1):
             torch.cuda.synchronize(device)
@@ -118,9 +129,11 @@ def run(args, path: Path, attention: str, head: str, b: Batch, device) -> dict:
             times.append(time.perf_counter() - t0)
         out = {"attention": attention, "head": head, "varlen_used": runner.varlen,
                "half_head_used": head == "half" and policy_model.MM_FLOAT32_OUT,
-               "step_s": statistics.median(times[1:]), "step_s_all": times, "mfu": metrics.get("mfu"),
+               "step_s": statistics.median(times[1:]), "step_s_all": times,
+               "mfu": metrics.get("mfu"),
                "model_tflops_per_s": metrics.get("model_tflops_per_s"),
-               "peak_gpu_GiB": torch.cuda.max_memory_allocated(device) / 2**30, "logprobs": lp[0].float().cpu()}
+               "peak_gpu_GiB": torch.cuda.max_memory_allocated(device) / 2**30,
+               "logprobs": lp[0].float().cpu()}
         if args.profile_dir:
             from torch.profiler import ProfilerActivity, profile
 
@@ -139,13 +152,15 @@ def run(args, path: Path, attention: str, head: str, b: Batch, device) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="qwen2.5-1.5b-instruct")
     ap.add_argument("--seqs", type=int, default=8)
     ap.add_argument("--length", type=int, default=8192)
     ap.add_argument("--micro-batch-tokens", type=int, default=16384)
     ap.add_argument("--steps", type=int, default=2)
-    ap.add_argument("--variants", nargs="+", default=["varlen/half", "mask/half", "varlen/float32", "mask/float32"])
+    ap.add_argument("--variants", nargs="+",
+                    default=["varlen/half", "mask/half", "varlen/float32", "mask/float32"])
     ap.add_argument("--profile-dir")
     ap.add_argument("--json")
     args = ap.parse_args()
@@ -154,8 +169,9 @@ def main() -> None:
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     path = checkpoint(args.arch)
     b = batch(args.seqs, args.length)
-    print(f"machine: {torch.cuda.get_device_name()} (torch {torch.__version__}); {args.arch}, random weights; "
-          f"{args.seqs} x (64 + {args.length}) tokens, micro_batch_tokens {args.micro_batch_tokens}", flush=True)
+    print(f"machine: {torch.cuda.get_device_name()} (torch {torch.__version__}); {args.arch}, "
+          f"random weights; {args.seqs} x (64 + {args.length}) tokens, micro_batch_tokens "
+          f"{args.micro_batch_tokens}", flush=True)
     ref = reference_logprobs(path, b, device)
     results = []
     for v in args.variants:
@@ -167,14 +183,18 @@ def main() -> None:
             results.append({"variant": v, "error": f"{type(e).__name__}: {e}"})
             continue
         diff = (r.pop("logprobs") - ref).abs()
-        r.update(variant=v, logprob_max_abs_diff=float(diff.max()), logprob_mean_abs_diff=float(diff.mean()))
+        r.update(variant=v, logprob_max_abs_diff=float(diff.max()),
+                 logprob_mean_abs_diff=float(diff.mean()))
         results.append(r)
-        print(f"{v:16} step {r['step_s']:7.3f} s  MFU {100 * (r['mfu'] or 0):5.1f}%  peak {r['peak_gpu_GiB']:5.1f} GiB  "
-              f"varlen {r['varlen_used']}  half head {r['half_head_used']}  logprobs vs float32: "
-              f"max {r['logprob_max_abs_diff']:.2e} mean {r['logprob_mean_abs_diff']:.2e}", flush=True)
+        print(f"{v:16} step {r['step_s']:7.3f} s  MFU {100 * (r['mfu'] or 0):5.1f}%  peak "
+              f"{r['peak_gpu_GiB']:5.1f} GiB  varlen {r['varlen_used']}  half head "
+              f"{r['half_head_used']}  logprobs vs float32: max {r['logprob_max_abs_diff']:.2e} "
+              f"mean {r['logprob_mean_abs_diff']:.2e}", flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                               "date": time.strftime("%Y-%m-%d"), "args": vars(args),
+        Path(args.json).write_text(json.dumps({"machine": torch.cuda.get_device_name(),
+                                               "torch": torch.__version__,
+                                               "date": time.strftime("%Y-%m-%d"),
+                                               "args": vars(args),
                                                "weights": "random", "results": results}, indent=1))
     dist.destroy_process_group()
 

@@ -1,6 +1,7 @@
 """Weight broadcast bandwidth on two GPUs: raw NCCL vs the project's bucketed path.
 
-    python3 benchmarks/weight_broadcast.py [--models 7b 1.5b 135m] [--bucket-mb 1024 256] [--out FILE]
+    python3 benchmarks/weight_broadcast.py [--models 7b 1.5b 135m] [--bucket-mb 1024 256] [--out
+    FILE]
 
 Two processes, GPU 0 = trainer rank 0, GPU 1 = a rollout worker; both groups are built from a
 TCPStore outside torchrun, as ``areal_cli/transport/weights.py`` does.
@@ -30,14 +31,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 MODELS = {
-    # ~7.6B: Qwen2.5-7B's shape (hidden 3584, 28 layers, MLP 18944, 28 heads / 4 KV heads, vocab 152064)
-    "7b": dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944, num_attention_heads=28,
+    # ~7.6B: Qwen2.5-7B's shape (hidden 3584, 28 layers, MLP 18944, 28 heads / 4 KV heads, vocab
+    # 152064)
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, intermediate_size=18944,
+               num_attention_heads=28,
                num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
     # ~1.4B: hidden 2048, 24 layers, MLP 5632, vocab 49152, untied head
-    "1.5b": dict(hidden_size=2048, num_hidden_layers=24, intermediate_size=5632, num_attention_heads=16,
+    "1.5b": dict(hidden_size=2048, num_hidden_layers=24, intermediate_size=5632,
+                 num_attention_heads=16,
                  num_key_value_heads=16, vocab_size=49152, tie_word_embeddings=False),
     # SmolLM2-135M's shape
-    "135m": dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536, num_attention_heads=9,
+    "135m": dict(hidden_size=576, num_hidden_layers=30, intermediate_size=1536,
+                 num_attention_heads=9,
                  num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True),
 }
 
@@ -96,7 +101,8 @@ def worker(rank: int, args, ports: dict, q) -> None:
     if rank == 0:  # the trainer's own one-rank group (FSDP2 needs one)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                                 device_id=None if args.cpu else device)
-    out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(device), "torch": torch.__version__}
+    out = {"device": "cpu" if args.cpu else torch.cuda.get_device_name(device),
+           "torch": torch.__version__}
     _, pg = new_group("127.0.0.1", ports["raw"], rank, 2, backend, 120)
     out["raw_1GiB"] = raw_bw(pg, device, args.raw_mib << 20, args.reps)
     for name in args.models:
@@ -123,9 +129,11 @@ def worker(rank: int, args, ports: dict, q) -> None:
         for mb in args.bucket_mb:
             port = ports[f"{name}-{mb}"]
             if rank == 0:
-                end = WeightSender(specs, "127.0.0.1", port, 2, backend, device, torch.bfloat16, mb << 20, 120)
+                end = WeightSender(specs, "127.0.0.1", port, 2, backend, device, torch.bfloat16,
+                                   mb << 20, 120)
             else:
-                end = WeightReceiver(model, "127.0.0.1", port, 1, 2, backend, torch.bfloat16, mb << 20, 120)
+                end = WeightReceiver(model, "127.0.0.1", port, 1, 2, backend, torch.bfloat16,
+                                     mb << 20, 120)
             rows = []
             for i in range(args.reps + 2):
                 # as in a run: trainer rank 0 casts the update into its wire buffers first, then
@@ -153,16 +161,19 @@ def worker(rank: int, args, ports: dict, q) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=["1.5b", "135m"], choices=sorted(MODELS))
     ap.add_argument("--bucket-mb", nargs="+", type=int, default=[1024, 256])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--raw-mib", type=int, default=1024)
-    ap.add_argument("--cpu", action="store_true", help="gloo on CPU (a check of the script, no figures)")
+    ap.add_argument("--cpu", action="store_true",
+                    help="gloo on CPU (a check of the script, no figures)")
     ap.add_argument("--out")
     args = ap.parse_args()
     assert args.cpu or torch.cuda.device_count() >= 2, "needs 2 GPUs"
-    ports = {"raw": free_port(), **{f"{n}-{mb}": free_port() for n in args.models for mb in args.bucket_mb}}
+    ports = {"raw": free_port(),
+             **{f"{n}-{mb}": free_port() for n in args.models for mb in args.bucket_mb}}
     ctx = mp.get_context("spawn")
     q = ctx.SimpleQueue()
     procs = [ctx.Process(target=worker, args=(r, args, ports, q)) for r in range(2)]
@@ -181,13 +192,17 @@ def main() -> None:
             k = f"bucket_{mb}MiB"
             a, b = s[name][k], r[name][k]
             wall = max(a["wall_s"], b["wall_s"])
-            m[k] = {"send_wall_s": a["wall_s"], "gather_s": a["weight_gather_s"], "transfer_s": a["weight_transfer_s"],
-                    "recv_wall_s": b["wall_s"], "recv_s": b["weight_recv_s"], "load_s": b["weight_load_s"],
+            m[k] = {"send_wall_s": a["wall_s"], "gather_s": a["weight_gather_s"],
+                    "transfer_s": a["weight_transfer_s"],
+                    "recv_wall_s": b["wall_s"], "recv_s": b["weight_recv_s"],
+                    "load_s": b["weight_load_s"],
                     "buckets": a["buckets"], "GiB_per_s": s[name]["wire_bytes"] / wall / 2**30}
-            # broadcast + load (what a paused worker waits for) against one raw broadcast of the bytes
+            # broadcast + load (what a paused worker waits for) against one raw broadcast of the
+            # bytes
             m[k]["ratio_to_raw"] = m[k]["GiB_per_s"] / m["raw_GiB_per_s"]
             # the same with the trainer's gather (cast into the wire buffers) counted too
-            m[k]["ratio_to_raw_with_gather"] = s[name]["raw"]["median_s"] / (wall + a["weight_gather_s"])
+            m[k]["ratio_to_raw_with_gather"] = s[name]["raw"]["median_s"] / (wall
+                                                                             + a["weight_gather_s"])
         summary[name] = m
     text = json.dumps({"summary": summary, "sender": s, "receiver": r}, indent=1)
     print(json.dumps(summary, indent=1))

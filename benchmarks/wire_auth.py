@@ -33,16 +33,19 @@ from areal_cli.transport.messages import GroupResult, Sample, encode
 
 def group(tokens: int, size: int) -> GroupResult:
     rng = np.random.default_rng(0)
-    samples = [Sample(i, rng.integers(0, 49152, 100, dtype=np.int32), rng.integers(0, 49152, tokens, dtype=np.int32),
+    samples = [Sample(i, rng.integers(0, 49152, 100, dtype=np.int32),
+                      rng.integers(0, 49152, tokens, dtype=np.int32),
                       rng.normal(-1, 1, tokens).astype(np.float32), np.zeros(tokens, np.int32),
-                      np.ones(tokens, np.uint8), 1.0, "ok", "stop", 1, "x" * (4 * tokens)) for i in range(size)]
+                      np.ones(tokens, np.uint8), 1.0, "ok", "stop", 1, "x" * (4 * tokens))
+               for i in range(size)]
     return GroupResult(0, "p", 0, samples, 1.0, tokens * size)
 
 
 def _send(case: str, addr: str, run_dir: str, frame: bytes, stop) -> None:
     keys = load_keys(run_dir)
     if case == "channel":
-        ch = Channel(zmq.PUSH, addr, bind=False, name="results", keys=keys, max_frame=1 << 30, hwm=1000)
+        ch = Channel(zmq.PUSH, addr, bind=False, name="results", keys=keys, max_frame=1 << 30,
+                     hwm=1000)
         sock = ch.sock
     else:
         sock = zmq.Context.instance().socket(zmq.PUSH)
@@ -63,7 +66,8 @@ def measure(case: str, frame: bytes, seconds: float, run_dir: str) -> dict:
     addr = f"tcp://127.0.0.1:{free_ports('127.0.0.1', 1)[0]}"
     gate = Gatekeeper(keys, logging.getLogger("bench")) if case != "plain" else None
     if case == "channel":
-        ch = Channel(zmq.PULL, addr, bind=True, name="results", keys=keys, max_frame=1 << 30, gate=gate)
+        ch = Channel(zmq.PULL, addr, bind=True, name="results", keys=keys, max_frame=1 << 30,
+                     gate=gate)
         recv = lambda: ch.recv(1.0) is not None  # noqa: E731
         sock = ch.sock
     else:
@@ -89,7 +93,8 @@ def measure(case: str, frame: bytes, seconds: float, run_dir: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--tokens", type=int, nargs="+", default=[64, 1024])
     ap.add_argument("--group", type=int, nargs="+", default=[4, 8])
@@ -102,7 +107,8 @@ def main() -> None:
             row = {"tokens": tokens, "group": size, "frame_bytes": len(frame)}
             for case in ("plain", "curve", "channel"):
                 row[case] = measure(case, frame, args.seconds, run_dir)
-            row["curve_vs_plain"] = round(row["curve"]["frames_per_s"] / row["plain"]["frames_per_s"], 3)
+            ratio = row["curve"]["frames_per_s"] / row["plain"]["frames_per_s"]
+            row["curve_vs_plain"] = round(ratio, 3)
             out.append(row)
     print(json.dumps(out, indent=1))
 

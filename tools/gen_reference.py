@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def field_docs(cls: type) -> dict[str, str]:
-    """{field: its docstring} of a dataclass: the string literal right after each annotated field."""
+    """{field: its docstring} of a dataclass: the string literal right after each annotated
+    field."""
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     docs = {}
     for node, after in zip(body, body[1:], strict=False):
@@ -84,12 +85,16 @@ def config_page() -> str:
         "# Config keys",
         "",
         "Generated from the typed schema (`areal_cli/config/`, `areal_cli/eval/config.py`): every",
-        "key, its type, the value `conf/` gives it (before `auto` is resolved) and its docstring. Set any",
-        "of them on the command line as `key=value`; config groups (`algorithm=`, `task=`, `engine=`,",
-        "`workflow=`, `launcher=`, `reward=`, `precision=`) swap in a file of `conf/<group>/`. A wrong key,",
+        "key, its type, the value `conf/` gives it (before `auto` is resolved) and its docstring. "
+        "Set any",
+        "of them on the command line as `key=value`; config groups (`algorithm=`, `task=`, "
+        "`engine=`,",
+        "`workflow=`, `launcher=`, `reward=`, `precision=`) swap in a file of `conf/<group>/`. A "
+        "wrong key,",
         "type or value exits 2 before any process starts, naming the key and the fix.",
         "",
-        "Keys that tools and tests rely on: `run_dir`, `model`, `task`, `engine`, `seed`, `trainer.steps`,",
+        "Keys that tools and tests rely on: `run_dir`, `model`, `task`, `engine`, `seed`, "
+        "`trainer.steps`,",
         "`trainer.batch_size` (prompt groups per step), `trainer.lr`, `rollout.group_size`,",
         "`rollout.max_staleness`, `rollout.max_new_tokens`, `rollout.workers`, `trainer.ranks`.",
         "",
@@ -97,15 +102,18 @@ def config_page() -> str:
         "",
     ]
     evals = ["", "## `areal eval` (`conf/eval.yaml`)", "",
-             "The `task.*`, `reward.*`, `engine.*` and `workflow.*` keys are those of `areal train`.", ""]
-    short = [r for r in evaluate if not r[0].startswith(("task.", "reward.", "engine.", "workflow."))]
+             "The `task.*`, `reward.*`, `engine.*` and `workflow.*` keys are those of `areal "
+             "train`.", ""]
+    short = [r for r in evaluate
+             if not r[0].startswith(("task.", "reward.", "engine.", "workflow."))]
     return "\n".join(head + _table(train) + evals + _table(short)) + "\n"
 
 
 def _command_lines(name: str, cmd) -> list[str]:
     lines = [f"## `{name}`", "", inspect.cleandoc(cmd.help or ""), ""]
     ctx = cmd.context_class(cmd, info_name=name)
-    usage = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(), cmd.get_usage(ctx).replace("Usage: ", ""))
+    usage = re.sub(r"\{(\w+)\}", lambda m: m.group(1).upper(),
+                   cmd.get_usage(ctx).replace("Usage: ", ""))
     lines += ["```", usage, "```", ""]
     params = [p for p in cmd.params if p.name != "help"]
     if params:

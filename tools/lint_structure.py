@@ -3,9 +3,9 @@
 The package is built in layers, each importing only its own layer and those below it (``LAYERS``,
 lowest first):
 
-- ground: the config schema (``config/``), the wire (``transport/``) and the primitives every process
-  shares: the run directory and its files, checkpoints, the model's source, LoRA's wire format,
-  the staleness rule, logging and faults;
+- ground: the config schema (``config/``), the wire (``transport/``) and the primitives every
+  process shares: the run directory and its files, checkpoints, the model's source, LoRA's wire
+  format, the staleness rule, logging and faults;
 - components: the engines, the workflows, the rewards, the tasks, the trackers;
 - the run's config made whole against the components (``runconfig/``: compose, check, resolve);
 - scoring a model (``eval/``), which the trainer, the launcher and ``areal eval`` call;
@@ -197,14 +197,16 @@ def _shortest_cycle(graph: dict[str, dict[str, Edge]], comp: list[str]) -> list[
 
 
 def layer_of(module: str, layers=LAYERS) -> tuple[int, str] | None:
-    """(index, name) of the layer ``module`` belongs to (``pkg.trainer.step`` -> roles); None if none."""
+    """(index, name) of the layer ``module`` belongs to (``pkg.trainer.step`` -> roles); None if
+    none."""
     parts = module.split(".")
     top = parts[1] if len(parts) > 1 else ""
     return next(((i, name) for i, (name, members) in enumerate(layers) if top in members), None)
 
 
 def top_of(module: str) -> str:
-    """The top-level package or module of ``module`` under the root (``pkg.trainer.step`` -> trainer)."""
+    """The top-level package or module of ``module`` under the root (``pkg.trainer.step`` ->
+    trainer)."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 else ""
 
@@ -224,8 +226,9 @@ def against_layers(pkg: Package, layers=LAYERS) -> list[tuple[Edge, str]]:
         if dst[0] > src[0]:
             bad.append((e, f"the {src[1]} layer imports {e.target} of the {dst[1]} layer above it"))
         elif src[1] == dst[1] == ROLES_LAYER and top_of(e.source) != top_of(e.target):
-            bad.append((e, f"role {top_of(e.source)!r} imports {e.target} of role {top_of(e.target)!r}; roles "
-                           "talk through transport/, shared code goes a layer down"))
+            bad.append((e, f"role {top_of(e.source)!r} imports {e.target} of role "
+                           f"{top_of(e.target)!r}; roles talk through transport/, shared code goes "
+                           "a layer down"))
     return bad
 
 
@@ -235,7 +238,8 @@ def engine_names(root: Path) -> set[str]:
 
 
 def engine_name_tests(pkg: Package) -> list[tuple[str, int, str]]:
-    """(file, line, name) of each comparison with an engine's name as a string outside ``engines/``."""
+    """(file, line, name) of each comparison with an engine's name as a string outside
+    ``engines/``."""
     names, found = engine_names(pkg.root), []
     for module, path in pkg.modules.items():
         if top_of(module) == ENGINES:
@@ -248,7 +252,8 @@ def engine_name_tests(pkg: Package) -> list[tuple[str, int, str]]:
 
 
 def engine_module_imports(pkg: Package) -> list[Edge]:
-    """Imports of a module inside an engine's own package (``engines.<name>.*``) from outside ``engines/``."""
+    """Imports of a module inside an engine's own package (``engines.<name>.*``) from outside
+    ``engines/``."""
     names = engine_names(pkg.root)
 
     def own(module: str) -> bool:
@@ -276,7 +281,8 @@ def unlisted_packages(root: Path) -> list[str]:
         return []
     if not pyproject.is_file():
         return []
-    listed = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools", {}).get("packages", [])
+    listed = tomllib.loads(pyproject.read_text()).get("tool", {}).get("setuptools",
+                                                                      {}).get("packages", [])
     tree = {".".join(p.parent.relative_to(root.parent).parts) for p in root.rglob("__init__.py")}
     return sorted(tree - set(listed))
 
@@ -287,8 +293,8 @@ def problems(root: Path) -> list[str]:
     out = []
     for cycle in cycles(pkg):
         steps = " -> ".join(f"{e.source} ({pkg.rel(e.source)}:{e.line})" for e in cycle)
-        out.append(f"import cycle: {steps} -> {cycle[0].source}; move what both need into a module that "
-                   "neither imports back")
+        out.append(f"import cycle: {steps} -> {cycle[0].source}; move what both need into a module "
+                   "that neither imports back")
     for module in unlayered(pkg):
         out.append(f"{pkg.rel(module)}: {top_of(module)} is in no layer; add it to LAYERS in "
                    "tools/lint_structure.py, where what it imports and what imports it puts it")
@@ -298,10 +304,12 @@ def problems(root: Path) -> list[str]:
         out.append(f'{rel}:{line}: compares an engine name with "{name}"; ask the engine\'s spec '
                    "(areal_cli.engines.spec) instead")
     for e in engine_module_imports(pkg):
-        out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build engines with "
-                   "engines.factory.make_engine (weight senders with make_sender), ask engines.spec")
+        out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build "
+                   "engines with engines.factory.make_engine (weight senders with make_sender), "
+                   "ask engines.spec")
     for name in unlisted_packages(root):
-        out.append(f'pyproject.toml: package {name} is not in [tool.setuptools] packages; add "{name}" '
+        out.append(f'pyproject.toml: package {name} is not in [tool.setuptools] packages; add '
+                   f'"{name}" '
                    "there, or a wheel leaves it out")
     return out
 
@@ -311,7 +319,8 @@ def main(argv: list[str]) -> int:
     found = problems(root)
     for p in found:
         print(p)
-    print(f"{root.name}: {len(found)} structure problem(s)" if found else f"{root.name}: structure ok")
+    print(f"{root.name}: {len(found)} structure problem(s)"
+          if found else f"{root.name}: structure ok")
     return 1 if found else 0
 
 

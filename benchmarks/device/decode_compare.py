@@ -24,10 +24,12 @@ def build(kind: str, model_dir: str, tok):
     if kind == "vllm":
         engine = EngineConfig(name="vllm")
     else:
-        engine = EngineConfig(name="hf", dtype="bfloat16", max_batch_tokens=8192, kv_cache_tokens=300 * 320,
+        engine = EngineConfig(name="hf", dtype="bfloat16", max_batch_tokens=8192,
+                              kv_cache_tokens=300 * 320,
                               page_size=64)
     engine = resolve_engine(engine, updates=False)  # an engine no weights reach
-    return make_engine(EngineSetup(engine, model_dir, tok.eos_token_id, Sampling(1.0), sequences=300,
+    return make_engine(EngineSetup(engine, model_dir, tok.eos_token_id, Sampling(1.0),
+                                   sequences=300,
                                    device="cuda:0" if kind == "hf" else ""))
 
 
@@ -53,7 +55,8 @@ def main() -> None:
     secs = time.perf_counter() - t0
     tokens = sum(len(s.output_ids) for s in done)
     lengths = sorted(len(s.output_ids) for s in done)
-    res = {"engine": kind, "device": torch.cuda.get_device_name(0), "transformers": transformers.__version__,
+    res = {"engine": kind, "device": torch.cuda.get_device_name(0),
+           "transformers": transformers.__version__,
            "sequences": n, "max_new_tokens": max_new, "tokens": tokens, "seconds": secs,
            "tokens_per_s": tokens / secs, "engine_start_s": start_s,
            "length_p10_p50_p90": [lengths[n // 10], lengths[n // 2], lengths[9 * n // 10]]}

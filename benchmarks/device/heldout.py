@@ -1,6 +1,7 @@
 """Held-out greedy accuracy of one checkpoint (prints JSON); until `areal eval` lands.
 
-    python3 benchmarks/device/heldout.py MODEL_DIR [key=value ...]   (Hydra overrides: task, eval.size)
+    python3 benchmarks/device/heldout.py MODEL_DIR [key=value ...]   (Hydra overrides: task,
+    eval.size)
 """
 
 from __future__ import annotations

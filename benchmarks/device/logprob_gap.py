@@ -44,7 +44,8 @@ VLLM_VARIANTS = {
     "fp16": ({"dtype": "float16"}, {}),
 }
 STORIES = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot", "autumn", "bread",
-           "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon", "a bridge", "jazz"]
+           "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon",
+           "a bridge", "jazz"]
 
 
 def families(tok, n: int) -> dict[str, list[list[int]]]:
@@ -52,13 +53,15 @@ def families(tok, n: int) -> dict[str, list[list[int]]]:
     from areal_cli.tasks import load_problems, prompt_ids
 
     def ids(messages):
-        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                       return_dict=False)
 
     out = {}
     for task in ("basic_arithmetic", "arithmetic_long"):
         cfg = compose([f"task={task}"])
         out[task] = [prompt_ids(tok, p, cfg.task) for p in load_problems(cfg.task, "eval")[:n]]
-    out["stories"] = [ids([{"role": "user", "content": f"Write a short story about {STORIES[i % 16]} ({i})."}])
+    out["stories"] = [ids([{"role": "user",
+                            "content": f"Write a short story about {STORIES[i % 16]} ({i})."}])
                       for i in range(n)]
     return out
 
@@ -74,7 +77,8 @@ def gen(model_dir: str, out: str, variant: str, n: int, max_tokens: int) -> None
     else:
         rows = _gen_vllm(model_dir, fams, variant, max_tokens)
     torch.save({"variant": variant, "rows": rows, "gen_s": time.perf_counter() - t0}, out)
-    print(f"{variant}: {sum(len(r['out']) for r in rows)} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"{variant}: {sum(len(r['out']) for r in rows)} tokens in {time.perf_counter() - t0:.1f} "
+          "s", flush=True)
 
 
 def _gen_vllm(model_dir, fams, variant, max_tokens):
@@ -95,7 +99,8 @@ def _gen_vllm(model_dir, fams, variant, max_tokens):
                              detokenize=False, seed=0)
     rows = []
     for fam, prompts in fams.items():
-        outs = llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
+        outs = llm.generate([vllm.TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                            use_tqdm=False)
         for p, o in zip(prompts, outs, strict=True):
             c = o.outputs[0]
             lp = [d[t].logprob for t, d in zip(c.token_ids, c.logprobs, strict=True)]
@@ -113,11 +118,15 @@ def _gen_hf(model_dir, fams, max_tokens):
     rows = []
     for fam, prompts in fams.items():
         for p in prompts:
-            o = model.generate(torch.tensor([p], device=dev), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                               max_new_tokens=max_tokens, output_logits=True, return_dict_in_generate=True)
+            o = model.generate(torch.tensor([p], device=dev), do_sample=True, temperature=1.0,
+                               top_k=0, top_p=1.0,
+                               max_new_tokens=max_tokens, output_logits=True,
+                               return_dict_in_generate=True)
             out = o.sequences[0, len(p):]
-            lp = [float(torch.log_softmax(lg[0].float(), -1)[t]) for lg, t in zip(o.logits, out, strict=False)]
-            rows.append({"family": fam, "prompt": list(p), "out": out.tolist()[:len(lp)], "logp": lp})
+            lp = [float(torch.log_softmax(lg[0].float(), -1)[t]) for lg,
+                  t in zip(o.logits, out, strict=False)]
+            rows.append({"family": fam, "prompt": list(p), "out": out.tolist()[:len(lp)],
+                         "logp": lp})
     return rows
 
 
@@ -137,7 +146,8 @@ def _attention_fns():
         B, H, L, D = q.shape
         assert B == 1, "one sequence per row"
         qq, kk, vv = (t[0].transpose(0, 1).contiguous() for t in (q, k, v))
-        o = flash_attn_varlen_func(qq, kk, vv, L, cu(L, q.device), L, cu(L, q.device), softmax_scale=scaling,
+        o = flash_attn_varlen_func(qq, kk, vv, L, cu(L, q.device), L, cu(L, q.device),
+                                   softmax_scale=scaling,
                                    causal=True, fa_version=int(os.environ.get("FA_VERSION", "3")))
         return o[None], None
 
@@ -166,7 +176,8 @@ def _load(model_dir, dtype, attn="sdpa", head32=True):
     from areal_cli.trainer.model import float32_head
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, attn_implementation=attn).to(dev).eval()
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype,
+                                             attn_implementation=attn).to(dev).eval()
     if head32 and dtype != torch.float32:
         float32_head(m)
     return m
@@ -197,7 +208,8 @@ def _trainer_path(model, rows, dtype=torch.bfloat16):
 
     L = max(len(r["out"]) for r in rows)
     ro = Rollouts(prompts=[r["prompt"] for r in rows], responses=[r["out"] for r in rows],
-                  behav_logp=torch.zeros(len(rows), L), loss_mask=torch.ones(len(rows), L, dtype=torch.bool),
+                  behav_logp=torch.zeros(len(rows), L),
+                  loss_mask=torch.ones(len(rows), L, dtype=torch.bool),
                   rewards=torch.zeros(len(rows)), group_size=1)
     out = []
     for s in range(0, len(rows), 16):
@@ -221,8 +233,10 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
         "eager_attn": lambda: _per_sequence(_load(model_dir, bf16, "eager"), rows),
         "torch_varlen": lambda: _per_sequence(_load(model_dir, bf16, "torch_varlen"), rows),
         "vllm_fa": lambda: _per_sequence(_load(model_dir, bf16, "vllm_fa"), rows),
-        "compiled": lambda: _per_sequence(torch.compile(_load(model_dir, bf16), dynamic=True), rows),
-        "compiled_vllm_fa": lambda: _per_sequence(torch.compile(_load(model_dir, bf16, "vllm_fa"), dynamic=True),
+        "compiled": lambda: _per_sequence(torch.compile(_load(model_dir, bf16), dynamic=True),
+                                          rows),
+        "compiled_vllm_fa": lambda: _per_sequence(torch.compile(_load(model_dir, bf16, "vllm_fa"),
+                                                                dynamic=True),
                                                   rows),
         "fp16_sdpa": lambda: _per_sequence(_load(model_dir, fp16), rows),
         "fp16_trainer": lambda: _trainer_path(_load(model_dir, fp16), rows, fp16),
@@ -262,9 +276,11 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
                               round(float(diff.max()), 3)]
             if "fp32" in recomputed:  # the trainer-side bf16 paths against the truth
                 ref = torch.cat([recomputed["fp32"][i] for i in sel])
-                for name in ("sdpa", "trainer", "compiled", "vllm_fa", "compiled_vllm_fa", "fp16_sdpa"):
+                for name in ("sdpa", "trainer", "compiled", "vllm_fa", "compiled_vllm_fa",
+                             "fp16_sdpa"):
                     if name in recomputed and d is data[0]:
-                        line[f"{name}_vs_fp32"] = round(float((torch.cat([recomputed[name][i] for i in sel])
+                        line[f"{name}_vs_fp32"] = round(float((torch.cat([recomputed[name][i]
+                                                                          for i in sel])
                                                                - ref).abs().mean()), 4)
             result["table"].append(line)
             print(json.dumps(line), flush=True)
@@ -273,7 +289,8 @@ def score(model_dir: str, out: str, gens: list[str], only: list[str] | None) -> 
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("cmd", choices=["gen", "score", "all"])
     ap.add_argument("model_dir")
     ap.add_argument("out")

@@ -56,20 +56,25 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
         "mfu_per_step": [r.get("mfu") for r in rows],
         "grad_norm_per_step": [r.get("grad_norm") for r in rows],
         "skipped_steps": max((r.get("skipped_steps") or 0 for r in rows), default=0),
-        "peak_gpu_mem_gb": {k: max((r[k] for r in rows if isinstance(r.get(k), (int, float))), default=None)
+        "peak_gpu_mem_gb": {k: max((r[k] for r in rows if isinstance(r.get(k), (int, float))),
+                                   default=None)
                             for k in mem_keys},
         "nvidia_smi_peak_gib_per_gpu": gpu_peaks(csv) if csv else {},
         "weight_sync_s_median": _median([r.get("weight_sync_s") for r in post]),
         "update_pause_s_median": _median([u.get("pause_total_s") for u in updates]),
-        "update_parts_s_median": {k: _median([u.get(k) for u in updates]) for k in sorted({k for u in updates for k in u})
-                                  if k.endswith("_s") and _median([u.get(k) for u in updates]) is not None},
+        "update_parts_s_median": {k: _median([u.get(k) for u in updates])
+                                  for k in sorted({k for u in updates for k in u})
+                                  if k.endswith("_s")
+                                  and _median([u.get(k) for u in updates]) is not None},
         "updates": len(updates),
         "adapter_delta_zero": sum(1 for u in updates if u.get("adapter_delta_zero")),
         "weights_unchanged": sum(1 for u in updates if u.get("weights_unchanged")),
         "probe_logp_change_min": min((u["probe_logp_change"] for u in updates
-                                      if isinstance(u.get("probe_logp_change"), (int, float))), default=None),
+                                      if isinstance(u.get("probe_logp_change"), (int, float))),
+                                     default=None),
         "update_total_s_median": _median([u.get("update_total_s") for u in updates]),
-        "weight_versions_per_worker": {str(k): len(v) for k, v in sorted(per_worker.items(), key=str)},
+        "weight_versions_per_worker": {str(k): len(v) for k,
+                                       v in sorted(per_worker.items(), key=str)},
         "logp_gap_fresh": [r.get("logp_gap_fresh") for r in rows if "logp_gap_fresh" in r],
         "response_length": response_lengths(run_dir, warmup),
         "metric_keys": sorted(first),
@@ -79,4 +84,5 @@ def summary(run_dir: Path, warmup: int, csv: Path | None) -> dict:
 if __name__ == "__main__":
     run = Path(sys.argv[1])
     warm = int(sys.argv[2]) if len(sys.argv) > 2 else 2
-    print(json.dumps(summary(run, warm, Path(sys.argv[3]) if len(sys.argv) > 3 else None), indent=1))
+    print(json.dumps(summary(run, warm, Path(sys.argv[3]) if len(sys.argv) > 3 else None),
+                     indent=1))

@@ -30,14 +30,17 @@ from areal_cli.engines.factory import make_engine, make_sender
 from areal_cli.runconfig.autos import resolve
 
 TOPICS = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot", "autumn", "bread",
-          "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon", "a bridge", "jazz"]
+          "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon",
+          "a bridge", "jazz"]
 
 
 def prompts(tok, n: int) -> list[list[int]]:
     out = []
     for i in range(n):
-        msg = [{"role": "user", "content": f"Write a short story about {TOPICS[i % len(TOPICS)]} ({i})."}]
-        out.append(tok.apply_chat_template(msg, add_generation_prompt=True, tokenize=True, return_dict=False))
+        msg = [{"role": "user",
+                "content": f"Write a short story about {TOPICS[i % len(TOPICS)]} ({i})."}]
+        out.append(tok.apply_chat_template(msg, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False))
     return out
 
 
@@ -70,7 +73,8 @@ def recompute(model, seq: Sequence, temperature: float) -> torch.Tensor:
 
 
 def agreement(models: dict, done: list, temperature: float, version: int) -> dict:
-    """Mean / max |behaviour logprob − recomputed logprob| over the tokens made under ``version``."""
+    """Mean / max |behaviour logprob − recomputed logprob| over the tokens made under
+    ``version``."""
     diffs = {k: [] for k in models}
     for s in done:
         mask = torch.tensor([v == version for v in s.versions])
@@ -83,7 +87,8 @@ def agreement(models: dict, done: list, temperature: float, version: int) -> dic
     for k, v in diffs.items():
         if v:
             cat = torch.cat(v)
-            out[f"mean_abs_diff_{k}"], out[f"max_abs_diff_{k}"] = float(cat.mean()), float(cat.max())
+            out[f"mean_abs_diff_{k}"], out[f"max_abs_diff_{k}"] = (float(cat.mean()),
+                                                                   float(cat.max()))
     return out
 
 
@@ -97,7 +102,8 @@ def main() -> None:
     ap.add_argument("--weight-update", default="reload", choices=["reload", "inplace"])
     ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"])
     ap.add_argument("--lm-head-fp32", default="auto")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="vLLM's dtype (and the wire's)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="vLLM's dtype (and the wire's)")
     args = ap.parse_args()
     model_dir = args.model_dir
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,17 +115,23 @@ def main() -> None:
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
     cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
     cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
-    cfg.rollout.workers, cfg.launcher.peer_timeout_s = 1, 600  # one engine: weight group ranks 0 and 1
-    cfg = resolve(cfg, Placement(trainer_gpu=True, model_path=Path(model_dir)))  # lm_head_fp32=auto: on with vllm
-    result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "args": vars(args)}
-    trainer = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to("cuda:1").eval()
+    # one engine: weight group ranks 0 and 1
+    cfg.rollout.workers, cfg.launcher.peer_timeout_s = 1, 600
+    # lm_head_fp32=auto: on with vllm
+    cfg = resolve(cfg, Placement(trainer_gpu=True, model_path=Path(model_dir)))
+    result = {"device": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(),
+              "args": vars(args)}
+    trainer = AutoModelForCausalLM.from_pretrained(model_dir,
+                                                   dtype=torch.float32).to("cuda:1").eval()
     box = {}
     port = 29611
     # the engine joins the weight group as it is built: the trainer's end waits for it meanwhile
-    th = on_gpu1(lambda: box.update(sender=make_sender(cfg, "127.0.0.1", port, trainer, torch.device("cuda:1"))))
+    th = on_gpu1(lambda: box.update(sender=make_sender(cfg, "127.0.0.1", port, trainer,
+                                                       torch.device("cuda:1"))))
     th.start()
     t = time.perf_counter()
-    engine = make_engine(EngineSetup(cfg.engine, model_dir, tok.eos_token_id, Sampling(1.0), sequences=64,
+    engine = make_engine(EngineSetup(cfg.engine, model_dir, tok.eos_token_id, Sampling(1.0),
+                                     sequences=64,
                                      seed=cfg.seed, weights=WeightSource(cfg, "127.0.0.1", port)))
     result["vllm_engine_start_s"] = time.perf_counter() - t  # with joining the weight group
     th.join()
@@ -174,7 +186,8 @@ def main() -> None:
     float32_head(bf16_head32)
     seqs = [Sequence(f"t{i}", p, 128) for i, p in enumerate(ps)]
     done, _, _ = run_all(engine, seqs)
-    result["logprobs_T0.7"] = agreement({"bf16_fp32head": bf16_head32, "fp32": trainer}, done, 0.7, 7)
+    result["logprobs_T0.7"] = agreement({"bf16_fp32head": bf16_head32, "fp32": trainer}, done, 0.7,
+                                        7)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result, indent=1), flush=True)
