@@ -1,8 +1,9 @@
-"""A user workflow: after a wrong answer, give a hint and let the model try once more.
+r"""A user workflow: after a wrong answer, give a hint and let the model try once more.
 
 Run it with:
 
-    PYTHONPATH=examples .venv/bin/areal train workflow.name=hint_workflow:next_turn workflow.max_turns=2
+    PYTHONPATH=examples .venv/bin/areal train workflow.name=hint_workflow:next_turn \
+        workflow.max_turns=2
 
 areal calls ``next_turn`` after every model turn, once that turn is scored. Return the next
 user message to continue the episode, or None to end it; the episode's reward is the score of

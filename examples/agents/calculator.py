@@ -1,5 +1,5 @@
-"""A calculator agent: the model must call a `calculate` tool for the arithmetic, sees its result and
-answers. It imports only `openai` and the standard library, as an agent written for any
+"""A calculator agent: the model must call a `calculate` tool for the arithmetic, sees its result
+and answers. It imports only `openai` and the standard library, as an agent written for any
 OpenAI-compatible server would.
 
     areal train workflow=agent workflow.agent=examples.agents.calculator:run workflow.max_turns=3
@@ -26,7 +26,8 @@ TOOLS = [{"type": "function", "function": {
     "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                    "required": ["expression"]}}}]
-OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+       ast.Div: operator.truediv,
        ast.USub: operator.neg, ast.UAdd: operator.pos}
 
 
@@ -64,7 +65,8 @@ async def run(client, problem) -> dict:
         model="policy", messages=messages, tools=TOOLS, max_tokens=48,
         tool_choice={"type": "function", "function": {"name": "calculate"}})
     message = reply.choices[0].message
-    if not message.tool_calls:  # the model did not finish a well-formed call: nothing to answer from
+    # the model did not finish a well-formed call: nothing to answer from
+    if not message.tool_calls:
         return {"reward": 0.0, "called_tool": 0}
     messages.append(message.model_dump(exclude_none=True))
     for call in message.tool_calls:
