@@ -10,12 +10,13 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 
 | key | auto becomes |
 |---|---|
-| engine.dtype, trainer.dtype | bfloat16 |
+| engine.dtype, trainer.dtype | bfloat16 where the process computes on a GPU; on the CPU bfloat16 only where the processor has it natively, else float32 (config/cpu_dtype.py) |
 | engine.lm_head_fp32 | true where the engine's logits are float32 (vllm), else false |
 | engine.weight_update | vllm: inplace for a known fused layout (any TP), else reload; hf: inplace |
 | engine.lora_merge | true with vllm (merged weights through its in-place update), false with hf (the adapter) |
 | reward.judge.engine | vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf |
 | weights.dtype | engine.dtype |
+| reward.dtype | bfloat16 on reward.gpus, else the CPU's rule as for engine.dtype |
 | weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU, else gloo |
 | weights.staged | true with nccl, false with gloo |
 | weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
@@ -39,7 +40,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from enum import Enum
 from pathlib import Path
 
-from areal_cli.config import memory_plan
+from areal_cli.config import cpu_dtype, memory_plan
 from areal_cli.config.choices import (
     Allocator,
     Dtype,
@@ -60,6 +61,8 @@ class Placement:
 
     trainer_gpu: bool = False
     """The trainer ranks run on GPUs."""
+    rollout_gpu: bool | None = None
+    """The rollout workers' engines run on GPUs; None = as the trainer."""
     shared_gpu: bool = False
     """A rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
     model_path: Path | None = None
@@ -76,10 +79,13 @@ CPU = Placement()
 def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
     out = copy.deepcopy(cfg)
-    out.engine = resolve_engine(out.engine, where.model_path)
+    engine_gpu = where.trainer_gpu if where.rollout_gpu is None else where.rollout_gpu
+    out.engine = resolve_engine(out.engine, where.model_path, gpu=engine_gpu)
+    if out.reward.dtype == "auto":
+        out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))
     out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
     t, w = out.trainer, out.weights
-    t.dtype = _dtype(t.dtype)
+    t.dtype = _dtype(t.dtype, where.trainer_gpu)
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
     t.packing = _switch(t.packing, where.trainer_gpu)
@@ -99,11 +105,15 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     return out
 
 
-def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True) -> EngineConfig:
+def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True,
+                   gpu: bool | None = None) -> EngineConfig:
     """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that never
-    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer)."""
+    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer).
+    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here)."""
     e = copy.deepcopy(engine)
-    e.dtype = _dtype(e.dtype)
+    if gpu is None:
+        gpu = cpu_dtype.gpu_driver()
+    e.dtype = _dtype(e.dtype, gpu)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
     e.lora_merge = _switch(e.lora_merge, spec(e.name).weight_transfer == "engine")
     e.weight_update = _auto(WeightUpdate, e.weight_update,
@@ -149,9 +159,9 @@ def _auto(choices: type[Enum], value, concrete):
     return choices(concrete() if callable(concrete) else concrete)
 
 
-def _dtype(value) -> Dtype:
-    # bfloat16 decodes ~1.7x faster than float32 even on AVX512-BF16/AMX CPUs
-    return _auto(Dtype, value, Dtype.bfloat16)
+def _dtype(value, gpu: bool) -> Dtype:
+    """auto: bfloat16 on a GPU; on the CPU the dtype the processor computes natively."""
+    return _auto(Dtype, value, Dtype.bfloat16 if gpu else lambda: cpu_dtype.choose().dtype)
 
 
 COMPILE_MIN_PARAMS = 1e9
