@@ -50,10 +50,11 @@ test: install
 test-slow: install
 	$(PY) -m pytest -q -m slow tests $(ARGS)
 
-# ruff, then the structure: no import cycles, no role importing another, no engine-name tests.
+# ruff, then the structure: the layers (no import upward, no role importing another), no import
+# cycles, no engine-name tests (tools/lint_structure.py).
 lint: install
-	$(VENV)/bin/ruff check areal_cli tests benchmarks
-	$(PY) tests/lint_structure.py
+	$(VENV)/bin/ruff check areal_cli tests benchmarks tools
+	$(PY) tools/lint_structure.py
 
 # the site from docs/ into site/: the reference pages are generated from the schema and the CLI first;
 # --strict turns a broken link or a page missing from the navigation into an error

@@ -1,6 +1,6 @@
 """The model architectures a run can train, decided from config.json alone, and ``ModelError``.
 
-``models.py`` (aliases, paths, GGUF) and ``hub.py`` (Hub ids) both refuse with these.
+``model_source.py`` (aliases, paths, GGUF) and ``hub.py`` (Hub ids) both refuse with these.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ SUPPORTED = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": 
 
 
 def check_supported(path: Path, label: str) -> None:
-    """Refuse, from ``path``/config.json, a model that the trainer or the weight update cannot handle."""
+    """Refuse, from ``path``/config.json, a model that the trainer or the weight update cannot
+    handle."""
     config = json.loads((Path(path) / "config.json").read_text())
     why = unsupported(config)
     if why:
@@ -34,13 +35,15 @@ def unsupported(config: dict) -> str:
     archs = list(config.get("architectures") or [])
     experts = [k for k in ("num_experts", "num_local_experts", "n_routed_experts") if config.get(k)]
     if experts or "moe" in kind:
-        return (f"model_type={kind} is a mixture-of-experts model ({experts[0] if experts else kind}): the "
-                "trainer shards dense decoder layers and the in-place weight update knows no expert layout")
+        return (f"model_type={kind} is a mixture-of-experts model "
+                f"({experts[0] if experts else kind}): the trainer shards dense decoder layers and "
+                "the in-place weight update knows no expert layout")
     if "vision_config" in config or "audio_config" in config or kind.endswith(("_vl", "_omni")):
-        return (f"model_type={kind} is a multimodal (vision/audio) model: rollouts, the trainer and the "
-                "weight update handle text-only causal LMs")
+        return (f"model_type={kind} is a multimodal (vision/audio) model: rollouts, the trainer "
+                "and the weight update handle text-only causal LMs")
     if kind not in SUPPORTED:
-        return f"model_type={kind or '(none)'} (architectures {archs}) is not an architecture areal supports"
+        return (f"model_type={kind or '(none)'} (architectures {archs}) is not an architecture "
+                "areal supports")
     if archs and SUPPORTED[kind] not in archs:
         return f"architectures {archs}: the trainer needs the causal-LM head {SUPPORTED[kind]}"
     return ""

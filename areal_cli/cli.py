@@ -7,12 +7,14 @@ import sys
 import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Fully asynchronous RL for LLM reasoning. Overrides are Hydra `key=value` pairs "
-                       "after the command, e.g. `areal train trainer.steps=10 rollout.max_staleness=0`.")
+                  help="Fully asynchronous RL for LLM reasoning. Overrides are Hydra `key=value` "
+                       "pairs after the command, e.g. `areal train trainer.steps=10 "
+                       "rollout.max_staleness=0`.")
 bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks.")
 app.add_typer(bench_app, name="bench")
 
-OVERRIDES = typer.Argument(None, help="Hydra overrides: key=value (e.g. trainer.steps=10 engine=vllm).")
+OVERRIDES = typer.Argument(None,
+                           help="Hydra overrides: key=value (e.g. trainer.steps=10 engine=vllm).")
 
 
 def _fail(message: str) -> None:
@@ -21,7 +23,7 @@ def _fail(message: str) -> None:
 
 
 def _compose(overrides: list[str] | None, dry_run: bool = False):
-    from areal_cli.config.load import ConfigError, compose
+    from areal_cli.runconfig.compose import ConfigError, compose
 
     try:
         cfg = compose(list(overrides or []))
@@ -33,7 +35,8 @@ def _compose(overrides: list[str] | None, dry_run: bool = False):
 
 @app.command(context_settings={"allow_extra_args": True})
 def train(overrides: list[str] = OVERRIDES,
-          dry_run: bool = typer.Option(False, "--dry-run", help="Print config, device map and commands; start nothing."),
+          dry_run: bool = typer.Option(
+              False, "--dry-run", help="Print config, device map and commands; start nothing."),
           quiet: bool = typer.Option(False, "--quiet", help="No progress display.")):
     """Run asynchronous RL: controller + rollout workers + torchrun FSDP2 trainer."""
     cfg = _compose(overrides, dry_run)
@@ -58,7 +61,7 @@ def evaluate(overrides: list[str] = OVERRIDES):
     `workers=N` without gpus = N CPU processes. Every key: conf/eval.yaml.
     """
     try:
-        from areal_cli.evaluation.cli import run_eval
+        from areal_cli.eval.cli import run_eval
     except ImportError:
         typer.secho("areal eval: not yet available", err=True)
         raise typer.Exit(2) from None
@@ -79,9 +82,11 @@ def sync_vs_async(overrides: list[str] = OVERRIDES):
 
 
 @app.command(name="tasks")
-def list_tasks(dataset: str = typer.Argument(None, help="A reasoning-gym dataset: list its params and defaults.")):
+def list_tasks(dataset: str = typer.Argument(None,
+                                             help="A reasoning-gym dataset: list its params and "
+                                                  "defaults.")):
     """List the task presets (conf/task/) and reasoning-gym's datasets, or one dataset's params."""
-    from areal_cli.config.load import conf_dir
+    from areal_cli.runconfig.compose import conf_dir
     from areal_cli.tasks import catalog
 
     try:
@@ -100,7 +105,8 @@ def status(run_dir: str = typer.Argument(..., help="A run directory.")):
 
 @app.command()
 def plot(run_dirs: list[str] = typer.Argument(..., help="One or more run directories."),
-         out: str = typer.Option(None, "--out", "-o", help="The PNG to write; default plot.png in the first run.")):
+         out: str = typer.Option(None, "--out", "-o",
+                                 help="The PNG to write; default plot.png in the first run.")):
     """Compare runs in one PNG: reward, response length, staleness, step time and throughput
     against step and wall time, one colour per run."""
     from areal_cli.tracking.plot import NotARun, plot_runs

@@ -28,7 +28,8 @@ def fsync_dir(path: str | Path) -> None:
 
 
 def atomic_write(path: str | Path, data: str | bytes, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` all at once (temp file, fsync, rename, fsync the directory)."""
+    """Replace ``path`` with ``data`` all at once (temp file, fsync, rename, fsync the
+    directory)."""
     path = Path(path)
     raw = data.encode() if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -9,10 +9,11 @@ rollout worker starting a group), ``train`` (a trainer rank inside a step), ``we
 rollout worker about to receive a weight update), ``reward`` (a reward call that never returns).
 ``adapter`` (a LoRA engine about to apply a received adapter; ``AREAL_FAULT_MODE=skip`` leaves it
 unapplied: a weight sync that does nothing, which the engine's verification must catch).
-``grad`` (a trainer rank whose step ``version`` gets a NaN gradient after its backward, as an overflow
-would leave it: the step is skipped, its batch kept, and the run goes on or stops per
+``grad`` (a trainer rank whose step ``version`` gets a NaN gradient after its backward, as an
+overflow would leave it: the step is skipped, its batch kept, and the run goes on or stops per
 ``trainer.max_nonfinite_steps``; ``AREAL_FAULT=grad@1,2`` arms several versions).
-``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a dictionary lookup and nothing else.
+``AREAL_FAULT_RANK=r`` limits it to trainer rank r. Unset in normal runs: then every call is a
+dictionary lookup and nothing else.
 """
 
 from __future__ import annotations
@@ -41,9 +42,9 @@ def point(name: str, version: int, run_dir: str | Path) -> None:
 
 
 def armed(name: str, version: int) -> bool:
-    """Whether ``AREAL_FAULT=<name>@<v>[,<v>...]`` names this ``version`` (and ``AREAL_FAULT_RANK``, where set,
-    this trainer rank): every fault point asks this; ``grad`` alone acts on it directly (it changes what a step
-    computes instead of stopping the process)."""
+    """Whether ``AREAL_FAULT=<name>@<v>[,<v>...]`` names this ``version`` (and ``AREAL_FAULT_RANK``,
+    where set, this trainer rank): every fault point asks this; ``grad`` alone acts on it directly
+    (it changes what a step computes instead of stopping the process)."""
     if not _SPEC or "@" not in _SPEC:
         return False
     spec_name, versions = _SPEC.split("@", 1)
@@ -53,5 +54,6 @@ def armed(name: str, version: int) -> bool:
 
 
 def skipped(name: str, version: int) -> bool:
-    """Whether ``AREAL_FAULT=<name>@<version>`` with ``AREAL_FAULT_MODE=skip`` asks to leave this step out."""
+    """Whether ``AREAL_FAULT=<name>@<version>`` with ``AREAL_FAULT_MODE=skip`` asks to leave this
+    step out."""
     return armed(name, version) and os.environ.get("AREAL_FAULT_MODE") == "skip"

@@ -1,4 +1,5 @@
-"""Hugging Face Hub ids (``model=Qwen/Qwen2.5-7B-Instruct``): the cache, the download, offline errors.
+"""Hugging Face Hub ids (``model=Qwen/Qwen2.5-7B-Instruct``): the cache, the download, offline
+errors.
 
 A Hub id resolves to a snapshot directory in huggingface_hub's own cache (``HF_HUB_CACHE``, else
 ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``): the launcher resolves it once, before any
@@ -64,7 +65,8 @@ class HubModel:
         return hub_cache() / ("models--" + self.repo_id.replace("/", "--"))
 
     def cached(self) -> Path | None:
-        """The cached snapshot of this revision, complete for ``PATTERNS``; never touches the network."""
+        """The cached snapshot of this revision, complete for ``PATTERNS``; never touches the
+        network."""
         from huggingface_hub import snapshot_download
         from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -86,14 +88,16 @@ class HubModel:
         from huggingface_hub import hf_hub_download, snapshot_download
 
         with hub_errors(self):
-            config = hf_hub_download(self.repo_id, "config.json", revision=self.revision, cache_dir=hub_cache())
+            config = hf_hub_download(self.repo_id, "config.json", revision=self.revision,
+                                     cache_dir=hub_cache())
             check_supported(Path(config).parent, f"model={self.repo_id}")
-            path = Path(snapshot_download(self.repo_id, revision=self.revision, cache_dir=hub_cache(),
+            path = Path(snapshot_download(self.repo_id, revision=self.revision,
+                                          cache_dir=hub_cache(),
                                           allow_patterns=PATTERNS))
         if not complete(path):
-            raise ModelError(f"model={self.repo_id}: {path} lacks *.safetensors weights or a tokenizer (the "
-                             "repository may hold other formats only); save the model with save_pretrained "
-                             "and point model= at that directory")
+            raise ModelError(f"model={self.repo_id}: {path} lacks *.safetensors weights or a "
+                             "tokenizer (the repository may hold other formats only); save the "
+                             "model with save_pretrained and point model= at that directory")
         return path
 
     def plan(self) -> list[str]:
@@ -111,19 +115,21 @@ class HubModel:
                                       allow_patterns=PATTERNS, dry_run=True)
         todo = [f for f in files if f.will_download]
         size = sum(f.file_size or 0 for f in todo)
-        lines = [f"{self.repo_id} (revision {self.revision}, commit {files[0].commit_hash if files else '?'}): "
-                 f"would fetch {len(todo)} files, {size / 2**30:.2f} GiB, from {endpoint()} into {self.folder}",
-                 f"  files matching {' '.join(PATTERNS)}; config.json first (the architecture is checked "
-                 "before the weights are fetched)"]
+        lines = [f"{self.repo_id} (revision {self.revision}, commit "
+                 f"{files[0].commit_hash if files else '?'}): would fetch {len(todo)} files, "
+                 f"{size / 2**30:.2f} GiB, from {endpoint()} into {self.folder}",
+                 f"  files matching {' '.join(PATTERNS)}; config.json first (the architecture is "
+                 "checked before the weights are fetched)"]
         lines += [f"  {f.filename}  {(f.file_size or 0) / 2**20:.1f} MiB" for f in todo]
         return lines
 
     def not_cached(self, why: str) -> str:
         return (f"model={self.repo_id}: revision {self.revision} is not in the Hugging Face cache "
-                f"{hub_cache()} (set by HF_HUB_CACHE, or HF_HOME/hub) and {why}. Download it once where "
-                f"the Hub is reachable, with HF_HUB_OFFLINE unset (`hf download {self.repo_id}`, or this same "
-                "command), into that cache; or point at a local copy: model=/path/to/dir (a directory with "
-                "config.json, *.safetensors and the tokenizer files)")
+                f"{hub_cache()} (set by HF_HUB_CACHE, or HF_HOME/hub) and {why}. Download it once "
+                "where the Hub is reachable, with HF_HUB_OFFLINE unset (`hf download "
+                f"{self.repo_id}`, or this same command), into that cache; or point at a local "
+                "copy: model=/path/to/dir (a directory with config.json, *.safetensors and the "
+                "tokenizer files)")
 
 
 def complete(path: Path) -> bool:
@@ -136,7 +142,8 @@ def complete(path: Path) -> bool:
         weights = all((path / s).is_file() for s in shards)
     else:
         weights = any(path.glob("*.safetensors"))
-    tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))
+    tokenizer = any((path / f).is_file()
+                    for f in ("tokenizer.json", "tokenizer.model", "vocab.json"))
     return (path / "config.json").is_file() and weights and tokenizer
 
 
@@ -146,7 +153,9 @@ def hub_errors(model: HubModel):
     try:
         yield
     except Exception as err:  # noqa: BLE001 — anything not recognised below is raised again
-        message = _message(model, err.__cause__ if type(err).__name__ == "DryRunError" and err.__cause__ else err)
+        message = _message(model,
+                           err.__cause__ if type(err).__name__ == "DryRunError"
+                           and err.__cause__ else err)
         if message is None:
             raise
         raise ModelError(message) from None
@@ -162,14 +171,15 @@ def _message(m: HubModel, err: Exception) -> str | None:
     )
 
     if isinstance(err, GatedRepoError):
-        return (f"model={m.repo_id}: a gated repository; accept its licence on {endpoint()}/{m.repo_id} "
-                "and log in (`hf auth login`, or set HF_TOKEN)")
+        return (f"model={m.repo_id}: a gated repository; accept its licence on "
+                f"{endpoint()}/{m.repo_id} and log in (`hf auth login`, or set HF_TOKEN)")
     if isinstance(err, RepositoryNotFoundError):
-        return (f"model={m.repo_id}: no such repository on {endpoint()} (or a private one: log in with "
-                "`hf auth login` or set HF_TOKEN); check the spelling, or give a local directory "
-                "(model=/path/to/dir)")
+        return (f"model={m.repo_id}: no such repository on {endpoint()} (or a private one: log in "
+                "with `hf auth login` or set HF_TOKEN); check the spelling, or give a local "
+                "directory (model=/path/to/dir)")
     if isinstance(err, RevisionNotFoundError):
-        return f"model={m.repo_id}@{m.revision}: no such revision (branch, tag or commit); drop @{m.revision} for main"
+        return (f"model={m.repo_id}@{m.revision}: no such revision (branch, tag or commit); drop "
+                f"@{m.revision} for main")
     if isinstance(err, (LocalEntryNotFoundError, HfHubHTTPError, OSError, ConnectionError)) or (
             type(err).__module__.startswith(("httpx", "requests", "urllib3"))):
         return m.not_cached(f"the Hub ({endpoint()}) could not be reached ({type(err).__name__}: "

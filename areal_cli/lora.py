@@ -1,4 +1,5 @@
-"""LoRA (low-rank adapters, built with peft): what the trainer trains and what crosses the weight channel.
+"""LoRA (low-rank adapters, built with peft): what the trainer trains and what crosses the weight
+channel.
 
 Both ends use this module. The trainer injects adapters into its policy (``inject``) and sends
 their tensors; an engine derives the same list of tensors, names and shapes, from its own plain
@@ -47,7 +48,8 @@ def is_adapter(name: str) -> bool:
 
 
 def wire_name(name: str) -> str:
-    """``...q_proj.lora_A.default.weight`` (the trainer's parameter) → ``...q_proj.lora_A.weight``."""
+    """``...q_proj.lora_A.default.weight`` (the trainer's parameter) →
+    ``...q_proj.lora_A.weight``."""
     name = clean_name(name)
     for part in PARTS:
         if part in name:
@@ -57,7 +59,8 @@ def wire_name(name: str) -> str:
 
 
 def base_name(name: str) -> str:
-    """The plain model's name of a parameter of an adapted model (``q_proj.base_layer.weight`` → ``q_proj.weight``)."""
+    """The plain model's name of a parameter of an adapted model (``q_proj.base_layer.weight`` →
+    ``q_proj.weight``)."""
     return clean_name(name).replace(".base_layer.", ".")
 
 
@@ -69,17 +72,19 @@ def target_layers(model: torch.nn.Module, lora: LoraConfig) -> list[tuple[str, t
 
 
 def adapter_specs(model: torch.nn.Module, lora: LoraConfig) -> list[ParamSpec]:
-    """The adapter tensors of ``model`` (a plain model) in wire order: A [rank, in], B [out, rank] per layer."""
+    """The adapter tensors of ``model`` (a plain model) in wire order: A [rank, in], B [out, rank]
+    per layer."""
     out = []
     for name, m in target_layers(model, lora):
-        for suffix, shape in (("lora_A", (lora.rank, m.in_features)), ("lora_B", (m.out_features, lora.rank))):
+        for suffix, shape in (("lora_A", (lora.rank, m.in_features)),
+                              ("lora_B", (m.out_features, lora.rank))):
             out.append(ParamSpec(f"{name}.{suffix}.weight", shape, shape[0] * shape[1]))
     return out
 
 
 def check_model(model_path, lora: LoraConfig) -> list[str]:
-    """Problems of ``trainer.lora`` against the model (its config only, nothing loaded): unknown target
-    names, and a rank above the smallest dimension of a targeted layer."""
+    """Problems of ``trainer.lora`` against the model (its config only, nothing loaded): unknown
+    target names, and a rank above the smallest dimension of a targeted layer."""
     if lora.rank <= 0:
         return []
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -87,18 +92,20 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    linear = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    linear = {n.rsplit(".", 1)[-1] for n,
+              m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     out = []
     unknown = [t for t in lora.target_modules if t not in linear]
     if unknown:
-        out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; use some of "
-                   f"{sorted(linear - {'lm_head'})}")
+        out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; "
+                   f"use some of {sorted(linear - {'lm_head'})}")
     layers = target_layers(model, lora)
     if layers:
         smallest = min(min(m.in_features, m.out_features) for _, m in layers)
         if lora.rank > smallest:
-            out.append(f"trainer.lora.rank={lora.rank} exceeds {smallest}, the smallest dimension of a targeted "
-                       f"layer (a rank above it adds nothing but memory); use trainer.lora.rank<={smallest}")
+            out.append(f"trainer.lora.rank={lora.rank} exceeds {smallest}, the smallest dimension "
+                       "of a targeted layer (a rank above it adds nothing but memory); use "
+                       f"trainer.lora.rank<={smallest}")
     return out
 
 
@@ -113,8 +120,9 @@ def adapter_size(model_path, lora: LoraConfig) -> int:
 
 
 def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
-    """Adapters into ``model`` in place (peft's ``inject_adapter_in_model``: the model keeps its class and
-    its module paths); only the adapters require gradients. B starts at 0, so the model is unchanged."""
+    """Adapters into ``model`` in place (peft's ``inject_adapter_in_model``: the model keeps its
+    class and its module paths); only the adapters require gradients. B starts at 0, so the model is
+    unchanged."""
     import peft
 
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
@@ -126,7 +134,8 @@ def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
 
 
 def adapter_items(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(wire name, tensor) of the adapter parameters among (name, tensor) pairs of an adapted model."""
+    """(wire name, tensor) of the adapter parameters among (name, tensor) pairs of an adapted
+    model."""
     for name, t in named:
         if is_adapter(name):
             yield wire_name(name), t
@@ -134,11 +143,13 @@ def adapter_items(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
 
 def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float,
                  inplace: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
-    """(plain name, tensor) of an adapted model's parameters with every adapter merged: W0 + s · B @ A in
-    float32, cast back to W0's dtype, in the plain model's order. An adapted layer's own parameters (W0,
-    a bias) wait until its A and B have come by (module order). ``inplace``: the sum is written into
-    float32 W0 tensors themselves (no second copy; the adapted model is then spent)."""
-    held: dict[str, dict[str, torch.Tensor]] = {}  # layer → its base_layer's parameters (weight, bias)
+    """(plain name, tensor) of an adapted model's parameters with every adapter merged: W0 + s · B @
+    A in float32, cast back to W0's dtype, in the plain model's order. An adapted layer's own
+    parameters (W0, a bias) wait until its A and B have come by (module order). ``inplace``: the sum
+    is written into float32 W0 tensors themselves (no second copy; the adapted model is then
+    spent)."""
+    # layer → its base_layer's parameters (weight, bias)
+    held: dict[str, dict[str, torch.Tensor]] = {}
     parts: dict[str, dict[str, torch.Tensor]] = {}  # layer → lora_A, lora_B
     for name, t in named:
         name = clean_name(name)
@@ -155,18 +166,21 @@ def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float,
             ab, own = parts.pop(layer), held.pop(layer)
             w0 = own.pop("weight")
             if inplace and w0.dtype == torch.float32:
-                yield f"{layer}.weight", w0.addmm_(ab["lora_B"].float(), ab["lora_A"].float(), alpha=s)
+                yield f"{layer}.weight", w0.addmm_(ab["lora_B"].float(), ab["lora_A"].float(),
+                                                   alpha=s)
             else:
                 yield f"{layer}.weight", merge(w0, ab["lora_A"], ab["lora_B"], s)
             for leaf, rest in own.items():
                 yield f"{layer}.{leaf}", rest
     if held or parts:
-        raise RuntimeError(f"adapted layers without both adapter tensors: {sorted(held) + sorted(parts)}")
+        raise RuntimeError("adapted layers without both adapter tensors: "
+                           f"{sorted(held) + sorted(parts)}")
 
 
 def update_specs(model: torch.nn.Module, cfg: RootConfig) -> list[ParamSpec]:
-    """What one weight update of the trainer's ``model`` carries, in order: every parameter (no LoRA),
-    the adapter (``sends_adapter``), or the merged plain parameters (``engine.lora_merge``)."""
+    """What one weight update of the trainer's ``model`` carries, in order: every parameter (no
+    LoRA), the adapter (``sends_adapter``), or the merged plain parameters
+    (``engine.lora_merge``)."""
     named = [(n, torch.empty(p.shape, device="meta")) for n, p in model.named_parameters()]
     if enabled(cfg):
         named = list(adapter_items(iter(named)) if sends_adapter(cfg)
@@ -179,12 +193,15 @@ def merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch
     return torch.addmm(w0.float(), b.float(), a.float(), alpha=s).to(w0.dtype)
 
 
-def merge_state_dict(sd: dict[str, torch.Tensor], s: float, inplace: bool = False) -> dict[str, torch.Tensor]:
-    """A plain model's state dict from an adapted model's (full tensors); ``inplace`` as ``merged_items``."""
+def merge_state_dict(sd: dict[str, torch.Tensor], s: float, inplace: bool = False) -> dict[str,
+                                                                                           torch.Tensor]:
+    """A plain model's state dict from an adapted model's (full tensors); ``inplace`` as
+    ``merged_items``."""
     return dict(merged_items(iter(sd.items()), s, inplace))
 
 
-def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: LoraConfig, base_model: str,
+def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: LoraConfig,
+                 base_model: str,
                  dtype: torch.dtype = torch.float32) -> None:
     """The adapter in peft's format: ``adapter_config.json`` and ``adapter_model.safetensors``
     (keys ``base_model.model.<module>.lora_A.weight``), in ``dtype``."""
@@ -193,9 +210,12 @@ def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: Lor
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"base_model.model.{n}": t.detach().to(dtype).cpu().contiguous() for n, t in items}
     save_file(tensors, str(out / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank, "lora_alpha": lora.alpha,
-              "lora_dropout": lora.dropout, "target_modules": sorted(lora.target_modules), "bias": "none",
-              "base_model_name_or_path": str(base_model), "fan_in_fan_out": False, "use_rslora": False,
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank,
+              "lora_alpha": lora.alpha,
+              "lora_dropout": lora.dropout, "target_modules": sorted(lora.target_modules),
+              "bias": "none",
+              "base_model_name_or_path": str(base_model), "fan_in_fan_out": False,
+              "use_rslora": False,
               "use_dora": False, "modules_to_save": None}
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1) + "\n")
 

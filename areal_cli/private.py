@@ -37,7 +37,8 @@ def _who() -> str:
 
 
 def make_private_dir(path: str | Path) -> Path:
-    """Create ``path`` (mode 0700; missing parents with the default mode); FileExistsError if it exists."""
+    """Create ``path`` (mode 0700; missing parents with the default mode); FileExistsError if it
+    exists."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.mkdir(mode=0o700)
@@ -46,25 +47,29 @@ def make_private_dir(path: str | Path) -> Path:
 
 
 def check_private_dir(path: str | Path) -> list[str]:
-    """The reasons ``path`` (an existing directory) cannot be a run directory, each naming the fix."""
+    """The reasons ``path`` (an existing directory) cannot be a run directory, each naming the
+    fix."""
     path = Path(path)
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         return [f"run_dir={path} is not a directory: choose another run_dir"]
     problems = []
     if st.st_uid != os.geteuid():
-        problems.append(f"run_dir={path} belongs to {owner_name(st.st_uid)}, not to {_who()} who runs areal "
-                        f"(mode {stat.filemode(st.st_mode)}): its owner could change what this run starts; "
-                        "choose a run_dir of your own (or leave run_dir unset for a fresh one)")
+        problems.append(f"run_dir={path} belongs to {owner_name(st.st_uid)}, not to {_who()} who "
+                        f"runs areal (mode {stat.filemode(st.st_mode)}): its owner could change "
+                        "what this run starts; choose a run_dir of your own (or leave run_dir "
+                        "unset for a fresh one)")
     elif st.st_mode & OTHERS_WRITE:
-        problems.append(f"run_dir={path} can be written by other users (mode {stat.filemode(st.st_mode)}, "
-                        f"owner {owner_name(st.st_uid)}): chmod go-w {path} (or chmod 700), or choose another run_dir")
+        problems.append(f"run_dir={path} can be written by other users (mode "
+                        f"{stat.filemode(st.st_mode)}, owner {owner_name(st.st_uid)}): chmod go-w "
+                        f"{path} (or chmod 700), or choose another run_dir")
     parent = path.resolve().parent
     pst = os.stat(parent)
-    if pst.st_uid not in (0, os.geteuid()) or pst.st_mode & OTHERS_WRITE and not pst.st_mode & stat.S_ISVTX:
-        problems.append(f"{parent}, which holds run_dir={path}, can be changed by another user (owner "
-                        f"{owner_name(pst.st_uid)}, mode {stat.filemode(pst.st_mode)}), who could swap the "
-                        f"run directory: put the run in a directory of your own")
+    if (pst.st_uid not in (0, os.geteuid())
+            or pst.st_mode & OTHERS_WRITE and not pst.st_mode & stat.S_ISVTX):
+        problems.append(f"{parent}, which holds run_dir={path}, can be changed by another user "
+                        f"(owner {owner_name(pst.st_uid)}, mode {stat.filemode(pst.st_mode)}), who "
+                        "could swap the run directory: put the run in a directory of your own")
     return problems
 
 
@@ -83,11 +88,12 @@ def read_private(path: str | Path) -> bytes:
         if not stat.S_ISREG(st.st_mode):
             raise ValueError(f"{path} is not a regular file: remove it")
         if st.st_uid != os.geteuid():
-            raise ValueError(f"{path} belongs to {owner_name(st.st_uid)}, not to {_who()} who runs areal: "
-                             "someone else wrote into this run directory; start the run in a directory of your own")
+            raise ValueError(f"{path} belongs to {owner_name(st.st_uid)}, not to {_who()} who runs "
+                             "areal: someone else wrote into this run directory; start the run in "
+                             "a directory of your own")
         if st.st_mode & OTHERS_WRITE:
-            raise ValueError(f"{path} can be written by other users (mode {stat.filemode(st.st_mode)}): "
-                             f"chmod go-w {path}")
+            raise ValueError(f"{path} can be written by other users (mode "
+                             f"{stat.filemode(st.st_mode)}): chmod go-w {path}")
         chunks = []
         while chunk := os.read(fd, 1 << 20):
             chunks.append(chunk)

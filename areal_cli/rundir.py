@@ -9,10 +9,13 @@ is the whole on-disk contract:
 | ``config.yaml`` | launcher | the resolved config |
 | ``run.lock`` | launcher | ``flock`` held for the whole run; the holder's pid |
 | ``keys/`` | launcher | this run's CURVE keys (directory 0700, files 0600) |
-| ``stores/`` | launcher | file stores (0700): the trainer ranks' rendezvous, the weight group's (controller names it) |
-| ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of the run |
+| ``stores/`` | launcher | file stores (0700): the trainer ranks' rendezvous, the weight group's
+(controller names it) |
+| ``endpoints.json`` | controller (local) or the Slurm job's prepare step | every socket address of
+the run |
 | ``controller.ready`` | controller | its sockets are bound and ``endpoints.json`` is final |
-| ``reward_endpoint.json`` | reward-model process | the address of its socket (reward.fn=model / judge) |
+| ``reward_endpoint.json`` | reward-model process | the address of its socket (reward.fn=model /
+judge) |
 | ``logs/<process>.log`` | launcher (``trainer-<rank>.log``: each rank) | one per process |
 | ``pids.json`` | local launcher | the pid of every process it started (``areal status``) |
 | ``job.sbatch``, ``slurm_job_id`` | Slurm launcher | the submitted script and its job id |
@@ -21,10 +24,12 @@ is the whole on-disk contract:
 | ``trajectories.jsonl`` | controller | one object per trained sample |
 | ``weight_updates.jsonl`` | controller | per rollout worker and update: pause and load times |
 | ``tracking.json`` | controller | the experiment trackers' run ids (resume continues them) |
-| ``tensorboard/``, ``wandb/``, ``mlruns/`` | controller | the experiment trackers' local files (``logging.backends``) |
+| ``tensorboard/``, ``wandb/``, ``mlruns/`` | controller | the experiment trackers' local files
+(``logging.backends``) |
 | ``plot.png`` | ``areal plot`` | the default output of ``areal plot <run_dir> ...`` |
 | ``checkpoints/step_<v>.partial/`` | trainer ranks, then controller | a checkpoint being written |
-| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v, with the run's marker ``checkpoint.json`` |
+| ``checkpoints/step_<v>/`` | controller (rename) | a complete checkpoint of version v, with the
+run's marker ``checkpoint.json`` |
 | ``checkpoints/final/`` | trainer rank 0 | Hugging Face checkpoint of the trained model |
 | ``checkpoints/eval/`` | trainer rank 0 | the weights ``eval.every`` evaluates |
 | ``eval_final.json`` | launcher | the closing evaluation (``eval.at_end``) |
@@ -46,15 +51,20 @@ class RunDir:
         return f"RunDir({str(self.root)!r})"
 
     config = property(lambda self: self.root / "config.yaml", doc="the resolved config")
-    lock = property(lambda self: self.root / "run.lock", doc="flock of the live run; the holder's pid")
+    lock = property(lambda self: self.root / "run.lock",
+                    doc="flock of the live run; the holder's pid")
     keys = property(lambda self: self.root / "keys", doc="CURVE keys (0700)")
-    stores = property(lambda self: self.root / "stores", doc="file stores of the run's process groups (0700)")
-    endpoints = property(lambda self: self.root / "endpoints.json", doc="socket addresses (transport.channels)")
+    stores = property(lambda self: self.root / "stores",
+                      doc="file stores of the run's process groups (0700)")
+    endpoints = property(lambda self: self.root / "endpoints.json",
+                         doc="socket addresses (transport.channels)")
     reward_endpoint = property(lambda self: self.root / "reward_endpoint.json",
                                doc="the reward-model process's address")
-    controller_ready = property(lambda self: self.root / "controller.ready", doc="the controller is bound")
+    controller_ready = property(lambda self: self.root / "controller.ready",
+                                doc="the controller is bound")
     logs = property(lambda self: self.root / "logs", doc="one log per process")
-    pids = property(lambda self: self.root / "pids.json", doc="pids of the local launcher's processes")
+    pids = property(lambda self: self.root / "pids.json",
+                    doc="pids of the local launcher's processes")
     sbatch = property(lambda self: self.root / "job.sbatch", doc="the submitted Slurm script")
     slurm_job_id = property(lambda self: self.root / "slurm_job_id", doc="the Slurm job id")
     tensorboard = property(lambda self: self.root / "tensorboard", doc="TensorBoard event files")
@@ -63,14 +73,20 @@ class RunDir:
     plot = property(lambda self: self.root / "plot.png", doc="areal plot's default output")
     splits = property(lambda self: self.root / "splits.json", doc="the train/eval split report")
     metrics = property(lambda self: self.root / "metrics.jsonl", doc="one row per step")
-    trajectories = property(lambda self: self.root / "trajectories.jsonl", doc="one row per trained sample")
-    weight_updates = property(lambda self: self.root / "weight_updates.jsonl", doc="one row per worker update")
-    tracking = property(lambda self: self.root / "tracking.json", doc="experiment trackers' run ids")
+    trajectories = property(lambda self: self.root / "trajectories.jsonl",
+                            doc="one row per trained sample")
+    weight_updates = property(lambda self: self.root / "weight_updates.jsonl",
+                              doc="one row per worker update")
+    tracking = property(lambda self: self.root / "tracking.json",
+                        doc="experiment trackers' run ids")
     checkpoints = property(lambda self: self.root / "checkpoints", doc="step_<v>, final, eval")
-    final = property(lambda self: self.root / "checkpoints" / "final", doc="HF checkpoint of the trained model")
-    eval_checkpoint = property(lambda self: self.root / "checkpoints" / "eval", doc="weights eval.every reads")
+    final = property(lambda self: self.root / "checkpoints" / "final",
+                     doc="HF checkpoint of the trained model")
+    eval_checkpoint = property(lambda self: self.root / "checkpoints" / "eval",
+                               doc="weights eval.every reads")
     eval_final = property(lambda self: self.root / "eval_final.json", doc="the closing evaluation")
-    fault_reached = property(lambda self: self.root / "FAULT_REACHED", doc="fault injection (tests)")
+    fault_reached = property(lambda self: self.root / "FAULT_REACHED",
+                             doc="fault injection (tests)")
 
     def log(self, process: str) -> Path:
         """``logs/<process>.log``."""
@@ -90,10 +106,12 @@ class RunDir:
 
     @property
     def records(self) -> tuple[Path, Path, Path]:
-        """The JSONL records a checkpoint must not point past: metrics, trajectories, weight updates."""
+        """The JSONL records a checkpoint must not point past: metrics, trajectories, weight
+        updates."""
         return self.metrics, self.trajectories, self.weight_updates
 
     @property
     def no_links(self) -> tuple[Path, ...]:
         """Paths a run writes through or deletes under: never symbolic links."""
-        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints, self.stores)
+        return (self.checkpoints, *self.records, self.logs, self.config, self.endpoints,
+                self.stores)

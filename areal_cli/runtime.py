@@ -31,26 +31,27 @@ def setup_process(name: str, run_dir: str | Path) -> logging.Logger:
 
 
 SWITCH_INTERVAL_S = 0.0005
-"""The GIL switch interval of a process whose threads must answer while another one is busy (Python's
-default: 5 ms, which a thread waiting for the GIL can wait several times over per call). With the main
-thread busy, ``benchmarks/gil_switch.py`` served 99–162 calls/s at 5 ms and 255–257 at 0.5 ms in two
-runs (2-core CPU, the test suite running beside it)."""
+"""The GIL switch interval of a process whose threads must answer while another one is busy
+(Python's default: 5 ms, which a thread waiting for the GIL can wait several times over per call);
+with the main thread busy, ``benchmarks/gil_switch.py`` serves more calls per second at the shorter
+interval (BENCHMARKS.md "Small costs behind defaults")."""
 
 
 def short_gil_switch() -> None:
-    """Lower this process's GIL switch interval to ``SWITCH_INTERVAL_S`` (never raise it): a vLLM rollout
-    worker (vLLM's output thread beside the stepping loop, the agent endpoint's thread) and vLLM's engine
-    process (a weight update received by a thread beside the engine's loop)."""
+    """Lower this process's GIL switch interval to ``SWITCH_INTERVAL_S`` (never raise it): a vLLM
+    rollout worker (vLLM's output thread beside the stepping loop, the agent endpoint's thread) and
+    vLLM's engine process (a weight update received by a thread beside the engine's loop)."""
     sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
 
 
 def exit_now(code: int = 0) -> None:
-    """Flush stdout/stderr and end the process with ``code``, skipping the interpreter's finalization.
+    """Flush stdout/stderr and end the process with ``code``, skipping the interpreter's
+    finalization.
 
-    A gloo worker thread can still be releasing a finished collective's tensors while the main thread
-    finalizes the interpreter; taking the GIL then ends that thread inside a noexcept destructor and
-    the process aborts ("terminate called without an active exception", SIGABRT) after all its work
-    is done. Measured on the 2-core CPU machine: 7 of 228 two-rank gloo training steps ended so."""
+    A gloo worker thread can still be releasing a finished collective's tensors while the main
+    thread finalizes the interpreter; taking the GIL then ends that thread inside a noexcept
+    destructor and the process aborts ("terminate called without an active exception", SIGABRT)
+    after all its work is done; a few two-rank gloo training steps in a few hundred ended so."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -99,7 +100,8 @@ def usable_cores() -> int:
 
 def physical_gpus(ids: list[int]) -> str:
     """CUDA_VISIBLE_DEVICES for GPU ids counted among this process's visible GPUs: under
-    ``CUDA_VISIBLE_DEVICES=2,3`` (a scheduler's allocation, say), ids 0 and 1 are the cards 2 and 3."""
+    ``CUDA_VISIBLE_DEVICES=2,3`` (a scheduler's allocation, say), ids 0 and 1 are the cards 2 and
+    3."""
     parent = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
     return ",".join(parent[g] if g < len(parent) else str(g) for g in ids)
 
@@ -118,19 +120,21 @@ class StatusLink:
     (``transport.messages.SENDERS`` lists them), and a daemon thread sends a ``Heartbeat``
     every ``period_s``.
 
-    ``doing`` is what the process is busy with or waiting for, in words: the controller names it when
-    the heartbeats stop. Where the controller acts on what a process does (a weight broadcast),
-    ``set_doing`` also gives it as a ``Phase`` and the version it concerns; the words are never parsed.
-    A beat proves only that the thread runs, so it also carries ``progress``, a counter of the main
-    loop (advanced by ``advance()`` and by every new ``doing``), and, when the process sets ``busy``
-    (a callable: how much work it holds), that amount: the controller stops a run whose process
-    holds work while its counter stands still (launcher.progress_timeout_s).
+    ``doing`` is what the process is busy with or waiting for, in words: the controller names it
+    when the heartbeats stop. Where the controller acts on what a process does (a weight broadcast),
+    ``set_doing`` also gives it as a ``Phase`` and the version it concerns; the words are never
+    parsed. A beat proves only that the thread runs, so it also carries ``progress``, a counter of
+    the main loop (advanced by ``advance()`` and by every new ``doing``), and, when the process sets
+    ``busy`` (a callable: how much work it holds), that amount: the controller stops a run whose
+    process holds work while its counter stands still (launcher.progress_timeout_s).
     The thread cannot die quietly: the launcher gone or the controller unreachable ends the process.
     """
 
-    def __init__(self, endpoints: Endpoints, keys: Keys, name: str, period_s: float, max_frame: int):
+    def __init__(self, endpoints: Endpoints, keys: Keys, name: str, period_s: float,
+                 max_frame: int):
         self.name, self.period_s, self.progress = name, period_s, 0
-        self._now: tuple[str, Phase, int] = ("starting", Phase.other, -1)  # one tuple: a beat reads it whole
+        # one tuple: a beat reads it whole
+        self._now: tuple[str, Phase, int] = ("starting", Phase.other, -1)
         self.busy: Callable[[], int] | None = None
         self.sock = status_sender(endpoints.status, name, keys, max_frame)
         self.lock = threading.Lock()
@@ -146,7 +150,8 @@ class StatusLink:
         self.set_doing(what)
 
     def set_doing(self, what: str, phase: Phase = Phase.other, version: int = -1) -> None:
-        """Now doing ``what`` (words for people), which is ``phase`` of weight ``version`` (for the controller)."""
+        """Now doing ``what`` (words for people), which is ``phase`` of weight ``version`` (for the
+        controller)."""
         if (what, phase, version) != self._now:
             self._now = (what, phase, version)
             self.progress += 1
@@ -180,6 +185,7 @@ class StatusLink:
             try:
                 self.send(self._beat())
             except BaseException as err:  # noqa: BLE001 — a dead controller (or a bug here) ends this process
-                log.error("heartbeat failed (%s: %s): controller unreachable; exiting", type(err).__name__, err)
+                log.error("heartbeat failed (%s: %s): controller unreachable; exiting",
+                          type(err).__name__, err)
                 sys.stderr.flush()
                 os._exit(3)

@@ -31,10 +31,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from conftest import hf_engine  # noqa: E402
 
-from areal_cli.models import resolve_model  # noqa: E402
-from areal_cli.rollout.engines.base import Sequence  # noqa: E402
-from areal_cli.rollout.engines.hf_slots import sample  # noqa: E402
-from areal_cli.rollout.engines.setup import Sampling  # noqa: E402
+from areal_cli.engines.base import (
+    Sampling,  # noqa: E402
+    Sequence,  # noqa: E402
+)
+from areal_cli.engines.hf.slots import sample  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
 
 
 def load() -> float:

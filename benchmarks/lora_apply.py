@@ -6,7 +6,7 @@ or keep the base weights and run the adapter beside them (peft's LoRA layers) at
 On the default model (SmolLM2-135M, bf16, as the CPU rollout worker runs it) it prints, for a random
 rank-r adapter on every attention and MLP projection:
   * merge: seconds per update of W = W0 + (alpha/r)·B·A written into every targeted weight (what
-    ``rollout/engines/adapter.MergedAdapter`` does, ``engine_merge``), and the extra memory (the kept W0);
+    ``engines/adapter.MergedAdapter`` does, ``engine_merge``), and the extra memory (the kept W0);
   * wrap: seconds per update of copying A and B into peft's LoRA layers (nothing else changes);
   * decode tokens/s of ``generate`` (``seqs`` prompts × ``new`` tokens, greedy) of the plain model
     (what the merged engine runs) and of the peft-wrapped one;
@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from areal_cli import lora  # noqa: E402
 from areal_cli.config.schema import LoraConfig  # noqa: E402
-from areal_cli.models import resolve_model  # noqa: E402
-from areal_cli.rollout.engines.adapter import engine_merge  # noqa: E402
+from areal_cli.engines.adapter import engine_merge  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
 
 
 def decode_tps(model, prompts: torch.Tensor, new: int, repeats: int) -> float:

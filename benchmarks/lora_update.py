@@ -26,11 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from areal_cli import lora  # noqa: E402
-from areal_cli.config.load import compose  # noqa: E402
-from areal_cli.config.resolve import resolve  # noqa: E402
-from areal_cli.models import resolve_model  # noqa: E402
-from areal_cli.rollout.engines.factory import make_engine, make_sender  # noqa: E402
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource  # noqa: E402
+from areal_cli.engines.base import EngineSetup, Sampling, WeightSource  # noqa: E402
+from areal_cli.engines.factory import make_engine, make_sender  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
+from areal_cli.runconfig.autos import resolve  # noqa: E402
+from areal_cli.runconfig.compose import compose  # noqa: E402
 
 
 def free_port() -> int:

@@ -32,9 +32,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import Placement, resolve
-from areal_cli.models import resolve_model
+from areal_cli.config.resolve import Placement
+from areal_cli.model_source import resolve_model
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.messages import Batch, GroupResult, Sample

@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import Placement, resolve
-from areal_cli.rollout.length_profile import load_profile
+from areal_cli.config.resolve import Placement
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 from areal_cli.trainer.model import build_policy, policy_options
 from areal_cli.trainer.step import StepRunner
 from areal_cli.transport.messages import Batch, GroupResult, Sample
+from areal_cli.workflows.length_profile import load_profile
 from benchmarks.trainer_profile import init, sync
 from benchmarks.trainer_variants import checkpoint
 

@@ -43,7 +43,7 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     src = MODELS / name if (MODELS / name / "config.json").is_file() else Path(name)
     config = AutoConfig.from_pretrained(src)
     if tokenizer is None:
-        from areal_cli.models import resolve_model
+        from areal_cli.model_source import resolve_model
 
         tokenizer = resolve_model("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(tokenizer)

@@ -41,8 +41,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import Placement, resolve
+from areal_cli.config.resolve import Placement
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 from areal_cli.trainer.batching import from_batch, shard
 from areal_cli.trainer.model import build_policy, policy_options
 from areal_cli.trainer.step import StepRunner

@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "trainer"
 
 from helpers import default_shaped_batch  # noqa: E402
 
-from areal_cli.config.load import compose  # noqa: E402
-from areal_cli.config.resolve import resolve  # noqa: E402
-from areal_cli.models import resolve_model  # noqa: E402
+from areal_cli.model_source import resolve_model  # noqa: E402
+from areal_cli.runconfig.autos import resolve  # noqa: E402
+from areal_cli.runconfig.compose import compose  # noqa: E402
 from areal_cli.runtime import set_threads  # noqa: E402
 from areal_cli.trainer.model import build_policy  # noqa: E402
 from areal_cli.trainer.step import StepRunner  # noqa: E402

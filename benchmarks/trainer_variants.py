@@ -35,8 +35,9 @@ import torch
 import torch.distributed as dist
 
 import areal_cli.trainer.model as policy_model
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import Placement, resolve
+from areal_cli.config.resolve import Placement
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 from areal_cli.trainer.batching import PACKED_ROW_TOKENS_CUDA, from_batch, model_inputs
 from areal_cli.trainer.logprobs import forward_logprobs
 from areal_cli.trainer.step import StepRunner

@@ -21,7 +21,7 @@ def tiny_model(tmp_path_factory) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
 
     base = resolve_model("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(base)
@@ -59,7 +59,7 @@ def tiny_classifier(out: Path, num_labels: int) -> Path:
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
 
     base = resolve_model("smollm2-135m-instruct")
     cfg = AutoConfig.from_pretrained(base)
@@ -122,10 +122,10 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     """An hf engine on the CPU from ``make_engine`` (the factory every caller uses): float32, 512
     tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise; its
     ``auto`` values resolved once here, as a planned run's are."""
-    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import EngineConfig
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
+    from areal_cli.runconfig.autos import resolve_engine
 
     fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096, page_size=32) | engine
     e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)

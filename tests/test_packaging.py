@@ -56,7 +56,7 @@ def run_in_empty_dir(tmp_path: Path, *cmd) -> subprocess.CompletedProcess:
 
 def test_the_installed_package_is_used_and_finds_its_conf(installed, tmp_path):
     proc = run_in_empty_dir(tmp_path, installed / "python", "-c",
-                            "import areal_cli; from areal_cli.config.load import conf_dir; "
+                            "import areal_cli; from areal_cli.runconfig.compose import conf_dir; "
                             "print(areal_cli.__file__); print(conf_dir())")
     package, conf = (Path(x) for x in proc.stdout.split())
     venv = installed.parent

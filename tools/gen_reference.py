@@ -71,9 +71,9 @@ def _table(rows: list[tuple[str, str, str, str]]) -> list[str]:
 
 def config_rows() -> tuple[list, list]:
     """The rows of `areal train`'s keys and of `areal eval`'s, with conf/'s values."""
-    from areal_cli.config.load import compose
     from areal_cli.config.schema import RootConfig
-    from areal_cli.evaluation.config import EvalRunConfig, compose_eval
+    from areal_cli.eval.config import EvalRunConfig, compose_eval
+    from areal_cli.runconfig.compose import compose
 
     return keys(RootConfig, compose([])), keys(EvalRunConfig, compose_eval([])[0])
 
@@ -83,7 +83,7 @@ def config_page() -> str:
     head = [
         "# Config keys",
         "",
-        "Generated from the typed schema (`areal_cli/config/`, `areal_cli/evaluation/config.py`): every",
+        "Generated from the typed schema (`areal_cli/config/`, `areal_cli/eval/config.py`): every",
         "key, its type, the value `conf/` gives it (before `auto` is resolved) and its docstring. Set any",
         "of them on the command line as `key=value`; config groups (`algorithm=`, `task=`, `engine=`,",
         "`workflow=`, `launcher=`, `reward=`, `precision=`) swap in a file of `conf/<group>/`. A wrong key,",

@@ -15,9 +15,9 @@ worker's "generation:" log line counts the same way). GROUPS (default
 The bench runs it after the asynchronous run (its concurrency is the larger one) and multiplies the
 rate by rollout.workers (workers are independent engines on GPUs of their own). LOAD: the groups one
 worker of the asynchronous run actually held on average (the staleness bound admits fewer than the
-configured concurrency while batches wait for the trainer); where it is lower, the same engine is first
-measured at that load (``at_async_load``): the engine's own speed at the load the run gave it, against
-which the run's generation shows what the system costs the engine.
+configured concurrency while batches wait for the trainer); where it is lower, the same engine is
+first measured at that load (``at_async_load``): the engine's own speed at the load the run gave it,
+against which the run's generation shows what the system costs the engine.
 """
 
 from __future__ import annotations
@@ -34,39 +34,43 @@ LIMIT_S = 600.0
 def measure(run_dir: Path, groups: int = 0, load: int = 0) -> dict:
     """Generation alone at the run's configured concurrency; first at ``load`` groups as well where
     0 < ``load`` < that (``at_async_load``), with the same engine."""
-    from areal_cli.config.load import load_yaml
+    from areal_cli.config.read import read_yaml
     from areal_cli.config.schema import worker_concurrency
-    from areal_cli.models import resolve_model
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling
-    from areal_cli.rollout.length_profile import load_profile
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
+    from areal_cli.model_source import resolve_model
     from areal_cli.rundir import RunDir
     from areal_cli.tasks import load_problems, load_tokenizer
     from areal_cli.tasks.tokens import prompt_ids
+    from areal_cli.workflows.length_profile import load_profile
 
-    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    cfg = read_yaml(RunDir(run_dir).config)
     model = resolve_model(cfg.model)
     tok = load_tokenizer(model)
     capacity, g = worker_concurrency(cfg), cfg.rollout.group_size
     groups = groups or max(8, 3 * capacity)
     problems = [prompt_ids(tok, p, cfg.task) for p in load_problems(cfg.task, "train")]
     context = max(len(p) for p in problems) + cfg.rollout.max_new_tokens + 128
-    engine = make_engine(EngineSetup(cfg.engine, model, tok.eos_token_id, Sampling(cfg.rollout.temperature,
-                                     cfg.rollout.top_p), sequences=capacity * g, context=context, seed=cfg.seed))
+    engine = make_engine(EngineSetup(cfg.engine, model, tok.eos_token_id,
+                                     Sampling(cfg.rollout.temperature,
+                                     cfg.rollout.top_p), sequences=capacity * g, context=context,
+                                     seed=cfg.seed))
     lengths = load_profile(cfg.rollout.length_profile, cfg.seed)
     first = {}
     if 0 < load < capacity:
-        first = {"at_async_load": _measure(engine, problems, lengths, cfg, load, groups or max(8, 3 * load), 10**6)}
+        first = {"at_async_load": _measure(engine, problems, lengths, cfg, load,
+                                           groups or max(8, 3 * load), 10**6)}
     out = _measure(engine, problems, lengths, cfg, capacity, groups, 0)
     engine.close()
     return {**out, **first}
 
 
-def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int, first_group: int) -> dict:
-    """``capacity`` groups in flight, refilled as each completes, until ``capacity`` (warm-up) + ``groups``
-    complete; group ids from ``first_group`` (length draws of their own). Sequences a measurement before
-    left in the engine finish during the warm-up and are not counted."""
-    from areal_cli.rollout.engines.base import Sequence
+def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int,
+             first_group: int) -> dict:
+    """``capacity`` groups in flight, refilled as each completes, until ``capacity`` (warm-up) +
+    ``groups`` complete; group ids from ``first_group`` (length draws of their own). Sequences a
+    measurement before left in the engine finish during the warm-up and are not counted."""
+    from areal_cli.engines.base import Sequence
 
     g = cfg.rollout.group_size
     left: dict[int, int] = {}  # group → sequences not finished
@@ -79,10 +83,12 @@ def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int, f
         ids, gid = problems[started % len(problems)], first_group + started
         left[gid], made[gid], started = g, 0, started + 1
         for i in range(g):
-            n = cfg.rollout.max_new_tokens if lengths is None else lengths.draw(cfg.rollout.max_new_tokens, f"{gid}-{i}")
+            cap = cfg.rollout.max_new_tokens
+            n = cap if lengths is None else lengths.draw(cap, f"{gid}-{i}")
             engine.submit(Sequence((gid, i), list(ids), n, ignore_eos=lengths is not None))
 
-    held_s, measured_from = 0.0, None  # sequence-seconds in the engine after warm-up, and since when
+    # sequence-seconds in the engine after warm-up, and since when
+    held_s, measured_from = 0.0, None
     while len(done) < capacity + groups and time.perf_counter() - t0 < LIMIT_S:
         while len(left) < capacity:
             start()
@@ -103,24 +109,26 @@ def _measure(engine, problems: list, lengths, cfg, capacity: int, groups: int, f
                     measured_from = done[-1][0]
     measured = done[capacity:]
     if len(done) <= capacity or not measured:
-        raise RuntimeError(f"generation alone: {len(done)} groups completed in {LIMIT_S:.0f} s, not more than the "
-                           f"{capacity} of warm-up")
+        raise RuntimeError(f"generation alone: {len(done)} groups completed in {LIMIT_S:.0f} s, "
+                           f"not more than the {capacity} of warm-up")
     seconds = measured[-1][0] - done[capacity - 1][0]
     tokens = sum(n for _, n in measured)
-    return {"generated_tokens_per_s": tokens / seconds, "groups": len(measured), "warmup_groups": capacity,
+    return {"generated_tokens_per_s": tokens / seconds, "groups": len(measured),
+            "warmup_groups": capacity,
             "concurrency_groups": capacity, "sequences_in_flight": capacity * g, "seconds": seconds,
             "generated_tokens": tokens, "sequences_held_mean": held_s / max(seconds, 1e-9)}
 
 
 def pick_split(gen_per_gpu: float, train_per_gpu: float, gpus: int, step: int) -> dict | None:
-    """The generation / trainer GPU split of ``gpus`` (generation in multiples of ``step``, the tensor
-    parallel size; at least one GPU each) whose min(generation, training) rate is highest, both sides
-    assumed to scale linearly from their per-GPU rates; None with fewer than two GPUs."""
+    """The generation / trainer GPU split of ``gpus`` (generation in multiples of ``step``, the
+    tensor parallel size; at least one GPU each) whose min(generation, training) rate is highest,
+    both sides assumed to scale linearly from their per-GPU rates; None with fewer than two GPUs."""
     best = None
     for gen in range(step, gpus, step):
         rate = min(gen * gen_per_gpu, (gpus - gen) * train_per_gpu)
         if best is None or rate > best["ideal_trained_tokens_per_s"]:
-            best = {"generation_gpus": gen, "trainer_gpus": gpus - gen, "ideal_trained_tokens_per_s": rate}
+            best = {"generation_gpus": gen, "trainer_gpus": gpus - gen,
+                    "ideal_trained_tokens_per_s": rate}
     return best
 
 

@@ -10,7 +10,8 @@ from areal_cli.config.schema import RootConfig
 
 def greedy_accuracy(model_path: Path | str, cfg: RootConfig, size: int = 0, batch: int = 64,
                     problems: list | None = None) -> dict:
-    """``problems``: already loaded from the eval split (default: ``load_problems(cfg.task, "eval")``).
+    """``problems``: already loaded from the eval split (default: ``load_problems(cfg.task,
+    "eval")``).
     ``correct`` holds one character per problem, in order: "1" where the answer scored 1."""
     import torch
     from transformers import AutoModelForCausalLM

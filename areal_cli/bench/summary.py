@@ -50,7 +50,8 @@ def trainer_intervals(rows: list[dict]) -> list[tuple[float, float]]:
 
 def train_step_intervals(rows: list[dict]) -> list[tuple[float, float]]:
     """[start, end] of each step's training alone (the trainer interval less its weight sync)."""
-    return [(r["wall_time_s"] - _busy(r), r["wall_time_s"] - r.get("weight_sync_s", 0.0)) for r in rows]
+    return [(r["wall_time_s"] - _busy(r), r["wall_time_s"] - r.get("weight_sync_s", 0.0))
+            for r in rows]
 
 
 def weight_sync_intervals(rows: list[dict]) -> list[tuple[float, float]]:
@@ -121,8 +122,10 @@ def response_lengths(run_dir: Path, warmup: int) -> dict:
         return {"samples": 0, "p10": None, "p50": None, "p90": None, "max": None, "mean": None,
                 "truncated_fraction": None}
     lengths = sorted(int(t["num_tokens"]) for t in rows)
-    return {"samples": len(rows), "p10": nearest_rank(lengths, 0.1), "p50": nearest_rank(lengths, 0.5),
-            "p90": nearest_rank(lengths, 0.9), "max": lengths[-1], "mean": statistics.fmean(lengths),
+    return {"samples": len(rows), "p10": nearest_rank(lengths, 0.1),
+            "p50": nearest_rank(lengths, 0.5),
+            "p90": nearest_rank(lengths, 0.9), "max": lengths[-1],
+            "mean": statistics.fmean(lengths),
             "truncated_fraction": sum(t.get("finish_reason") == "length" for t in rows) / len(rows)}
 
 
@@ -154,10 +157,13 @@ def standalone_rates(run_dir: Path, warmup: int) -> dict:
     return {
         "training_trained_tokens_per_s": train_tokens / busy_s if busy_s > 0 else None,
         "generation_trained_tokens_per_s": gen_tokens / gen_s if gen_s > 0 else None,
-        "trainer_busy_s": busy_s, "training_steps": len(post), "training_trained_tokens": train_tokens,
-        "generation_phase_s": gen_s, "generation_steps": len(phases), "generation_trained_tokens": gen_tokens,
+        "trainer_busy_s": busy_s, "training_steps": len(post),
+        "training_trained_tokens": train_tokens,
+        "generation_phase_s": gen_s, "generation_steps": len(phases),
+        "generation_trained_tokens": gen_tokens,
         "generation_phase_s_per_step": phases,
-        "generation_phase_measured_by": " and ".join(sorted(how)) or "no step after warm-up and step 0",
+        "generation_phase_measured_by": " and ".join(sorted(how))
+        or "no step after warm-up and step 0",
     }
 
 
@@ -193,19 +199,24 @@ def summarize_run(run_dir: Path, warmup: int) -> dict:
         "generation_busy_fraction": gen_busy, "generation_busy_measured_by": gen_how,
         "generated_tokens_per_s": generated_in_window(run_dir, lo, hi) / window,
         "stale_dropped_tokens_per_s": ((post[-1].get("stale_dropped_tokens", 0)
-                                        - (rows[warmup - 1].get("stale_dropped_tokens", 0) if warmup else 0)) / window),
+                                        - (rows[warmup - 1].get("stale_dropped_tokens", 0)
+                                           if warmup else 0)) / window),
         # groups generating at once (all workers), as the controller counted them at each step's end
-        "running_groups_mean": (statistics.fmean(r["pool_running"] for r in post if "pool_running" in r)
+        "running_groups_mean": (statistics.fmean(r["pool_running"] for r in post
+                                                 if "pool_running" in r)
                                 if any("pool_running" in r for r in post) else None),
         "weight_sync_s_median": _median([r["weight_sync_s"] for r in post if "weight_sync_s" in r]),
-        "update_pause_s_median": _median([u["pause_total_s"] for u in updates if "pause_total_s" in u]),
+        "update_pause_s_median": _median([u["pause_total_s"] for u in updates
+                                          if "pause_total_s" in u]),
         "reward_curve": [r.get("reward_mean") for r in rows],
         "reward_wall_s": [r["wall_time_s"] for r in rows],
         "staleness_mean": statistics.fmean(r.get("staleness_mean", 0.0) for r in post),
         "staleness_max": max(r.get("staleness_max", 0) for r in post),
         "response_length": response_lengths(run_dir, warmup),
-        # steps that compiled trainer graphs (a form of input the trainer's precompile did not foresee)
-        "compiling_steps": {r["step"]: r["compiled_graphs"] for r in rows if r.get("compiled_graphs")},
+        # steps that compiled trainer graphs (a form of input the trainer's precompile did not
+        # foresee)
+        "compiling_steps": {r["step"]: r["compiled_graphs"] for r in rows
+                            if r.get("compiled_graphs")},
         "trainer_intervals": trainer_intervals(rows),
         "train_step_intervals": train_step_intervals(rows),
         "weight_sync_intervals": weight_sync_intervals(rows),
@@ -241,11 +252,13 @@ def reward_reach(sync: dict, asyn: dict) -> dict:
     means = trailing_means(asyn["reward_curve"], w)
     hit = next((i for i, m in enumerate(means) if m is not None and m >= target), None)
     known = [m for m in means if m is not None]
-    out = {"window_steps": w, "sync_final_reward": target, "async_final_reward": known[-1] if known else None,
+    out = {"window_steps": w, "sync_final_reward": target,
+           "async_final_reward": known[-1] if known else None,
            "async_best_reward": max(known) if known else None,
            "reached_at_step": hit,
            "reached_at_s": None if hit is None else asyn["reward_wall_s"][hit],
-           "reached_at_fraction_of_sync_wall": None, "heldout_gap_points": None, "heldout_gap_se_points": None}
+           "reached_at_fraction_of_sync_wall": None, "heldout_gap_points": None,
+           "heldout_gap_se_points": None}
     if hit is not None:
         out["reached_at_fraction_of_sync_wall"] = asyn["reward_wall_s"][hit] / sync["wall_time_s"]
     if "heldout" in sync and "heldout" in asyn:
@@ -280,12 +293,15 @@ def reach_lines(reach: dict) -> list[str]:
         lines.append(f"async did not reach it within its steps (its best {w}-step mean "
                      f"{reach['async_best_reward']:.3f}, final {reach['async_final_reward']:.3f})")
     else:
-        lines.append(f"async reached it at step {reach['reached_at_step']}, {reach['reached_at_s']:.1f} s = "
-                     f"{reach['reached_at_fraction_of_sync_wall']:.2f}x sync's wall time "
-                     f"(its final {w}-step mean {reach['async_final_reward']:.3f})")
+        lines.append(f"async reached it at step {reach['reached_at_step']}, "
+                     f"{reach['reached_at_s']:.1f} s = "
+                     f"{reach['reached_at_fraction_of_sync_wall']:.2f}x sync's wall time (its "
+                     f"final {w}-step mean {reach['async_final_reward']:.3f})")
     if reach["heldout_gap_points"] is not None:
         se = reach.get("heldout_gap_se_points")
-        lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} points"
-                     + (f" (standard error over these problems: {se:.1f} points"
-                        f"{', paired' if reach.get('heldout_gap_se_paired') else ''})" if se is not None else ""))
+        lines.append(f"held-out greedy accuracy, async - sync: {reach['heldout_gap_points']:+.1f} "
+                     "points"
+                     + (f" (standard error over these problems: {se:.1f} "
+                        f"points{', paired' if reach.get('heldout_gap_se_paired') else ''})"
+                        if se is not None else ""))
     return lines

@@ -21,9 +21,9 @@ per second, both measured in the same call:
 the async run's generated tokens per second of its window / generation alone (and
 ``generation_in_system_with_dropped_fraction``, counting too the groups generated and then dropped
 as too stale: what the engine made, trained or not). The same engine is also measured alone at the
-load the async run gave it (its mean running groups per worker, which the staleness bound keeps below
-the configured concurrency), and both fractions are set against that too (``..._at_load_fraction``):
-what the system costs the engine at equal load. From the two
+load the async run gave it (its mean running groups per worker, which the staleness bound keeps
+below the configured concurrency), and both fractions are set against that too
+(``..._at_load_fraction``): what the system costs the engine at equal load. From the two
 per-GPU rates the bench prints the generation / trainer GPU split it would pick. The sync run's
 own split of step time (``summary.standalone_rates``) is kept under ``sync_phases``.
 Each mode also gets its response length distribution (generated tokens per trained sample
@@ -37,8 +37,8 @@ checkpoints on the task's eval split), ``bench.heldout_size=1000`` (problems of 
 a gap of a few points is not lost in the noise of a small set; 0 = ``eval.size``; a split that
 cannot hold that many falls back to ``eval.size``), ``bench.alone=true`` (measure generation alone;
 false: no ideal), ``bench.alone_groups=0`` (groups it measures after warm-up; 0 = 3 × the worker's
-concurrency, at least 8). ``run_dir=`` names ``<out>``. Take ``trainer.steps`` ≥ ``bench.warmup`` + 30
-so that each mode measures at least 30 steps.
+concurrency, at least 8). ``run_dir=`` names ``<out>``. Take ``trainer.steps`` ≥ ``bench.warmup`` +
+30 so that each mode measures at least 30 steps.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from pathlib import Path
 
 from areal_cli.rundir import RunDir
 
-BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000, "alone": True, "alone_groups": 0}
+BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000, "alone": True,
+                  "alone_groups": 0}
 MEASUREMENT_ERROR = 1.02
 """async / ideal above this is reported as a measurement error."""
 
@@ -66,18 +67,20 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
         if name not in BENCH_DEFAULTS:
             raise ValueError(f"{key}: unknown bench option; use one of "
                              f"{', '.join('bench.' + k for k in BENCH_DEFAULTS)}")
-        opts[name] = value.lower() in ("1", "true", "yes") if name in ("heldout", "alone") else int(value)
+        opts[name] = (value.lower() in ("1", "true", "yes") if name in ("heldout", "alone")
+                      else int(value))
     return run, opts
 
 
 def run_bench(overrides: list[str]) -> Path:
-    from areal_cli.config.load import compose
+    from areal_cli.runconfig.compose import compose
 
     run_overrides, opts = split_overrides(list(overrides))
     base = compose(run_overrides)
     eta = opts["eta"] if opts["eta"] is not None else (base.rollout.max_staleness or 4)
     if eta < 1:
-        raise ValueError("bench.eta must be at least 1 (η = 0 is the synchronous run it is compared with)")
+        raise ValueError("bench.eta must be at least 1 (η = 0 is the synchronous run it is "
+                         "compared with)")
     out = Path(base.run_dir or f"runs/bench-{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = {}
@@ -86,24 +89,28 @@ def run_bench(overrides: list[str]) -> Path:
         print(f"== {mode}: rollout.max_staleness={staleness} → {run_dir}", flush=True)
         modes[mode] = run_mode(run_overrides, staleness, run_dir, opts)
     alone = generation_alone(Path(modes["async"]["run_dir"]), out / "generation_alone.json",
-                             opts["alone_groups"], modes["async"].get("running_groups_mean")) if opts["alone"] else None
+                             opts["alone_groups"],
+                             modes["async"].get("running_groups_mean")) if opts["alone"] else None
     result = compare(modes, eta, opts["warmup"], base, alone)
     (out / "bench.json").write_text(json.dumps(result, indent=1))
     plot(result, out)
     from areal_cli.tracking.plot import plot_runs
 
-    plot_runs([out / mode for mode in modes], out / "curves.png")  # both runs against step and wall time
+    # both runs against step and wall time
+    plot_runs([out / mode for mode in modes], out / "curves.png")
     print(report(result), flush=True)
     return out
 
 
 def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) -> dict:
     from areal_cli.bench.summary import summarize_run
-    from areal_cli.config.load import compose
     from areal_cli.launcher.run import train
+    from areal_cli.runconfig.compose import compose
 
     # the bench measures held-out accuracy itself (bench.heldout), not with the closing evaluation
-    cfg = compose(overrides + [f"rollout.max_staleness={staleness}", f"run_dir={run_dir}", "eval.at_end=false"])
+    cfg = compose(overrides
+                  + [f"rollout.max_staleness={staleness}", f"run_dir={run_dir}",
+                     "eval.at_end=false"])
     train(cfg, quiet=True)
     summary = summarize_run(run_dir, opts["warmup"])
     summary["max_staleness"] = staleness
@@ -113,24 +120,28 @@ def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) ->
 
 
 def generation_alone(run_dir: Path, out: Path, groups: int, running: float | None = None) -> dict:
-    """``bench/alone.py`` on the GPUs of ``run_dir``'s rollout worker 0, in a process of its own (as the
-    worker had); its rate × the workers it stands for (``scale``: rollout.workers on GPUs, 1 on the CPU).
-    ``running``: the groups the run held at once on average (all workers), for the measurement at its load."""
+    """``bench/alone.py`` on the GPUs of ``run_dir``'s rollout worker 0, in a process of its own (as
+    the worker had); its rate × the workers it stands for (``scale``: rollout.workers on GPUs, 1 on
+    the CPU).
+    ``running``: the groups the run held at once on average (all workers), for the measurement at
+    its load."""
     import os
     import subprocess
     import sys
 
-    from areal_cli.config.load import load_yaml
+    from areal_cli.config.read import read_yaml
     from areal_cli.launcher.plan import device_map, worker_gpus
     from areal_cli.runtime import physical_gpus
 
-    cfg = load_yaml(RunDir(run_dir).config, check=False)
+    cfg = read_yaml(RunDir(run_dir).config)
     gpus = worker_gpus(cfg, device_map(cfg)["rollout"])[0]
     env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
-    print(f"== generation alone: one worker's engine as in {run_dir.name}/ ({'GPUs ' + str(gpus) if gpus else 'CPU'})",
+    print(f"== generation alone: one worker's engine as in {run_dir.name}/ "
+          f"({'GPUs ' + str(gpus) if gpus else 'CPU'})",
           flush=True)
     load = round(running / cfg.rollout.workers) if running else 0
-    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out), str(groups), str(load)],
+    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out),
+                    str(groups), str(load)],
                    env=env, check=True)
     got = json.loads(out.read_text())
     got["scale"] = cfg.rollout.workers if gpus else 1
@@ -163,50 +174,55 @@ def heldout(model_path: Path, cfg, size: int) -> dict:
 DEFINITIONS = {
     "effective_trained_tokens_per_s": "per mode: trained tokens of the steps after warm-up / wall "
         "seconds from the end of the last warm-up step to the end of the last step",
-    "training_trained_tokens_per_s": "per mode: trained tokens / trainer-busy seconds (step_time_s + "
-        "weight_sync_s), steps after warm-up; the sync run's value is standalone training",
+    "training_trained_tokens_per_s": "per mode: trained tokens / trainer-busy seconds (step_time_s "
+        "+ weight_sync_s), steps after warm-up; the sync run's value is standalone training",
     "speedup": "async effective_trained_tokens_per_s / sync effective_trained_tokens_per_s",
-    "step_speedup": "sync step_wall_s_median / async step_wall_s_median: the speedup in steps (policy "
-        "versions) per second, which does not grow when the async run trains longer responses",
-    "standalone.generation_trained_tokens_per_s": "generation alone, measured in the same call: one "
-        "rollout worker's engine configured as in the async run (engine, sampling, lengths, its concurrency), "
-        "on that worker's GPUs, no trainer: generated tokens/s of the groups completed after the first "
-        "wave x rollout.workers on GPUs (1 on the CPU); bench/alone.py",
+    "step_speedup": "sync step_wall_s_median / async step_wall_s_median: the speedup in steps "
+        "(policy versions) per second, which does not grow when the async run trains longer "
+        "responses",
+    "standalone.generation_trained_tokens_per_s": "generation alone, measured in the same call: "
+        "one rollout worker's engine configured as in the async run (engine, sampling, lengths, "
+        "its concurrency), on that worker's GPUs, no trainer: generated tokens/s of the groups "
+        "completed after the first wave x rollout.workers on GPUs (1 on the CPU); bench/alone.py",
     "standalone.training_trained_tokens_per_s": "training alone: the async run's trained tokens / "
         "trainer-busy seconds (step_time_s + weight_sync_s), steps after warm-up: the same batches",
-    "ideal_trained_tokens_per_s": "ideal asynchronous throughput: min(standalone generation, standalone "
-        "training), trained tokens per second",
+    "ideal_trained_tokens_per_s": "ideal asynchronous throughput: min(standalone generation, "
+        "standalone training), trained tokens per second",
     "ideal_bottleneck": "the side that sets the ideal: generation or training",
-    "async_vs_ideal": "async effective_trained_tokens_per_s / ideal_trained_tokens_per_s; above 1.02 a "
-        "measurement error (measurement_error true), not a success",
-    "generation_in_system_fraction": "the async run's generated tokens of groups completed in its window / "
-        "window seconds, over standalone generation",
-    "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups dropped as older "
-        "than rollout.max_staleness, generated in full or stopped by their worker once no batch could take them "
-        "(the stale_dropped_tokens metric over the window): what the engine produced, useful or not",
-    "generation_in_system_at_load_fraction": "the async run's generated tokens/s over the same engine alone at "
-        "the load that run gave it (async_running_groups_mean / rollout.workers groups at once, measured first in "
-        "the same process as standalone generation): what the system costs the engine beyond the groups the "
-        "staleness bound lets it hold",
-    "generation_in_system_with_dropped_at_load_fraction": "the same, counting the groups dropped as too stale",
-    "async_running_groups_mean": "groups generating at once in the async run (all workers), the controller's "
-        "count at each step's end (pool_running), steps after warm-up",
-    "split": "the generation / trainer GPU split of the run's GPUs with the highest min(generation, training), "
-        "each side scaled linearly from its measured per-GPU rate",
-    "sync_phases": "the sync run's generation and training phases (summary.standalone_rates): its step time "
-        "split, not a bound",
-    "response_length": "per mode: generated tokens per trained sample (trajectories num_tokens; every "
-        "model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, samples",
-    "compiling_steps": "per mode: the steps whose trainer compiled graphs (metrics compiled_graphs: a form "
-        "of input the trainer's precompile did not foresee), step -> graphs; such a step also waited for the compile",
-    "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the token "
-        "limit (finish_reason == 'length', i.e. max_new_tokens)",
-    "reward_reach": "the sync run's final mean reward (mean batch reward of its last quarter of steps, "
-        "window_steps) and the first step of the async run whose mean over window_steps steps ending "
-        "there reaches it: its wall_time_s and that / the sync run's wall time; heldout_gap_points = "
-        "async - sync held-out greedy accuracy",
-    "reward_wall_s": "per mode: wall_time_s of each step's end; reward.png plots reward_curve (mean "
-        "reward of the step's batch) against it",
+    "async_vs_ideal": "async effective_trained_tokens_per_s / ideal_trained_tokens_per_s; above "
+        "1.02 a measurement error (measurement_error true), not a success",
+    "generation_in_system_fraction": "the async run's generated tokens of groups completed in its "
+        "window / window seconds, over standalone generation",
+    "generation_in_system_with_dropped_fraction": "the same, also counting the tokens of groups "
+        "dropped as older than rollout.max_staleness, generated in full or stopped by their worker "
+        "once no batch could take them (the stale_dropped_tokens metric over the window): what the "
+        "engine produced, useful or not",
+    "generation_in_system_at_load_fraction": "the async run's generated tokens/s over the same "
+        "engine alone at the load that run gave it (async_running_groups_mean / rollout.workers "
+        "groups at once, measured first in the same process as standalone generation): what the "
+        "system costs the engine beyond the groups the staleness bound lets it hold",
+    "generation_in_system_with_dropped_at_load_fraction": "the same, counting the groups dropped "
+                                                          "as too stale",
+    "async_running_groups_mean": "groups generating at once in the async run (all workers), the "
+        "controller's count at each step's end (pool_running), steps after warm-up",
+    "split": "the generation / trainer GPU split of the run's GPUs with the highest "
+        "min(generation, training), each side scaled linearly from its measured per-GPU rate",
+    "sync_phases": "the sync run's generation and training phases (summary.standalone_rates): its "
+        "step time split, not a bound",
+    "response_length": "per mode: generated tokens per trained sample (trajectories num_tokens; "
+        "every model turn), steps after warm-up: p10 / p50 / p90 (nearest rank), max, mean, "
+        "samples",
+    "compiling_steps": "per mode: the steps whose trainer compiled graphs (metrics "
+        "compiled_graphs: a form of input the trainer's precompile did not foresee), step -> "
+        "graphs; such a step also waited for the compile",
+    "response_length.truncated_fraction": "per mode: fraction of those samples stopped at the "
+        "token limit (finish_reason == 'length', i.e. max_new_tokens)",
+    "reward_reach": "the sync run's final mean reward (mean batch reward of its last quarter of "
+        "steps, window_steps) and the first step of the async run whose mean over window_steps "
+        "steps ending there reaches it: its wall_time_s and that / the sync run's wall time; "
+        "heldout_gap_points = async - sync held-out greedy accuracy",
+    "reward_wall_s": "per mode: wall_time_s of each step's end; reward.png plots reward_curve "
+        "(mean reward of the step's batch) against it",
 }
 
 
@@ -219,30 +235,39 @@ def compare(modes: dict, eta: int, warmup: int, cfg, alone: dict | None = None) 
     from areal_cli.bench.summary import reward_reach, standalone_rates
 
     sync, asyn = modes["sync"], modes["async"]
-    speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"], 1e-9)
+    speedup = asyn["effective_trained_tokens_per_s"] / max(sync["effective_trained_tokens_per_s"],
+                                                           1e-9)
     sides = {"generation": alone["generated_tokens_per_s"] * alone["scale"] if alone else None,
              "training": asyn.get("training_trained_tokens_per_s")}
-    ideal = bottleneck = ratio = fraction = with_dropped = split = fraction_at_load = with_dropped_at_load = None
+    ideal = bottleneck = ratio = fraction = with_dropped = split = None
+    fraction_at_load = with_dropped_at_load = None
     if all(v is not None and v > 0 for v in sides.values()):
         bottleneck = min(sides, key=sides.get)
         ideal = sides[bottleneck]
         ratio = asyn["effective_trained_tokens_per_s"] / ideal
-        made = asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)  # trained or not
-        fraction, with_dropped = asyn["generated_tokens_per_s"] / sides["generation"], made / sides["generation"]
+        # trained or not
+        made = asyn["generated_tokens_per_s"] + asyn.get("stale_dropped_tokens_per_s", 0.0)
+        fraction = asyn["generated_tokens_per_s"] / sides["generation"]
+        with_dropped = made / sides["generation"]
         split = gpu_split(sides, alone, cfg)
-        if "at_async_load" in alone:  # the same, against the engine alone at the load the run gave it
+        # the same, against the engine alone at the load the run gave it
+        if "at_async_load" in alone:
             at_load = alone["at_async_load"]["generated_tokens_per_s"] * alone["scale"]
-            fraction_at_load, with_dropped_at_load = asyn["generated_tokens_per_s"] / at_load, made / at_load
+            fraction_at_load = asyn["generated_tokens_per_s"] / at_load
+            with_dropped_at_load = made / at_load
     return {
         "eta": eta, "warmup_steps": warmup, "engine": cfg.engine.name, "model": str(cfg.model),
         "task": cfg.task.name, "steps": cfg.trainer.steps, "batch_size": cfg.trainer.batch_size,
         "group_size": cfg.rollout.group_size, "max_new_tokens": cfg.rollout.max_new_tokens,
         "speedup": speedup, "step_speedup": step_speedup(sync, asyn),
         "standalone": {"generation_trained_tokens_per_s": sides["generation"],
-                       "training_trained_tokens_per_s": sides["training"], "generation_alone": alone},
-        "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck, "async_vs_ideal": ratio,
+                       "training_trained_tokens_per_s": sides["training"],
+                       "generation_alone": alone},
+        "ideal_trained_tokens_per_s": ideal, "ideal_bottleneck": bottleneck,
+        "async_vs_ideal": ratio,
         "measurement_error": ratio is not None and ratio > MEASUREMENT_ERROR,
-        "generation_in_system_fraction": fraction, "generation_in_system_with_dropped_fraction": with_dropped,
+        "generation_in_system_fraction": fraction,
+        "generation_in_system_with_dropped_fraction": with_dropped,
         "generation_in_system_at_load_fraction": fraction_at_load,
         "generation_in_system_with_dropped_at_load_fraction": with_dropped_at_load,
         "async_running_groups_mean": asyn.get("running_groups_mean"),
@@ -262,7 +287,9 @@ def gpu_split(sides: dict, alone: dict, cfg) -> dict | None:
     gpus = gen_gpus + cfg.trainer.ranks
     best = pick_split(sides["generation"] / gen_gpus, sides["training"] / cfg.trainer.ranks, gpus,
                       cfg.engine.tensor_parallel_size)
-    return {**best, "now": {"generation_gpus": gen_gpus, "trainer_gpus": cfg.trainer.ranks}} if best else None
+    return {**best,
+            "now": {"generation_gpus": gen_gpus,
+                    "trainer_gpus": cfg.trainer.ranks}} if best else None
 
 
 def _fmt(value, fmt: str) -> str:
@@ -280,7 +307,8 @@ def report(result: dict) -> str:
     rows = [("effective trained tokens/s", "effective_trained_tokens_per_s", "{:.1f}"),
             ("step wall time, median (s)", "step_wall_s_median", "{:.2f}"),
             ("trainer busy fraction", "trainer_busy_fraction", "{:.2f}"),
-            ("trained tokens/s while the trainer is busy", "training_trained_tokens_per_s", "{:.1f}"),
+            ("trained tokens/s while the trainer is busy", "training_trained_tokens_per_s",
+             "{:.1f}"),
             ("generation busy fraction", "generation_busy_fraction", "{:.2f}"),
             ("weight sync, median (s)", "weight_sync_s_median", "{:.3f}"),
             ("update pause, median (s)", "update_pause_s_median", "{:.3f}"),
@@ -294,7 +322,8 @@ def report(result: dict) -> str:
         lines.append(f"{label:{w}}{cells[0]:>{cw}}{cells[1]:>{cw}}")
     cells = [_lengths(m) for m in modes]
     lines.append(f"{'response tokens p10/p50/p90/max':{w}}{cells[0]:>{cw}}{cells[1]:>{cw}}")
-    cells = [_fmt((m.get("response_length") or {}).get("truncated_fraction"), "{:.2f}") for m in modes]
+    cells = [_fmt((m.get("response_length") or {}).get("truncated_fraction"), "{:.2f}")
+             for m in modes]
     lines.append(f"{'truncated at max_new_tokens (' + str(result['max_new_tokens']) + ')':{w}}"
                  f"{cells[0]:>{cw}}{cells[1]:>{cw}}")
     cells = [str(len(m.get("compiling_steps") or {})) for m in modes]
@@ -302,50 +331,59 @@ def report(result: dict) -> str:
     lines.extend(ideal_lines(result, w, cw))
     for mode in modes:
         if "heldout" in mode:
-            lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): {mode['heldout']['accuracy']:.3f} "
-                         f"on {mode['heldout']['problems']} problems")
+            lines.append(f"held-out greedy accuracy ({mode['max_staleness']}): "
+                         f"{mode['heldout']['accuracy']:.3f} on {mode['heldout']['problems']} "
+                         "problems")
     if result.get("reward_reach"):
         from areal_cli.bench.summary import reach_lines
 
         lines.extend(reach_lines(result["reward_reach"]))
     lines.append(f"speedup (effective trained tokens/s, async / sync): {result['speedup']:.2f}x")
     if result.get("step_speedup"):
-        lines.append(f"speedup in steps per second (median step time, sync / async): {result['step_speedup']:.2f}x"
-                     " (lower than the token speedup when async trains longer responses)")
+        lines.append("speedup in steps per second (median step time, sync / async): "
+                     f"{result['step_speedup']:.2f}x (lower than the token speedup when async "
+                     "trains longer responses)")
     return "\n".join(lines)
 
 
 def ideal_lines(result: dict, w: int, cw: int) -> list[str]:
-    """The report's lines on the ideal: both sides alone, async / ideal, in-system generation, the split."""
+    """The report's lines on the ideal: both sides alone, async / ideal, in-system generation, the
+    split."""
     alone = result.get("standalone") or {}
     lines = [f"{'generation alone (same call), tokens/s':{w}}{'':>{cw}}"
              f"{_fmt(alone.get('generation_trained_tokens_per_s'), '{:.1f}'):>{cw}}",
              f"{'training alone (async batches), tokens/s':{w}}{'':>{cw}}"
              f"{_fmt(alone.get('training_trained_tokens_per_s'), '{:.1f}'):>{cw}}"]
     bound = f"  ({result['ideal_bottleneck']}-bound)" if result.get("ideal_bottleneck") else ""
-    lines.append(f"{'ideal async = min of the two, tokens/s':{w}}"
-                 f"{'':>{cw}}{_fmt(result.get('ideal_trained_tokens_per_s'), '{:.1f}'):>{cw}}{bound}")
-    lines.append(f"{'async / ideal':{w}}{'':>{cw}}{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
+    lines.append(f"{'ideal async = min of the two, tokens/s':{w}}{'':>{cw}}"
+                 f"{_fmt(result.get('ideal_trained_tokens_per_s'), '{:.1f}'):>{cw}}{bound}")
+    lines.append(f"{'async / ideal':{w}}{'':>{cw}}"
+                 f"{_fmt(result.get('async_vs_ideal'), '{:.2f}'):>{cw}}")
     lines.append(f"{'generation in the system / alone':{w}}{'':>{cw}}"
                  f"{_fmt(result.get('generation_in_system_fraction'), '{:.2f}'):>{cw}}")
+    dropped = result.get("generation_in_system_with_dropped_fraction")
     lines.append(f"{'  counting groups dropped as too stale':{w}}{'':>{cw}}"
-                 f"{_fmt(result.get('generation_in_system_with_dropped_fraction'), '{:.2f}'):>{cw}}")
+                 f"{_fmt(dropped, '{:.2f}'):>{cw}}")
     if result.get("generation_in_system_at_load_fraction") is not None:
-        label = f"  / alone at the run's own load ({result['async_running_groups_mean']:.1f} groups at once)"
+        label = (f"  / alone at the run's own load ({result['async_running_groups_mean']:.1f} "
+                 "groups at once)")
         lines.append(f"{label:{w}}{'':>{cw}}"
                      f"{_fmt(result['generation_in_system_at_load_fraction'], '{:.2f}'):>{cw}}")
+        dropped_at_load = result["generation_in_system_with_dropped_at_load_fraction"]
         lines.append(f"{'    counting groups dropped as too stale':{w}}{'':>{cw}}"
-                     f"{_fmt(result['generation_in_system_with_dropped_at_load_fraction'], '{:.2f}'):>{cw}}")
+                     f"{_fmt(dropped_at_load, '{:.2f}'):>{cw}}")
     if result.get("measurement_error"):
-        lines.append(f"MEASUREMENT ERROR: async / ideal = {result['async_vs_ideal']:.2f} > {MEASUREMENT_ERROR}: "
-                     "the async run cannot beat either side alone; the standalone rates do not describe that run "
-                     "(other lengths, too few steps, or a machine shared with other work)")
+        lines.append(f"MEASUREMENT ERROR: async / ideal = {result['async_vs_ideal']:.2f} > "
+                     f"{MEASUREMENT_ERROR}: the async run cannot beat either side alone; the "
+                     "standalone rates do not describe that run (other lengths, too few steps, or "
+                     "a machine shared with other work)")
     split = result.get("split")
     if split:
         now = split["now"]
         lines.append(f"GPU split from the measured rates: {split['generation_gpus']} generation + "
-                     f"{split['trainer_gpus']} trainer (ideal {split['ideal_trained_tokens_per_s']:.0f} tokens/s); "
-                     f"this run: {now['generation_gpus']} + {now['trainer_gpus']}")
+                     f"{split['trainer_gpus']} trainer (ideal "
+                     f"{split['ideal_trained_tokens_per_s']:.0f} tokens/s); this run: "
+                     f"{now['generation_gpus']} + {now['trainer_gpus']}")
     return lines
 
 
@@ -360,7 +398,8 @@ def plot(result: dict, out: Path) -> None:
     try:
         import matplotlib
     except ImportError:
-        print("no timeline.png or reward.png: they need matplotlib (pip install 'areal-cli[plots]')", flush=True)
+        print("no timeline.png or reward.png: they need matplotlib "
+              "(pip install 'areal-cli[plots]')", flush=True)
         return
 
     matplotlib.use("Agg")
@@ -376,8 +415,10 @@ def plot(result: dict, out: Path) -> None:
         steps = m.get("train_step_intervals") or m["trainer_intervals"]
         syncs = m.get("weight_sync_intervals") or []
         # generation: the union of the groups' spans (any group in flight); white is idle
-        ax.broken_barh([(a, b - a) for a, b in gen], (0, 8), facecolor=COLOURS["generation"], linewidth=0)
-        ax.broken_barh([(a, b - a) for a, b in steps], (10, 8), facecolor=COLOURS["training"], linewidth=0)
+        ax.broken_barh([(a, b - a) for a, b in gen], (0, 8), facecolor=COLOURS["generation"],
+                       linewidth=0)
+        ax.broken_barh([(a, b - a) for a, b in steps], (10, 8), facecolor=COLOURS["training"],
+                       linewidth=0)
         # a hairline edge keeps sub-pixel weight syncs visible over 100 steps
         ax.broken_barh([(a, b - a) for a, b in syncs], (10, 8), facecolor=COLOURS["weight sync"],
                        edgecolor=COLOURS["weight sync"], linewidth=0.5)
@@ -408,13 +449,15 @@ def plot(result: dict, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     for mode, m in result["modes"].items():
-        pts = [(t, r) for t, r in zip(m.get("reward_wall_s") or [a[1] for a in m["trainer_intervals"]],
+        pts = [(t, r) for t,
+               r in zip(m.get("reward_wall_s") or [a[1] for a in m["trainer_intervals"]],
                                       m["reward_curve"], strict=True) if r is not None]
         ax.plot([t for t, _ in pts], [r for _, r in pts], marker="o", markersize=3,
                 label=f"{mode} (η={m['max_staleness']})")
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("mean reward of the batch")
-    ax.set_title(f"mean reward vs wall time: {result['task']}, {_model_name(result['model'])}", fontsize=10)
+    ax.set_title(f"mean reward vs wall time: {result['task']}, {_model_name(result['model'])}",
+                 fontsize=10)
     ax.legend()
     ax.grid(color="0.9", linewidth=0.5)
     fig.tight_layout()

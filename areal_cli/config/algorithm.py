@@ -38,11 +38,14 @@ class AlgorithmConfig:
     objective: str = "ppo_clip"
     """ppo_clip = min(r A, clip(r) A); cispo = sg(clip(r)) A log pi_theta (MiniMax-M1's CISPO)."""
     eps_clip_low: float = 0.2
-    """Lower clip: the ratio (cispo: its stop-gradient weight) is clipped at 1 - eps_clip_low; 1 = no lower bound."""
+    """Lower clip: the ratio (cispo: its stop-gradient weight) is clipped at 1 - eps_clip_low; 1 =
+    no lower bound."""
     eps_clip_high: float = 0.2
-    """Upper clip: the ratio (cispo: its weight) is clipped at 1 + eps_clip_high (DAPO's clip-higher raises it)."""
+    """Upper clip: the ratio (cispo: its weight) is clipped at 1 + eps_clip_high (DAPO's clip-higher
+    raises it)."""
     dual_clip: float | None = None
-    """Dual-clip constant c > 1 (ppo_clip only): for A < 0 the objective is at least c * A; None = off."""
+    """Dual-clip constant c > 1 (ppo_clip only): for A < 0 the objective is at least c * A; None =
+    off."""
     ratio_level: str = "token"
     """token = pi_theta/pi_prox per token; sequence = GSPO's length-normalized sequence ratio."""
     behav_weight_cap: float = 5.0
@@ -62,7 +65,8 @@ class AlgorithmConfig:
     kl_estimator: str = "k3"
     """k1 = x, k2 = x**2 / 2, k3 = exp(-x) + x - 1 with x = log(pi / pi_ref)."""
     kl_in_reward: bool = False
-    """True = subtract kl_coef * KL(mu || ref) from the token rewards; False = kl_coef * KL(pi || ref) in the loss."""
+    """True = subtract kl_coef * KL(mu || ref) from the token rewards; False = kl_coef * KL(pi ||
+    ref) in the loss."""
     entropy_coef: float = 0.0
     """Weight of the entropy bonus subtracted from the loss; 0 = off (entropy is still logged)."""
     overlong_buffer: int = 0
@@ -87,7 +91,8 @@ class AlgorithmConfig:
     """True: pi_prox = the trainer's weights before the step (AReaL's decoupled objective; with one
     optimizer step per batch the ratio pi_theta/pi_prox is 1 and the clip never acts, leaving only
     the capped weight pi_prox/mu). False: pi_prox = mu, the policy that sampled: the weight is 1 and
-    the clip bounds pi_theta/mu, as plain PPO (docs/bench/history.md, "Staleness and held-out accuracy")."""
+    the clip bounds pi_theta/mu, as plain PPO (docs/bench/history.md, "Staleness and held-out
+    accuracy")."""
 
     @property
     def needs_critic(self) -> bool:

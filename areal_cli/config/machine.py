@@ -1,6 +1,7 @@
-"""What this machine has, for the checks of settings that must not exceed it (``config/load.py``,
-``RewardConfig.validate``): the CPU cores this process may run on, the physical memory, and the
-most tasks (processes and threads) the kernel allows. Read from the kernel; no torch import."""
+"""What this machine has, for the checks of settings that must not exceed it
+(``runconfig/compose.py``, ``RewardConfig.validate``): the CPU cores this process may run on, the
+physical memory, and the most tasks (processes and threads) the kernel allows. Read from the kernel;
+no torch import."""
 
 from __future__ import annotations
 

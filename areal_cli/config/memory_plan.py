@@ -1,23 +1,21 @@
-"""How much activation checkpointing a trainer rank on a GPU needs: ``trainer.activation_checkpointing=auto``.
+"""How much activation checkpointing a trainer rank on a GPU needs:
+``trainer.activation_checkpointing=auto``.
 
-Recomputing activations costs compute that MFU does not count: on the 7B layout (3 ranks of H200)
-no checkpointing ran at 48.2% MFU where checkpointing every layer ran at 32.7% (BENCHMARKS "Trainer
-throughput"). ``auto`` picks the least recomputation whose estimated peak fits the trainer's card:
-none, every other layer, every layer. The estimate, per rank, in bytes:
+Recomputing activations costs compute that MFU does not count (BENCHMARKS.md "Qwen2.5-7B layout,
+3 trainer ranks, no vLLM"). ``auto`` picks the least recomputation whose estimated peak fits the
+trainer's card: none, every other layer, every layer. The estimate, per rank, in bytes:
 
-- weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with LoRA
-  the frozen weights' 4 bytes alone (the adapters are a rounding error);
+- weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with
+  LoRA the frozen weights' 4 bytes alone (the adapters are a rounding error);
 - the staged wire copy on rank 0 (``weights.staged``): P × 2;
 - activations of one micro-batch of ``micro_batch_tokens``: a layer kept whole holds
-  ``ACT_FACTOR × (18·hidden + 6·intermediate)`` bytes a token (its inputs and outputs, q/k/v, the MLP's
-  gate, up and product; bf16 with a float32 residual), a checkpointed one its float32 input;
+  ``ACT_FACTOR × (18·hidden + 6·intermediate)`` bytes a token (its inputs and outputs, q/k/v, the
+  MLP's gate, up and product; bf16 with a float32 residual), a checkpointed one its float32 input;
 - the output layer's chunk: ``logprob_chunk_tokens`` × vocabulary × 4 bytes, three times (logits,
   log-softmax, their gradient);
 - ``HEADROOM`` for the CUDA context, NCCL and the allocator.
 
-Against measured peaks (random weights, H200): Qwen2.5-7B on 3 ranks, 8,256-token micro-batches, no
-checkpointing: 96 GiB estimated, 85.6 measured; Qwen2.5-1.5B on 1 rank, 25,344 tokens, none: 96 / 82.0;
-7B on 1 rank, bfloat16 moments, 32,896 tokens, every layer: 108 / 105.6. The estimate errs high, so
+The estimate errs high against the peaks in BENCHMARKS.md "Trainer throughput and memory", so
 ``auto`` errs towards more checkpointing, never towards an out-of-memory stop.
 """
 
@@ -29,8 +27,8 @@ from pathlib import Path
 
 GIB = 1024 ** 3
 ACT_FACTOR = 1.15
-"""Bytes of a whole layer's activations per token, over 18·hidden + 6·intermediate (fitted high on the
-1.5B and 7B measurements above)."""
+"""Bytes of a whole layer's activations per token, over 18·hidden + 6·intermediate (fitted high on
+the 1.5B and 7B measurements above)."""
 HEADROOM = 4 * GIB
 FILL = 0.9
 """Fraction of the card's memory the estimate may take."""
@@ -50,23 +48,27 @@ class Layout:
     def from_config(cls, path: Path) -> Layout:
         c = json.loads((Path(path) / "config.json").read_text())
         c = c.get("text_config", c)
-        h, inter, n, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+        h, inter = c["hidden_size"], c["intermediate_size"]
+        n, v = c["num_hidden_layers"], c["vocab_size"]
         heads = c["num_attention_heads"]
         head_dim = c.get("head_dim") or h // heads
         kv = c.get("num_key_value_heads", heads) * head_dim
         per_layer = h * heads * head_dim * 2 + 2 * h * kv + 3 * h * inter + 2 * h
         embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-        return cls(params=n * per_layer + embed + h, layers=n, hidden=h, intermediate=inter, vocab=v)
+        return cls(params=n * per_layer + embed + h, layers=n, hidden=h, intermediate=inter,
+                   vocab=v)
 
 
-def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: int | None, moments_bytes: int,
+def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: int | None,
+                   moments_bytes: int,
                    lora: bool, staged: bool, chunk: int) -> int:
     """Estimated peak of trainer rank 0: ``every`` None = no checkpointing, k = every k-th layer."""
     per_param = 4 if lora else 4 + 4 + moments_bytes
     states = lay.params * per_param / ranks
     wire = 2 * lay.params if staged else 0
     whole = ACT_FACTOR * (18 * lay.hidden + 6 * lay.intermediate)
-    kept = lay.layers if every is None else lay.layers - -(-lay.layers // every)  # layers not recomputed
+    # layers not recomputed
+    kept = lay.layers if every is None else lay.layers - -(-lay.layers // every)
     inputs = (lay.layers - kept) * 4 * lay.hidden
     acts = micro_batch_tokens * (kept * whole + inputs + (whole if every is not None else 0))
     head = 3 * chunk * lay.vocab * 4
@@ -74,8 +76,8 @@ def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: i
 
 
 def choose(lay: Layout, card_bytes: int, **kw) -> tuple[int | None, int]:
-    """``(every, estimate)``: the least checkpointing (None, then 2, then 1) whose estimate fits ``FILL`` of
-    the card; every layer (1) when none does."""
+    """``(every, estimate)``: the least checkpointing (None, then 2, then 1) whose estimate fits
+    ``FILL`` of the card; every layer (1) when none does."""
     for every in (None, 2, 1):
         need = estimate_bytes(lay, every=every, **kw)
         if need <= FILL * card_bytes:

@@ -30,7 +30,8 @@ class Range:
 
     def __str__(self) -> str:
         hi = "inf)" if self.hi == INF else f"{_num(self.hi)}{')' if self.hi_open else ']'}"
-        return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {hi}" + (f" ({self.note})" if self.note else "")
+        return f"{'(' if self.lo_open else '['}{_num(self.lo)}, {hi}" + (f" ({self.note})"
+                                                                         if self.note else "")
 
 
 def _num(v: float) -> str:
@@ -61,20 +62,25 @@ RANGES: dict[str, dict[str, Range]] = {
                    "eval_share": Range(0, 1, True, True), "eval_fraction": Range(0, 1, True, True)},
     "RewardConfig": {
         "timeout_s": TIMEOUT, "workers": Range(1, 256), "numeric_tol": at_least(0),
-        "code_cpu_s": COUNT, "code_wall_s": TIMEOUT, "code_mem_mb": at_least(16), "code_nproc": COUNT,
+        "code_cpu_s": COUNT, "code_wall_s": TIMEOUT, "code_mem_mb": at_least(16),
+        "code_nproc": COUNT,
         "max_error_fraction": Range(0, 1, note="1 = never stop"), "batch_size": COUNT,
         "batch_wait_s": at_least(0, "seconds"),
     },
     "RewardModelConfig": {"max_tokens": COUNT},
-    "JudgeConfig": {"score_min": Range(-INF), "score_max": Range(-INF), "max_new_tokens": Range(1, 256),
-                    "min_verdict_mass": FRACTION, "max_tokens": COUNT, "gpu_memory_utilization": PROB},
+    "JudgeConfig": {"score_min": Range(-INF), "score_max": Range(-INF),
+                    "max_new_tokens": Range(1, 256),
+                    "min_verdict_mass": FRACTION, "max_tokens": COUNT,
+                    "gpu_memory_utilization": PROB},
     "AlgorithmConfig": {
-        "gamma": FRACTION, "lam": FRACTION, "eps_clip_low": Range(0, 1, lo_open=True, note="1 = no lower bound"),
+        "gamma": FRACTION, "lam": FRACTION,
+        "eps_clip_low": Range(0, 1, lo_open=True, note="1 = no lower bound"),
         "eps_clip_high": pos(), "dual_clip": Range(1, lo_open=True, note="or null = off"),
         "behav_weight_cap": at_least(1), "behav_mask_low": Range(0, 1, note="or null = off"),
         "behav_mask_high": at_least(1, "or null = off"), "kl_coef": at_least(0, "0 = off"),
         "entropy_coef": at_least(0, "0 = off"), "overlong_buffer": at_least(0, "0 = off"),
-        "overlong_penalty": at_least(0), "value_coef": at_least(0), "value_clip": pos("or null = unclipped"),
+        "overlong_penalty": at_least(0), "value_coef": at_least(0),
+        "value_clip": pos("or null = unclipped"),
         "critic_lr": Range(0, 1, lo_open=True), "ppo_epochs": COUNT,
     },
     "EngineConfig": {
@@ -82,11 +88,13 @@ RANGES: dict[str, dict[str, Range]] = {
         "threads": AUTO0, "gpu_memory_utilization": PROB, "tensor_parallel_size": COUNT,
         "max_model_len": AUTO0, "max_num_seqs": AUTO0,
     },
-    "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION, "agent_concurrency": Range(1, 4096),
+    "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION,
+                       "agent_concurrency": Range(1, 4096),
                        "agent_timeout_s": TIMEOUT, "max_failed_fraction": FRACTION},
     "RolloutConfig": {
         "workers": COUNT, "group_size": COUNT, "max_new_tokens": COUNT,
-        "max_staleness": at_least(0, "0 = synchronous"), "max_concurrent": at_least(0, "0 = (η+1)·batch_size"),
+        "max_staleness": at_least(0, "0 = synchronous"),
+        "max_concurrent": at_least(0, "0 = (η+1)·batch_size"),
         "temperature": pos(), "top_p": PROB,
     },
     "TrainerConfig": {
@@ -99,20 +107,24 @@ RANGES: dict[str, dict[str, Range]] = {
         "max_nonfinite_steps": at_least(0, "0 = never stop"),
         "shape_buckets": Range(0, 64, note="sizes per doubling; 0 = exact shapes"),
     },
-    "LoraConfig": {"rank": at_least(0, "0 = full fine-tuning"), "alpha": pos(), "dropout": Range(0, 1, hi_open=True)},
+    "LoraConfig": {"rank": at_least(0, "0 = full fine-tuning"), "alpha": pos(),
+                   "dropout": Range(0, 1, hi_open=True)},
     "WeightsConfig": {"bucket_mb": at_least(0, "0 = 1024 with NCCL, 32 with gloo")},
     "LauncherConfig": {
         "port_base": Range(0, 65535 - 6, note="0 = free ports; the run uses 7 from it"),
         "heartbeat_s": TIMEOUT, "peer_timeout_s": TIMEOUT, "startup_timeout_s": TIMEOUT,
         "progress_timeout_s": at_least(0, "seconds; 0 = never"), "stop_timeout_s": at_least(0),
         "nodes": COUNT, "gpus_per_node": at_least(0), "gen_nodes": at_least(0, "0 = half"),
-        "signal_s": at_least(0), "max_frame_mb": Range(0, 2047, note="0 = sized to the largest batch"),
+        "signal_s": at_least(0),
+        "max_frame_mb": Range(0, 2047, note="0 = sized to the largest batch"),
     },
-    "CheckpointConfig": {"every": at_least(0, "0 = only at the end"), "keep": at_least(0, "0 = all")},
+    "CheckpointConfig": {"every": at_least(0, "0 = only at the end"),
+                         "keep": at_least(0, "0 = all")},
     "EvalConfig": {"every": at_least(0, "0 = never"), "size": at_least(0)},
     "LoggingConfig": {"samples_every": at_least(0, "0 = never"), "samples": COUNT},
     "EvalRunConfig": {
-        "n_samples": COUNT, "temperature": at_least(0, "0 = greedy"), "top_p": PROB, "max_new_tokens": COUNT,
+        "n_samples": COUNT, "temperature": at_least(0, "0 = greedy"), "top_p": PROB,
+        "max_new_tokens": COUNT,
         "size": at_least(0, "0 = all"), "seed": SEED, "threads": AUTO0, "max_concurrent": COUNT,
         "workers": AUTO0, "timeout_s": at_least(0, "seconds; 0 = no limit"),
     },

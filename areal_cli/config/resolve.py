@@ -1,4 +1,6 @@
-"""Every ``auto`` of the config made concrete, in one step: ``resolve(cfg, placement) -> cfg``.
+"""What every ``auto`` of the config becomes: the rules, and ``Placement``, their input. The step that
+applies them all at once, ``resolve(cfg, placement) -> cfg``, is ``runconfig/autos.py`` (the engine's
+values come from its spec, above config/).
 
 ``areal train`` calls it once, when it plans the run (``launcher/plan.py``), before config.yaml is
 written into the run directory; the trainer, the rollout workers and the controller read that file
@@ -31,7 +33,6 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 
 from __future__ import annotations
 
-import copy
 import ctypes.util
 import netrc
 import os
@@ -47,12 +48,9 @@ from areal_cli.config.choices import (
     OptimState,
     Switch,
     WandbMode,
-    WeightsBackend,
-    WeightUpdate,
 )
 from areal_cli.config.reward_models import JudgeEngine
-from areal_cli.config.schema import EngineConfig, RootConfig, WeightsConfig
-from areal_cli.rollout.engines import spec
+from areal_cli.config.schema import RootConfig, WeightsConfig
 
 
 @dataclass(frozen=True)
@@ -76,51 +74,6 @@ CPU = Placement()
 """Every process on the CPU (no GPU visible, or a config that was not planned)."""
 
 
-def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
-    """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
-    out = copy.deepcopy(cfg)
-    engine_gpu = where.trainer_gpu if where.rollout_gpu is None else where.rollout_gpu
-    out.engine = resolve_engine(out.engine, where.model_path, gpu=engine_gpu)
-    if out.reward.dtype == "auto":
-        out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))
-    out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
-    t, w = out.trainer, out.weights
-    t.dtype = _dtype(t.dtype, where.trainer_gpu)
-    t.optim_state = _auto(OptimState, t.optim_state,
-                          OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
-    t.packing = _switch(t.packing, where.trainer_gpu)
-    t.compile = _switch(t.compile, _compile(where))
-    t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
-    w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
-    nccl = where.trainer_gpu and not where.shared_gpu
-    w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)
-    w.staged = _switch(w.staged, w.backend == WeightsBackend.nccl)
-    w.bucket_mb = w.bucket_mb or (1024 if w.backend == WeightsBackend.nccl else 32)
-    if t.activation_checkpointing == Switch.auto:
-        every, _ = checkpointing(out, where)
-        t.activation_checkpointing = Switch.false if every is None else Switch.true
-        t.checkpoint_every = every or t.checkpoint_every
-    out.launcher.allocator = _auto(Allocator, out.launcher.allocator, _installed_allocator)
-    out.logging.wandb_mode = _auto(WandbMode, out.logging.wandb_mode, _wandb_mode)
-    return out
-
-
-def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True,
-                   gpu: bool | None = None) -> EngineConfig:
-    """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that never
-    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer).
-    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here)."""
-    e = copy.deepcopy(engine)
-    if gpu is None:
-        gpu = cpu_dtype.gpu_driver()
-    e.dtype = _dtype(e.dtype, gpu)
-    e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
-    e.lora_merge = _switch(e.lora_merge, spec(e.name).weight_transfer == "engine")
-    e.weight_update = _auto(WeightUpdate, e.weight_update,
-                            lambda: _weight_update(e, model_path) if updates else WeightUpdate.reload)
-    return e
-
-
 def unresolved(cfg) -> list[str]:
     """The keys of ``cfg`` (a config dataclass) still ``auto``: [] once resolved."""
     out, hints = [], typing.get_type_hints(type(cfg))
@@ -139,7 +92,7 @@ def require_resolved(cfg: RootConfig, source: str) -> RootConfig:
     left = unresolved(cfg)
     if left:
         raise ValueError(f"{source}: {', '.join(left)} still auto: start the run with `areal train`, which "
-                         "resolves them when it plans the run (or call areal_cli.config.resolve.resolve)")
+                         "resolves them when it plans the run (or call areal_cli.runconfig.autos.resolve)")
     return cfg
 
 
@@ -224,16 +177,6 @@ def checkpointing(cfg: RootConfig, where: Placement) -> tuple[int | None, int]:
 
 def _switch(value, on: bool) -> Switch:
     return _auto(Switch, value, Switch.true if on else Switch.false)
-
-
-def _weight_update(e: EngineConfig, model_path: Path | None) -> WeightUpdate:
-    if spec(e.name).weight_transfer != "engine":
-        return WeightUpdate.inplace  # the broadcast loads into the torch model's own parameters
-    if model_path is None:
-        return WeightUpdate.auto
-    from areal_cli.transport.vllm_weights import choose_weight_update
-
-    return WeightUpdate(choose_weight_update("auto", model_path, e.tensor_parallel_size)[0])
 
 
 ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}

@@ -49,7 +49,8 @@ class JudgeConfig:
     """reward.fn=judge: a frozen generative model grades each completion from a rubric template."""
 
     model: str = ""
-    """The judge: an alias, local directory or Hub id; "" = the run's initial policy model (frozen)."""
+    """The judge: an alias, local directory or Hub id; "" = the run's initial policy model
+    (frozen)."""
     template: str = DEFAULT_JUDGE_TEMPLATE
     """The judge's user message; {problem}, {reference} and {completion} are replaced by the
     problem text, its reference answer and the completion ({completion} is required). Text is
@@ -62,7 +63,8 @@ class JudgeConfig:
     score_max: float = 10.0
     """verdict=number: the highest grade the template asks for (scores 1)."""
     max_new_tokens: int = 8
-    """verdict=number: tokens the judge may write (greedy); the first number in them is the grade."""
+    """verdict=number: tokens the judge may write (greedy); the first number in them is the
+    grade."""
     min_verdict_mass: float = 0.05
     """verdict=yes_no: P(yes) + P(no) below this is a parse failure (the judge meant neither)."""
     on_parse_error: str = "min"
@@ -96,12 +98,13 @@ def template_problems(template: str) -> list[str]:
     names = PLACEHOLDER.findall(template)
     errors = []
     if "completion" not in names:
-        errors.append("reward.judge.template has no {completion}: the judge would never see the answer; "
-                      "add {completion} where the answer goes")
+        errors.append("reward.judge.template has no {completion}: the judge would never see the "
+                      "answer; add {completion} where the answer goes")
     unknown = sorted(set(names) - set(PLACEHOLDERS))
     if unknown:
-        errors.append(f"reward.judge.template names {', '.join('{' + n + '}' for n in unknown)}: only "
-                      f"{{problem}}, {{reference}} and {{completion}} are filled in; fix the spelling")
+        errors.append(f"reward.judge.template names {', '.join('{' + n + '}' for n in unknown)}: "
+                      "only {problem}, {reference} and {completion} are filled in; fix the "
+                      "spelling")
     return errors
 
 
@@ -109,8 +112,8 @@ def judge_problems(j: JudgeConfig, gpus: list) -> list[str]:
     """What is wrong with reward.judge for a reward-model process on ``gpus`` (reward.gpus)."""
     errors = template_problems(j.template)
     if j.engine == JudgeEngine.vllm and not gpus:
-        errors.append("reward.judge.engine=vllm needs a GPU and reward.gpus is empty: set reward.gpus=[<gpu id>] "
-                      "(a GPU of its own), or reward.judge.engine=hf")
+        errors.append("reward.judge.engine=vllm needs a GPU and reward.gpus is empty: set "
+                      "reward.gpus=[<gpu id>] (a GPU of its own), or reward.judge.engine=hf")
     if j.verdict not in VERDICTS:
         errors.append(f"reward.judge.verdict={j.verdict!r}: use one of {', '.join(VERDICTS)}")
     if j.on_parse_error not in PARSE_ERROR_SCORES:

@@ -1,7 +1,7 @@
 """The typed config of a run: one dataclass per role, every field documented.
 
 ``conf/`` holds values only; Hydra composes it with the user's ``key=value`` overrides and
-``areal_cli.config.load`` merges the result into ``RootConfig``, so unknown keys and wrong
+``areal_cli.runconfig.compose`` merges the result into ``RootConfig``, so unknown keys and wrong
 types are errors; a closed choice is an enum (``choices.py``), so a value outside it is an error
 naming the valid ones. Every ``auto`` is resolved once, when the launcher plans the run
 (``resolve.py``): the run's config.yaml holds concrete values only. No torch import here:
@@ -37,65 +37,72 @@ class EngineConfig:
     """The generation engine of every rollout worker."""
 
     name: str = "hf"
-    """"hf" (embedded: the slot loop on the CPU, transformers continuous batching on a GPU) | "vllm" (GPU; `pip install 'areal-cli[vllm]'`)."""
+    """"hf" (embedded: the slot loop on the CPU, transformers continuous batching on a GPU) | "vllm"
+    (GPU; `pip install 'areal-cli[vllm]'`)."""
     dtype: Dtype = Dtype.auto
     """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
-    trainer.dtype=float16 brings the behaviour and trainer logprobs 8x closer than bfloat16 (docs/gpu.md)."""
+    trainer.dtype=float16 brings the behaviour and trainer logprobs closer than bfloat16
+    (docs/gpu.md)."""
     max_batch_tokens: int = 2048
     """Tokens per engine forward (prefill chunks + decodes)."""
     kv_cache_tokens: int = 0
-    """KV cache size in tokens; 0 = what the run needs, resolved before the run starts (groups generating at
-    once × group_size × pages for the longest prompt + max_new_tokens per turn); on a GPU at most what
-    fits in engine.gpu_memory_utilization of its free memory."""
+    """KV cache size in tokens; 0 = what the run needs, resolved before the run starts (groups
+    generating at once × group_size × pages for the longest prompt + max_new_tokens per turn); on a
+    GPU at most what fits in engine.gpu_memory_utilization of its free memory."""
     page_size: int = 64
     """KV cache page (block) size in tokens."""
     threads: int = 0
     """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
     cpu_batching: CpuBatching = CpuBatching.slots
-    """hf on the CPU: "slots" (one batched forward of every live sequence over a contiguous KV cache,
-    2-4x the tokens/s of "paged" at 32-64 sequences on one core: docs/cpu.md) | "paged" (transformers'
-    continuous batching, always used on a GPU)."""
+    """hf on the CPU: "slots" (one batched forward of every live sequence over a contiguous KV
+    cache, 2-4x the tokens/s of "paged" at 32-64 sequences on one core: docs/cpu.md) | "paged"
+    (transformers' continuous batching, always used on a GPU)."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for the KV cache)."""
+    """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for
+    the KV cache)."""
     tensor_parallel_size: int = 1
     """vLLM: GPUs per rollout worker."""
     pause_mode: PauseMode = PauseMode.abort
-    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their KV)."""
+    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their
+    KV)."""
     enforce_eager: bool = False
-    """vLLM: no torch.compile / CUDA graphs (starts ~40 s sooner, decodes slower)."""
+    """vLLM: no torch.compile / CUDA graphs (starts sooner, decodes slower)."""
     max_model_len: int = 0
     """vLLM: longest prompt + response in tokens; 0 = the model's own limit."""
     max_num_seqs: int = 0
-    """vLLM: most sequences decoded at once; 0 = vLLM's default (raise it for asynchronous runs, where
-    up to (max_staleness + 1) × batch_size groups are in flight)."""
+    """vLLM: most sequences decoded at once; 0 = vLLM's default (raise it for asynchronous runs,
+    where up to (max_staleness + 1) × batch_size groups are in flight)."""
     weight_update: WeightUpdate = WeightUpdate.auto
     """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
-    layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's weight
-    loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any tensor_parallel_size), received
-    into a staging copy while generation goes on at TP 1 (and at TP > 1 with engine.staged_tp) where the GPU
-    has room (the pause is the swap), else during the pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
+    layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's
+    weight loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any
+    tensor_parallel_size), received into a staging copy while generation goes on at TP 1 (and at TP
+    > 1 with engine.staged_tp) where the GPU has room (the pause is the swap), else during the
+    pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
     staging: bool = True
-    """vLLM, engine.weight_update=inplace: receive each update behind generation into a staging copy of the
-    weights where the GPU has room for it (the pause is then the swap). false: every update is received
-    during the pause, straight into the engine's weights (no copy: its memory stays the engine's; the
-    trainer's broadcast runs on GPUs that are not generating)."""
+    """vLLM, engine.weight_update=inplace: receive each update behind generation into a staging copy
+    of the weights where the GPU has room for it (the pause is then the swap). false: every update
+    is received during the pause, straight into the engine's weights (no copy: its memory stays the
+    engine's; the trainer's broadcast runs on GPUs that are not generating)."""
     staged_tp: bool = False
-    """vLLM, engine.weight_update=inplace at tensor_parallel_size > 1: receive each update behind generation
-    into a staging copy as at TP 1 (the pause is the swap) instead of during the pause. Off by default: the
-    receiving thread's broadcasts then run beside the engine's own TP collectives on a second NCCL
-    communicator, not yet measured not to hang."""
+    """vLLM, engine.weight_update=inplace at tensor_parallel_size > 1: receive each update behind
+    generation into a staging copy as at TP 1 (the pause is the swap) instead of during the pause.
+    Off by default: the receiving thread's broadcasts then run beside the engine's own TP
+    collectives on a second NCCL communicator, not yet measured not to hang."""
     lora_merge: Switch = Switch.auto
-    """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights through the
-    weight broadcast, instead of the adapter alone (the engine then runs without LoRA). "auto" = true with
-    vllm (at 7B its merged in-place updates held generation 0.05 s, loading the adapter through vLLM's LoRA
-    API 0.36 s), false with hf (its merge of the received adapter is in place)."""
+    """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights
+    through the weight broadcast, instead of the adapter alone (the engine then runs without LoRA).
+    "auto" = true with vllm (its merged in-place updates hold generation far shorter than loading
+    the adapter through vLLM's LoRA API: BENCHMARKS.md "LoRA"), false with hf (its merge of the
+    received adapter is in place)."""
     lm_head_fp32: Switch = Switch.auto
-    """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer, so
-    behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16). "auto" =
-    on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
+    """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer,
+    so behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16).
+    "auto" = on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
     log_stats: bool = False
-    """vLLM: its own counters every 10 s in the rollout worker's log (requests running and waiting, prompt and
-    generation tokens/s, KV cache use), beside the worker's "generation:" line of what it saw finish."""
+    """vLLM: its own counters every 10 s in the rollout worker's log (requests running and waiting,
+    prompt and generation tokens/s, KV cache use), beside the worker's "generation:" line of what it
+    saw finish."""
 
 
 @dataclass
@@ -103,11 +110,11 @@ class WorkflowConfig:
     """How a prompt becomes a trajectory."""
 
     name: str = "single_turn"
-    """"single_turn" | "multi_turn" | "tool_use" | "agent" (workflow.agent through the rollout worker's
-    OpenAI-compatible endpoint) | "module:function" (a user workflow)."""
+    """"single_turn" | "multi_turn" | "tool_use" | "agent" (workflow.agent through the rollout
+    worker's OpenAI-compatible endpoint) | "module:function" (a user workflow)."""
     max_turns: int = 1
-    """multi_turn / tool_use: model turns per trajectory; agent: model calls per episode (a call past it
-    is answered with an error)."""
+    """multi_turn / tool_use: model turns per trajectory; agent: model calls per episode (a call
+    past it is answered with an error)."""
     turn_discount: float = 0.9
     """multi_turn: reward multiplier per extra turn."""
     feedback: str = "Your answer is wrong. Try again, and end with 'Answer: <number>'."
@@ -118,15 +125,18 @@ class WorkflowConfig:
     agent_concurrency: int = 64
     """agent: episodes run at once per rollout worker (each group's G episodes count)."""
     agent_timeout_s: float = 300.0
-    """agent: an episode still running after this long is dropped and counted (its group is not trained)."""
+    """agent: an episode still running after this long is dropped and counted (its group is not
+    trained)."""
     agent_credit: AgentCredit = AgentCredit.shared
-    """agent: an episode of several trajectories: "shared" (each trains with the episode's advantage) |
-    "last" (only its last trajectory does)."""
+    """agent: an episode of several trajectories: "shared" (each trains with the episode's
+    advantage) | "last" (only its last trajectory does)."""
     max_failed_fraction: float = 0.5
-    """agent: more failed episodes than this fraction of those finished since the last step stops the run."""
+    """agent: more failed episodes than this fraction of those finished since the last step stops
+    the run."""
     tool_format: ToolFormat = ToolFormat.template
-    """agent: how the model writes tool calls: "template" (chosen from the chat template when the worker
-    starts, and logged) | "hermes" (<tool_call>{json}</tool_call>) | "llama3_json" ({"name": ..., "parameters": ...})."""
+    """agent: how the model writes tool calls: "template" (chosen from the chat template when the
+    worker starts, and logged) | "hermes" (<tool_call>{json}</tool_call>) | "llama3_json" ({"name":
+    ..., "parameters": ...})."""
 
 
 @dataclass
@@ -140,7 +150,8 @@ class RolloutConfig:
     max_new_tokens: int = 64
     """Generated tokens per turn."""
     max_staleness: int = 4
-    """η: a trained sample started at most η policy versions before the trainer's version. 0 = synchronous RL."""
+    """η: a trained sample started at most η policy versions before the trainer's version. 0 =
+    synchronous RL."""
     max_concurrent: int = 0
     """Prompt groups generating at once over all workers; 0 = (η+1)·trainer.batch_size."""
     temperature: float = 1.0
@@ -151,11 +162,13 @@ class RolloutConfig:
     """GPU ids for generation (one worker per GPU); [] = from cluster.gpus."""
     batch_order: BatchOrder = BatchOrder.finished
     """"finished": a batch is the B oldest finished groups (training never waits for a slow group) |
-    "admission": the B oldest admitted prompts, waiting for them (reproducible prompt sets, exact resume)."""
+    "admission": the B oldest admitted prompts, waiting for them (reproducible prompt sets, exact
+    resume)."""
     length_profile: str = ""
     """Benchmarks with random weights: each request's max_new_tokens drawn from this response-length
-    distribution and EOS ignored. "" = off | "arithmetic_long" (measured long tail, scaled to max_new_tokens) |
-    "fixed" (every response max_new_tokens long) | a JSON file (areal_cli/rollout/length_profile.py)."""
+    distribution and EOS ignored. "" = off | "arithmetic_long" (measured long tail, scaled to
+    max_new_tokens) | "fixed" (every response max_new_tokens long) | a JSON file
+    (areal_cli/workflows/length_profile.py)."""
 
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -164,15 +177,16 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 @dataclass
 class LoraConfig:
-    """Low-rank adapters (LoRA, built with peft) instead of full fine-tuning: only the adapters train
-    and only they travel to the engines (docs: README "LoRA")."""
+    """Low-rank adapters (LoRA, built with peft) instead of full fine-tuning: only the adapters
+    train and only they travel to the engines (docs: README "LoRA")."""
 
     rank: int = 0
     """Adapter rank r; 0 = full fine-tuning (no adapter)."""
     alpha: float = 32.0
     """Scale numerator: the update is (alpha / rank) · B·A."""
     dropout: float = 0.0
-    """Dropout on the adapter's input in training (0 keeps the trainer's logprobs equal to the engine's)."""
+    """Dropout on the adapter's input in training (0 keeps the trainer's logprobs equal to the
+    engine's)."""
     target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
     """Names of the linear layers that get an adapter (the last part of the module name)."""
 
@@ -190,8 +204,8 @@ class TrainerConfig:
     lr: float = 5e-6
     """AdamW learning rate."""
     optim_state: OptimState = OptimState.auto
-    """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less, 540 MB
-    for 135M, ~0.5 s more per step on one CPU core) | "auto" (bfloat16 on the CPU, float32 on GPUs)."""
+    """AdamW's moments: "float32" | "bfloat16" (stochastically rounded: 4 bytes a parameter less,
+    a little slower per step) | "auto" (bfloat16 on the CPU, float32 on GPUs)."""
     weight_decay: float = 0.0
     """AdamW weight decay."""
     warmup_steps: int = 0
@@ -200,60 +214,65 @@ class TrainerConfig:
     """After warm-up: "constant" | "linear" | "cosine" (down to min_lr_ratio × lr at the run's last
     optimizer step: steps × algorithm.ppo_epochs)."""
     min_lr_ratio: float = 0.0
-    """The decayed learning rate at the last step, as a fraction of lr (lr_decay linear or cosine)."""
+    """The decayed learning rate at the last step, as a fraction of lr (lr_decay linear or
+    cosine)."""
     grad_clip: float = 1.0
     """Max gradient norm."""
     micro_batch_tokens: int = 4096
     """Token budget of one forward/backward micro-batch (sequences are packed up to it)."""
     packing: Switch = Switch.auto
-    """Pack sequences into micro-batches without padding ("false" = pad each micro-batch); "auto": true for a
-    trainer on GPUs, false on the CPU (a packed row needs a dense block mask there, which CPU SDPA runs at
-    O(T²))."""
+    """Pack sequences into micro-batches without padding ("false" = pad each micro-batch); "auto":
+    true for a trainer on GPUs, false on the CPU (a packed row needs a dense block mask there, which
+    CPU SDPA runs at O(T²))."""
     varlen: bool = True
-    """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead of
-    SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or without it."""
+    """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead
+    of SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or
+    without it."""
     dtype: Dtype = Dtype.auto
-    """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss scaling) |
-    "float32". Master weights stay float32."""
+    """Autocast compute dtype: "auto" (bfloat16) | "bfloat16" | "float16" (with dynamic loss
+    scaling) | "float32". Master weights stay float32."""
     activation_checkpointing: Switch = Switch.auto
-    """Recompute decoder layers' activations in backward (less memory, about a third more compute for every
-    layer). "auto": true on the CPU; on GPUs the least recomputation whose estimated peak fits the trainer's
-    card (none, every other layer, every layer; config/memory_plan.py), which also sets checkpoint_every;
-    printed at start."""
+    """Recompute decoder layers' activations in backward (less memory, about a third more compute
+    for every layer). "auto": true on the CPU; on GPUs the least recomputation whose estimated peak
+    fits the trainer's card (none, every other layer, every layer; config/memory_plan.py), which
+    also sets checkpoint_every; printed at start."""
     checkpoint_every: int = 1
-    """With activation_checkpointing: recompute every k-th decoder layer only (1 = all; 2 = every other:
-    half the recomputation, the other layers' activations held)."""
+    """With activation_checkpointing: recompute every k-th decoder layer only (1 = all; 2 = every
+    other: half the recomputation, the other layers' activations held)."""
     compile: Switch = Switch.auto
     """torch.compile each decoder layer (fused norms, rotary and activations): "auto" (true for the
-    trainer on GPUs, false on the CPU) | "true" | "false". The trainer compiles for every form of input its
-    steps can meet (one packed row or several, segment offsets, an empty micro-batch) before its first
-    batch, while the engines start (tens of seconds a form); compiled_graphs in metrics.jsonl counts any
-    a step compiled still."""
+    trainer on GPUs, false on the CPU) | "true" | "false". The trainer compiles for every form of
+    input its steps can meet (one packed row or several, segment offsets, an empty micro-batch)
+    before its first batch, while the engines start (tens of seconds a form); compiled_graphs in
+    metrics.jsonl counts any a step compiled still."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
-    backward; false keeps them gathered until the backward (one all-gather less per layer and micro-batch,
-    more memory)."""
+    backward; false keeps them gathered until the backward (one all-gather less per layer and
+    micro-batch, more memory)."""
     threads: int = 0
     """torch CPU threads per rank; 0 = half the cores (at least 1)."""
     skip_zero_advantage: bool = True
-    """Leave rows whose every advantage is 0 out of the policy's forward/backward (exactly 0 gradient; not
-    with a KL or entropy term in the loss); counted in skipped_rows / skipped_tokens."""
+    """Leave rows whose every advantage is 0 out of the policy's forward/backward (exactly 0
+    gradient; not with a KL or entropy term in the loss); counted in skipped_rows /
+    skipped_tokens."""
     logprob_chunk_tokens: int = 0
-    """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are never held
-    for a whole micro-batch); 0 = auto: 256 on the CPU, 2048 on GPUs (fewer, larger kernels)."""
+    """Positions whose output layer and log-softmax run at once (the [tokens, vocab] logits are
+    never held for a whole micro-batch); 0 = auto: 256 on the CPU, 2048 on GPUs (fewer, larger
+    kernels)."""
     shape_buckets: int = 4
-    """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this many
-    sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
+    """Padded micro-batches' rows and columns (and the output layer's last chunk) rounded up to this
+    many sizes per doubling, so CPU caches see few shapes (less memory growth); 0 = exact shapes."""
     peak_flops: float = 0.0
-    """Peak FLOP/s of one rank's device for the mfu metric; 0 = H100/H200/A100 from a table, none on CPU."""
+    """Peak FLOP/s of one rank's device for the mfu metric; 0 = the card's from a table of known
+    cards (trainer/metrics.py), none on CPU."""
     max_nonfinite_steps: int = 5
-    """Steps in a row whose gradient norm is not finite (each skipped, the weights kept) after which the
-    trainer stops the run with an error naming the parameters; 0 = never. A float16 run, whose loss scale
-    halves at each overflow, does not count."""
+    """Steps in a row whose gradient norm is not finite (each skipped, the weights kept) after which
+    the trainer stops the run with an error naming the parameters; 0 = never. A float16 run, whose
+    loss scale halves at each overflow, does not count."""
     detect_anomaly: bool = False
     """Find where a non-finite gradient starts: every micro-batch's forward and backward run under
-    torch.autograd.detect_anomaly, and the first operation whose backward returns NaN stops the trainer,
-    named, with the stack of its forward in the trainer's log. Slow; for diagnosis only."""
+    torch.autograd.detect_anomaly, and the first operation whose backward returns NaN stops the
+    trainer, named, with the stack of its forward in the trainer's log. Slow; for diagnosis only."""
     gpus: list = field(default_factory=list)
     """GPU ids for training; [] = from cluster.gpus."""
     lora: LoraConfig = field(default_factory=LoraConfig)
@@ -264,26 +283,28 @@ class WeightsConfig:
     """Trainer rank 0 → rollout workers weight broadcast."""
 
     bucket_mb: int = 0
-    """Bucket size in MiB; the next bucket is gathered while the previous one is on the wire. 0 = 1024
-    with NCCL, 32 with gloo (host memory: a rollout worker holds two buckets while it receives)."""
+    """Bucket size in MiB; the next bucket is gathered while the previous one is on the wire. 0 =
+    1024 with NCCL, 32 with gloo (host memory: a rollout worker holds two buckets while it
+    receives)."""
     dtype: Dtype = Dtype.auto
     """Wire dtype: "auto" = the engine's dtype."""
     verify: bool = False
-    """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and debugging."""
+    """Both ends hash the weights after each update (sha256 in metrics.jsonl); for tests and
+    debugging."""
     staged: Switch = Switch.auto
-    """"true": cast the whole update into wire buffers before the workers pause (shorter pause; trainer
-    rank 0 keeps one extra copy of the weights in the wire dtype, 15 GB at 7B). "false": two bucket buffers,
-    gathered while the previous bucket is on the wire (engine=vllm: each parameter gathered from the shards
-    and sent in turn); for a model whose shards and that copy do not fit beside each other. "auto": true
-    with NCCL, false with gloo (host memory)."""
+    """"true": cast the whole update into wire buffers before the workers pause (shorter pause;
+    trainer rank 0 keeps one extra copy of the weights in the wire dtype, 15 GB at 7B). "false": two
+    bucket buffers, gathered while the previous bucket is on the wire (engine=vllm: each parameter
+    gathered from the shards and sent in turn); for a model whose shards and that copy do not fit
+    beside each other. "auto": true with NCCL, false with gloo (host memory)."""
     high_priority: bool = True
-    """NCCL, engine=vllm with engine.weight_update=inplace: the broadcast and a staged receive's copies run
-    on CUDA streams of the highest priority, so a receive behind generation gets the GPU's free SMs before
-    generation's next kernels do (the receive is short; generation slows for its length). false: streams of
-    normal priority."""
+    """NCCL, engine=vllm with engine.weight_update=inplace: the broadcast and a staged receive's
+    copies run on CUDA streams of the highest priority, so a receive behind generation gets the
+    GPU's free SMs before generation's next kernels do (the receive is short; generation slows for
+    its length). false: streams of normal priority."""
     backend: WeightsBackend = WeightsBackend.auto
-    """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and when a
-    rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
+    """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and
+    when a rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
 
 
 @dataclass
@@ -293,23 +314,26 @@ class LauncherConfig:
     name: LauncherName = LauncherName.local
     """"local" | "slurm"."""
     allocator: Allocator = Allocator.auto
-    """malloc of the trainer and rollout processes on the CPU: "auto" (tcmalloc, else jemalloc, else the
-    system's: what is installed where `areal train` plans the run) | "tcmalloc" | "jemalloc" | "system".
-    tcmalloc: ~0.8 GB less trainer memory and faster steps than glibc's malloc (apt-get install
-    libtcmalloc-minimal4); GPU processes keep the system's."""
+    """malloc of the trainer and rollout processes on the CPU: "auto" (tcmalloc, else jemalloc, else
+    the system's: what is installed where `areal train` plans the run) | "tcmalloc" | "jemalloc" |
+    "system". tcmalloc: less trainer memory and faster steps than glibc's malloc (BENCHMARKS.md
+    "Small costs behind defaults"; apt-get install libtcmalloc-minimal4); GPU processes keep the
+    system's."""
     host: str = "127.0.0.1"
     """Address every ZeroMQ endpoint and the weight TCPStore bind to / advertise."""
     port_base: int = 0
     """First of the 7 consecutive ports the run uses; 0 = free ports chosen by the OS."""
     max_frame_mb: int = 0
-    """Largest ZeroMQ frame (MiB) a process accepts; larger ones are refused. 0 = sized to the largest batch."""
+    """Largest ZeroMQ frame (MiB) a process accepts; larger ones are refused. 0 = sized to the
+    largest batch."""
     heartbeat_s: float = 1.0
     """Heartbeat period of every process."""
     peer_timeout_s: float = 120.0
     """A process with no heartbeat for this long is declared stuck (stack dumped, run stopped)."""
     progress_timeout_s: float = 1800.0
     """A process that holds work (a batch to train, groups to generate) and whose main loop has not
-    advanced for this long is declared stuck, heartbeat or not (stacks dumped, run stopped); 0 = never."""
+    advanced for this long is declared stuck, heartbeat or not (stacks dumped, run stopped); 0 =
+    never."""
     startup_timeout_s: float = 600.0
     """Longest a process may take to load its model and say hello."""
     stop_timeout_s: float = 8.0
@@ -323,17 +347,21 @@ class LauncherConfig:
     time: str = "04:00:00"
     """slurm: time limit."""
     gen_nodes: int = 0
-    """slurm: nodes that run rollout workers (the first ones; the rest train); 0 = half. nodes=1 shares one."""
+    """slurm: nodes that run rollout workers (the first ones; the rest train); 0 = half. nodes=1
+    shares one."""
     account: str = ""
     """slurm: account to charge (empty = your default)."""
     signal_s: int = 120
-    """slurm: seconds before the time limit when the steps get SIGTERM (they checkpoint), then requeue."""
+    """slurm: seconds before the time limit when the steps get SIGTERM (they checkpoint), then
+    requeue."""
     requeue: bool = True
-    """slurm: requeue the job at the time limit and on node failure (it resumes from its checkpoint)."""
+    """slurm: requeue the job at the time limit and on node failure (it resumes from its
+    checkpoint)."""
     sbatch_args: list = field(default_factory=list)
     """slurm: extra #SBATCH options, e.g. ["--qos=high", "--constraint=h100"]."""
     setup: list = field(default_factory=list)
-    """slurm: shell lines the job runs before any step, e.g. ["module load cuda/12.4", "export NCCL_SOCKET_IFNAME=ib0"]."""
+    """slurm: shell lines the job runs before any step, e.g. ["module load cuda/12.4", "export
+    NCCL_SOCKET_IFNAME=ib0"]."""
 
 
 @dataclass
@@ -365,7 +393,8 @@ class EvalConfig:
 
 @dataclass
 class LoggingConfig:
-    """Experiment trackers, written by the controller; metrics.jsonl is always written (docs/tracking.md)."""
+    """Experiment trackers, written by the controller; metrics.jsonl is always written
+    (docs/tracking.md)."""
 
     backends: list = field(default_factory=lambda: ["jsonl", "tensorboard"])
     """Where metrics go: any of jsonl (always on), tensorboard, wandb, mlflow."""
@@ -376,8 +405,8 @@ class LoggingConfig:
     samples: int = 8
     """Completions per sample table."""
     wandb_mode: WandbMode = WandbMode.auto
-    """"online" | "offline" | "disabled" | "auto" (= WANDB_MODE if set, else online where a W&B API key is
-    configured, else offline; decided where `areal train` runs)."""
+    """"online" | "offline" | "disabled" | "auto" (= WANDB_MODE if set, else online where a W&B API
+    key is configured, else offline; decided where `areal train` runs)."""
     mlflow_uri: str = ""
     """MLflow tracking URI; "" = a file store in <run_dir>/mlruns (no server, no network)."""
 

@@ -282,19 +282,3 @@ class RewardConfig:
         if "judge" in parts:
             errors += judge_problems(self.judge, self.gpus)
         return errors
-
-
-def sandbox_problems(reward: RewardConfig, task: TaskConfig, workflow: str = "") -> list[str]:
-    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, the tool_use
-    workflow) need a working reward.sandbox: the reason it is missing, with the fix, or []."""
-    parts = reward.parts
-    needs = "code" in parts or ("auto" in parts and task.source == "humaneval")
-    if not (needs or workflow == "tool_use") or reward.sandbox not in SANDBOXES:
-        return []
-    from areal_cli.rewards.sandbox import SandboxUnavailable, require
-
-    try:
-        require(reward.sandbox)
-    except SandboxUnavailable as e:
-        return [str(e)]
-    return []

@@ -1,4 +1,5 @@
-"""The staleness admission rule of DESIGN.md, as a small pure class (tested on its own).
+"""The staleness admission rule (docs/concepts/staleness.md, "The admission rule"), as a small pure
+class (tested on its own).
 
 With B groups per step and policy version v, a new group is admitted only while
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from areal_cli.staleness import last_trainable_step
+
 
 @dataclass
 class Admission:
@@ -22,7 +25,10 @@ class Admission:
     running: int = 0  # groups admitted and not finished
 
     def can_admit(self) -> bool:
-        limit = (self.max_staleness + self.version + 1) * self.batch_size
+        # a group admitted now (first token of version v at the earliest) can go into the batches of
+        # steps 0 .. last_trainable_step(v, η): no more groups than those batches take are accepted
+        # or running
+        limit = (last_trainable_step(self.version, self.max_staleness) + 1) * self.batch_size
         return self.accepted + self.running < limit and self.running < self.max_concurrent
 
     def admit(self) -> None:

@@ -17,7 +17,8 @@ from areal_cli.tasks import Problem
 class Cursor:
     def __init__(self, problems: list[Problem], seed: int):
         if not problems:
-            raise ValueError("the training split is empty: raise task.size or check the dataset file")
+            raise ValueError("the training split is empty: raise task.size or check the dataset "
+                             "file")
         self.problems, self.seed = problems, seed
         self.drawn = 0  # prompts drawn from the stream so far
         self.requeued: list[tuple[int, str, Problem]] = []  # heap by sequence number
@@ -46,7 +47,8 @@ class Cursor:
         heapq.heappush(self.requeued, (seq, prompt_id, problem))
 
     def state(self) -> dict:
-        return {"drawn": self.drawn, "requeued": [[s, pid, p.to_dict()] for s, pid, p in self.requeued]}
+        return {"drawn": self.drawn,
+                "requeued": [[s, pid, p.to_dict()] for s, pid, p in self.requeued]}
 
     def load_state(self, state: dict) -> None:
         self.drawn = state["drawn"]

@@ -29,7 +29,8 @@ class ProgressWatch:
     """Seconds a busy peer may go without progress; 0 = never stalled."""
     peers: dict[str, _Peer] = field(default_factory=dict)
 
-    def update(self, peer: str, now: float, progress: int | None = None, busy: bool | None = None) -> None:
+    def update(self, peer: str, now: float, progress: int | None = None,
+               busy: bool | None = None) -> None:
         """A report from (or about) ``peer``: its counter and/or whether it holds work."""
         p = self.peers.setdefault(peer, _Peer(since=now))
         moved = progress is not None and progress != p.progress
@@ -53,15 +54,19 @@ class ProgressWatch:
                 if p.busy and now - p.since > self.deadline_s]
 
 
-def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, phase: dict[str, tuple[Phase, int]],
-             loaded: dict[str, int], peers: set[str], version: int, now: float) -> list[tuple[str, float, str]]:
-    """(peer, idle seconds, why) of the processes to name for ``stalled``. ``phase`` is each peer's last
-    (``Heartbeat.phase``, ``Heartbeat.version``); a peer not in it does something else. A trainer stuck
-    in phase sending_weights waits in a collective for the rollout workers that have neither loaded the
-    weights of ``version`` nor begun to receive them (phase receiving_weights of ``version``): those are
-    named instead of it."""
+def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch,
+             phase: dict[str, tuple[Phase, int]],
+             loaded: dict[str, int], peers: set[str], version: int, now: float) -> list[tuple[str,
+                                                                                              float,
+                                                                                              str]]:
+    """(peer, idle seconds, why) of the processes to name for ``stalled``. ``phase`` is each peer's
+    last (``Heartbeat.phase``, ``Heartbeat.version``); a peer not in it does something else. A
+    trainer stuck in phase sending_weights waits in a collective for the rollout workers that have
+    neither loaded the weights of ``version`` nor begun to receive them (phase receiving_weights of
+    ``version``): those are named instead of it."""
     out = [(peer, idle, "") for peer, idle in stalled]
-    if "trainer-0" not in dict(stalled) or phase.get("trainer-0", _OTHER)[0] != Phase.sending_weights:
+    if "trainer-0" not in dict(stalled) or phase.get("trainer-0",
+                                                     _OTHER)[0] != Phase.sending_weights:
         return out
     waited = not_joined(peers - {"trainer-0"}, phase, loaded, version)
     if not waited:
@@ -69,11 +74,13 @@ def culprits(stalled: list[tuple[str, float]], watch: ProgressWatch, phase: dict
     note = f"; trainer-0 waits for it to join the weight update of version {version}"
     named = {peer for peer, _, _ in out}
     out = [o for o in out if o[0] != "trainer-0"]
-    out += [(r, now - watch.peers[r].since if r in watch.peers else 0.0, note) for r in waited if r not in named]
+    out += [(r, now - watch.peers[r].since if r in watch.peers else 0.0, note) for r in waited
+            if r not in named]
     return sorted(out)
 
 
-def not_joined(workers, phase: dict[str, tuple[Phase, int]], loaded: dict[str, int], version: int) -> list[str]:
+def not_joined(workers, phase: dict[str, tuple[Phase, int]], loaded: dict[str, int],
+               version: int) -> list[str]:
     """The rollout workers, sorted, that have neither loaded the weights of ``version`` nor begun to
     receive them (their last heartbeat's phase)."""
     joined = (Phase.receiving_weights, version)

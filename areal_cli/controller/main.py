@@ -4,9 +4,10 @@
 so it starts first. Its loop: admit groups while the rule allows → collect finished groups
 → when the trainer is ready and B groups are buffered, send the oldest B → handle each status
 message by its type (``Controller.on``: ``WeightsReady`` → tell the rollout workers to update,
-``StepDone`` → log the step and finish a checkpoint, ...). It also watches heartbeats: a peer silent for ``launcher.peer_timeout_s``, or
-holding work without progress for ``launcher.progress_timeout_s`` (controller/liveness.py), ends
-the run with its name and what it was doing. A non-finite reward is scored 0 and counted.
+``StepDone`` → log the step and finish a checkpoint, ...). It also watches heartbeats: a peer silent
+for ``launcher.peer_timeout_s``, or holding work without progress for
+``launcher.progress_timeout_s`` (controller/liveness.py), ends the run with its name and what it was
+doing. A non-finite reward is scored 0 and counted.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import zmq
 
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
 from areal_cli.controller.dataset import Cursor
@@ -35,6 +36,7 @@ from areal_cli.controller.records import (
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
+from areal_cli.staleness import oldest_trainable, too_stale
 from areal_cli.tasks import Problem, load_split, load_tokenizer, prompt_ids, split_report
 from areal_cli.tracking.fanout import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
@@ -84,7 +86,8 @@ def planned_endpoints(cfg, rd: RunDir) -> Endpoints:
 
 def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
     """Write the addresses actually bound (a local run: the controller is the one writer of
-    ``endpoints.json``), then ``controller.ready`` (the launcher starts the others once it exists)."""
+    ``endpoints.json``), then ``controller.ready`` (the launcher starts the others once it
+    exists)."""
     from areal_cli.durable import atomic_write
 
     ep.work, ep.results, ep.batches = bound["work"], bound["results"], bound["batches"]
@@ -98,7 +101,8 @@ UPDATE_REPEAT_S = 2.0
 """Seconds after a weight-update order before it is repeated to a worker that has neither loaded
 the weights nor begun to receive them (its heartbeat, every launcher.heartbeat_s, says which)."""
 STALE_WASTE_WARN = 0.2
-"""Share of the generated tokens in groups dropped as too stale above which the controller says so (once)."""
+"""Share of the generated tokens in groups dropped as too stale above which the controller says so
+(once)."""
 
 
 class Controller:
@@ -106,7 +110,7 @@ class Controller:
         self.run_dir = Path(run_dir)
         self.rd = RunDir(run_dir)
         self.log = setup_process("controller", run_dir)
-        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
+        self.cfg = cfg = require_resolved(read_yaml(self.rd.config), str(self.rd.config))
         ep = planned_endpoints(cfg, self.rd)
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)  # admits only the run's client key; logs refusals
@@ -120,14 +124,16 @@ class Controller:
         self.stale_warned = False  # said that much generation went to groups dropped as too stale
         publish_endpoints(cfg, self.rd, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
-        from areal_cli.models import resolve_model
+        from areal_cli.model_source import resolve_model
 
         self.tok = load_tokenizer(resolve_model(cfg.model))
         self.cursor = Cursor(self._training_split(), cfg.seed)
-        total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness + 1) * cfg.trainer.batch_size
+        total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness
+                                               + 1) * cfg.trainer.batch_size
         self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)
         self.buffer: list[GroupResult] = []  # finished, kept, not yet trained
-        self.groups: dict[int, tuple[int, str, Problem]] = {}  # group_id → (seq, prompt_id, problem)
+        # group_id → (seq, prompt_id, problem)
+        self.groups: dict[int, tuple[int, str, Problem]] = {}
         self.next_group = 0
         self.step = 0  # next step to send
         self.trainer_ready = False
@@ -139,7 +145,8 @@ class Controller:
         self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
         self.last_seen: dict[str, float] = {}
         self.doing: dict[str, str] = {}  # peer → its last words (for people)
-        self.phase: dict[str, tuple[Phase, int]] = {}  # peer → its last (phase, version) (for culprits())
+        # peer → its last (phase, version) (for culprits())
+        self.phase: dict[str, tuple[Phase, int]] = {}
         self.loaded: dict[str, int] = {}  # rollout → the weight version it last reported loaded
         self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
         self.rec = StepRecorder(self.run_dir, cfg)
@@ -147,7 +154,8 @@ class Controller:
         self.done = False
         self.stopping = None  # monotonic time a stop signal arrived
         # what each status message does (who may send it: messages.SENDERS; when: _unexpected)
-        self.on = {Hello: self._on_hello, Heartbeat: self._on_heartbeat, WeightsReady: self._on_weights_ready,
+        self.on = {Hello: self._on_hello, Heartbeat: self._on_heartbeat,
+                   WeightsReady: self._on_weights_ready,
                    StepDone: self._on_step_done, CheckpointWritten: self._on_checkpoint_written,
                    Bye: self._on_bye, WeightsLoaded: self._on_weights_loaded}
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -155,7 +163,8 @@ class Controller:
         logged = last_step(self.run_dir)  # before a resume cuts metrics.jsonl to its checkpoint
         if cfg.resume:
             restore(self, Path(cfg.resume))
-        self.rec.tracking = open_for_run(self.run_dir, cfg, self.log, self.step if cfg.resume else None,
+        self.rec.tracking = open_for_run(self.run_dir, cfg, self.log,
+                                         self.step if cfg.resume else None,
                                          logged if cfg.resume else -1)
 
     def _training_split(self) -> list[Problem]:
@@ -166,11 +175,13 @@ class Controller:
         train, held = load_split(self.cfg.task, "train"), load_split(self.cfg.task, "eval")
         report = split_report(self.cfg.task, train, held)
         self.rd.splits.write_text(json.dumps(report, indent=1, ensure_ascii=False))
-        self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; %s; overlap %d",
+        self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; "
+                      "%s; overlap %d",
                       len(train.problems), train.report.removed_other_side, len(held.problems),
                       report["space"]["text"], report["overlap"])
         if report["overlap"]:
-            raise RuntimeError(f"{report['overlap']} eval problems are in the training split (see splits.json)")
+            raise RuntimeError(f"{report['overlap']} eval problems are in the training split (see "
+                               "splits.json)")
         return train.problems
 
     def _on_signal(self, signum, _frame) -> None:
@@ -195,7 +206,8 @@ class Controller:
         self.log.info("run finished: %d steps", self.step)
 
     def close(self) -> None:
-        """Close every socket; the last "stop" to the rollout workers still goes out (1 s at most)."""
+        """Close every socket; the last "stop" to the rollout workers still goes out (1 s at
+        most)."""
         for ch in (self.status, self.work, self.results, self.batches):
             ch.close()
         self.control.close(linger_s=1.0)
@@ -204,15 +216,18 @@ class Controller:
             self.rec.tracking.close()
             self.log.info("experiment trackers: %.2fs in all", self.rec.tracking.spent_s)
         shutdown()
-        self.log.info("sockets closed (%d frames dropped, %d unexpected messages, %d connections refused)",
-                      sum(c.dropped for c in (self.status, self.results)), self.unexpected, self.gate.refused)
+        self.log.info("sockets closed (%d frames dropped, %d unexpected messages, %d connections "
+                      "refused)",
+                      sum(c.dropped for c in (self.status, self.results)), self.unexpected,
+                      self.gate.refused)
 
     def _admit(self) -> None:
         r = self.cfg.rollout
         while self.adm.can_admit():
             seq, pid, problem = self.cursor.next()
             prompt = np.asarray(prompt_ids(self.tok, problem, self.cfg.task), np.int32)
-            item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens, problem.to_dict(),
+            item = WorkItem(self.next_group, pid, prompt, r.group_size, r.max_new_tokens,
+                            problem.to_dict(),
                             self.adm.version)
             if not self.work.try_send(item):
                 self.cursor.requeue(seq, pid, problem)
@@ -229,7 +244,8 @@ class Controller:
 
     def _on_result(self, g: GroupResult) -> None:
         if g.group_id not in self.groups or any(b.group_id == g.group_id for b in self.buffer):
-            self.log.warning("dropping a result for unknown group %d (from before a restart)", g.group_id)
+            self.log.warning("dropping a result for unknown group %d (from before a restart)",
+                             g.group_id)
             return
         self.rec.on_counters(g.counters)
         if g.failed:
@@ -238,10 +254,12 @@ class Controller:
             return self._stopped_stale(g)
         expected = self.cfg.rollout.group_size
         if g.episodes() != expected:
-            return self._drop(f"a result of group {g.group_id} with {g.episodes()} episodes, not {expected}")
+            return self._drop(f"a result of group {g.group_id} with {g.episodes()} episodes, not "
+                              f"{expected}")
         bad = zero_nonfinite_rewards(g)
         if bad:
-            self.log.warning("group %d (%s) from rollout-%d: %d non-finite reward(s) scored 0", g.group_id,
+            self.log.warning("group %d (%s) from rollout-%d: %d non-finite reward(s) scored 0",
+                             g.group_id,
                              g.prompt_id, g.worker, bad)
         self.rec.on_group(g)
         rewards = [s.reward for s in g.samples]
@@ -254,21 +272,25 @@ class Controller:
             del self.groups[g.group_id]
 
     def _failed_group(self, g: GroupResult) -> None:
-        """A group with failed agent episodes: not trained, its slot freed; too many failures stop the run."""
+        """A group with failed agent episodes: not trained, its slot freed; too many failures stop
+        the run."""
         self.adm.finish(kept=False)
         del self.groups[g.group_id]
-        self.log.warning("group %d (%s) from rollout-%d: %d episode(s) failed, not trained (see logs/rollout-%d.log)",
+        self.log.warning("group %d (%s) from rollout-%d: %d episode(s) failed, not trained (see "
+                         "logs/rollout-%d.log)",
                          g.group_id, g.prompt_id, g.worker, g.failed, g.worker)
         c, w = self.rec.window, self.cfg.workflow
         if c["agent_episodes"] >= self.cfg.trainer.batch_size * self.cfg.rollout.group_size and \
                 c["agent_failed"] > w.max_failed_fraction * c["agent_episodes"]:
-            raise PeerStalled(f"workflow.agent={w.agent}: {c['agent_failed']:.0f} of {c['agent_episodes']:.0f} "
-                              f"episodes failed since the last step (more than workflow.max_failed_fraction="
-                              f"{w.max_failed_fraction:g}); the tracebacks are in logs/rollout-*.log")
+            raise PeerStalled(f"workflow.agent={w.agent}: {c['agent_failed']:.0f} of "
+                              f"{c['agent_episodes']:.0f} episodes failed since the last step "
+                              "(more than "
+                              f"workflow.max_failed_fraction={w.max_failed_fraction:g}); the "
+                              "tracebacks are in logs/rollout-*.log")
 
     def _stopped_stale(self, g: GroupResult) -> None:
-        """A group its worker stopped as too stale for any batch to come (``Workflow.drop_stale``): its slot
-        is freed and its prompt drawn again, as one dropped here (``_drop_stale``)."""
+        """A group its worker stopped as too stale for any batch to come (``Workflow.drop_stale``):
+        its slot is freed and its prompt drawn again, as one dropped here (``_drop_stale``)."""
         self.adm.finish(kept=False)
         self.rec.on_stale_stopped(g)
         self.cursor.requeue(*self.groups.pop(g.group_id))
@@ -287,30 +309,35 @@ class Controller:
         if self.cfg.rollout.batch_order == "admission" and not self._oldest_finished(B):
             return
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
-        check_batch_rewards(self.step, batch, self.cfg.reward.max_error_fraction)  # before the trainer sees it
+        # before the trainer sees it
+        check_batch_rewards(self.step, batch, self.cfg.reward.max_error_fraction)
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, batch))
         self.watch.update("trainer-0", time.monotonic(), busy=True)
-        self.rec.on_batch(self.step, batch, {g.group_id: self.groups[g.group_id][2].prompt for g in batch})
+        self.rec.on_batch(self.step, batch,
+                          {g.group_id: self.groups[g.group_id][2].prompt for g in batch})
         for g in batch:
             del self.groups[g.group_id]
         self.log.info("batch %d sent (%d groups buffered, %d running)", self.step, len(self.buffer),
                       self.adm.running)
         self.trainer_ready = False
         self.step += 1
-        if self.step > self.cfg.rollout.max_staleness:  # the workers stop what no batch to come can train
-            self.control.send(StaleBefore(self.step - self.cfg.rollout.max_staleness))
+        oldest = oldest_trainable(self.step, self.cfg.rollout.max_staleness)
+        if oldest > 0:  # the workers stop what no batch to come can train
+            self.control.send(StaleBefore(oldest))
 
     def _oldest_finished(self, B: int) -> bool:
         """admission order: the B oldest outstanding prompts must all be finished."""
-        outstanding = sorted([s for s, _, _ in self.groups.values()] + [s for s, _, _ in self.cursor.requeued])
+        outstanding = sorted([s for s, _, _ in self.groups.values()]
+                             + [s for s, _, _ in self.cursor.requeued])
         return [self._seq(g) for g in self.buffer[:B]] == outstanding[:B]
 
     def _drop_stale(self) -> None:
-        eta, kept = self.cfg.rollout.max_staleness, []
+        oldest, kept = oldest_trainable(self.step, self.cfg.rollout.max_staleness), []
         for g in self.buffer:
-            starts = [int(s.versions[s.loss_mask.astype(bool)][0]) for s in g.samples if s.loss_mask.any()]
-            if starts and self.step - min(starts) > eta:
+            starts = [int(s.versions[s.loss_mask.astype(bool)][0]) for s in g.samples
+                      if s.loss_mask.any()]
+            if starts and too_stale(min(starts), oldest):
                 self.adm.drop_accepted()
                 self.rec.stale_dropped += 1
                 self.rec.stale_dropped_tokens += sum(int(s.loss_mask.sum()) for s in g.samples)
@@ -352,8 +379,8 @@ class Controller:
             self.sent_update = None
             return
         if not self.update_repeats.get(v):
-            self.log.info("weights of version %d: no word from %s yet; ordering the update again every "
-                          "%gs until each has joined", v, ", ".join(missing), UPDATE_REPEAT_S)
+            self.log.info("weights of version %d: no word from %s yet; ordering the update again "
+                          "every %gs until each has joined", v, ", ".join(missing), UPDATE_REPEAT_S)
         self.update_repeats[v] = self.update_repeats.get(v, 0) + 1
         self.control.send(UpdateWeights(v))
         self.sent_update_at = time.monotonic()
@@ -368,9 +395,11 @@ class Controller:
         if isinstance(msg, StepDone):
             if msg.version != self.step:
                 return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
-            if self.trainer_ready or self.last_batch is None or self.last_batch[0] != msg.version - 1:
+            if (self.trainer_ready or self.last_batch is None
+                    or self.last_batch[0] != msg.version - 1):
                 return "no batch of that step is being trained"
-        if isinstance(msg, (WeightsReady, CheckpointWritten)) and msg.version not in (self.step - 1, self.step):
+        if isinstance(msg, (WeightsReady, CheckpointWritten)) and msg.version not in (self.step - 1,
+                                                                                      self.step):
             # WeightsReady: after step v - 1 (batch v not sent yet), or on resume (batch v may be)
             return f"version {msg.version}, but batch {self.step - 1} was the last one sent"
         return ""
@@ -387,7 +416,8 @@ class Controller:
     def _on_heartbeat(self, msg: Heartbeat) -> None:
         self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
         self.phase[msg.sender] = (msg.phase, msg.version)
-        self.watch.update(msg.sender, time.monotonic(), msg.progress, None if msg.busy < 0 else msg.busy > 0)
+        self.watch.update(msg.sender, time.monotonic(), msg.progress,
+                          None if msg.busy < 0 else msg.busy > 0)
 
     def _on_weights_ready(self, msg: WeightsReady) -> None:
         self.adm.version = max(self.adm.version, msg.version)
@@ -403,25 +433,29 @@ class Controller:
         self.watch.update(msg.sender, time.monotonic(), busy=False)
 
     def _warn_stale_waste(self, version: int) -> None:
-        """Say once (from the fifth step) when more than ``STALE_WASTE_WARN`` of the generated tokens were of
-        groups dropped as too stale: generation then works largely for nothing, and the fix is in the config."""
+        """Say once (from the fifth step) when more than ``STALE_WASTE_WARN`` of the generated
+        tokens were of groups dropped as too stale: generation then works largely for nothing, and
+        the fix is in the config."""
         waste = self.rec.stale_waste()
         if self.stale_warned or version < 5 or waste <= STALE_WASTE_WARN:
             return
         self.stale_warned = True
         eta = self.cfg.rollout.max_staleness
-        self.log.warning("%.0f%% of the tokens generated so far were of groups dropped as older than "
-                         "rollout.max_staleness=%d versions when their batch came (%d groups, stale_dropped in "
-                         "metrics.jsonl): their first token came more than %d training steps before the step "
-                         "that would train them, and the generation was wasted. Raise rollout.max_staleness, or "
-                         "trainer.batch_size (longer steps), or lower rollout.max_new_tokens (shorter long tails)",
+        self.log.warning("%.0f%% of the tokens generated so far were of groups dropped as older "
+                         "than rollout.max_staleness=%d versions when their batch came (%d groups, "
+                         "stale_dropped in metrics.jsonl): their first token came more than %d "
+                         "training steps before the step that would train them, and the generation "
+                         "was wasted. Raise rollout.max_staleness, or trainer.batch_size (longer "
+                         "steps), or lower rollout.max_new_tokens (shorter long tails)",
                          100 * waste, eta, self.rec.stale_dropped, eta)
 
-    def _on_checkpoint_written(self, msg: CheckpointWritten) -> None:  # on a stop signal, between steps
+    # on a stop signal, between steps
+    def _on_checkpoint_written(self, msg: CheckpointWritten) -> None:
         self._finish_checkpoint(msg.version)
 
     def _on_weights_loaded(self, msg: WeightsLoaded) -> None:
-        self.loaded[msg.sender] = msg.version  # culprits(): who a trainer stuck sending weights waits for
+        # culprits(): who a trainer stuck sending weights waits for
+        self.loaded[msg.sender] = msg.version
         self.rec.on_weights_loaded(msg.sender, msg.version, msg.timings)
 
     def _on_bye(self, msg: Bye) -> None:
@@ -437,7 +471,8 @@ class Controller:
         here from the version, never taken from a message."""
         partial = self.rd.partial_checkpoint(version)
         if not (partial / "trainer.json").is_file():
-            return self._drop(f"checkpoint of version {version} announced, but {partial} is incomplete")
+            return self._drop(f"checkpoint of version {version} announced, but {partial} is "
+                              "incomplete")
         finish_checkpoint(self, partial, version)
         self.log.info("checkpoint of version %d complete", version)
 
@@ -450,14 +485,17 @@ class Controller:
                                   f"{lc.startup_timeout_s:.0f}s (see logs/{peer}.log)")
             if seen is not None and now - seen > lc.peer_timeout_s:
                 raise PeerStalled(f"{peer} sent no heartbeat for {now - seen:.0f}s; it was "
-                                  f"{self.doing.get(peer) or 'busy'} (see logs/{peer}.log for its stack)")
+                                  f"{self.doing.get(peer) or 'busy'} (see logs/{peer}.log for its "
+                                  "stack)")
         stalled = self.watch.stalled(now)
         if stalled:
             raise PeerStalled("; ".join(
-                f"{peer} made no progress for {idle:.0f}s while it had work (launcher.progress_timeout_s="
-                f"{lc.progress_timeout_s:g}); it was {self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log "
-                "for its stack)" for peer, idle, why in culprits(
-                    stalled, self.watch, self.phase, self.loaded, self.peers, self.adm.version, now)))
+                f"{peer} made no progress for {idle:.0f}s while it had work "
+                f"(launcher.progress_timeout_s={lc.progress_timeout_s:g}); it was "
+                f"{self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log for its "
+                "stack)" for peer, idle, why in culprits(
+                    stalled, self.watch, self.phase, self.loaded, self.peers, self.adm.version,
+                    now)))
 
 
 def main() -> None:

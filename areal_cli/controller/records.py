@@ -37,23 +37,26 @@ def part_metrics(rows: list[dict]) -> dict:
         statuses = [r["reward_parts"].get(f"{part}_status", "ok") for r in rows]
         for status in ("timeout", "error", "nonfinite", "parse_error"):
             out[f"reward_{part}_{status}"] = statuses.count(status)
-        batches = [r["reward_parts"][f"{part}_batch"] for r in rows if f"{part}_batch" in r["reward_parts"]]
+        batches = [r["reward_parts"][f"{part}_batch"] for r in rows
+                   if f"{part}_batch" in r["reward_parts"]]
         if batches:
             out[f"reward_{part}_batch_mean"] = float(np.mean(batches))
-            out[f"reward_{part}_batch_workers_max"] = int(max(r["reward_parts"].get(f"{part}_batch_workers", 0)
-                                                              for r in rows))
+            out[f"reward_{part}_batch_workers_max"] = int(max(
+                r["reward_parts"].get(f"{part}_batch_workers", 0) for r in rows))
     return out
 
 
 def check_batch_rewards(step: int, groups: list[GroupResult], max_fraction: float) -> None:
     """``check_reward_failures`` of a batch before it is sent to the trainer."""
-    rows = [{"reward_status": s.reward_status, "reward_parts": s.reward_parts} for g in groups for s in g.samples]
+    rows = [{"reward_status": s.reward_status, "reward_parts": s.reward_parts} for g in groups
+            for s in g.samples]
     check_reward_failures(step, rows, max_fraction)
 
 
 def check_reward_failures(step: int, rows: list[dict], max_fraction: float) -> None:
     """RewardFailed naming the part and its process when one failed (timeout, error, or a judge's
-    unparseable verdict) on more than ``max_fraction`` of the batch's samples (rows: reward_status and reward_parts of each)."""
+    unparseable verdict) on more than ``max_fraction`` of the batch's samples (rows: reward_status
+    and reward_parts of each)."""
     counts: dict[str, int] = {}
     for r in rows:
         parts = r["reward_parts"] or {"verifier": 0.0, "verifier_status": r["reward_status"]}
@@ -62,11 +65,12 @@ def check_reward_failures(step: int, rows: list[dict], max_fraction: float) -> N
                 counts[key[: -len("_status")]] = counts.get(key[: -len("_status")], 0) + 1
     for part, n in counts.items():
         if n > max_fraction * len(rows):
-            where = (f"the {SERVED_BY[part]} process (see logs/{SERVED_BY[part]}.log)" if part in SERVED_BY
+            where = (f"the {SERVED_BY[part]} process (see logs/{SERVED_BY[part]}.log)"
+                     if part in SERVED_BY
                      else "the rollout workers' reward pools (see logs/rollout-*.log)")
-            raise RewardFailed(f"reward part {part} failed (timeout, error or unparseable verdict) on {n} of the "
-                               f"{len(rows)} samples of "
-                               f"step {step}, more than reward.max_error_fraction={max_fraction:g}: {where}")
+            raise RewardFailed(f"reward part {part} failed (timeout, error or unparseable verdict) "
+                               f"on {n} of the {len(rows)} samples of step {step}, more than "
+                               f"reward.max_error_fraction={max_fraction:g}: {where}")
 
 
 def _append(path: Path, obj: dict) -> None:
@@ -83,7 +87,8 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
     return n
 
 
-AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajectories", "agent_splits",
+AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajectories",
+                "agent_splits",
                 "agent_tool_calls", "tool_parse_errors", "agent_unauthorized", "agent_bad_requests",
                 "agent_unattributed_calls")
 
@@ -92,7 +97,8 @@ def agent_row(c: Counter) -> dict:
     """workflow=agent's counts since the last step as metrics: sums, and the agent's own logged
     numbers (``agent_extra_*``) as means per episode."""
     episodes = max(1.0, c.get("agent_episodes", 0.0))
-    row = dict.fromkeys(AGENT_COUNTS, 0.0)  # every key on every step, also one in which no episode ended
+    # every key on every step, also one in which no episode ended
+    row = dict.fromkeys(AGENT_COUNTS, 0.0)
     row.update({k: (v / episodes if k.startswith("agent_extra_") else v) for k, v in c.items()})
     return dict(sorted(row.items()))
 
@@ -106,15 +112,20 @@ class StepRecorder:
         self.gen_tokens_total = 0  # generated since this controller started
         self.filtered_groups = 0
         self.stale_dropped = 0
-        self.stale_stopped = 0  # groups their worker stopped mid-generation, as too stale for any batch
-        self.stale_dropped_tokens = 0  # model tokens of both kinds of groups: generated, never trained
-        self.stale_tokens_at_start = 0  # of them, those dropped before this controller started (a resume)
+        # groups their worker stopped mid-generation, as too stale for any batch
+        self.stale_stopped = 0
+        # model tokens of both kinds of groups: generated, never trained
+        self.stale_dropped_tokens = 0
+        # of them, those dropped before this controller started (a resume)
+        self.stale_tokens_at_start = 0
         self.batches: dict[int, dict] = {}  # step → batch summary, until its step is done
         self.arrived: dict[int, float] = {}  # group_id → wall time its result arrived
-        self.pauses: list[float] = []  # weight-update pauses the rollout workers reported since the last step
+        # weight-update pauses the rollout workers reported since the last step
+        self.pauses: list[float] = []
         self.samples: dict[int, list[list]] = {}  # step → its sample table, until its step is done
         self.tracking = None  # a tracking.fanout.TrackerFanout, once the controller opens one
-        self.window: Counter = Counter()  # workflow=agent: GroupResult.counters summed since the last step
+        # workflow=agent: GroupResult.counters summed since the last step
+        self.window: Counter = Counter()
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
@@ -130,7 +141,8 @@ class StepRecorder:
     def on_counters(self, counters: dict) -> None:
         self.window.update(counters)
 
-    def on_batch(self, step: int, groups: list[GroupResult], prompts: dict[int, str] | None = None) -> None:
+    def on_batch(self, step: int, groups: list[GroupResult],
+                 prompts: dict[int, str] | None = None) -> None:
         """``prompts``: group_id → prompt text, for the trackers' sample tables."""
         rows, staleness = [], []
         for g in groups:
@@ -140,13 +152,17 @@ class StepRecorder:
                 start, end = (int(vs[0]), int(vs[-1])) if len(vs) else (step, step)
                 staleness.append(step - start)
                 rows.append({
-                    "prompt_id": g.prompt_id, "sample_index": int(s.sample_index), "group_id": g.group_id,
+                    "prompt_id": g.prompt_id, "sample_index": int(s.sample_index),
+                    "group_id": g.group_id,
                     "episode": int(s.episode if s.episode >= 0 else s.sample_index),
                     "version_start": start, "version_end": end, "trained_version": step,
-                    "reward": float(s.reward), "num_tokens": int(model.sum()), "finish_reason": s.finish_reason,
-                    "num_turns": int(s.num_turns), "reward_status": s.reward_status, "worker": g.worker,
+                    "reward": float(s.reward), "num_tokens": int(model.sum()),
+                    "finish_reason": s.finish_reason,
+                    "num_turns": int(s.num_turns), "reward_status": s.reward_status,
+                    "worker": g.worker,
                     "completion": s.completion[-300:], "gen_time_s": g.gen_time_s,
-                    "done_wall_s": self.arrived.get(g.group_id), "reward_parts": dict(s.reward_parts),
+                    "done_wall_s": self.arrived.get(g.group_id),
+                    "reward_parts": dict(s.reward_parts),
                 })
         for g in groups:
             self.arrived.pop(g.group_id, None)
@@ -154,7 +170,8 @@ class StepRecorder:
         every = self.cfg.logging.samples_every
         if every and step % every == 0:
             self.samples[step] = [
-                [step, r["prompt_id"], (prompts or {}).get(r["group_id"], ""), r["completion"], r["reward"],
+                [step, r["prompt_id"], (prompts or {}).get(r["group_id"], ""), r["completion"],
+                 r["reward"],
                  r["num_tokens"], r["finish_reason"], step - r["version_start"]]
                 for r in rows[: self.cfg.logging.samples]]
         self.batches[step] = {
@@ -169,8 +186,8 @@ class StepRecorder:
         }
 
     def stale_waste(self) -> float:
-        """The share of the tokens generated since this controller started that belonged to groups dropped
-        as too stale (0 before any)."""
+        """The share of the tokens generated since this controller started that belonged to groups
+        dropped as too stale (0 before any)."""
         dropped = self.stale_dropped_tokens - self.stale_tokens_at_start
         return dropped / self.gen_tokens_total if self.gen_tokens_total else 0.0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import msgpack
 
-from areal_cli.checkpoints import MARKER, latest_checkpoint, marker_text, run_checkpoints
+from areal_cli.checkpoint_dirs import MARKER, latest_checkpoint, marker_text, run_checkpoints
 from areal_cli.durable import atomic_write, fsync_dir, fsync_file, read_jsonl, rewrite_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.tasks import Problem
@@ -42,11 +42,13 @@ def finish_checkpoint(ctl, partial: Path, version: int) -> None:
         "cursor": ctl.cursor.state(),
         "groups": {str(g): [s, pid, p.to_dict()] for g, (s, pid, p) in groups.items()},
         "filtered_groups": ctl.rec.filtered_groups, "stale_dropped": ctl.rec.stale_dropped,
-        "stale_dropped_tokens": ctl.rec.stale_dropped_tokens, "stale_stopped": ctl.rec.stale_stopped,
+        "stale_dropped_tokens": ctl.rec.stale_dropped_tokens,
+        "stale_stopped": ctl.rec.stale_stopped,
     }
     atomic_write(partial / "buffer.msgpack", msgpack.packb([encode(g) for g in buffer]))
     atomic_write(partial / "controller.json", json.dumps(state))
-    atomic_write(partial / MARKER, marker_text(version))  # this run wrote it: resume may pick it, keep may prune it
+    # this run wrote it: resume may pick it, keep may prune it
+    atomic_write(partial / MARKER, marker_text(version))
     for path in RunDir(ctl.run_dir).records:
         fsync_file(path)
     final = partial.with_name(partial.name.removesuffix(".partial"))
@@ -59,8 +61,8 @@ def publish(partial: Path, final: Path) -> None:
     version already there (a resume stopped before its first new step) is kept: it is as good,
     and replacing it would leave a moment with none."""
     if final.is_symlink():
-        raise RuntimeError(f"{final} is a symbolic link; areal does not write through links in a run "
-                           "directory: remove it")
+        raise RuntimeError(f"{final} is a symbolic link; areal does not write through links in a "
+                           "run directory: remove it")
     if final.exists() and (final / "controller.json").is_file():
         log.info("%s is already complete: keeping it, dropping %s", final, partial.name)
         shutil.rmtree(partial)
@@ -98,10 +100,13 @@ def restore(ctl, run_dir: Path) -> None:
         if g not in buffered:
             ctl.cursor.requeue(*entry)  # was generating at the crash: regenerate from the start
     ctl.adm.accepted, ctl.adm.running = len(ctl.buffer), 0
-    ctl.rec.filtered_groups, ctl.rec.stale_dropped = state["filtered_groups"], state["stale_dropped"]
-    ctl.rec.stale_dropped_tokens = state.get("stale_dropped_tokens", 0)  # absent from older checkpoints
+    ctl.rec.filtered_groups = state["filtered_groups"]
+    ctl.rec.stale_dropped = state["stale_dropped"]
+    # absent from older checkpoints
+    ctl.rec.stale_dropped_tokens = state.get("stale_dropped_tokens", 0)
     ctl.rec.stale_stopped = state.get("stale_stopped", 0)
-    ctl.rec.stale_tokens_at_start = ctl.rec.stale_dropped_tokens  # the waste warning counts this run's alone
+    # the waste warning counts this run's alone
+    ctl.rec.stale_tokens_at_start = ctl.rec.stale_dropped_tokens
     truncate_records(run_dir, v)
     ctl.log.info("resumed from %s: version %d, %d buffered groups kept, %d regenerated", ckpt, v,
                  len(ctl.buffer), len(groups) - len(buffered))

@@ -33,8 +33,8 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus
     from transformers.utils import logging as hf_logging
 
-    from areal_cli.evaluator import evaluate
-    from areal_cli.models import resolve_model
+    from areal_cli.eval import evaluate
+    from areal_cli.model_source import resolve_model
     from areal_cli.tasks import load_problems
 
     hf_logging.disable_progress_bar()  # the closing lines stay readable
@@ -82,7 +82,7 @@ def _summary(result: dict) -> dict:
 
 def _cache_path(cfg: RootConfig, base_path: Path, problems) -> Path:
     """Keyed by everything that decides the base model's score."""
-    from areal_cli.models import cache_dir
+    from areal_cli.model_source import cache_dir
 
     key = json.dumps({"model": str(base_path), "problems": [(p.id, p.prompt, p.answer) for p in problems],
                       "max_new_tokens": cfg.rollout.max_new_tokens, "reward": cfg.reward.verifier().fn,

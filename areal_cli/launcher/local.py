@@ -43,7 +43,8 @@ class LocalLauncher:
         self.logs: dict[str, Path] = {}
 
     def start(self) -> None:
-        """The controller first (it binds every socket and publishes the addresses), then the rest."""
+        """The controller first (it binds every socket and publishes the addresses), then the
+        rest."""
         ready = RunDir(self.plan.run_dir).controller_ready
         ready.unlink(missing_ok=True)
         self._spawn(self.plan.procs[0])
@@ -53,11 +54,13 @@ class LocalLauncher:
             if code is not None:
                 raise RunFailed("controller", code, self._failure_tail("controller"))
             if time.monotonic() > deadline:
-                raise RunFailed("controller", -1, "did not bind its sockets within launcher.startup_timeout_s")
+                raise RunFailed("controller", -1,
+                                "did not bind its sockets within launcher.startup_timeout_s")
             time.sleep(0.05)
         for p in self.plan.procs[1:]:
             self._spawn(p)
-        atomic_write(RunDir(self.plan.run_dir).pids, json.dumps({k: v.pid for k, v in self.procs.items()}))
+        atomic_write(RunDir(self.plan.run_dir).pids,
+                     json.dumps({k: v.pid for k, v in self.procs.items()}))
 
     def _spawn(self, p) -> None:
         log = RunDir(self.plan.run_dir).log(p.name)
@@ -77,7 +80,8 @@ class LocalLauncher:
         ctl = self.procs["controller"].poll()
         if ctl == 0:
             deadline = time.monotonic() + max(30.0, self.plan.cfg.launcher.stop_timeout_s)
-            while time.monotonic() < deadline and any(p.poll() is None for p in self.procs.values()):
+            while time.monotonic() < deadline and any(p.poll() is None
+                                                      for p in self.procs.values()):
                 time.sleep(0.2)
             for name, proc in self.procs.items():
                 if proc.poll() not in (None, 0):

@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal_cli.config import cpu_dtype
-from areal_cli.config.load import save_yaml, to_yaml
-from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator, resolve
+from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator
 from areal_cli.config.schema import RootConfig
+from areal_cli.engines import spanning, spec
+from areal_cli.launcher.claim import check_links, claim_run_dir
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
-from areal_cli.launcher.rundir import check_links, claim_run_dir
 from areal_cli.private import make_private_dir
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import save_yaml, to_yaml
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import physical_gpus
 from areal_cli.transport.auth import make_keys
@@ -80,7 +82,7 @@ class Plan:
         """The plan ``to_fd`` wrote into ``fd`` (closed here); its config was validated when planned."""
         from omegaconf import OmegaConf
 
-        from areal_cli.config.load import from_dictconfig
+        from areal_cli.runconfig.compose import from_dictconfig
 
         with os.fdopen(fd, "rb") as f:
             f.seek(0)
@@ -158,8 +160,9 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
     w, tp, ranks = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
     if not pool:  # the CPU (or Slurm, whose job script places the processes)
         return {"rollout": [], "trainer": []}
-    if tp < 1 or tp > 1 and cfg.engine.name != "vllm":
-        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with engine=vllm")
+    if tp < 1 or tp > 1 and not spec(cfg.engine.name).tensor_parallel:
+        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with "
+                         + " or ".join(f"engine={n}" for n in spanning()))
     if cfg.rollout.gpus or cfg.trainer.gpus:
         rollout = [int(g) for g in cfg.rollout.gpus] or pool[:w * tp if tp > 1 else 1]
         trainer = [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]
@@ -208,10 +211,7 @@ def shares_rank0_gpu(cfg: RootConfig, devices: dict) -> bool:
         return False
     if not any(devices["trainer"][0] in gs for gs in worker_gpus(cfg, devices["rollout"])):
         return False
-    if cfg.engine.name == "vllm":
-        raise ValueError(f"engine=vllm cannot share GPU {devices['trainer'][0]} with trainer rank 0: vLLM "
-                         "receives weights over NCCL only. Use engine=hf on one GPU, or give the trainer a GPU "
-                         "of its own (e.g. cluster.gpus=[0,1])")
+    spec(cfg.engine.name).check_shared_gpu(devices["trainer"][0])
     if cfg.weights.backend == "nccl":
         raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and NCCL refuses "
                          "two ranks on one GPU; use weights.backend=auto (or gloo)")
@@ -223,7 +223,7 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
     path, which every process then loads; the architecture is checked wherever config.json is here."""
     from areal_cli.architectures import check_supported
-    from areal_cli.models import hub_model, resolve_model
+    from areal_cli.model_source import hub_model, resolve_model
 
     hub = hub_model(cfg.model)
     if hub is None:
@@ -265,30 +265,12 @@ def dtype_notes(asked: RootConfig, cfg: RootConfig, placement: Placement) -> lis
 def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) -> list[str]:
     """How weights will reach every rollout worker under the resolved ``cfg``, and why
     engine.weight_update is what it is (``asked``: the config before it was resolved)."""
-    w, tp, wt = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.weights
+    w, wt = cfg.rollout.workers, cfg.weights
     lora = lora_notes(cfg, model_path)
     if lora and cfg.engine.lora_merge != "true":
         return lora + [f"one {wt.backend} group of {1 + w} ranks (trainer rank 0 + {w} rollout worker(s)), "
                        f"{wt.bucket_mb} MiB buckets"]
-    if cfg.engine.name != "vllm":
-        return lora + [f"in place into each hf engine's parameters; one {wt.backend} group of {1 + w} ranks (trainer "
-                       f"rank 0 + {w} rollout worker(s)), {wt.bucket_mb} MiB buckets"
-                       + (", staged" if wt.staged == "true" else "")]
-    from areal_cli.transport.vllm_weights import choose_weight_update, group_size, rank_offset
-
-    if model_path is None:
-        why = "decided from config.json once the model is fetched"
-    else:
-        why = choose_weight_update(asked.engine.weight_update, model_path, tp)[1]
-    how = {"inplace": (f"in place (areal's bucketed broadcast, {wt.bucket_mb} MiB buckets, through the engine's "
-                       "weight loaders; staged behind generation at TP 1 where the GPU has room)"),
-           "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
-           "auto": "inplace or reload"}[cfg.engine.weight_update]
-    lines = lora + [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
-             f"one NCCL group of {group_size(w, tp)} ranks: trainer rank 0 + {w} vLLM worker(s) × {tp} GPU rank(s)"]
-    lines += [f"  rollout-{i}: " + (f"ranks {rank_offset(i, tp)}..{rank_offset(i, tp) + tp - 1}" if tp > 1
-                                    else f"rank {rank_offset(i, tp)}") for i in range(w)]
-    return lines
+    return lora + spec(cfg.engine.name).weight_notes(asked, cfg, model_path)
 
 
 def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
@@ -304,15 +286,14 @@ def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
         from areal_cli.lora import adapter_size
 
         size = f" ({adapter_size(model_path, lo) / 2**20:.1f} MiB float32)"
-    how = ("each vLLM worker loads it through vLLM's LoRA API (a LoRARequest of a tmpfs directory, load_inplace)"
-           if cfg.engine.name == "vllm" else "each hf engine merges W0 + (alpha/rank)·B·A into its weights in place")
+    how = spec(cfg.engine.name).lora_apply
     return [f"{what}: weight updates carry the adapter alone{size}; {how}; every update verified by a probe's "
             "logprobs"]
 
 
 def length_notes(cfg: RootConfig) -> list[str]:
     """rollout.length_profile checked (ValueError naming the fix) and its draws at this cap."""
-    from areal_cli.rollout.length_profile import load_profile
+    from areal_cli.workflows.length_profile import load_profile
 
     profile, cap = load_profile(cfg.rollout.length_profile, cfg.seed), cfg.rollout.max_new_tokens
     if profile is None:
@@ -342,7 +323,7 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
     if placement is None:
         card = gpu_memory(devices["trainer"][:1])
         if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
-            card = int(card * (1 - cfg.engine.gpu_memory_utilization)) if cfg.engine.name == "vllm" else card // 2
+            card = spec(cfg.engine.name).shared_card(cfg, card)
         placement = Placement(trainer_gpu=bool(devices["trainer"]), rollout_gpu=bool(devices["rollout"]),
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)

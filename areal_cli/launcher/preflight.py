@@ -5,7 +5,7 @@ launcher both run it; every problem is reported at once, as a ``UserError``."""
 from __future__ import annotations
 
 from areal_cli.config.schema import RootConfig, kv_cache_tokens_needed
-from areal_cli.rollout.engines import spec
+from areal_cli.engines import spec
 
 
 class UserError(ValueError):
@@ -14,7 +14,7 @@ class UserError(ValueError):
 
 def preflight(cfg: RootConfig) -> None:
     """Everything checkable before a process starts: the model and the dataset."""
-    from areal_cli.models import ModelError, resolve_model
+    from areal_cli.model_source import ModelError, resolve_model
     from areal_cli.tasks import load_problems
 
     problems = []
@@ -41,30 +41,33 @@ def preflight(cfg: RootConfig) -> None:
 
 
 def lora_problems(cfg: RootConfig, model_path) -> list[str]:
-    """trainer.lora against the model (target names, rank), and against the checkpoint a resume reads."""
+    """trainer.lora against the model (target names, rank), and against the checkpoint a resume
+    reads."""
     import importlib.util
     from pathlib import Path
 
-    from areal_cli.checkpoints import latest_checkpoint
+    from areal_cli.checkpoint_dirs import latest_checkpoint
     from areal_cli.lora import check_model, saved_rank
 
     out = check_model(model_path, cfg.trainer.lora)
     if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:
-        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install 'areal-cli[lora]', "
-                   "or trainer.lora.rank=0 (full fine-tuning)")
+        out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} needs peft: pip install "
+                   "'areal-cli[lora]', or trainer.lora.rank=0 (full fine-tuning)")
     ckpt = latest_checkpoint(Path(cfg.resume)) if cfg.resume else None
     if ckpt is not None:
         saved = saved_rank(ckpt / "adapter") or 0
         if saved != cfg.trainer.lora.rank:
             out.append(f"trainer.lora.rank={cfg.trainer.lora.rank} but the checkpoint {ckpt} holds "
                        + (f"a rank-{saved} adapter" if saved else "full weights (no adapter)")
-                       + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or start a new run "
-                       f"from its merged model (model={Path(cfg.resume) / 'checkpoints' / 'final'})")
+                       + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or "
+                       "start a new run from its merged model "
+                       f"(model={Path(cfg.resume) / 'checkpoints' / 'final'})")
     return out
 
 
 def _check_imports(cfg: RootConfig) -> list[str]:
-    """A custom reward or workflow given by import path must import here, before any process starts."""
+    """A custom reward or workflow given by import path must import here, before any process
+    starts."""
     out = []
     if ":" in cfg.reward.fn:
         from areal_cli.rewards.scoring import import_custom
@@ -74,14 +77,14 @@ def _check_imports(cfg: RootConfig) -> list[str]:
         except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
             out.append(f"reward.fn={cfg.reward.fn}: {err}")
     if cfg.workflow.name == "agent" and ":" in cfg.workflow.agent:
-        from areal_cli.rollout.agent.episode import import_agent
+        from areal_cli.workflows.agent.episode import import_agent
 
         try:
             import_agent(cfg.workflow.agent)
         except ValueError as err:
             out.append(str(err))
     if ":" in cfg.workflow.name:
-        from areal_cli.rollout.workflows.episodes import import_workflow
+        from areal_cli.workflows.user import import_workflow
 
         try:
             import_workflow(cfg.workflow.name)
@@ -95,7 +98,7 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     longest prompt sizes the KV cache when engine.kv_cache_tokens is 0."""
     from transformers import AutoConfig
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
     from areal_cli.tasks import load_tokenizer, prompt_ids
 
     path = resolve_model(cfg.model)
@@ -106,9 +109,10 @@ def _check_prompt_lengths(cfg: RootConfig, problems) -> list[str]:
     for p in problems:
         n = len(prompt_ids(tok, p, cfg.task))
         if n > room:
-            return [f"task: problem {p.id} has a {n}-token prompt; with rollout.max_new_tokens="
-                    f"{cfg.rollout.max_new_tokens} the model's {context}-token context leaves {room}: "
-                    "drop or shorten such prompts, or lower rollout.max_new_tokens"]
+            return [f"task: problem {p.id} has a {n}-token prompt; with "
+                    f"rollout.max_new_tokens={cfg.rollout.max_new_tokens} the model's "
+                    f"{context}-token context leaves {room}: drop or shorten such prompts, or "
+                    "lower rollout.max_new_tokens"]
         longest = max(longest, n)
     if not cfg.engine.kv_cache_tokens:  # "what the run needs", written into config.yaml
         cfg.engine.kv_cache_tokens = kv_cache_tokens_needed(cfg, longest)

@@ -70,11 +70,12 @@ class MetricsTail:
 
 
 def fmt_line(row: dict, steps: int, eta: float | None) -> str:
-    return (f"step {row['step'] + 1}/{steps}  reward {row.get('reward_mean', 0):.3f}  "
-            f"staleness max {row.get('staleness_max', 0)} mean {row.get('staleness_mean', 0):.2f}  "
-            f"gen {row.get('gen_tokens_per_s', 0):.0f} tok/s  train {row.get('train_tokens_per_s', 0):.0f} tok/s  "
-            f"sync {row.get('weight_sync_s', 0) * 1000:.0f} ms  "
-            f"wall {row.get('wall_time_s', 0):.0f}s" + (f"  ETA {eta:.0f}s" if eta is not None else "")
+    return (f"step {row['step'] + 1}/{steps}  reward {row.get('reward_mean', 0):.3f}  staleness "
+            f"max {row.get('staleness_max', 0)} mean {row.get('staleness_mean', 0):.2f}  gen "
+            f"{row.get('gen_tokens_per_s', 0):.0f} tok/s  train "
+            f"{row.get('train_tokens_per_s', 0):.0f} tok/s  sync "
+            f"{row.get('weight_sync_s', 0) * 1000:.0f} ms  wall "
+            f"{row.get('wall_time_s', 0):.0f}s" + (f"  ETA {eta:.0f}s" if eta is not None else "")
             + "".join(f"  {k} {v:.3f}" for k, v in row.items() if k.endswith("/accuracy")))
 
 
@@ -82,7 +83,8 @@ class Progress:
     """Call ``update()`` often; it prints/redraws when new steps arrive."""
 
     def __init__(self, run_dir: Path, steps: int, label: str = "train"):
-        self.tail, self.steps, self.t0 = MetricsTail(RunDir(run_dir).metrics), steps, time.monotonic()
+        self.tail = MetricsTail(RunDir(run_dir).metrics)
+        self.steps, self.t0 = steps, time.monotonic()
         self.tty = sys.stdout.isatty()
         self.live = None
         self.label = label
@@ -92,7 +94,8 @@ class Progress:
             self.live = Live(self._view(), refresh_per_second=2, transient=False)
             self.live.start()
         else:
-            print(f"[{label}] started; progress every step (metrics.jsonl in {run_dir})", flush=True)
+            print(f"[{label}] started; progress every step (metrics.jsonl in {run_dir})",
+                  flush=True)
 
     def _eta(self) -> float | None:
         rows = self.tail.rows
@@ -110,7 +113,8 @@ class Progress:
         eta = self._eta()
         head = Table.grid(padding=(0, 1))
         head.add_row(ProgressBar(total=self.steps, completed=len(self.tail.rows), width=40),
-                     f"{len(self.tail.rows)}/{self.steps} steps" + (f"  ETA {eta:.0f}s" if eta is not None else ""))
+                     f"{len(self.tail.rows)}/{self.steps} steps"
+                     + (f"  ETA {eta:.0f}s" if eta is not None else ""))
         return Group(head, self._table())
 
     def _table(self):
@@ -118,12 +122,14 @@ class Progress:
 
         t = Table(title=f"areal {self.label}: {len(self.tail.rows)}/{self.steps} steps, "
                         f"{time.monotonic() - self.t0:.0f}s", expand=False)
-        for col in ("step", "reward", "staleness max/mean", "gen tok/s", "train tok/s", "sync ms", "ETA s"):
+        for col in ("step", "reward", "staleness max/mean", "gen tok/s", "train tok/s", "sync ms",
+                    "ETA s"):
             t.add_column(col, justify="right")
         for r in self.tail.rows[-8:]:
             t.add_row(str(r["step"] + 1), f"{r.get('reward_mean', 0):.3f}",
                       f"{r.get('staleness_max', 0)}/{r.get('staleness_mean', 0):.2f}",
-                      f"{r.get('gen_tokens_per_s', 0):.0f}", f"{r.get('train_tokens_per_s', 0):.0f}",
+                      f"{r.get('gen_tokens_per_s', 0):.0f}",
+                      f"{r.get('train_tokens_per_s', 0):.0f}",
                       f"{r.get('weight_sync_s', 0) * 1000:.0f}", f"{self._eta() or 0:.0f}")
         return t
 

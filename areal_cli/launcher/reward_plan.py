@@ -14,8 +14,9 @@ NAME = "reward-model"
 
 
 def reward_notes(cfg: RootConfig) -> list[str]:
-    """What the reward-model process serves, from where; ValueError naming the fix for a bad head."""
-    from areal_cli.models import resolve_model
+    """What the reward-model process serves, from where; ValueError naming the fix for a bad
+    head."""
+    from areal_cli.model_source import resolve_model
     from areal_cli.rewards.reward_model import head_config, label_index
 
     rc, lines = cfg.reward, []
@@ -25,18 +26,21 @@ def reward_notes(cfg: RootConfig) -> list[str]:
         lines.append(f"reward model {rc.model.path} → {path}, output {index}")
     if "judge" in rc.parts:
         judge = rc.judge.model or cfg.model
-        lines.append(f"judge {judge} → {resolve_model(judge)} (frozen), verdict={rc.judge.verdict}, "
-                     f"{judge_engine_note(cfg)}")
+        lines.append(f"judge {judge} → {resolve_model(judge)} (frozen), "
+                     f"verdict={rc.judge.verdict}, {judge_engine_note(cfg)}")
     weights = [float(w) for w in rc.weights] or [1.0] * len(rc.parts)
-    lines.append("reward = " + " + ".join(f"{w:g}·{p}" for w, p in zip(weights, rc.parts, strict=True)))
+    lines.append("reward = "
+                 + " + ".join(f"{w:g}·{p}" for w, p in zip(weights, rc.parts, strict=True)))
     return lines
 
 
 def judge_engine_note(cfg: RootConfig) -> str:
     """Which engine runs the judge, where (the resolved reward.judge.engine)."""
-    j, where = cfg.reward.judge, f"GPU {','.join(map(str, cfg.reward.gpus))}" if cfg.reward.gpus else "the CPU"
+    j = cfg.reward.judge
+    where = f"GPU {','.join(map(str, cfg.reward.gpus))}" if cfg.reward.gpus else "the CPU"
     if j.engine == JudgeEngine.vllm:
-        return f"reward.judge.engine=vllm: a vllm.LLM on {where}, {j.gpu_memory_utilization:.0%} of its memory"
+        return (f"reward.judge.engine=vllm: a vllm.LLM on {where}, {j.gpu_memory_utilization:.0%} "
+                "of its memory")
     return f"reward.judge.engine=hf: transformers on {where}"
 
 
@@ -47,6 +51,8 @@ def reward_proc(cfg: RootConfig, run_dir, visible: list[int], cpu_env: dict):
     gpus = [int(g) for g in cfg.reward.gpus]
     missing = [g for g in gpus if g not in visible]
     if missing:
-        raise ValueError(f"reward.gpus={gpus}: GPU id(s) {missing} do not exist here (visible: {visible or 'none'})")
-    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {**cpu_env, "CUDA_VISIBLE_DEVICES": ""}
+        raise ValueError(f"reward.gpus={gpus}: GPU id(s) {missing} do not exist here (visible: "
+                         f"{visible or 'none'})")
+    env = {"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {**cpu_env,
+                                                                      "CUDA_VISIBLE_DEVICES": ""}
     return NAME, [sys.executable, "-m", "areal_cli.rewards.server", str(run_dir)], env

@@ -18,8 +18,8 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
     """The saved config of ``resume``; overrides that would change what is trained are refused."""
     from pathlib import Path
 
-    from areal_cli.config.load import ConfigError, load_yaml
     from areal_cli.private import check_private_dir
+    from areal_cli.runconfig.compose import ConfigError, load_yaml
 
     problems = check_private_dir(resume) if Path(resume).is_dir() else []
     if problems:
@@ -49,7 +49,7 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
         raise UserError("  - a resumed run keeps its config; these overrides would change what is trained: "
                         + ", ".join(refused) + f" (allowed: {', '.join(RESUMABLE)})")
     try:
-        from areal_cli.config.load import from_dictconfig
+        from areal_cli.runconfig.compose import from_dictconfig
 
         cfg = from_dictconfig(node)
     except ConfigError as err:
@@ -64,8 +64,8 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
     process replaces itself (exec) with ``launcher/watch.py``, which starts and watches the run
     without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
     would otherwise stay resident for the whole run)."""
+    from areal_cli.launcher.claim import RunLock, claim_run_dir, new_run_dir
     from areal_cli.launcher.plan import make_plan
-    from areal_cli.launcher.rundir import RunLock, claim_run_dir, new_run_dir
 
     if cfg.launcher.name == "slurm":
         from areal_cli.launcher.slurm import submit

@@ -27,8 +27,8 @@ def build(cfg: RootConfig, python: str | None = None):
     from areal_cli.launcher.plan import make_plan
 
     if cfg.cluster.gpus or cfg.rollout.gpus or cfg.trainer.gpus:
-        raise ValueError("cluster.gpus / rollout.gpus / trainer.gpus are for launcher=local; on Slurm "
-                         "use launcher.gpus_per_node and launcher.gen_nodes")
+        raise ValueError("cluster.gpus / rollout.gpus / trainer.gpus are for launcher=local; on "
+                         "Slurm use launcher.gpus_per_node and launcher.gen_nodes")
     if cfg.launcher.signal_s < 0:
         raise ValueError(f"launcher.signal_s={cfg.launcher.signal_s}: must be >= 0")
     lay = slurm_layout(cfg)
@@ -52,14 +52,15 @@ def submit(cfg: RootConfig) -> Path:
     preflight(cfg)
     sbatch = shutil.which("sbatch")
     if sbatch is None:
-        raise UserError("  - sbatch is not on PATH: run this on a Slurm login node, or use launcher=local "
-                        "(--dry-run prints the script without Slurm)")
+        raise UserError("  - sbatch is not on PATH: run this on a Slurm login node, or use "
+                        "launcher=local (--dry-run prints the script without Slurm)")
     plan.write()
     path = RunDir(plan.run_dir).sbatch
     atomic_write(path, script)
     out = subprocess.run([sbatch, "--parsable", str(path)], capture_output=True, text=True)
     if out.returncode:
-        raise UserError(f"  - sbatch {path} failed (exit code {out.returncode}):\n{out.stderr.strip()}")
+        raise UserError(f"  - sbatch {path} failed (exit code "
+                        f"{out.returncode}):\n{out.stderr.strip()}")
     job_id = out.stdout.strip().split(";")[0]
     atomic_write(RunDir(plan.run_dir).slurm_job_id, job_id + "\n")
     print(f"submitted Slurm job {job_id}\nrun_dir: {plan.run_dir}\n"

@@ -54,7 +54,7 @@ def _same_host(a: str, b: str) -> bool:
 
 
 def _set_resume(run_dir: Path) -> None:
-    from areal_cli.config.load import load_yaml, save_yaml
+    from areal_cli.runconfig.compose import load_yaml, save_yaml
 
     cfg = load_yaml(RunDir(run_dir).config)
     cfg.resume = str(run_dir)

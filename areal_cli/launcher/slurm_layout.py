@@ -49,8 +49,9 @@ def _one_node(cfg: RootConfig) -> SlurmLayout:
         return SlurmLayout(1, (0, 1), (0, 1), cfg.rollout.workers, cfg.rollout.workers, 0,
                            cfg.trainer.ranks, 0)
     if g < 2:
-        raise ValueError("launcher.gpus_per_node=1: one GPU cannot be split between the rollout and "
-                         "trainer steps; use launcher=local on that node (it colocates), or launcher.nodes=2")
+        raise ValueError("launcher.gpus_per_node=1: one GPU cannot be split between the rollout "
+                         "and trainer steps; use launcher=local on that node (it colocates), or "
+                         "launcher.nodes=2")
     gen_gpus = cfg.rollout.workers * tp if cfg.rollout.workers * tp < g else g // 2
     workers = gen_gpus // tp
     if workers < 1:
@@ -71,7 +72,8 @@ def _many_nodes(cfg: RootConfig) -> SlurmLayout:
         w, r = cfg.rollout.workers, cfg.trainer.ranks
         if w % n_gen or r % n_train:
             raise ValueError(f"CPU nodes: rollout.workers={w} over {n_gen} generation node(s) and "
-                             f"trainer.ranks={r} over {n_train} training node(s) must divide evenly")
+                             f"trainer.ranks={r} over {n_train} training node(s) must divide "
+                             "evenly")
         return SlurmLayout(lc.nodes, gen, train, w, w // n_gen, 0, r // n_train, 0)
     if lc.gpus_per_node % tp:
         raise ValueError(f"engine.tensor_parallel_size={tp} does not divide launcher.gpus_per_node="
@@ -92,10 +94,12 @@ def apply_layout(cfg: RootConfig, lay: SlurmLayout) -> list[str]:
                      f"GPU(s) of the generation nodes; was {cfg.rollout.workers})")
         cfg.rollout.workers = lay.workers
     if cfg.trainer.ranks != lay.trainer_world:
-        notes.append(f"trainer.ranks={lay.trainer_world} (the trainer's world size; was {cfg.trainer.ranks})")
+        notes.append(f"trainer.ranks={lay.trainer_world} (the trainer's world size; was "
+                     f"{cfg.trainer.ranks})")
         cfg.trainer.ranks = lay.trainer_world
     samples = cfg.trainer.batch_size * cfg.rollout.group_size
     if samples % cfg.trainer.ranks:
-        raise ValueError(f"trainer.batch_size × rollout.group_size = {samples} samples do not split over "
-                         f"{cfg.trainer.ranks} trainer ranks; choose a batch_size that divides evenly")
+        raise ValueError(f"trainer.batch_size × rollout.group_size = {samples} samples do not "
+                         f"split over {cfg.trainer.ranks} trainer ranks; choose a batch_size that "
+                         "divides evenly")
     return notes

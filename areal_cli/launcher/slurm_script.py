@@ -41,15 +41,17 @@ list() {{ local IFS=,; echo "${{NODES[*]:$1:$2}}"; }}
 HEAD=${{NODES[0]}}                  # controller: binds every ZeroMQ endpoint
 GEN_NODES=$(list {gen0} {n_gen})      # rollout workers
 TRAIN_NODES=$(list {train0} {n_train})    # torchrun, one agent per node
-echo "areal: job $SLURM_JOB_ID on ${{NODES[*]}} (restart ${{SLURM_RESTART_COUNT:-0}}): controller $HEAD, \
-rollout $GEN_NODES, trainer $TRAIN_NODES"
+echo "areal: job $SLURM_JOB_ID on ${{NODES[*]}} (restart ${{SLURM_RESTART_COUNT:-0}}): \
+controller $HEAD, rollout $GEN_NODES, trainer $TRAIN_NODES"
 
 # hostname + free ports of the first training node: torchrun rendezvous, weight TCPStore
 read -r TRAIN_HOST RDZV_PORT WEIGHTS_PORT < <(srun --overlap --nodes=1 --ntasks=1 \\
   --nodelist="${{NODES[{train0}]}}"{nogpu} "$PY" -m areal_cli.launcher.slurm_job ports)
-[[ -n "${{WEIGHTS_PORT:-}}" ]] || {{ echo "areal: no ports from ${{NODES[{train0}]}}" >&2; exit 1; }}
+[[ -n "${{WEIGHTS_PORT:-}}" ]] || {{ echo "areal: no ports from ${{NODES[{train0}]}}" >&2; \
+exit 1; }}
 # endpoints.json advertised by this node's hostname; resume after a requeue
-"$PY" -m areal_cli.launcher.slurm_job prepare "$RUN_DIR" "$TRAIN_HOST" "$WEIGHTS_PORT" "$RDZV_PORT" || exit 1
+"$PY" -m areal_cli.launcher.slurm_job prepare "$RUN_DIR" "$TRAIN_HOST" "$WEIGHTS_PORT" \
+"$RDZV_PORT" || exit 1
 """
 
 _STEPS = """
@@ -60,13 +62,15 @@ SRUN=(srun --overlap --kill-on-bad-exit=1 --open-mode=append)
   "$PY" -m areal_cli.controller.main "$RUN_DIR" &
 STEPS[$!]=controller
 "${{SRUN[@]}}" --nodes={n_gen} --nodelist="$GEN_NODES" --ntasks={workers} --ntasks-per-node={wpn} \\
-  {rollout_gpus}--cpus-per-task=$(( SLURM_CPUS_ON_NODE / {wpn} > 0 ? SLURM_CPUS_ON_NODE / {wpn} : 1 )) \\
+  {rollout_gpus}--cpus-per-task=$(( SLURM_CPUS_ON_NODE / {wpn} > 0 ? \
+SLURM_CPUS_ON_NODE / {wpn} : 1 )) \\
   --output="$RUN_DIR/logs/rollout-%t.log" \\
   "$PY" -m areal_cli.launcher.slurm_job rollout "$RUN_DIR" {gpw} &
 STEPS[$!]=rollout
 "${{SRUN[@]}}" --nodes={n_train} --nodelist="$TRAIN_NODES" --ntasks={n_train} --ntasks-per-node=1 \\
   {trainer_gpus}--cpus-per-task=$SLURM_CPUS_ON_NODE --output="$RUN_DIR/logs/torchrun-%N.log" \\
-  "$PY" -m areal_cli.launcher.torchrun --nnodes={n_train} --nproc-per-node={nproc} --max-restarts=0 \\
+  "$PY" -m areal_cli.launcher.torchrun --nnodes={n_train} --nproc-per-node={nproc} \
+--max-restarts=0 \\
   --rdzv-backend=areal-c10d --rdzv-endpoint="$TRAIN_HOST:$RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \\
   -m areal_cli.trainer.main "$RUN_DIR" &
 STEPS[$!]=trainer
@@ -132,8 +136,9 @@ def render_sbatch(cfg: RootConfig, lay: SlurmLayout, run_dir: Path, python: str)
     n_gen = lay.gen_nodes[1] - lay.gen_nodes[0]
     n_train = lay.train_nodes[1] - lay.train_nodes[0]
     gpu = lc.gpus_per_node > 0
-    summary = (f"{lay.nodes} node(s) × {lc.gpus_per_node or 'CPU'} GPU(s): {lay.workers} rollout worker(s) "
-               f"on {n_gen} node(s), {lay.trainer_world} trainer rank(s) on {n_train} node(s)"
+    summary = (f"{lay.nodes} node(s) × {lc.gpus_per_node or 'CPU'} GPU(s): {lay.workers} rollout "
+               f"worker(s) on {n_gen} node(s), {lay.trainer_world} trainer rank(s) on {n_train} "
+               "node(s)"
                + (" (one node shared)" if lay.shared else ""))
     head = _HEAD.format(
         run_dir=run_dir, summary=summary, sbatch="\n".join(sbatch_header(cfg, lay, run_dir)),
@@ -141,8 +146,10 @@ def render_sbatch(cfg: RootConfig, lay: SlurmLayout, run_dir: Path, python: str)
         setup="\n".join(str(x) for x in lc.setup), gen0=lay.gen_nodes[0], n_gen=n_gen,
         train0=lay.train_nodes[0], n_train=n_train, nogpu=" --gres=none" if gpu else "")
     steps = _STEPS.format(
-        nogpu=" --gres=none" if gpu else "", n_gen=n_gen, workers=lay.workers, wpn=lay.workers_per_node,
-        rollout_gpus=f"--gpus-per-task={lay.gpus_per_worker} " if gpu else "", gpw=lay.gpus_per_worker,
+        nogpu=" --gres=none" if gpu else "", n_gen=n_gen, workers=lay.workers,
+        wpn=lay.workers_per_node,
+        rollout_gpus=f"--gpus-per-task={lay.gpus_per_worker} " if gpu else "",
+        gpw=lay.gpus_per_worker,
         n_train=n_train, nproc=lay.trainer_nproc,
         trainer_gpus=f"--gpus-per-node={lay.trainer_gpus} " if gpu else "")
     requeue = ('scontrol requeue "$SLURM_JOB_ID"; echo "areal: requeued"' if lc.requeue

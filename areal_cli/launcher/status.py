@@ -45,7 +45,8 @@ def sparkline(values: list[float], width: int = 60) -> str:
     averaged in ``width`` buckets."""
     if len(values) > width:
         edges = [round(i * len(values) / width) for i in range(width + 1)]
-        values = [sum(values[a:b]) / (b - a) for a, b in zip(edges, edges[1:], strict=False) if b > a]
+        values = [sum(values[a:b]) / (b - a) for a,
+                  b in zip(edges, edges[1:], strict=False) if b > a]
     lo, hi = min(values, default=0.0), max(values, default=0.0)
     scale = (len(SPARK) - 1) / (hi - lo) if hi > lo else 0.0
     return "".join(SPARK[round((v - lo) * scale)] for v in values)
@@ -61,22 +62,32 @@ def _planned_steps(d: RunDir) -> int | None:
 
 
 def _figures(rows: list[dict], steps: int | None) -> None:
-    """The last step's key figures and the reward's sparkline, through rich (plain text off a terminal)."""
+    """The last step's key figures and the reward's sparkline, through rich (plain text off a
+    terminal)."""
     from rich.console import Console
     from rich.table import Table
 
     last, rewards = rows[-1], [r.get("reward_mean", 0.0) for r in rows]
-    walls = sorted(r["step_wall_s"] for r in rows[1:] if isinstance(r.get("step_wall_s"), (int, float)))
+    walls = sorted(r["step_wall_s"] for r in rows[1:]
+                   if isinstance(r.get("step_wall_s"), (int, float)))
     left = steps - last["step"] - 1 if steps else 0
     t = Table(show_header=False, box=None, pad_edge=False)
     for name, value in [
         ("step", f"{last['step'] + 1}" + (f"/{steps}" if steps else "")),
-        ("reward", f"{last.get('reward_mean', 0):.3f}  (last 5 steps: {sum(rewards[-5:]) / len(rewards[-5:]):.3f})"),
-        ("staleness", f"max {last.get('staleness_max', 0)}  mean {last.get('staleness_mean', 0):.2f}"),
-        ("tokens/s", f"gen {last.get('gen_tokens_per_s', 0):.0f}  train {last.get('train_tokens_per_s', 0):.0f}"),
-        ("step time", f"{last.get('step_wall_s', 0):.2f}s  (trainer {last.get('step_time_s', 0):.2f}s, weight "
-                      f"sync {1000 * last.get('weight_sync_s', 0):.0f} ms, trackers {1000 * last.get('log_s', 0):.0f} ms)"),
-        ("wall", f"{last.get('wall_time_s', 0):.0f}s" + (f"  ETA {left * walls[len(walls) // 2]:.0f}s"
+        ("reward",
+         f"{last.get('reward_mean', 0):.3f}  (last 5 steps: "
+         f"{sum(rewards[-5:]) / len(rewards[-5:]):.3f})"),
+        ("staleness",
+         f"max {last.get('staleness_max', 0)}  mean {last.get('staleness_mean', 0):.2f}"),
+        ("tokens/s",
+         f"gen {last.get('gen_tokens_per_s', 0):.0f}  "
+         f"train {last.get('train_tokens_per_s', 0):.0f}"),
+        ("step time", f"{last.get('step_wall_s', 0):.2f}s  (trainer "
+                      f"{last.get('step_time_s', 0):.2f}s, weight sync "
+                      f"{1000 * last.get('weight_sync_s', 0):.0f} ms, trackers "
+                      f"{1000 * last.get('log_s', 0):.0f} ms)"),
+        ("wall",
+         f"{last.get('wall_time_s', 0):.0f}s" + (f"  ETA {left * walls[len(walls) // 2]:.0f}s"
                                                            if left > 0 and walls else "")),
         ("reward/step", f"{sparkline(rewards)}  {min(rewards):.3f} .. {max(rewards):.3f}"),
     ]:
@@ -92,7 +103,8 @@ def _slurm(job_id: str) -> None:
     if not shutil.which("sacct"):
         print(f"slurm job {job_id} (sacct not on PATH here)")
         return
-    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o", "JobID,JobName,State,Elapsed,NodeList"],
+    out = subprocess.run(["sacct", "-j", job_id, "-n", "-P", "-o",
+                          "JobID,JobName,State,Elapsed,NodeList"],
                          capture_output=True, text=True, timeout=30)
     print(f"slurm job {job_id}")
     for line in out.stdout.splitlines():

@@ -44,7 +44,8 @@ def _static(params):
                 # its own store stays in this process, and no store listens on any port
                 self._store = dist.HashStore()
             elif self._store is None and self.rank == 0:
-                self._store = bound_store(self.master_addr, self.master_port, self.world_size, self.timeout,
+                self._store = bound_store(self.master_addr, self.master_port, self.world_size,
+                                          self.timeout,
                                           multi_tenant=True)
             return super().next_rendezvous()
 
@@ -82,7 +83,8 @@ def _c10d(params):
     if store is None:
         store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
     handler = create_handler(store, Backend(store, params.run_id), params)
-    handler._create_tcp_store_server = lambda addr, p: bound_store(addr, p, None, timeout, multi_tenant=True)
+    handler._create_tcp_store_server = lambda addr, p: bound_store(addr, p, None, timeout,
+                                                                   multi_tenant=True)
     return handler
 
 

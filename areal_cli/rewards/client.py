@@ -37,12 +37,14 @@ PROCESS = "reward-model"
 
 
 def reward_address(run_dir: str | Path, timeout_s: float) -> str:
-    """The reward-model process's address, once it has published it (it does after loading its models)."""
+    """The reward-model process's address, once it has published it (it does after loading its
+    models)."""
     path, deadline = RunDir(run_dir).reward_endpoint, time.monotonic() + timeout_s
     while not path.is_file():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the {PROCESS} process published no address within launcher.startup_timeout_s="
-                               f"{timeout_s:g}s (see logs/{PROCESS}.log)")
+            raise RuntimeError(f"the {PROCESS} process published no address within "
+                               f"launcher.startup_timeout_s={timeout_s:g}s (see "
+                               f"logs/{PROCESS}.log)")
         time.sleep(0.1)
     return json.loads(path.read_text())["reward"]
 
@@ -53,12 +55,14 @@ class ServedRewards:
         self.timeouts = self.errors = self.parse_errors = 0
         self._ids = itertools.count()
         self._queue: collections.deque = collections.deque()
-        self._waiting: dict[int, tuple[Future, float, str]] = {}  # request id → (future, deadline, problem id)
+        # request id → (future, deadline, problem id)
+        self._waiting: dict[int, tuple[Future, float, str]] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
-        self._thread = threading.Thread(target=self._run, args=(keys, max_frame), name="served-rewards",
+        self._thread = threading.Thread(target=self._run, args=(keys, max_frame),
+                                        name="served-rewards",
                                         daemon=True)
         self._thread.start()
 
@@ -110,8 +114,10 @@ class ServedRewards:
                     return
                 req, future, deadline, pid = self._queue.popleft()
             self._waiting[req.request_id] = (future, deadline, pid)
-            if not sock.try_send(req):  # 10000 requests already queued for a process that is not reading
-                self._finish(req.request_id, RewardResult(0.0, "error", f"the {PROCESS} process takes no requests"))
+            # 10000 requests already queued for a process that is not reading
+            if not sock.try_send(req):
+                self._finish(req.request_id,
+                             RewardResult(0.0, "error", f"the {PROCESS} process takes no requests"))
 
     def _on_reply(self, msg) -> None:
         if not isinstance(msg, RewardReply) or msg.request_id not in self._waiting:
@@ -124,13 +130,15 @@ class ServedRewards:
     def _expire(self) -> None:
         now = time.monotonic()
         for rid in [rid for rid, (_, deadline, _) in self._waiting.items() if now >= deadline]:
-            self._finish(rid, RewardResult(0.0, "timeout", f"no reply from the {PROCESS} process within "
+            self._finish(rid, RewardResult(0.0, "timeout", f"no reply from the {PROCESS} process "
+                                                          "within "
                                                           f"reward.timeout_s={self.cfg.timeout_s:g}s"))
 
     def _finish(self, rid: int, result: RewardResult) -> None:
         future, _, pid = self._waiting.pop(rid)
         if result.status != "ok":
-            counter = {"timeout": "timeouts", "parse_error": "parse_errors"}.get(result.status, "errors")
+            counter = {"timeout": "timeouts", "parse_error": "parse_errors"}.get(result.status,
+                                                                                 "errors")
             setattr(self, counter, getattr(self, counter) + 1)
             logger.warning("reward %s for problem %s: %s", result.status, pid, result.detail)
         settle(future, result)

@@ -30,7 +30,8 @@ class CombinedReward:
         self.pool = RewardPool(verifier, num_workers) if verifier is not None else None
         self.weights = [float(w) for w in cfg.weights] or [1.0] * len(cfg.parts)
         if cfg.served and served is None:
-            raise ValueError("reward.fn has a model or judge part: it needs the reward-model process's client")
+            raise ValueError("reward.fn has a model or judge part: it needs the reward-model "
+                             "process's client")
 
     def submit(self, completion: str, problem: Problem) -> Future:
         """Score every part; the Future resolves once all have (never raises)."""

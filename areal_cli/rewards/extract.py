@@ -1,6 +1,6 @@
 """Pulling the answer (or the code) out of a completion, leniently but never past the marker.
 
-A 135M model writes "Answer: N" only 5-12% of the time (MEASURED.md), so when the marker
+A small model often leaves out the "Answer: N" marker, so when the marker
 is missing the last number in the completion is taken as the answer. When the marker is
 there, the answer is what follows the last one; a marker with nothing after it is no answer
 (never a number from before it).

@@ -31,9 +31,11 @@ class Verdict:
 
 
 def render(template: str, problem: str, reference: str, completion: str) -> str:
-    """``template`` with each {problem}/{reference}/{completion} replaced by its text, in one pass."""
+    """``template`` with each {problem}/{reference}/{completion} replaced by its text, in one
+    pass."""
     values = {"problem": problem, "reference": reference, "completion": completion}
-    return PLACEHOLDER.sub(lambda m: values[m.group(1)] if m.group(1) in PLACEHOLDERS else m.group(0), template)
+    return PLACEHOLDER.sub(lambda m: values[m.group(1)]
+                           if m.group(1) in PLACEHOLDERS else m.group(0), template)
 
 
 def parse_number(text: str, lo: float, hi: float) -> float | None:
@@ -46,7 +48,8 @@ def parse_number(text: str, lo: float, hi: float) -> float | None:
 
 
 def failed_parse(cfg: JudgeConfig, detail: str) -> Verdict:
-    """A verdict that did not parse, scored per ``on_parse_error`` (min = 0, error = a failed call)."""
+    """A verdict that did not parse, scored per ``on_parse_error`` (min = 0, error = a failed
+    call)."""
     return Verdict(0.0, "error" if cfg.on_parse_error == "error" else "parse_error", detail)
 
 
@@ -57,8 +60,9 @@ def single_token_ids(tok, words) -> list[int]:
 
 
 class JudgeBase(ABC):
-    """What every judge engine shares: the judge's tokenizer, the prompts as token ids and the verdict
-    rules. An engine loads the model and runs the forwards: ``_yes_no_mass`` and ``_replies``."""
+    """What every judge engine shares: the judge's tokenizer, the prompts as token ids and the
+    verdict rules. An engine loads the model and runs the forwards: ``_yes_no_mass`` and
+    ``_replies``."""
 
     def __init__(self, model_dir, cfg: JudgeConfig):
         from areal_cli.tasks import load_tokenizer
@@ -79,8 +83,10 @@ class JudgeBase(ABC):
                                             add_generation_prompt=True)
 
     def encode(self, items: list[tuple[str, str, str]], **kw):
-        """The prompts of ``items`` tokenized, each its last ``max_tokens`` tokens (``kw``: padding, tensors)."""
-        return self.tok([self.prompt(*it) for it in items], truncation=True, max_length=self.cfg.max_tokens,
+        """The prompts of ``items`` tokenized, each its last ``max_tokens`` tokens (``kw``: padding,
+        tensors)."""
+        return self.tok([self.prompt(*it) for it in items], truncation=True,
+                        max_length=self.cfg.max_tokens,
                         add_special_tokens=False, **kw)
 
     def score(self, items: list[tuple[str, str, str]]) -> list[Verdict]:
@@ -98,12 +104,13 @@ class JudgeBase(ABC):
         """Each item's greedy reply, up to ``max_new_tokens`` token ids."""
 
     def yes_no_verdicts(self, p_yes: list[float], p_no: list[float]) -> list[Verdict]:
-        """P(yes) / (P(yes) + P(no)); a parse failure where P(yes) + P(no) < ``min_verdict_mass``."""
+        """P(yes) / (P(yes) + P(no)); a parse failure where P(yes) + P(no) <
+        ``min_verdict_mass``."""
         out = []
         for y, n in zip(p_yes, p_no, strict=True):
             if y + n < self.cfg.min_verdict_mass:
-                out.append(failed_parse(self.cfg, f"P(yes) + P(no) = {y + n:.3g} < reward.judge.min_verdict_mass="
-                                                  f"{self.cfg.min_verdict_mass:g}"))
+                out.append(failed_parse(self.cfg, f"P(yes) + P(no) = {y + n:.3g} < "
+                                                  f"reward.judge.min_verdict_mass={self.cfg.min_verdict_mass:g}"))
             else:
                 out.append(Verdict(y / (y + n), "ok"))
         return out
@@ -114,15 +121,17 @@ class JudgeBase(ABC):
         for text in self.tok.batch_decode(replies, skip_special_tokens=True):
             value = parse_number(text, self.cfg.score_min, self.cfg.score_max)
             if value is None:
-                out.append(failed_parse(self.cfg, f"no number in [{self.cfg.score_min:g}, {self.cfg.score_max:g}] "
-                                                  f"in the judge's reply {text[:80]!r}"))
+                out.append(failed_parse(self.cfg, f"no number in [{self.cfg.score_min:g}, "
+                                                  f"{self.cfg.score_max:g}] in the judge's reply "
+                                                  f"{text[:80]!r}"))
             else:
                 out.append(Verdict(value, "ok"))
         return out
 
 
 class Judge(JudgeBase):
-    """reward.judge.engine=hf: the judge as a transformers model (frozen, eval mode, no gradients)."""
+    """reward.judge.engine=hf: the judge as a transformers model (frozen, eval mode, no
+    gradients)."""
 
     def __init__(self, model_dir, cfg: JudgeConfig, dtype, device: str = "cpu"):
         import torch
@@ -130,7 +139,8 @@ class Judge(JudgeBase):
 
         super().__init__(model_dir, cfg)
         self.torch = torch
-        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype).to(device).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir),
+                                                          dtype=dtype).to(device).eval()
         self.model.requires_grad_(False)
 
     def _batch(self, items):
@@ -138,13 +148,15 @@ class Judge(JudgeBase):
 
     def _yes_no_mass(self, items) -> tuple[list[float], list[float]]:
         with self.torch.inference_mode():
-            probs = self.torch.softmax(self.model(**self._batch(items)).logits[:, -1].float(), dim=-1)
+            probs = self.torch.softmax(self.model(**self._batch(items)).logits[:, -1].float(),
+                                       dim=-1)
         return probs[:, self.yes].sum(-1).tolist(), probs[:, self.no].sum(-1).tolist()
 
     def _replies(self, items) -> list[list[int]]:
         enc = self._batch(items)
         with self.torch.inference_mode():
-            out = self.model.generate(**enc, max_new_tokens=self.cfg.max_new_tokens, do_sample=False,
+            out = self.model.generate(**enc, max_new_tokens=self.cfg.max_new_tokens,
+                                      do_sample=False,
                                       pad_token_id=self.tok.pad_token_id)
         return out[:, enc["input_ids"].shape[1]:].tolist()
 

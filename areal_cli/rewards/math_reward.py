@@ -41,7 +41,8 @@ def math_verify_score(completion: str, answer: str) -> float:
         if "\\boxed" in final:
             pred = parse(final, parsing_timeout=timeout)
         else:
-            pred = parse(f"${final}$", extraction_config=[LatexExtractionConfig()], parsing_timeout=timeout)
+            pred = parse(f"${final}$", extraction_config=[LatexExtractionConfig()],
+                         parsing_timeout=timeout)
     else:
         pred = parse(completion[-TAIL_CHARS:], parsing_timeout=timeout)
     if not pred or not _consistent(pred):
@@ -56,7 +57,8 @@ def _consistent(pred: list) -> bool:
     from sympy.core.relational import Relational
 
     for value in pred:
-        if isinstance(value, Relational) and not value.lhs.free_symbols and not value.rhs.free_symbols:
+        if isinstance(value,
+                      Relational) and not value.lhs.free_symbols and not value.rhs.free_symbols:
             try:
                 if simplify(value.lhs - value.rhs) != 0:
                     return False

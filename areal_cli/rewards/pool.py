@@ -112,8 +112,9 @@ class RewardPool:
 
     def __init__(self, cfg: RewardConfig, num_workers: int = 2):
         if not isinstance(cfg.fn, str) or cfg.served:
-            raise ValueError(f"reward.fn={cfg.fn}: a reward pool scores one verifier; model and judge parts are "
-                             "scored by the reward-model process of `areal train` (rewards/combined.py)")
+            raise ValueError(f"reward.fn={cfg.fn}: a reward pool scores one verifier; model and "
+                             "judge parts are scored by the reward-model process of `areal train` "
+                             "(rewards/combined.py)")
         if num_workers < 1:
             raise ValueError(f"RewardPool num_workers={num_workers}: use at least 1")
         if ":" in cfg.fn:
@@ -189,11 +190,13 @@ class RewardPool:
                 logger.exception("reward pool: error in its thread (%d in a row); continuing",
                                  self._loop_failures)
                 if self._loop_failures >= MAX_LOOP_FAILURES:
-                    self._fail_pending(f"the reward pool's thread failed {MAX_LOOP_FAILURES} times in a row")
+                    self._fail_pending(f"the reward pool's thread failed {MAX_LOOP_FAILURES} times "
+                                       "in a row")
                 time.sleep(0.05)
 
     def _turn(self) -> None:
-        """One turn of the pool's thread: hand out calls, wait for a result, a death or a deadline."""
+        """One turn of the pool's thread: hand out calls, wait for a result, a death or a
+        deadline."""
         if not self._workers and not self._broken:  # a replacement failed to start last turn
             self._workers.append(_Worker(self._ctx, self.cfg))
         self._assign()

@@ -21,15 +21,15 @@ def label_index(config: dict, label: str) -> int:
         if n == 1:
             return 0
         raise ValueError(f"reward.model.path: the reward model's head has {n} outputs "
-                         f"({', '.join(id2label.get(i, str(i)) for i in range(n))}); set reward.model.label "
-                         "to the one that is the reward (a name or an index)")
+                         f"({', '.join(id2label.get(i, str(i)) for i in range(n))}); set "
+                         "reward.model.label to the one that is the reward (a name or an index)")
     names = {v: k for k, v in id2label.items()}
     if label in names:
         return names[label]
     if label.isdigit() and int(label) < n:
         return int(label)
-    raise ValueError(f"reward.model.label={label!r} is not an output of the reward model's head; its "
-                     f"outputs: {', '.join(f'{i} ({id2label.get(i, i)})' for i in range(n))}")
+    raise ValueError(f"reward.model.label={label!r} is not an output of the reward model's head; "
+                     f"its outputs: {', '.join(f'{i} ({id2label.get(i, i)})' for i in range(n))}")
 
 
 def head_config(model_dir: Path) -> dict:
@@ -37,8 +37,9 @@ def head_config(model_dir: Path) -> dict:
     config = json.loads((Path(model_dir) / "config.json").read_text())
     archs = config.get("architectures") or []
     if archs and not any(a.endswith("ForSequenceClassification") for a in archs):
-        raise ValueError(f"reward.model.path={model_dir}: a {', '.join(archs)}, not a sequence-classification "
-                         "model; give an AutoModelForSequenceClassification (or use reward.fn=judge)")
+        raise ValueError(f"reward.model.path={model_dir}: a {', '.join(archs)}, not a "
+                         "sequence-classification model; give an "
+                         "AutoModelForSequenceClassification (or use reward.fn=judge)")
     return config
 
 
@@ -65,12 +66,14 @@ class RewardModel:
 
     def text(self, problem: str, completion: str) -> str:
         if getattr(self.tok, "chat_template", None):
-            chat = [{"role": "user", "content": problem}, {"role": "assistant", "content": completion}]
+            chat = [{"role": "user", "content": problem},
+                    {"role": "assistant", "content": completion}]
             return self.tok.apply_chat_template(chat, tokenize=False)
         return f"{problem}\n\n{completion}"
 
     def score(self, items: list[tuple[str, str, str]]) -> list[float]:
-        """The reward of each (problem, reference, completion), in one batch (the reference is unused)."""
+        """The reward of each (problem, reference, completion), in one batch (the reference is
+        unused)."""
         enc = self.tok([self.text(p, c) for p, _, c in items], return_tensors="pt", padding=True,
                        truncation=True, max_length=self.cfg.max_tokens, add_special_tokens=False)
         enc = enc.to(device_of(self.model))

@@ -23,6 +23,7 @@ import shutil
 import signal
 from dataclasses import dataclass
 
+from areal_cli.config.task import SANDBOXES, RewardConfig, TaskConfig
 from areal_cli.rewards.sandbox_launch import Bwrap, Run, launch, launch_pair
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,20 @@ def require(isolation: str) -> Bwrap | None:
     return bwrap
 
 
+def sandbox_problems(reward: RewardConfig, task: TaskConfig, workflow: str = "") -> list[str]:
+    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, the tool_use
+    workflow) need a working reward.sandbox: the reason it is missing, with the fix, or []."""
+    parts = reward.parts
+    needs = "code" in parts or ("auto" in parts and task.source == "humaneval")
+    if not (needs or workflow == "tool_use") or reward.sandbox not in SANDBOXES:
+        return []
+    try:
+        require(reward.sandbox)
+    except SandboxUnavailable as e:
+        return [str(e)]
+    return []
+
+
 def announce(isolation: str) -> None:
     """Log, once at start, which isolation model-written code will get."""
     if isolation == "unsafe_none":
@@ -99,7 +114,8 @@ def _probe() -> tuple[Bwrap | None, str]:
     if path is None:
         return None, (
             "reward.sandbox=bwrap needs bubblewrap, which is not installed: install the package "
-            f"(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), {fallback}"
+            "(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), "
+            f"{fallback}"
         )
     why = ""
     for own_uid in (True, False) if os.geteuid() == 0 else (False,):

@@ -36,10 +36,12 @@ def main():
 
 def setup(spec):
     """Before any program runs: no stdin, first in line for the OOM killer, the uid of its own
-    (as root), no new privileges, the rlimits, the work directory. A failure here exits SETUP_ERROR (never the program's)."""
+    (as root), no new privileges, the rlimits, the work directory. A failure here exits SETUP_ERROR
+    (never the program's)."""
     try:
         os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
-        with open("/proc/self/oom_score_adj", "w") as f:  # the OOM killer's first pick, not a trainer
+        # the OOM killer's first pick, not a trainer
+        with open("/proc/self/oom_score_adj", "w") as f:
             f.write("1000")
         if spec.get("uid") is not None:
             if os.stat(spec["workdir"]).st_uid == 0:  # bwrap's tmpfs: let the new uid write there

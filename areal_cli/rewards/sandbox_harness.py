@@ -82,7 +82,8 @@ class Candidate:
         try:
             request = {"fn": name, "args": encode(list(args)), "kwargs": encode(kwargs)}
         except NotPlain as e:
-            self.fail(f"call {n} ({name}): the tests pass a {e}, which cannot cross to the candidate")
+            self.fail(f"call {n} ({name}): the tests pass a {e}, which cannot cross to the "
+                      "candidate")
         try:
             send(self.requests, marshal.dumps(request))
             frame = recv(self.answers, self.cap)

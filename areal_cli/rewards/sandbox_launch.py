@@ -72,7 +72,8 @@ def interpreter() -> str:
 def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
     """The bubblewrap command line; /tmp is a tmpfs of `tmp` MiB, or (a str) that host directory."""
     argv = [bwrap.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+            # fmt: skip
+            "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if bwrap.own_uid:  # no user namespace: the script needs these two to drop to its own uid
         argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
     else:
@@ -154,7 +155,8 @@ def launch_all(jobs: list[tuple[str, dict, list[int]]], limits, bwrap: Bwrap | N
     try:
         try:
             for script, spec, fds in jobs:
-                started.append(_start(script, dict(spec, limits=_limits(limits)), limits, bwrap, fds))
+                started.append(_start(script, dict(spec, limits=_limits(limits)), limits, bwrap,
+                                      fds))
         finally:
             for fd in [fd for _, _, fds in jobs for fd in fds]:
                 os.close(fd)

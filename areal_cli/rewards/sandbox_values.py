@@ -3,8 +3,8 @@
 The harness (sandbox_harness.py) sends each call's arguments to the candidate's process
 (sandbox_child.py, mode "serve") as a marshal frame; the candidate answers with a JSON frame,
 which the harness parses (loads) and decodes, never trusting it. A frame is a 4-byte length
-and its bytes. Imports only os (loaded already) at load: it runs inside the sandbox, where every import costs
-each call's start-up time.
+and its bytes. Imports only os (loaded already) at load: it runs inside the sandbox, where every
+import costs each call's start-up time.
 
 Only exact builtin types travel (a subclass of int or list, or any other object, does not):
 what the trusted side decodes can hold no code, so an object whose __eq__ always returns True
@@ -137,7 +137,7 @@ class _Strict:
 
 def loads(text: str):
     """The JSON value `text` holds; ValueError when it is not exactly one. The C scanner that
-    json.loads uses, without the json package's imports (re alone costs ~5 ms per call)."""
+    json.loads uses, without the json package's imports (re alone costs milliseconds per call)."""
     try:
         import _json
 

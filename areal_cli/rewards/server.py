@@ -20,12 +20,12 @@ from collections import defaultdict
 
 import zmq
 
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import atomic_write
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, set_threads, setup_process
 from areal_cli.transport.auth import Gatekeeper, load_keys
@@ -37,22 +37,26 @@ NAME = "reward-model"
 
 
 def load_scorers(cfg: RootConfig, device: str) -> dict:
-    """part → its loaded scorer: ``RewardModel`` (model) and/or the judge of reward.judge.engine (judge)."""
+    """part → its loaded scorer: ``RewardModel`` (model) and/or the judge of reward.judge.engine
+    (judge)."""
     import torch
 
     dtype = getattr(torch, cfg.reward.dtype)
     scorers = {}
-    if "judge" in cfg.reward.parts:  # first: vLLM sizes its share of the GPU before the reward model takes any
+    # first: vLLM sizes its share of the GPU before the reward model takes any
+    if "judge" in cfg.reward.parts:
         scorers["judge"] = load_judge(cfg, dtype, device)
     if "model" in cfg.reward.parts:
         from areal_cli.rewards.reward_model import RewardModel
 
-        scorers["model"] = RewardModel(resolve_model(cfg.reward.model.path), cfg.reward.model, dtype, device)
+        scorers["model"] = RewardModel(resolve_model(cfg.reward.model.path), cfg.reward.model,
+                                       dtype, device)
     return scorers
 
 
 def load_judge(cfg: RootConfig, dtype, device: str):
-    """The judge on the engine of the resolved reward.judge.engine: a vllm.LLM, or a transformers model."""
+    """The judge on the engine of the resolved reward.judge.engine: a vllm.LLM, or a transformers
+    model."""
     path, jc = resolve_model(cfg.reward.judge.model or cfg.model), cfg.reward.judge
     if jc.engine == JudgeEngine.vllm:
         from areal_cli.rewards.vllm_judge import VLLMJudge
@@ -74,7 +78,8 @@ def score_part(scorer, part: str, requests: list[RewardRequest]) -> list[tuple[f
 class Server:
     def __init__(self, run_dir: str):
         self.log = setup_process(NAME, run_dir)
-        self.cfg = cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
+        self.cfg = cfg = require_resolved(read_yaml(RunDir(run_dir).config),
+                                          str(RunDir(run_dir).config))
         self.rc = cfg.reward
         set_threads(0, share=2)
         import torch
@@ -84,7 +89,8 @@ class Server:
         keys, limit = load_keys(run_dir), max_frame_bytes(cfg)
         self.gate = Gatekeeper(keys, self.log)
         self.sock = ReplyRouter(f"tcp://{cfg.launcher.host}:0", keys, limit, self.gate)
-        self.control = Channel(zmq.SUB, Endpoints.load(run_dir).control, bind=False, name="control", keys=keys,
+        self.control = Channel(zmq.SUB, Endpoints.load(run_dir).control, bind=False, name="control",
+                               keys=keys,
                                max_frame=limit)
         self.served = 0
         atomic_write(RunDir(run_dir).reward_endpoint, json.dumps({"reward": self.sock.addr}))
@@ -111,12 +117,16 @@ class Server:
         for identity, req in batch:
             by_part[req.part].append((identity, req))
         size = self.rc.batch_size
-        chunks = [(part, items[i:i + size]) for part, items in by_part.items() for i in range(0, len(items), size)]
+        chunks = [(part, items[i:i + size]) for part,
+                  items in by_part.items() for i in range(0, len(items), size)]
         for part, items in chunks:
             requests = [r for _, r in items]
             workers = len({identity for identity, _ in items})
-            for (identity, req), (score, status, detail) in zip(items, self._score(part, requests), strict=True):
-                self.sock.reply(identity, RewardReply(req.request_id, score, status, detail, len(items), workers))
+            for (identity, req), (score, status, detail) in zip(items, self._score(part, requests),
+                                                                strict=True):
+                self.sock.reply(identity,
+                                RewardReply(req.request_id, score, status, detail, len(items),
+                                            workers))
             self.served += len(items)
 
     def _score(self, part: str, requests: list[RewardRequest]) -> list[tuple[float, str, str]]:
@@ -127,7 +137,8 @@ class Server:
         t0 = time.perf_counter()
         try:
             out = score_part(scorer, part, requests)
-        except (RuntimeError, ValueError) as err:  # a torch or tokenizer failure fails this batch only
+        # a torch or tokenizer failure fails this batch only
+        except (RuntimeError, ValueError) as err:
             self.log.exception("scoring %d %s request(s) failed", len(requests), part)
             return [(0.0, "error", f"{type(err).__name__}: {err}")] * len(requests)
         self.log.info("%s: scored %d in %.2fs", part, len(requests), time.perf_counter() - t0)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 
 from areal_cli.config.reward_models import JudgeConfig
+from areal_cli.engines import spec
 from areal_cli.rewards.judge import JudgeBase
-from areal_cli.rollout.engines import ENGINES
 
 TOP_LOGPROBS = 20
 """Logprobs vLLM returns for the first reply token (its default max_logprobs)."""
@@ -25,7 +25,7 @@ LEN_MARGIN = 8
 
 def import_vllm():
     """vLLM, or a ValueError naming the extra to install."""
-    ENGINES["vllm"].require("reward.judge.engine")
+    spec("vllm").require("reward.judge.engine")
     import vllm
 
     return vllm
@@ -37,7 +37,8 @@ class VLLMJudge(JudgeBase):
     def __init__(self, model_dir, cfg: JudgeConfig, dtype):
         vllm = import_vllm()
         super().__init__(model_dir, cfg)
-        self.llm = vllm.LLM(model=str(model_dir), dtype=dtype, gpu_memory_utilization=cfg.gpu_memory_utilization,
+        self.llm = vllm.LLM(model=str(model_dir), dtype=dtype,
+                            gpu_memory_utilization=cfg.gpu_memory_utilization,
                             max_model_len=cfg.max_tokens + cfg.max_new_tokens + LEN_MARGIN,
                             enable_prefix_caching=True, seed=0)
         self.first_token = vllm.SamplingParams(max_tokens=1, temperature=1.0, logprobs=TOP_LOGPROBS,
@@ -57,5 +58,6 @@ class VLLMJudge(JudgeBase):
 
 
 def mass(top: dict, ids: list[int]) -> float:
-    """The probability of ``ids`` among ``top`` (token id → vLLM ``Logprob``); an absent id counts 0."""
+    """The probability of ``ids`` among ``top`` (token id → vLLM ``Logprob``); an absent id counts
+    0."""
     return sum(math.exp(top[i].logprob) for i in ids if i in top)

@@ -16,18 +16,17 @@ import time
 import zmq
 
 from areal_cli import faults
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.config.schema import RootConfig, worker_concurrency
-from areal_cli.models import resolve_model
+from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
+from areal_cli.engines.factory import make_engine
+from areal_cli.model_source import resolve_model
 from areal_cli.rewards.client import ServedRewards, reward_address
 from areal_cli.rewards.combined import make_rewards
-from areal_cli.rollout.engines.factory import make_engine
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
-from areal_cli.rollout.length_profile import load_profile
-from areal_cli.rollout.workflows.episodes import Workflow
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
+from areal_cli.staleness import oldest_trainable
 from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
@@ -39,32 +38,31 @@ from areal_cli.transport.messages import (
     UpdateWeights,
     WeightsLoaded,
 )
+from areal_cli.workflows import workflow_class
+from areal_cli.workflows.base import Workflow
 
 
 def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> EngineSetup:
-    """Rollout worker ``index``'s engine: sampling at rollout.temperature / top_p, a KV cache for its
-    concurrent groups, joined to trainer rank 0's weight group."""
+    """Rollout worker ``index``'s engine: sampling at rollout.temperature / top_p, a KV cache for
+    its concurrent groups, joined to trainer rank 0's weight group."""
     # areal train resolves engine.kv_cache_tokens from the longest prompt; this context is for a
     # worker started some other way
-    context = max(256, len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))
+    context = max(256,
+                  len(tokenizer.apply_chat_template([{"role": "user", "content": "x"}],
+                                                    tokenize=False))
                   ) + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns) + 128
     return EngineSetup(cfg.engine, resolve_model(cfg.model), tokenizer.eos_token_id,
                        Sampling(cfg.rollout.temperature, cfg.rollout.top_p),
-                       sequences=concurrency(cfg) * cfg.rollout.group_size, context=context, seed=cfg.seed,
-                       index=index, weights=WeightSource(cfg, ep.weights_host, ep.weights_port, ep.weights_store))
+                       sequences=concurrency(cfg) * cfg.rollout.group_size, context=context,
+                       seed=cfg.seed,
+                       index=index,
+                       weights=WeightSource(cfg, ep.weights_host, ep.weights_port,
+                                            ep.weights_store))
 
 
-def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None):
-    """The worker's workflow: the built-in state machine, or workflow=agent's endpoint and episodes."""
-    if cfg.workflow.name != "agent":
-        return Workflow(cfg.workflow, engine, pool, tok, index, load_profile(cfg.rollout.length_profile, cfg.seed))
-    from transformers import AutoConfig
-
-    from areal_cli.rollout.agent.workflow import AgentWorkflow
-
-    context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)), "max_position_embeddings", 0) or 8192
-    return AgentWorkflow(cfg.workflow, engine, pool, tok, index, model=cfg.model,
-                         max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
+def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None) -> Workflow:
+    """The worker's workflow: the class ``workflow.name`` names (``areal_cli.workflows``)."""
+    return workflow_class(cfg.workflow.name).from_run(cfg, engine, pool, tok, index, run_dir)
 
 
 def concurrency(cfg: RootConfig) -> int:
@@ -89,8 +87,9 @@ class GenerationSpeed:
         self.last = now
         if now - self.wall0 >= self.every_s:
             busy = max(self.busy_s, 1e-9)
-            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s generating, "
-                     "%.1f sequences at once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
+            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s "
+                     "generating, %.1f sequences at "
+                     "once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
                      self.held_s / busy)
             self.tokens, self.busy_s, self.held_s, self.wall0 = 0, 0.0, 0.0, now
 
@@ -99,7 +98,7 @@ class Worker:
     def __init__(self, run_dir: str, index: int):
         self.name = f"rollout-{index}"
         self.log = setup_process(self.name, run_dir)
-        self.cfg = require_resolved(load_yaml(RunDir(run_dir).config, check=False), str(RunDir(run_dir).config))
+        self.cfg = require_resolved(read_yaml(RunDir(run_dir).config), str(RunDir(run_dir).config))
         self.index = index
         self.run_dir = run_dir
         ep = Endpoints.load(run_dir)
@@ -112,9 +111,11 @@ class Worker:
         self.hb.doing = "loading the model"
         self.tok = load_tokenizer(resolve_model(self.cfg.model))
         self.engine = make_engine(engine_setup(self.cfg, index, self.tok, ep), self._doing)
-        self.hb.doing = "starting its reward pool (and waiting for the reward-model process, if any)"
+        self.hb.doing = ("starting its reward pool (and waiting for the reward-model process, if "
+                         "any)")
         self.pool = make_rewards(self.cfg.reward, self.cfg.reward.workers, lambda: ServedRewards(
-            self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s), self.name, keys, limit))
+            self.cfg.reward, reward_address(run_dir, self.cfg.launcher.startup_timeout_s),
+            self.name, keys, limit))
         self.flow = make_workflow(self.cfg, self.engine, self.pool, self.tok, index, run_dir)
         wire = dict(bind=False, keys=keys, max_frame=limit)
         self.work = Channel(zmq.PULL, ep.work, name="work", hwm=2, **wire)
@@ -156,13 +157,16 @@ class Worker:
                 self._drop_stale(msg.version)
             self._continue_update()
             if self.updating is None:
-                # said after an update too: a worker frozen in _take_work must not still claim to be receiving
-                self.hb.doing = f"generating ({self.flow.busy()} groups, version {self.engine.version})"
+                # said after an update too: a worker frozen in _take_work must not still claim to be
+                # receiving
+                self.hb.doing = (f"generating ({self.flow.busy()} groups, version "
+                                 f"{self.engine.version})")
             if not self.stopping:
                 self._take_work()
             in_engine = self.engine.in_flight()
             # while an update arrives the loop comes back soon to see it ready
-            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02 if self.flow.busy() else 0.1):
+            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02
+                                        if self.flow.busy() else 0.1):
                 self.flow.on_generated(seq)
                 self.hb.advance()
                 self.speed.tokens += len(seq.output_ids)
@@ -183,21 +187,24 @@ class Worker:
             self.flow.start(self.held.popleft())
 
     def _finish_update_before_stop(self, limit_s: float = 60.0) -> None:
-        """An update on its way is taken in before the worker stops (the trainer's broadcast completes), for
+        """An update on its way is taken in before the worker stops (the trainer's broadcast
+        completes), for
         ``limit_s`` at most: a trainer that died mid-broadcast must not hold the stop."""
         deadline = time.monotonic() + limit_s
         while self.updating is not None and time.monotonic() < deadline:
             self.engine.poll(0.01)
             self._continue_update()
         if self.updating is not None:
-            self.log.warning("stopping with the update to version %d not received within %.0fs", self.updating,
+            self.log.warning("stopping with the update to version %d not received within %.0fs",
+                             self.updating,
                              limit_s)
 
     def _order(self, version: int) -> None:
         """An order to take in weights of ``version``: begun now, or after the update on its way."""
         have = self.engine.version if self.updating is None else self.updating
         if version < self.engine.version:
-            self.log.warning("ignored an update to version %d: the weights are at %d", version, self.engine.version)
+            self.log.warning("ignored an update to version %d: the weights are at %d", version,
+                             self.engine.version)
         elif version <= have:
             pass  # the controller repeats an order until it hears that the worker has joined
         elif self.updating is not None:
@@ -206,9 +213,11 @@ class Worker:
             self._begin_update(version)
 
     def _begin_update(self, version: int) -> None:
-        """Start taking in ``version``: behind generation where the engine can (the loop goes on starting
-        groups and sending results until ``_continue_update`` finds it ready), else all at once there."""
-        self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0", Phase.receiving_weights,
+        """Start taking in ``version``: behind generation where the engine can (the loop goes on
+        starting groups and sending results until ``_continue_update`` finds it ready), else all at
+        once there."""
+        self.hb.set_doing(f"receiving weights of version {version} from trainer rank 0",
+                          Phase.receiving_weights,
                           version)
         faults.point("weights", version, self.run_dir)
         self.updating, self.update_t0 = version, time.perf_counter()
@@ -220,28 +229,32 @@ class Worker:
         version, self.updating = self.updating, None
         timings = self.engine.finish_update()
         timings["update_total_s"] = time.perf_counter() - self.update_t0
-        timings.setdefault("pause_total_s", timings["update_total_s"])  # an engine that generates meanwhile says
+        # an engine that generates meanwhile says
+        timings.setdefault("pause_total_s", timings["update_total_s"])
         if self.cfg.weights.verify:
             timings["weights_sha"] = self.engine.weights_digest()
         self.hb.send(WeightsLoaded(self.name, version, timings))
-        # every batch from now on is of this version or later (the controller's word may come later still)
-        self._drop_stale(version - self.cfg.rollout.max_staleness)
-        self.log.info("weights v%d loaded in %.3fs, generation held %.3fs (%d sequences continue)%s", version,
-                      timings["update_total_s"], timings["pause_total_s"], timings.get("interrupted", 0),
-                      "; the adapter did not change (delta exactly zero)" if timings.get("adapter_delta_zero") else
+        # every batch from now on is of this version or later (the controller's word may come later
+        # still)
+        self._drop_stale(oldest_trainable(version, self.cfg.rollout.max_staleness))
+        self.log.info("weights v%d loaded in %.3fs, generation held %.3fs "
+                      "(%d sequences continue)%s", version,
+                      timings["update_total_s"], timings["pause_total_s"],
+                      timings.get("interrupted", 0),
+                      "; the adapter did not change (delta exactly zero)"
+                      if timings.get("adapter_delta_zero") else
                       "; the weights did not change" if timings.get("weights_unchanged") else "")
         if self.next_update is not None:
             later, self.next_update = self.next_update, None
             self._begin_update(later)
 
     def _drop_stale(self, oldest: int) -> None:
-        """The groups whose first model token is older than version ``oldest`` stop generating: no batch to
-        come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their end and the
-        controller drops them)."""
-        drop = getattr(self.flow, "drop_stale", None)
-        if drop is None or oldest <= 0:
+        """The groups whose first model token is older than version ``oldest`` stop generating: no
+        batch to come can take them (``Workflow.drop_stale``; workflow=agent's episodes run to their
+        end and the controller drops them)."""
+        if oldest <= 0:
             return
-        stale = drop(oldest)
+        stale = self.flow.drop_stale(oldest)
         for result in stale:
             self.results.send(result)
         if stale:
@@ -250,8 +263,7 @@ class Worker:
                           self.cfg.rollout.max_staleness, sum(r.gen_tokens for r in stale))
 
     def close(self) -> None:
-        if hasattr(self.flow, "close"):
-            self.flow.close()
+        self.flow.close()
         self.engine.close()
         self.pool.close()
 

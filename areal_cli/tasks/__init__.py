@@ -13,7 +13,8 @@ from areal_cli.tasks.base import Problem, check_split
 from areal_cli.tasks.splits import SplitReport, overlap, space
 from areal_cli.tasks.tokens import build_messages, load_tokenizer, prompt_ids, prompt_text
 
-__all__ = ["Problem", "Split", "build_messages", "load_problems", "load_split", "load_tokenizer", "prompt_ids",
+__all__ = ["Problem", "Split", "build_messages", "load_problems", "load_split", "load_tokenizer",
+           "prompt_ids",
            "prompt_text", "split_report"]
 
 
@@ -52,7 +53,8 @@ def load_problems(cfg: TaskConfig, split: str) -> list[Problem]:
 def split_report(cfg: TaskConfig, train: Split, held: Split) -> dict:
     """Both splits' figures, the space they sampled, and their overlap (0 by construction)."""
     return {
-        "task": cfg.name, "source": cfg.source, "dataset": cfg.dataset if cfg.source == "reasoning_gym" else "",
+        "task": cfg.name, "source": cfg.source,
+        "dataset": cfg.dataset if cfg.source == "reasoning_gym" else "",
         "eval_share": cfg.eval_share if cfg.source == "reasoning_gym" else None,
         "train": train.report.to_dict(), "eval": held.report.to_dict(),
         "space": space([train.report, held.report]),

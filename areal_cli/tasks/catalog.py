@@ -31,8 +31,8 @@ def options(dataset: str) -> list[tuple[str, str]]:
 
         close = difflib.get_close_matches(dataset, list(DATASETS), n=4, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise ValueError(f"{dataset!r} is not a reasoning-gym dataset: {hint}the {len(DATASETS)} datasets are: "
-                         f"{', '.join(sorted(DATASETS))}")
+        raise ValueError(f"{dataset!r} is not a reasoning-gym dataset: {hint}the {len(DATASETS)} "
+                         f"datasets are: {', '.join(sorted(DATASETS))}")
     config = DATASETS[dataset][1]()
     return [(f.name, repr(getattr(config, f.name))) for f in dataclasses.fields(config)
             if f.name not in ("size", "seed")]
@@ -45,8 +45,10 @@ def listing(conf: Path, width: int = 100) -> str:
     lines += [f"  {n:<{pad}}  {about}" for n, about in names]
     all_datasets = datasets()
     lines += ["", f"reasoning-gym datasets ({len(all_datasets)}; areal train task=reasoning_gym "
-              "task.dataset=<name> task.params.<key>=<value>; `areal tasks <name>` lists its params):"]
-    lines += textwrap.wrap("  ".join(all_datasets), width, initial_indent="  ", subsequent_indent="  ")
+              "task.dataset=<name> task.params.<key>=<value>; `areal tasks <name>` lists its "
+              "params):"]
+    lines += textwrap.wrap("  ".join(all_datasets), width, initial_indent="  ",
+                           subsequent_indent="  ")
     return "\n".join(lines)
 
 

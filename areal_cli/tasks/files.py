@@ -18,7 +18,8 @@ def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
     return split_records(cfg, split, lambda: read_records(cfg.path), read_eval)
 
 
-def split_records(cfg: TaskConfig, split: str, read_train, read_eval=None) -> tuple[list[Problem], SplitReport]:
+def split_records(cfg: TaskConfig, split: str, read_train, read_eval=None) -> tuple[list[Problem],
+                                                                                    SplitReport]:
     """Train/eval problems disjoint by content (normalised prompt field).
 
     With an eval source (``read_eval``): eval is its distinct problems (the first eval_size; 0 =
@@ -45,9 +46,9 @@ def split_records(cfg: TaskConfig, split: str, read_train, read_eval=None) -> tu
     report.problems, report.distinct = len(problems), len({p.key for p in problems})
     if not problems:
         raise ValueError(
-            f"{where}: the {split} split is empty ({report.draws} records, {len(report.seen)} distinct, "
-            f"task.eval_size={cfg.eval_size}, task.eval_fraction={cfg.eval_fraction}); add data, "
-            "or lower task.eval_size (0 = task.eval_fraction of the distinct problems)"
+            f"{where}: the {split} split is empty ({report.draws} records, {len(report.seen)} "
+            f"distinct, task.eval_size={cfg.eval_size}, task.eval_fraction={cfg.eval_fraction}); "
+            "add data, or lower task.eval_size (0 = task.eval_fraction of the distinct problems)"
         )
     return problems, report
 
@@ -99,8 +100,9 @@ def _decode(raw: bytes, where: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); data files "
-                         "must be UTF-8: re-encode the file (e.g. iconv -t UTF-8) or fix that line") from None
+        raise ValueError(f"{where}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                         "data files must be UTF-8: re-encode the file (e.g. iconv -t UTF-8) or "
+                         "fix that line") from None
 
 
 def _read_jsonl(p: Path) -> list[Record]:

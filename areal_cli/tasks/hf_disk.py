@@ -23,7 +23,8 @@ def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
             return split_records(cfg, split, lambda: _rows(dataset["train"], f"{cfg.path}[train]"),
                                  lambda: _rows(dataset[eval_name], f"{cfg.path}[{eval_name}]"))
         dataset = dataset["train"]
-    read_eval = (lambda: _rows(_load_table(cfg.eval_path), cfg.eval_path)) if cfg.eval_path else None
+    read_eval = (lambda: _rows(_load_table(cfg.eval_path),
+                               cfg.eval_path)) if cfg.eval_path else None
     return split_records(cfg, split, lambda: _rows(dataset, cfg.path), read_eval)
 
 
@@ -38,7 +39,8 @@ def _load_from_disk(path: str):
     try:
         import datasets
     except ImportError as e:
-        raise ValueError("task.source=hf_disk needs datasets: pip install 'areal-cli[datasets]'") from e
+        raise ValueError("task.source=hf_disk needs datasets: "
+                         "pip install 'areal-cli[datasets]'") from e
     return datasets.load_from_disk(str(Path(path).expanduser()))
 
 

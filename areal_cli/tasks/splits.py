@@ -87,8 +87,10 @@ def space(reports: list[SplitReport]) -> dict:
         side.update(r.side)
     counts = Counter(side[k] for k in seen)
     complete = any(r.exhaustive for r in reports) or (bool(seen) and min(seen.values()) >= 2)
-    draws = max((r.draws for r in reports), default=0) if any(r.exhaustive for r in reports) else sum(seen.values())
-    out = {"train_distinct": counts["train"], "eval_distinct": counts["eval"], "draws": draws, "complete": complete}
+    draws = max((r.draws for r in reports),
+                default=0) if any(r.exhaustive for r in reports) else sum(seen.values())
+    out = {"train_distinct": counts["train"], "eval_distinct": counts["eval"], "draws": draws,
+           "complete": complete}
     return out | {"text": describe_space(out)}
 
 
@@ -131,12 +133,13 @@ def _exhausted(report: SplitReport, split: str, want: int, eval_share: float, wh
     have = s[f"{split}_distinct"]
     total = s["train_distinct"] + s["eval_distinct"]
     if split == "eval":
-        return (f"{where}: the held-out part of the problem space has only {have} distinct problems "
-                f"(task.eval_share={eval_share} of the {total} distinct problems seen in {report.draws} "
-                f"draws), fewer than task.eval_size={want}: raise task.eval_share, lower task.eval_size "
-                f"to at most {have}, or enlarge the task's problem space (task.params)")
-    return (f"{where}: only {have} distinct problems are left for training after "
-            f"holding out task.eval_share={eval_share} (of {total} seen in {report.draws} draws): lower "
+        return (f"{where}: the held-out part of the problem space has only {have} distinct "
+                f"problems (task.eval_share={eval_share} of the {total} distinct problems seen in "
+                f"{report.draws} draws), fewer than task.eval_size={want}: raise task.eval_share, "
+                f"lower task.eval_size to at most {have}, or enlarge the task's problem space "
+                "(task.params)")
+    return (f"{where}: only {have} distinct problems are left for training after holding out "
+            f"task.eval_share={eval_share} (of {total} seen in {report.draws} draws): lower "
             "task.eval_share or enlarge the task's problem space (task.params)")
 
 

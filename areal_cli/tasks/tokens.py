@@ -34,7 +34,8 @@ def build_messages(problem: Problem, cfg: TaskConfig) -> list[dict]:
 
 def prompt_text(tok, problem: Problem, cfg: TaskConfig) -> str:
     """The prompt as text: chat template applied, ending with the assistant header."""
-    return tok.apply_chat_template(build_messages(problem, cfg), add_generation_prompt=True, tokenize=False)
+    return tok.apply_chat_template(build_messages(problem, cfg), add_generation_prompt=True,
+                                   tokenize=False)
 
 
 def prompt_ids(tok, problem: Problem, cfg: TaskConfig) -> list[int]:

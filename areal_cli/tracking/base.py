@@ -8,7 +8,8 @@ from pathlib import Path
 
 from areal_cli.config.schema import LoggingConfig
 
-SAMPLE_COLUMNS = ["step", "prompt_id", "prompt", "completion", "reward", "tokens", "finish", "staleness"]
+SAMPLE_COLUMNS = ["step", "prompt_id", "prompt", "completion", "reward", "tokens", "finish",
+                  "staleness"]
 
 
 @dataclass

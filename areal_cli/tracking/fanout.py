@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 from areal_cli.config.schema import RootConfig
+from areal_cli.config.trackers import BACKENDS, chosen
 from areal_cli.rundir import RunDir
 from areal_cli.tracking.base import RunInfo, Tracker
 from areal_cli.tracking.names import flatten, tracker_metrics
-from areal_cli.tracking.registry import BACKENDS, chosen
 
 
 def load_backend(name: str) -> Tracker:
@@ -41,13 +41,15 @@ class TrackerFanout:
 
         tree = OmegaConf.to_container(OmegaConf.structured(cfg))
         info = dict(run_dir=self.run_dir, name=self.run_dir.resolve().name, cfg=cfg.logging,
-                    hparams=flatten(tree), config_yaml=OmegaConf.to_yaml(tree), resume_step=resume_step)
+                    hparams=flatten(tree), config_yaml=OmegaConf.to_yaml(tree),
+                    resume_step=resume_step)
         for name in names:
             t0 = time.perf_counter()
             tracker = self._call_new(name, RunInfo(**info, state=dict(state.get(name, {}))))
             if tracker is not None:
                 self.trackers.append(tracker)
-                log.info("%s: logging to %s (started in %.1fs)", name, tracker.where, time.perf_counter() - t0)
+                log.info("%s: logging to %s (started in %.1fs)", name, tracker.where,
+                         time.perf_counter() - t0)
         self._save()
 
     def _call_new(self, name: str, info: RunInfo) -> Tracker | None:
@@ -56,8 +58,8 @@ class TrackerFanout:
             self.state[name] = tracker.start(info)
             return tracker
         except Exception as err:  # noqa: BLE001 — a tracker library's failure never stops training
-            self.log.warning("%s could not start (%s: %s); the run goes on without it (metrics.jsonl has "
-                             "every step)", name, type(err).__name__, err)
+            self.log.warning("%s could not start (%s: %s); the run goes on without it "
+                             "(metrics.jsonl has every step)", name, type(err).__name__, err)
             return None
 
     def _save(self) -> None:
@@ -75,8 +77,9 @@ class TrackerFanout:
                 call(tracker)
             except Exception as err:  # noqa: BLE001 — a tracker library's failure never stops training
                 self.trackers.remove(tracker)
-                self.log.warning("%s failed while logging %s (%s: %s); it is off for the rest of this run "
-                                 "(metrics.jsonl has every step)", tracker.name, what, type(err).__name__, err)
+                self.log.warning("%s failed while logging %s (%s: %s); it is off for the rest of "
+                                 "this run (metrics.jsonl has every "
+                                 "step)", tracker.name, what, type(err).__name__, err)
 
     def log_step(self, row: dict, samples: list[list] | None = None) -> float:
         """Send a metrics.jsonl row (and a table of its samples); returns the seconds it took,
@@ -106,7 +109,8 @@ def open_for_run(run_dir: Path, cfg: RootConfig, log: logging.Logger,
     reopens the runs named in tracking.json. ``logged_step``: the last step of metrics.jsonl
     before the resume cut it to its checkpoint."""
     state = read_state(run_dir) if resume_step is not None else {}
-    return TrackerFanout(run_dir, cfg, log, chosen(cfg.logging.backends), state, resume_step, logged_step)
+    return TrackerFanout(run_dir, cfg, log, chosen(cfg.logging.backends), state, resume_step,
+                         logged_step)
 
 
 def read_state(run_dir: Path) -> dict:

@@ -50,7 +50,8 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        self.client.log_batch(self.run_id,
+                              metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
 
     def log_samples(self, step: int, rows: list[list]) -> None:
         data = {c: [r[i] for r in rows] for i, c in enumerate(SAMPLE_COLUMNS)}

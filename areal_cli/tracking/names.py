@@ -37,7 +37,8 @@ NAMES: dict[str, str] = {
     "stale_dropped_tokens": "rollout/stale_dropped_tokens",
     "version": "train/version",
 }
-PREFIXES = {"reward_": "reward/", "staleness_": "staleness/", "weight_": "weights/", "weights_": "weights/",
+PREFIXES = {"reward_": "reward/", "staleness_": "staleness/", "weight_": "weights/",
+            "weights_": "weights/",
             "pool_": "rollout/", "response_": "response/"}
 SKIP = {"step"}  # the x axis of every tracker, not a metric
 

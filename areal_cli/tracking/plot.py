@@ -33,7 +33,8 @@ def load_run(run_dir: Path) -> tuple[str, list[dict]]:
 
     path = RunDir(run_dir).metrics
     if not path.is_file():
-        raise NotARun(f"{run_dir}: no metrics.jsonl there; give the run_dir of a run that finished a step")
+        raise NotARun(f"{run_dir}: no metrics.jsonl there; give the run_dir of a run that finished "
+                      "a step")
     try:
         rows, _ = read_jsonl(path)  # a torn last line (a run killed mid-write) is left out
     except TornFile as err:
@@ -67,7 +68,8 @@ def make_figure(runs: list[tuple[str, list[dict]]]):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(len(PANELS), len(X_AXES), figsize=(10, 2.1 * len(PANELS)), sharex="col",
+    fig, axes = plt.subplots(len(PANELS), len(X_AXES), figsize=(10, 2.1 * len(PANELS)),
+                             sharex="col",
                              squeeze=False)
     colours = plt.get_cmap("tab10").colors
     for i, (key, ylabel) in enumerate(PANELS):
@@ -77,7 +79,8 @@ def make_figure(runs: list[tuple[str, list[dict]]]):
                 pts = [(x, y) for x, y in zip(_values(rows, xkey), _values(rows, key), strict=True)
                        if x is not None and y is not None]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colours[k % len(colours)],
-                        linewidth=1.2, marker="o" if len(pts) <= 40 else None, markersize=2.5, label=label)
+                        linewidth=1.2, marker="o" if len(pts) <= 40 else None, markersize=2.5,
+                        label=label)
             ax.set_ylabel(ylabel if j == 0 else "", fontsize=8)
             ax.tick_params(labelsize=7)
             ax.grid(color="0.9", linewidth=0.5)
@@ -86,7 +89,8 @@ def make_figure(runs: list[tuple[str, list[dict]]]):
             if xkey == "step":
                 ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(runs), 3), fontsize=8, frameon=False)
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(runs), 3), fontsize=8,
+               frameon=False)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.25 / (2.1 * len(PANELS))))
     return fig
 

@@ -1,5 +1,6 @@
-"""TensorBoard: event files in ``<run_dir>/tensorboard/``, written with the ``tensorboard`` package's
-own event writer and protos (torch's SummaryWriter would import torch into the controller: ~130 MB).
+"""TensorBoard: event files in ``<run_dir>/tensorboard/``, written with the ``tensorboard``
+package's own event writer and protos (torch's SummaryWriter would import torch into the controller:
+~130 MB).
 
 A resume from the checkpoint of version v opens the writer with ``purge_step=v``: TensorBoard's
 readers then drop what the interrupted run logged from step v on, and the steps trained again
@@ -31,7 +32,8 @@ class TensorBoardTracker(Tracker):
 
         # the HParams dashboard links the run's config to these scalars of the same run
         metrics = [hp.Metric("reward/mean"), hp.Metric("staleness/max")]
-        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k, v in hparams.items()}
+        values = {k: v if isinstance(v, (bool, int, float, str)) else str(v) for k,
+                  v in hparams.items()}
         self.w.summary(hp.hparams_config_pb([hp.HParam(k) for k in values], metrics), 0)
         self.w.summary(hp.hparams_pb(values), 0)
 
@@ -74,7 +76,8 @@ class EventWriter:
         self.summary(Summary(value=[Summary.Value(tag=tag, simple_value=float(value))]), step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        """A text-plugin summary, under ``<tag>/text_summary`` as TensorBoard's other writers name it."""
+        """A text-plugin summary, under ``<tag>/text_summary`` as TensorBoard's other writers name
+        it."""
         from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
         from tensorboard.compat.proto.tensor_pb2 import TensorProto
         from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
@@ -84,7 +87,8 @@ class EventWriter:
             plugin_name="text", content=TextPluginData(version=0).SerializeToString()))
         tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode()],
                              tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
-        self.summary(Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=meta, tensor=tensor)]), step)
+        self.summary(Summary(value=[Summary.Value(tag=f"{tag}/text_summary", metadata=meta,
+                                                  tensor=tensor)]), step)
 
     def close(self) -> None:
         self.file.close()

@@ -22,11 +22,13 @@ class WandbTracker(Tracker):
         run_id = info.state.get("id") or secrets.token_hex(8)
         mode = str(info.cfg.wandb_mode)  # resolved when the run was planned (config/resolve.py)
         self.run = wandb.init(
-            project=info.cfg.project, name=info.name, id=run_id, resume="allow", dir=str(info.run_dir),
+            project=info.cfg.project, name=info.name, id=run_id, resume="allow",
+            dir=str(info.run_dir),
             mode=mode, config=None if info.state else info.hparams,
             reinit="create_new", settings=wandb.Settings(console="off", quiet=True))
         self.where = f"run {run_id} of project {info.cfg.project} ({mode}" + (
-            f", {RunDir(info.run_dir).wandb}; `wandb sync` uploads it)" if mode == "offline" else ")")
+            f", {RunDir(info.run_dir).wandb}; `wandb sync` uploads it)"
+            if mode == "offline" else ")")
         return {"id": run_id}
 
     def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
@@ -35,7 +37,8 @@ class WandbTracker(Tracker):
     def log_samples(self, step: int, rows: list[list]) -> None:
         import wandb
 
-        self.run.log({"samples/completions": wandb.Table(columns=SAMPLE_COLUMNS, data=rows)}, step=step)
+        self.run.log({"samples/completions": wandb.Table(columns=SAMPLE_COLUMNS, data=rows)},
+                     step=step)
 
     def log_summary(self, step: int, values: dict[str, float], text: str) -> None:
         self.run.summary.update(values)  # the runs table shows it; history holds every step already

@@ -112,7 +112,8 @@ def outcome_token_rewards(rewards: Tensor, mask: Tensor) -> Tensor:
 
 
 def _episode_rewards(rewards: Tensor, episodes: Tensor | None) -> Tensor:
-    """``[E]`` one reward per episode: the reward of its last row (rows of an episode are consecutive)."""
+    """``[E]`` one reward per episode: the reward of its last row (rows of an episode are
+    consecutive)."""
     if episodes is None:
         return rewards
     last = episodes != torch.cat([episodes[1:], episodes.new_full((1,), -1)])
@@ -140,10 +141,11 @@ def compute_advantages(
     ``cfg.kl_in_reward``: the token rewards become ``-kl_coef * kl`` plus the outcome at the
     last token. For gae these feed the TD errors; for the group estimators the KL part
     enters as its discounted return-to-go added to the broadcast group advantage.
-    episodes: ``[N]`` batch-wide episode of each row (workflow=agent: an episode may be several rows,
-    consecutive, sharing its reward); the group estimators then compare episodes, ``group_size`` per
-    group, each taking the reward of its last row. credit: ``[N]`` factor of each row's advantage
-    (agent_credit=last: 1 on an episode's last row, 0 on the others). None: one episode per row, all 1.
+    episodes: ``[N]`` batch-wide episode of each row (workflow=agent: an episode may be several
+    rows, consecutive, sharing its reward); the group estimators then compare episodes,
+    ``group_size`` per group, each taking the reward of its last row. credit: ``[N]`` factor of each
+    row's advantage (agent_credit=last: 1 on an episode's last row, 0 on the others). None: one
+    episode per row, all 1.
     """
     kl_rewards = None
     if cfg.kl_in_reward and cfg.kl_coef > 0:
@@ -154,7 +156,8 @@ def compute_advantages(
     if cfg.adv_estimator == "gae":
         if values is None:
             raise ValueError("adv_estimator=gae needs critic values")
-        token_rewards = outcome_token_rewards(rewards if credit is None else rewards * credit.to(rewards.dtype), mask)
+        credited = rewards if credit is None else rewards * credit.to(rewards.dtype)
+        token_rewards = outcome_token_rewards(credited, mask)
         if kl_rewards is not None:
             token_rewards = token_rewards + kl_rewards
         adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)

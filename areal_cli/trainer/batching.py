@@ -10,8 +10,8 @@ tensor aligned at the response start.
 Shape buckets (``trainer.shape_buckets``): a left-padded micro-batch's rows and columns are
 rounded up to a few sizes per doubling (``bucket``), with one-token dummy rows and more left
 padding, so the CPU's oneDNN primitive cache and the allocator see a few recurring shapes
-instead of a new one every step (each new shape kept memory: the trainer grew 1.95 → 2.95 GB
-over 60 steps). The padding is masked and no response token sits in it: the loss and its
+instead of a new one every step (each new shape kept memory, so the trainer grew step after
+step). The padding is masked and no response token sits in it: the loss and its
 gradient are those of the exact shape.
 """
 
@@ -33,7 +33,8 @@ micro-batches are bound by the host launching kernels (benchmarks/packing.py, BE
 
 
 def packed_row_tokens(device: torch.device) -> int | None:
-    """The longest packed row on ``device``: ``PACKED_ROW_TOKENS_CUDA`` on GPUs, None (one row) on the CPU."""
+    """The longest packed row on ``device``: ``PACKED_ROW_TOKENS_CUDA`` on GPUs, None (one row) on
+    the CPU."""
     return PACKED_ROW_TOKENS_CUDA if device.type == "cuda" else None
 
 
@@ -48,7 +49,8 @@ class Rollouts:
     rewards: torch.Tensor  # [N]
     group_size: int
     versions: torch.Tensor | None = None  # [N, L] int32: policy version of each token (-1 = none)
-    episodes: torch.Tensor | None = None  # [N] int64: workflow=agent, the batch-wide episode of each row
+    # [N] int64: workflow=agent, the batch-wide episode of each row
+    episodes: torch.Tensor | None = None
     # (several rows may share one; ``group_size`` episodes per group); None = one episode per row
 
     def last_of_episode(self) -> torch.Tensor:
@@ -144,9 +146,9 @@ def micro_batches(lengths: list[int], budget: int, count: int | None = None,
 
 
 def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
-    """``t`` on ``device``. A host tensor bound for a GPU goes through pinned memory without blocking:
-    a copy from pageable memory waits until the GPU has run everything queued before it, so the GPU
-    then idles while the host builds the next micro-batch's inputs."""
+    """``t`` on ``device``. A host tensor bound for a GPU goes through pinned memory without
+    blocking: a copy from pageable memory waits until the GPU has run everything queued before it,
+    so the GPU then idles while the host builds the next micro-batch's inputs."""
     device = torch.device(device)
     if t.device.type == "cpu" and device.type == "cuda":
         return t.pin_memory().to(device, non_blocking=True)
@@ -170,12 +172,14 @@ class Inputs:
     max_seqlen: int = 0  # varlen: the longest segment
 
     def to(self, device: torch.device) -> Inputs:
-        move = {k: (to_device(v, device) if torch.is_tensor(v) else v) for k, v in vars(self).items()}
+        move = {k: (to_device(v, device) if torch.is_tensor(v) else v) for k,
+                v in vars(self).items()}
         return Inputs(**move)
 
     def model_kwargs(self) -> dict:
         """The model's forward keywords for these inputs (``logits_to_keep`` included)."""
-        kw = dict(input_ids=self.ids, attention_mask=self.attention_mask, position_ids=self.position_ids,
+        kw = dict(input_ids=self.ids, attention_mask=self.attention_mask,
+                  position_ids=self.position_ids,
                   logits_to_keep=self.keep)
         if self.cu_seqlens is not None:  # read by trainer.varlen.varlen_attention
             kw.update(cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens,
@@ -194,7 +198,8 @@ def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     if packed:
-        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device, row_tokens=row_tokens,
+        return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device,
+                    row_tokens=row_tokens,
                     varlen=varlen)
     x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad, buckets)
     return x if device is None else x.to(device)
@@ -205,7 +210,8 @@ def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
 
 
 def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
-         device: torch.device | None = None, row_tokens: int | None = None, varlen: bool = False) -> Inputs:
+         device: torch.device | None = None, row_tokens: int | None = None,
+         varlen: bool = False) -> Inputs:
     """Sequence after sequence in a row, positions restarting at 0, attention only within a
     sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit).
 
@@ -214,11 +220,11 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     costs its length squared whatever the mask, so k rows of T/k tokens cost 1/k of one row
     of T. None = one row. The ``[rows, 1, T, T]`` mask is built on ``device`` from the segment
     ids (a 16k-token row's mask is 256 MiB: built on the host and copied, it cost more than
-    the step). With ``varlen`` there is no mask: ``cu_seqlens`` mark each sequence (``trainer.varlen``),
-    and the sequences go into one row whatever ``row_tokens``: each attends over its own segment, so
-    rows would only add padding, and a compiled layer given one row and then several would compile
-    again (dynamo specialises a dimension of size 1; ``precompile``). Response tokens come out in
-    (sequence, position) order, as ``valid`` expects."""
+    the step). With ``varlen`` there is no mask: ``cu_seqlens`` mark each sequence
+    (``trainer.varlen``), and the sequences go into one row whatever ``row_tokens``: each attends
+    over its own segment, so rows would only add padding, and a compiled layer given one row and
+    then several would compile again (dynamo specialises a dimension of size 1; ``precompile``).
+    Response tokens come out in (sequence, position) order, as ``valid`` expects."""
     lens = [len(p) + len(r) for p, r in zip(prompts, resps, strict=True)]
     cap = sum(lens) if varlen else row_tokens or sum(lens)
     fill: list[int] = []  # tokens in each row
@@ -242,7 +248,8 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
         seg[r, start:start + n] = j
         rows += [r] * len(resp)
         keep_pos += range(start + len(p) - 1, start + n - 1)
-    rows_t, keep_pos_t = torch.tensor(rows, dtype=torch.long), torch.tensor(keep_pos, dtype=torch.long)
+    rows_t, keep_pos_t = torch.tensor(rows, dtype=torch.long), torch.tensor(keep_pos,
+                                                                            dtype=torch.long)
     if R == 1:
         keep, cols = keep_pos_t, torch.arange(len(keep_pos))
     else:  # every row keeps the union of the positions any row needs
@@ -325,7 +332,8 @@ def to_rows(flat: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return out.masked_scatter(valid, flat.to(dtype))
 
 
-def token_logprobs(logits: torch.Tensor, x: Inputs, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(logits: torch.Tensor, x: Inputs, temperature: float) -> tuple[torch.Tensor,
+                                                                                 torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token from the kept ``[tokens, vocab]``
     logits: one float32 log-softmax, the entropy from the same one (no second vocab pass)."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
@@ -335,7 +343,8 @@ def token_logprobs(logits: torch.Tensor, x: Inputs, temperature: float) -> tuple
     return to_rows(lp, x.valid), to_rows(ent, x.valid)
 
 
-def merge_stats(into: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], how: dict[str, str]) -> None:
+def merge_stats(into: dict[str, torch.Tensor], stats: dict[str, torch.Tensor],
+                how: dict[str, str]) -> None:
     """Add one micro-batch's stats into ``into`` (max for the "max" stats of ``how``)."""
     for k, v in stats.items():
         if k not in into:
@@ -352,7 +361,8 @@ def reduce_stats(stats: dict[str, torch.Tensor], how: dict[str, str], global_tok
 
     The stats are stacked into one new tensor per reduction (two collectives in all) before the
     in-place all-reduce: two keys holding the same tensor, or views of one storage, are never
-    reduced into each other (a shared zero once added the fresh-token count into the logprob gap)."""
+    reduced into each other (a shared zero once added the fresh-token count into the logprob
+    gap)."""
     out = {}
     for ops, red in ((("sum", "mean"), dist.ReduceOp.SUM), (("max",), dist.ReduceOp.MAX)):
         keys = [k for k in sorted(stats) if how.get(k, "sum") in ops]

@@ -17,14 +17,16 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 
 
 def _options(runner) -> StateDictOptions:
-    """Frozen parameters (LoRA's base weights) stay out of the checkpoint; loading it sets the rest (not
-    strict about the frozen ones: dcp.load already failed if an adapter tensor were missing)."""
+    """Frozen parameters (LoRA's base weights) stay out of the checkpoint; loading it sets the rest
+    (not strict about the frozen ones: dcp.load already failed if an adapter tensor were
+    missing)."""
     lora = runner.cfg.trainer.lora.rank > 0
     return StateDictOptions(ignore_frozen_params=lora, strict=not lora)
 
 
 def save(runner, version: int, partial: Path) -> Path:
-    """Write this rank's part of checkpoint ``version`` into ``partial`` (RunDir.partial_checkpoint)."""
+    """Write this rank's part of checkpoint ``version`` into ``partial``
+    (RunDir.partial_checkpoint)."""
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)

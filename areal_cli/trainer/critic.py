@@ -26,7 +26,8 @@ from areal_cli.trainer.loss import STAT_REDUCTIONS, value_loss
 from areal_cli.trainer.loss_scale import LossScale
 
 
-def build_value_model(model_path: Path, device: torch.device, compute_dtype: torch.dtype, seed: int):
+def build_value_model(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
+                      seed: int):
     """fp32 master weights, a ``Linear(hidden, 1)`` head (same init on every rank), sharded per
     decoder layer and at the root as ``model.build_policy`` shards the actor."""
     from transformers import AutoModelForCausalLM
@@ -56,7 +57,8 @@ def build_value_model(model_path: Path, device: torch.device, compute_dtype: tor
 class Critic:
     def __init__(self, model, cfg: RootConfig, device: torch.device, compute_dtype: torch.dtype,
                  world: int):
-        self.model, self.cfg, self.device, self.dtype, self.world = model, cfg, device, compute_dtype, world
+        self.model, self.cfg, self.device = model, cfg, device
+        self.dtype, self.world = compute_dtype, world
         self.scale = LossScale(compute_dtype == torch.float16)
         self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.algorithm.critic_lr,
                                      weight_decay=cfg.trainer.weight_decay, fused=True)
@@ -82,7 +84,8 @@ class Critic:
             out[mb] = self._values(ro, mb)
         return out
 
-    def train(self, ro: Rollouts, mbs: list[list[int]], old_values: torch.Tensor, returns: torch.Tensor,
+    def train(self, ro: Rollouts, mbs: list[list[int]], old_values: torch.Tensor,
+              returns: torch.Tensor,
               global_tokens: float, max_len: int) -> tuple[dict, torch.Tensor]:
         """One AdamW step on the clipped value loss × value_coef; (merged stats, grad norm)."""
         alg = self.cfg.algorithm
@@ -93,13 +96,16 @@ class Critic:
                 dummy_forward(self.model, self.device, self.dtype, backward=True)
                 continue
             mask = ro.loss_mask[mb].to(self.device)
-            loss, st = value_loss(self._values(ro, mb), old_values[mb], returns[mb], mask, alg.value_clip,
+            loss, st = value_loss(self._values(ro, mb), old_values[mb], returns[mb], mask,
+                                  alg.value_clip,
                                   mode=alg.loss_agg, global_tokens=global_tokens,
                                   global_seqs=float(ro.n), max_len=max_len)
-            (alg.value_coef * loss * (self.world * self.scale.value)).backward()  # FSDP averages over ranks
+            # FSDP averages over ranks
+            (alg.value_coef * loss * (self.world * self.scale.value)).backward()
             merge_stats(stats, st, STAT_REDUCTIONS)
         self.scale.unscale_(self.model.parameters())
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                   self.cfg.trainer.grad_clip)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         if self.scale.update(grad_norm) and bool(torch.isfinite(grad_norm)):  # no inf/NaN step

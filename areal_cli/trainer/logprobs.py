@@ -3,9 +3,8 @@
 The ``[tokens, vocab]`` logits of a whole micro-batch are never held: the output layer runs on
 ``chunk`` positions at a time, each chunk's float32 log-softmax is reduced at once to the
 sampled token's logprob and the entropy, and under autograd each chunk is checkpointed (its
-logits are recomputed in backward from the chunk's hidden states). With SmolLM2's 49,152-token
-vocabulary a 2,000-token micro-batch held ~1.6 GB of logits, log-softmax and their gradients;
-a 256-position chunk holds ~0.2 GB. The numbers are those of one full log-softmax: each row's
+logits are recomputed in backward from the chunk's hidden states), so memory grows with the
+chunk, not the micro-batch. The numbers are those of one full log-softmax: each row's
 log-softmax only sees its own row.
 
 With ``buckets`` the last, partial chunk is padded with zero rows up to a bucket size
@@ -44,16 +43,19 @@ def _reduce(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
 def compiled_reduce() -> Callable:
     """``_reduce`` under ``torch.compile``: the float32 cast, log-softmax, gather and entropy of a
     chunk (and their backward) fused into a few kernels instead of about ten passes over the
-    ``[chunk, vocab]`` logits. A model built with ``trainer.compile`` uses it (``compiled_head``)."""
+    ``[chunk, vocab]`` logits. A model built with ``trainer.compile`` uses it
+    (``compiled_head``)."""
     return torch.compile(_reduce)
 
 
 def _chunk(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
-           entropy_grad: bool = False, reduce: Callable = _reduce) -> tuple[torch.Tensor, torch.Tensor]:
+           entropy_grad: bool = False, reduce: Callable = _reduce) -> tuple[torch.Tensor,
+                                                                            torch.Tensor]:
     return reduce(head(hidden), targets, temperature, entropy_grad)
 
 
-def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor, temperature: float,
+def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor,
+                     temperature: float,
                      chunk: int, buckets: int = 0, entropy_grad: bool = False,
                      reduce: Callable = _reduce) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprob, entropy)`` ``[tokens]`` of ``targets`` under ``softmax(head(hidden) / T)``,
@@ -80,8 +82,10 @@ def chunked_logprobs(head: Callable, hidden: torch.Tensor, targets: torch.Tensor
     return torch.cat(lps), torch.cat(ents)
 
 
-def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float, chunk: int, buckets: int = 0,
-                     entropy_grad: bool = False, clock: StepClock | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float, chunk: int,
+                     buckets: int = 0,
+                     entropy_grad: bool = False,
+                     clock: StepClock | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Logprob and entropy ``[n, width]`` of each response token of ``x`` (0 where not valid).
 
     The model's own forward runs (so FSDP gathers and frees the output layer as usual), with
@@ -101,7 +105,8 @@ def forward_logprobs(model, x: Inputs, dtype: torch.dtype, temperature: float, c
             clock.mark("forward")
             if kept.requires_grad:
                 kept.register_hook(lambda _grad: clock.mark("head_backward"))
-        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk, buckets,
+        lp, ent = chunked_logprobs(inner, kept[x.rows, x.cols], x.targets, temperature, chunk,
+                                   buckets,
                                    entropy_grad, reduce)
         if clock is not None:
             clock.mark("head_forward")

@@ -21,11 +21,11 @@ import torch.distributed as dist
 import zmq
 
 from areal_cli import faults
-from areal_cli.config.load import load_yaml
+from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.durable import atomic_write
-from areal_cli.models import resolve_model
-from areal_cli.rollout.engines.factory import make_sender
+from areal_cli.engines.factory import make_sender
+from areal_cli.model_source import resolve_model
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import StatusLink, run_main, set_threads, setup_process
 from areal_cli.trainer.model import (
@@ -78,19 +78,22 @@ class Trainer:
         redirect_output(self.rd.log(self.name))
         self.log = setup_process(self.name, run_dir)
         # resolved when the run was planned: read here, never resolved or changed
-        self.cfg = cfg = require_resolved(load_yaml(self.rd.config, check=False), str(self.rd.config))
+        self.cfg = cfg = require_resolved(read_yaml(self.rd.config), str(self.rd.config))
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        self.device = torch.device("cuda",
+                                   torch.cuda.current_device()) if cuda else torch.device("cpu")
         # a rank stuck in a collective is an error after launcher.peer_timeout_s, not a hang
-        init_ranks("nccl" if cuda else "gloo", datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
+        init_ranks("nccl" if cuda else "gloo",
+                   datetime.timedelta(seconds=cfg.launcher.peer_timeout_s))
         set_threads(cfg.trainer.threads)
         torch.manual_seed(cfg.seed)
         ep = Endpoints.load(run_dir)
         keys, limit = (load_keys(run_dir), max_frame_bytes(cfg)) if self.rank == 0 else (None, 0)
         # rank 0's status channel to the controller (other ranks talk only to rank 0)
-        self.status = StatusLink(ep, keys, self.name, cfg.launcher.heartbeat_s, limit) if self.rank == 0 else None
+        self.status = StatusLink(ep, keys, self.name, cfg.launcher.heartbeat_s,
+                                 limit) if self.rank == 0 else None
         self._doing("loading the model")
         self.model_path = resolve_model(cfg.model)
         dtype = getattr(torch, cfg.trainer.dtype)
@@ -102,19 +105,24 @@ class Trainer:
         if cfg.trainer.lora.rank > 0:
             trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
             total = sum(p.numel() for p in self.model.parameters())
-            self.log.info("LoRA rank %d: %.2fM trainable parameters of %.1fM (%.2f%%)", cfg.trainer.lora.rank,
+            self.log.info("LoRA rank %d: %.2fM trainable parameters of %.1fM (%.2f%%)",
+                          cfg.trainer.lora.rank,
                           trainable / 1e6, total / 1e6, 100 * trainable / total)
-        self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype, self.rank,
+        self.runner = StepRunner.build(self.model, self.model_path, cfg, self.device, dtype,
+                                       self.rank,
                                        self.world)
         self.sender = None
         self.stop_requested = False
         self.nonfinite_streak = 0  # steps in a row with a non-finite gradient norm
         self.zero_rows_warned: set[int] = set()
         if self.rank == 0:
-            self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys, max_frame=limit)
+            self.batches = Channel(zmq.PULL, ep.batches, bind=False, name="batches", keys=keys,
+                                   max_frame=limit)
             self._doing("waiting for the rollout workers to join the weight broadcast group")
-            # the sender of the run's engine (areal's bucketed broadcast, or vLLM's own NCCL transfer)
-            self.sender = make_sender(cfg, ep.weights_host, ep.weights_port, self.model, self.device, ep.weights_store)
+            # the sender of the run's engine (areal's bucketed broadcast, or vLLM's own NCCL
+            # transfer)
+            self.sender = make_sender(cfg, ep.weights_host, ep.weights_port, self.model,
+                                      self.device, ep.weights_store)
             self.status.send(Hello(self.name))
         self.log.info("ready: %d rank(s), device %s", self.world, self.device)
 
@@ -152,7 +160,7 @@ class Trainer:
         self.stop_requested = True
 
     def _resume(self) -> int:
-        from areal_cli.checkpoints import latest_checkpoint
+        from areal_cli.checkpoint_dirs import latest_checkpoint
         from areal_cli.trainer import checkpoint
 
         ckpt = latest_checkpoint(Path(self.cfg.resume)) if self.cfg.resume else None
@@ -187,50 +195,58 @@ class Trainer:
         save_hf(self.model, self.model_path, path, lora=self.cfg.trainer.lora)
         out = {}
         if self.rank == 0:
-            from areal_cli.evaluator import evaluate
+            from areal_cli.eval import evaluate
 
-            res = evaluate(path, self.cfg.task, self.cfg.reward.verifier(), n_samples=1, temperature=0.0,
+            res = evaluate(path, self.cfg.task, self.cfg.reward.verifier(), n_samples=1,
+                           temperature=0.0,
                            max_new_tokens=self.cfg.rollout.max_new_tokens, size=self.cfg.eval.size)
             name = self.cfg.task.name
-            out = {f"eval/{name}/{k}": v for k, v in res["metrics"].items() if isinstance(v, (int, float))}
+            out = {f"eval/{name}/{k}": v for k,
+                   v in res["metrics"].items() if isinstance(v, (int, float))}
             self.log.info("eval at version %d: %s", version, out)
         dist.barrier()
         return out
 
     def _warn_skipped(self, step: int, metrics: dict, kept: Path | None = None) -> None:
-        """Say so when this step's optimizer step was skipped for a non-finite gradient norm (the weights
-        did not move); counted in ``skipped_steps``. ``kept``: where its batch was kept for a replay."""
+        """Say so when this step's optimizer step was skipped for a non-finite gradient norm (the
+        weights did not move); counted in ``skipped_steps``. ``kept``: where its batch was kept for
+        a replay."""
         norm = metrics.get("grad_norm")
         if isinstance(norm, float) and not math.isfinite(norm):
             where = getattr(getattr(self, "runner", None), "nonfinite", [])
-            self.log.warning("step %d: gradient norm %s: the optimizer step was skipped and the weights did not "
-                             "change (%d step(s) skipped so far)%s%s", step, norm, metrics.get("skipped_steps", 0),
+            self.log.warning("step %d: gradient norm %s: the optimizer step was skipped and the "
+                             "weights did not change (%d step(s) skipped so "
+                             "far)%s%s", step, norm, metrics.get("skipped_steps", 0),
                              f"; non-finite gradients in {', '.join(where)}" if where else "",
-                             f"; the step's batch is kept in {kept} (replay it on the trainer alone: python -m "
-                             f"benchmarks.trainer_profile --arch MODEL_DIR --batch {kept} --grad-probe)" if kept else "")
+                             f"; the step's batch is kept in {kept} (replay it on the trainer "
+                             "alone: python -m benchmarks.trainer_profile --arch MODEL_DIR "
+                             f"--batch {kept} --grad-probe)" if kept else "")
 
     def _warn_zero_rows(self, step: int, batch) -> None:
-        """Once per token id: sequences of this batch start with a token whose embedding row is all zero."""
+        """Once per token id: sequences of this batch start with a token whose embedding row is all
+        zero."""
         starts = zero_row_starts(batch, getattr(self.model, "zero_embedding_rows", frozenset()))
         for tok in sorted(set(starts) - self.zero_rows_warned):
             self.zero_rows_warned.add(tok)
-            self.log.warning("step %d: %d sequence(s) start with token id %d, whose embedding row in %s is all zero: "
-                             "such a sequence keeps a zero hidden state through the layers and its gradient can "
-                             "grow by up to 1/sqrt(rms_norm_eps) per layer to NaN; give that row values (a trained "
-                             "or initialised embedding) or start the prompts with another token",
+            self.log.warning("step %d: %d sequence(s) start with token id %d, whose embedding row "
+                             "in %s is all zero: such a sequence keeps a zero hidden state through "
+                             "the layers and its gradient can grow by up to 1/sqrt(rms_norm_eps) "
+                             "per layer to NaN; give that row values (a trained or initialised "
+                             "embedding) or start the prompts with another token",
                              step, starts[tok], tok, self.model_path)
 
     def _stop_on_nonfinite(self, step: int, metrics: dict) -> None:
-        """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm (every rank
-        sees the same all-reduced norm, so all of them stop at the same step)."""
+        """Raise once ``trainer.max_nonfinite_steps`` steps in a row had a non-finite gradient norm
+        (every rank sees the same all-reduced norm, so all of them stop at the same step)."""
         self.nonfinite_streak = nonfinite_streak(self.nonfinite_streak, metrics, self.cfg.trainer)
         limit = self.cfg.trainer.max_nonfinite_steps
         if limit and self.nonfinite_streak >= limit:
             where = getattr(getattr(self, "runner", None), "nonfinite", [])
             raise RuntimeError(
-                f"steps {step - limit + 1}-{step}: the gradient norm was not finite in {limit} steps in a row (each "
-                f"skipped: the weights have not moved in those steps){'; in ' + ', '.join(where) if where else ''}."
-                " Run one step with trainer.detect_anomaly=true to name the operation where it starts; "
+                f"steps {step - limit + 1}-{step}: the gradient norm was not finite in {limit} "
+                "steps in a row (each skipped: the weights have not moved in those "
+                f"steps){'; in ' + ', '.join(where) if where else ''}. Run one step with "
+                "trainer.detect_anomaly=true to name the operation where it starts; "
                 "trainer.max_nonfinite_steps=0 lets the run go on")
 
     def _due(self, version: int) -> bool:
@@ -267,11 +283,13 @@ class Trainer:
             if self.rank == 0:
                 self.status.send(StepDone(self.name, step + 1, metrics, checkpoint=saved))
                 self.log.info("step %d: reward %.3f loss %.4f (%.1fs train, %.2fs sync)", step,
-                              float(batch_reward(batch)), metrics.get("loss", 0.0), metrics["step_time_s"],
+                              float(batch_reward(batch)), metrics.get("loss", 0.0),
+                              metrics["step_time_s"],
                               metrics.get("weight_sync_s", 0.0))
                 if metrics.get("compiled_graphs"):
-                    self.log.warning("step %d compiled %d graphs inside the step (a form of input the trainer's "
-                                     "precompile did not foresee)", step, metrics["compiled_graphs"])
+                    self.log.warning("step %d compiled %d graphs inside the step (a form of input "
+                                     "the trainer's precompile did not "
+                                     "foresee)", step, metrics["compiled_graphs"])
                 kept = keep_nonfinite_batch(self.run_dir, step, batch, metrics, self.cfg.trainer)
                 self._warn_skipped(step, metrics, kept)
             self._stop_on_nonfinite(step, metrics)
@@ -281,13 +299,15 @@ class Trainer:
 
     def _precompile(self) -> None:
         """The compiled layers' every form of input, compiled while the engines start and generate
-        the first batch (``trainer/precompile.py``) instead of inside the steps that first meet them."""
+        the first batch (``trainer/precompile.py``) instead of inside the steps that first meet
+        them."""
         if not getattr(self.model, "compiled_head", False):
             return
         self._doing("compiling the policy's layers before the first batch")
         forms, seconds = self.runner.precompile()
         if self.rank == 0:
-            self.log.info("compiled the policy's layers for %d forms of input (%s) in %.1fs", len(forms),
+            self.log.info("compiled the policy's layers for %d forms of input (%s) in %.1fs",
+                          len(forms),
                           ", ".join(forms), seconds)
 
     def _stop_agreed(self) -> bool:
@@ -302,8 +322,10 @@ class Trainer:
     def _finish(self, save_final: bool) -> None:
         if save_final:
             self._doing("saving the final checkpoint")
-            self.runner.release_optimizer()  # the final checkpoint is weights only: the save's copies fit in its place
-            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora, last=True)
+            # the final checkpoint is weights only: the save's copies fit in its place
+            self.runner.release_optimizer()
+            save_hf(self.model, self.model_path, self.rd.final, lora=self.cfg.trainer.lora,
+                    last=True)
         if self.rank == 0:
             self.status.send(Bye(self.name, finished=save_final))
             if save_final:
@@ -329,8 +351,9 @@ class Trainer:
 
 
 def update_items(model, cfg):
-    """(name, full tensor) pairs of one weight update, in ``lora.update_specs`` order (a collective):
-    every parameter; with LoRA the adapter alone, or the merged weights (engine.lora_merge)."""
+    """(name, full tensor) pairs of one weight update, in ``lora.update_specs`` order (a
+    collective): every parameter; with LoRA the adapter alone, or the merged weights
+    (engine.lora_merge)."""
     from areal_cli import lora
 
     if not lora.enabled(cfg):
@@ -349,8 +372,8 @@ def redirect_output(path: Path) -> None:
 
 
 def nonfinite_streak(streak: int, metrics: dict, trainer) -> int:
-    """Steps in a row with a non-finite gradient norm, after this step's ``metrics``; float16 runs (their
-    loss scale finds its level through overflows) stay at 0."""
+    """Steps in a row with a non-finite gradient norm, after this step's ``metrics``; float16 runs
+    (their loss scale finds its level through overflows) stay at 0."""
     norm = metrics.get("grad_norm")
     if str(trainer.dtype) == "float16" or not isinstance(norm, float) or math.isfinite(norm):
         return 0
@@ -358,16 +381,18 @@ def nonfinite_streak(streak: int, metrics: dict, trainer) -> int:
 
 
 KEEP_NONFINITE = 2
-"""Batches of steps with a non-finite gradient norm kept in ``RUN_DIR/nonfinite/`` (the first ones)."""
+"""Batches of steps with a non-finite gradient norm kept in ``RUN_DIR/nonfinite/`` (the first
+ones)."""
 KEEP_NONFINITE_BYTES = 256 << 20
 """A larger batch (its wire frame) is not kept."""
 
 
 def keep_nonfinite_batch(run_dir: Path, step: int, batch, metrics: dict, trainer) -> Path | None:
-    """Write ``batch`` (its wire frame) to ``run_dir/nonfinite/batch_STEP.msgpack`` when this step's gradient
-    norm was not finite, so that the step can be replayed with the same tokens, logprobs and rewards
-    (``benchmarks/trainer_profile.py --batch``); at most ``KEEP_NONFINITE`` per run and ``KEEP_NONFINITE_BYTES``
-    each, none for float16 runs (their loss scale finds its level through overflows). The path, or None."""
+    """Write ``batch`` (its wire frame) to ``run_dir/nonfinite/batch_STEP.msgpack`` when this step's
+    gradient norm was not finite, so that the step can be replayed with the same tokens, logprobs
+    and rewards (``benchmarks/trainer_profile.py --batch``); at most ``KEEP_NONFINITE`` per run and
+    ``KEEP_NONFINITE_BYTES`` each, none for float16 runs (their loss scale finds its level through
+    overflows). The path, or None."""
     if not nonfinite_streak(0, metrics, trainer):
         return None
     where = Path(run_dir) / "nonfinite"

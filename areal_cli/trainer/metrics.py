@@ -8,7 +8,8 @@ import torch
 import torch.distributed as dist
 
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-"""Dense bf16 peak FLOP/s per GPU (SXM parts), by a name that ``torch.cuda.get_device_name`` contains."""
+"""Dense bf16 peak FLOP/s per GPU (SXM parts), by a name that ``torch.cuda.get_device_name``
+contains."""
 
 
 def peak_flops(device: torch.device, override: float) -> float | None:
@@ -54,9 +55,11 @@ class MFU:
     not skipped); the proximal, reference and critic passes, activation recomputation and
     padding are overhead, not model FLOPs."""
 
-    def __init__(self, config, device: torch.device, override: float, world: int, frozen: bool = False):
-        """``frozen``: the weights take no gradient (LoRA): their matmuls cost 4 FLOPs a weight and token
-        (forward, and the backward's input gradient), not 6; the adapters' own are left out (< 1%)."""
+    def __init__(self, config, device: torch.device, override: float, world: int,
+                 frozen: bool = False):
+        """``frozen``: the weights take no gradient (LoRA): their matmuls cost 4 FLOPs a weight and
+        token (forward, and the backward's input gradient), not 6; the adapters' own are left out (<
+        1%)."""
         body, attention, head = flop_terms(config)
         self.terms = (body * 4 / 6, attention, head * 4 / 6) if frozen else (body, attention, head)
         peak = peak_flops(device, override)

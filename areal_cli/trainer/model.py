@@ -16,7 +16,8 @@ from torch.distributed.tensor import DTensor
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
                  activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False,
-                 checkpoint_every: int = 1, compile_layers: bool = False, reshard_after_forward: bool = True,
+                 checkpoint_every: int = 1, compile_layers: bool = False,
+                 reshard_after_forward: bool = True,
                  lora=None):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
     one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
@@ -35,9 +36,11 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     attn = "sdpa"
     if varlen and varlen_attention.available(device):
         attn = varlen_attention.register()
-    unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu" and dist.get_world_size() == 1)
+    unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu"
+                                                          and dist.get_world_size() == 1)
     lora_on = lora is not None and lora.rank > 0
-    frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16, torch.float16) \
+    frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16,
+                                                                          torch.float16) \
         else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  attn_implementation=attn).to(device)
@@ -56,7 +59,8 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         model = inject(model, lora)
         for p in model.parameters():
             if p.requires_grad:
-                p.data = p.data.float()  # the adapters train with float32 master weights, whatever W0's dtype
+                # the adapters train with float32 master weights, whatever W0's dtype
+                p.data = p.data.float()
     # On GPU the all-gathered parameters are cast to the compute dtype; on CPU gloo we gather
     # fp32 and compute under autocast instead.
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
@@ -67,20 +71,23 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         fully_shard(model, mp_policy=mp, reshard_after_forward=reshard_after_forward)
-    if compile_layers:  # after sharding: the forward compiled is the sharded class's (checkpointing's wrapper)
+    # after sharding: the forward compiled is the sharded class's (checkpointing's wrapper)
+    if compile_layers:
         compile_decoder_layers(model)
     model.zero_embedding_rows = zero_rows
     return model
 
 
 def zero_embedding_rows(model: torch.nn.Module) -> frozenset[int]:
-    """Token ids whose input embedding row is all zero (transformers' initialisation gives the pad token one;
-    some checkpoints keep them for tokens never trained). A sequence that starts with one keeps a zero hidden
-    state through every layer of a model without attention biases or with zero ones, and its gradient grows
-    by up to 1 / sqrt(rms_norm_eps) per layer in RMSNorm's backward: NaN in a deep model."""
+    """Token ids whose input embedding row is all zero (transformers' initialisation gives the pad
+    token one; some checkpoints keep them for tokens never trained). A sequence that starts with one
+    keeps a zero hidden state through every layer of a model without attention biases or with zero
+    ones, and its gradient grows by up to 1 / sqrt(rms_norm_eps) per layer in RMSNorm's backward:
+    NaN in a deep model."""
     w = model.get_input_embeddings().weight.detach()
     rows: list[int] = []
-    for start in range(0, w.shape[0], 8192):  # a 7B vocabulary's float32 rows are 2 GiB: no full-size copy
+    # a 7B vocabulary's float32 rows are 2 GiB: no full-size copy
+    for start in range(0, w.shape[0], 8192):
         part = w[start:start + 8192]
         rows += (part.abs().amax(dim=1) == 0).nonzero().flatten().add(start).tolist()
     return frozenset(rows)
@@ -97,24 +104,26 @@ def zero_row_starts(batch, rows: frozenset[int]) -> dict[int, int]:
 def no_cudnn_sdpa() -> None:
     """Keep scaled_dot_product_attention off its cuDNN backend in this process (the trainer's).
 
-    cuDNN's SDPA backward, torch's first choice for attention with a mask on H100/H200 since torch
-    2.11, returns NaN query gradients when the key length is 64 past a multiple of 128 and a query
-    row's log-sum-exp is below ln(FLT_MAX) ≈ -88.7 (a fully masked padding row is one): its last
-    128-wide key tile scores the padding half as 0 instead of -inf (pytorch/pytorch#196678). The
-    forward is right, so the loss looks sane while the gradient is NaN and the step is skipped.
-    `engine=vllm` runs of the default model on H200s (torch 2.11; padded micro-batches whose width
-    trainer.shape_buckets rounds to sizes such as 192 and 320) had a NaN gradient at every step
-    after the first, which these conditions fit. FlashAttention and the memory-efficient kernel take
-    these calls instead; generation and evaluation (no backward) keep the default choice."""
+    cuDNN's SDPA backward, torch's first choice for attention with a mask on recent NVIDIA cards
+    since torch 2.11, returns NaN query gradients when the key length is 64 past a multiple of 128
+    and a query row's log-sum-exp is below ln(FLT_MAX) ≈ -88.7 (a fully masked padding row is one):
+    its last 128-wide key tile scores the padding half as 0 instead of -inf
+    (pytorch/pytorch#196678). The forward is right, so the loss looks sane while the gradient is NaN
+    and the step is skipped. `engine=vllm` runs of the default model with padded micro-batches had a
+    NaN gradient at every step after the first, which these conditions fit (BENCHMARKS.md "LoRA").
+    FlashAttention and the memory-efficient kernel take these calls instead; generation and
+    evaluation (no backward) keep the default choice."""
     torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 def policy_options(cfg) -> dict:
     """``build_policy``'s keywords from a resolved config (``RootConfig``)."""
     t = cfg.trainer
-    return dict(activation_checkpointing=t.activation_checkpointing == "true", fp32_head=cfg.engine.lm_head_fp32 == "true",
+    return dict(activation_checkpointing=t.activation_checkpointing == "true",
+                fp32_head=cfg.engine.lm_head_fp32 == "true",
                 varlen=t.packing == "true" and t.varlen, checkpoint_every=t.checkpoint_every,
-                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward, lora=t.lora)
+                compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward,
+                lora=t.lora)
 
 
 def checkpoint_layers(model, every: int = 1) -> None:
@@ -122,7 +131,8 @@ def checkpoint_layers(model, every: int = 1) -> None:
     ``every``-th after it) in backward; the other layers keep theirs."""
     if every < 1:
         raise ValueError(f"trainer.checkpoint_every must be at least 1, got {every}")
-    enable = getattr(model, "activation_checkpointing_enable", None)  # the name since transformers 5.24
+    # the name since transformers 5.24
+    enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
         enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
@@ -135,30 +145,32 @@ def compile_decoder_layers(model) -> None:
     """``torch.compile`` each decoder layer's forward in place (parameter names unchanged), and the
     output layer's log-softmax and entropy (``logprobs.compiled_reduce``). The
     layers share one code object, so dynamo's cache holds an entry per layer and form of input
-    (``precompile``): its limits are raised to 16 entries per layer (past them a layer would silently
-    run uncompiled). The layers compile with dynamic shapes from the start: every packed micro-batch
-    has a length of its own, and a layer compiled for the first one's would compile again at the
-    second (about 15 s of the 1.5B layout's second step)."""
+    (``precompile``): its limits are raised to 16 entries per layer (past them a layer would
+    silently run uncompiled). The layers compile with dynamic shapes from the start: every packed
+    micro-batch has a length of its own, and a layer compiled for the first one's would compile
+    again at the second."""
     import torch._dynamo
 
     layers = model.model.layers
     cfg = torch._dynamo.config
-    for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+    for key in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
+                "accumulated_recompile_limit"):
         if hasattr(cfg, key):
             setattr(cfg, key, max(getattr(cfg, key), 16 * len(layers)))
     no_size_guards()
     for layer in layers:
         layer.forward = torch.compile(layer.forward, dynamic=True)
-    model.compiled_head = True  # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
+    # forward_logprobs: the chunks' log-softmax compiled too (logprobs.compiled_reduce)
+    model.compiled_head = True
 
 
 def no_size_guards() -> None:
-    """Inductor fuses the norms' two sibling reductions of the backward (over tokens and over features,
-    "mix-order reduction") only past a size (tokens x hidden >= 5 Mi elements, tokens >= 4096), and with
-    dynamic shapes it guards the compiled graph on that size: a layer compiled for a micro-batch of one
-    size compiled again for the next that crossed a threshold (30-90 s stalls at steps 0, 3 and 7 of 20 of
-    the 1.5B layout on one H200, after every form of input had been precompiled, random weights;
-    benchmarks/precompile_check.py). Non-strict mode fuses whatever the size, so no graph depends on it."""
+    """Inductor fuses the norms' two sibling reductions of the backward (over tokens and over
+    features, "mix-order reduction") only past a size (tokens x hidden >= 5 Mi elements, tokens >=
+    4096), and with dynamic shapes it guards the compiled graph on that size: a layer compiled for a
+    micro-batch of one size compiled again for the next that crossed a threshold, stalling that step
+    even after every form of input had been precompiled (BENCHMARKS.md "Steps that compile inside a
+    run"). Non-strict mode fuses whatever the size, so no graph depends on it."""
     import torch._inductor.config as inductor
 
     if hasattr(inductor.triton, "mix_order_reduction_non_strict_mode"):
@@ -166,12 +178,14 @@ def no_size_guards() -> None:
 
 
 def frozen_linear_to(model, dtype: torch.dtype) -> None:
-    """LoRA on one unsharded rank: the linear layers' weights, which stay frozen, in the compute dtype
-    ``dtype``; they take no update, so they need no float32 master, and autocast cast them to that dtype
-    for every matmul anyway: the products are the same, 2 bytes a weight less (212 MB for
-    SmolLM2-135M). The rest (the embedding and the output layer tied to it, the norms) stays float32,
-    copied out of the checkpoint's memory map so that the map, which holds the whole float32 file,
-    is released. FSDP2 wants one dtype per group of parameters, so sharded ranks keep float32."""
+    """LoRA on one unsharded rank: the linear layers' weights, which stay frozen, in the compute
+    dtype
+    ``dtype``; they take no update, so they need no float32 master, and autocast cast them to that
+    dtype for every matmul anyway: the products are the same, 2 bytes a weight less (212 MB for
+    SmolLM2-135M). The rest (the embedding and the output layer tied to it, the norms) stays
+    float32, copied out of the checkpoint's memory map so that the map, which holds the whole
+    float32 file, is released. FSDP2 wants one dtype per group of parameters, so sharded ranks keep
+    float32."""
     head = model.get_output_embeddings()
     for m in model.modules():
         linear = isinstance(m, torch.nn.Linear) and m is not head
@@ -200,7 +214,7 @@ def float32_head(model) -> None:
     On CUDA with bf16/fp16 inputs the product runs as one half-precision GEMM with a float32
     output (``aten::mm.dtype``): the products of two bf16 numbers are exact in float32 and the
     GEMM accumulates in float32, so the logits are those of the float32 GEMM of the same values,
-    at the tensor cores' speed instead of float32's (~15x slower on an H100). Elsewhere the
+    at the tensor cores' speed instead of float32's (many times slower). Elsewhere the
     inputs are cast to float32 first."""
     head = model.get_output_embeddings()
 
@@ -222,7 +236,8 @@ MM_FLOAT32_OUT = "dtype" in torch.ops.aten.mm.overloads()
 def half_gemm_float32_out(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether ``HalfGemmFloat32Out`` runs for these operands: CUDA, bf16/fp16, and a torch
     with ``aten::mm.dtype``."""
-    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and MM_FLOAT32_OUT
+    return x.is_cuda and x.dtype in (torch.bfloat16,
+                                     torch.float16) and w.dtype == x.dtype and MM_FLOAT32_OUT
 
 
 class HalfGemmFloat32Out(torch.autograd.Function):
@@ -238,7 +253,8 @@ class HalfGemmFloat32Out(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        """Only the gradients asked for: a frozen output layer (LoRA) costs no ``[vocab, hidden]`` GEMM."""
+        """Only the gradients asked for: a frozen output layer (LoRA) costs no ``[vocab, hidden]``
+        GEMM."""
         x, w = ctx.saved_tensors
         g = grad.reshape(-1, grad.shape[-1]).to(x.dtype)
         gx = (g @ w).reshape(x.shape) if ctx.needs_input_grad[0] else None
@@ -252,8 +268,8 @@ def mm_float32_out(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def full_parameters(model, only=None):
-    """(name, full tensor) for every parameter (``only(name)`` true, if given); a collective: every rank
-    must iterate it.
+    """(name, full tensor) for every parameter (``only(name)`` true, if given); a collective: every
+    rank must iterate it.
 
     On a one-rank mesh the local shard is the whole tensor: it is returned as is, since
     ``full_tensor()`` costs ~150 µs of dispatch per parameter even when nothing moves."""
@@ -262,7 +278,8 @@ def full_parameters(model, only=None):
             continue
         if isinstance(p, DTensor):
             local = p.to_local()
-            yield name, (local if p.device_mesh.size() == 1 and local.shape == p.shape else p.full_tensor())
+            yield name, (local if p.device_mesh.size() == 1
+                         and local.shape == p.shape else p.full_tensor())
         else:
             yield name, p
 
@@ -271,10 +288,12 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
     """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically. ``lora``
     (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained`` loads a
     plain model), and the adapter itself in ``adapter/`` (peft's format); ``last``: the model is not
-    used after this save, so the adapters are merged into its own float32 weights (no second copy)."""
+    used after this save, so the adapters are merged into its own float32 weights (no second
+    copy)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    sd = get_model_state_dict(model,
+                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if dist.get_rank() != 0:
         return
     adapter = None
@@ -282,7 +301,8 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
         from areal_cli.lora import adapter_items, merge_state_dict, scale
 
         adapter = dict(adapter_items(iter(sd.items())))
-        adapter = {n: t.detach().clone() for n, t in adapter.items()}  # small; before an in-place merge
+        # small; before an in-place merge
+        adapter = {n: t.detach().clone() for n, t in adapter.items()}
         with torch.no_grad():
             sd = merge_state_dict(sd, scale(lora), inplace=last)
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,7 +21,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 class AdamWBF16State(torch.optim.Optimizer):
-    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-8,
+                 weight_decay: float = 0.0,
                  seed: int = 0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
         self.seed = seed

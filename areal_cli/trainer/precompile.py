@@ -1,19 +1,19 @@
 """Compiling the policy's decoder layers before the first batch, for every form of input a step can
 give them.
 
-A compiled layer (``model.compile_decoder_layers``, dynamic shapes) compiles again for each new form of
-its inputs: one packed row or several (dynamo specialises a dimension of size 1), a block mask or
+A compiled layer (``model.compile_decoder_layers``, dynamic shapes) compiles again for each new form
+of its inputs: one packed row or several (dynamo specialises a dimension of size 1), a block mask or
 FlashAttention's segment offsets (``trainer.varlen``), a rank's empty micro-batch (a plain two-token
-forward), gradients on or off. A form first met at step k stalls that step for the compile: steps 7
-and 8 of a 1.5B bench run on one H200 (random weights) took 24 s and 31 s where the others took
-0.6-1.2 s, while generation waited on the trainer (a CPU run of two layers shows the recompiles
-themselves: tests/trainer/test_precompile.py). Here each form the run can meet is compiled once, on a
-few synthetic tokens, before the trainer waits for its first batch, which it does while the engines
-start and generate it. The forms run on a few tokens: no compiled graph depends on the micro-batch's
-size (``model.no_size_guards``; with size guards, 3 of 20 steps of the 1.5B layout on one H200 compiled
-again after precompile, none without them: benchmarks/precompile_check.py).
+forward), gradients on or off. A form first met at step k stalls that step for the compile
+while generation waits on the trainer (BENCHMARKS.md "Steps that compile inside a run"; a CPU run of
+two layers shows the recompiles themselves: tests/trainer/test_precompile.py). Here each form the
+run can meet is compiled once, on a few synthetic tokens, before the trainer waits for its first
+batch, which it does while the engines start and generate it. The forms run on a few tokens: no
+compiled graph depends on the micro-batch's size (``model.no_size_guards``; with size guards, steps
+compiled again after precompile: benchmarks/precompile_check.py).
 ``compiled_graphs`` counts the graphs dynamo compiled since the process started: a step's metrics
-carry the ones it compiled (``StepRunner.train``), so a form missed here shows up as a step that did."""
+carry the ones it compiled (``StepRunner.train``), so a form missed here shows up as a step that
+did."""
 
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ sequence can exceed a packed row (and so take the segment-offset path)."""
 @dataclass(frozen=True)
 class Form:
     name: str
-    lengths: tuple[int, ...]  # tokens of each sequence of one micro-batch; () = a rank's empty micro-batch
+    # tokens of each sequence of one micro-batch; () = a rank's empty micro-batch
+    lengths: tuple[int, ...]
     grad: bool
 
 
 def compiled_graphs() -> int:
-    """Graphs dynamo has compiled in this process (0 where dynamo was never imported: importing it to
-    ask would cost a CPU trainer's first step ~3 s)."""
+    """Graphs dynamo has compiled in this process (0 where dynamo was never imported: importing it
+    to ask would cost a CPU trainer's first step seconds)."""
     if "torch._dynamo" not in sys.modules:
         return 0
     from torch._dynamo.utils import counters
@@ -67,7 +68,8 @@ def input_forms(runner, row_tokens: int | None) -> list[Form]:
             shapes.append(("segment offsets", (row_tokens + 1,)))
     else:
         shapes = [("one padded row", (16,)), ("padded rows", (16, 16))]
-    if runner.world > 1 or cfg.trainer.skip_zero_advantage:  # a rank without rows, or every row skipped
+    # a rank without rows, or every row skipped
+    if runner.world > 1 or cfg.trainer.skip_zero_advantage:
         shapes.append(("empty micro-batch", ()))
     modes = [True, False] if runner._needs_proximal() else [True]
     return [Form(name, lengths, grad) for grad in modes for name, lengths in shapes]
@@ -78,7 +80,8 @@ def synthetic_rollouts(lengths: tuple[int, ...]) -> Rollouts:
     prompts = [[1, 2, 3, 4] for _ in lengths]
     responses = [[5 + (i % 64) for i in range(n - 4)] for n in lengths]
     width = max(len(r) for r in responses)
-    return Rollouts(prompts=prompts, responses=responses, behav_logp=torch.zeros(len(lengths), width),
+    return Rollouts(prompts=prompts, responses=responses,
+                    behav_logp=torch.zeros(len(lengths), width),
                     loss_mask=torch.ones(len(lengths), width, dtype=torch.bool),
                     rewards=torch.zeros(len(lengths)), group_size=1)
 
@@ -103,8 +106,9 @@ def precompile(runner, row_tokens: int | None) -> tuple[list[str], float]:
     for form in forms:
         run_form(runner, form)
         if form.lengths and form.grad not in resized:
-            # the output layer's reduce (``logprobs.compiled_reduce``) compiles for the first chunk's
-            # size, then again at the next size, dynamic in the token dimension: that second one here
+            # the output layer's reduce (``logprobs.compiled_reduce``) compiles for the first
+            # chunk's size, then again at the next size, dynamic in the token dimension: that second
+            # one here
             resized.add(form.grad)
             run_form(runner, replace(form, lengths=tuple(n + 8 for n in form.lengths)))
     runner.opt.zero_grad(set_to_none=True)

@@ -19,7 +19,8 @@ class Reference:
         self.model.requires_grad_(False)
         self.model.eval()
         self.device, self.dtype = device, compute_dtype
-        self.packing, self.temperature, self.chunk, self.buckets = packing, temperature, chunk, buckets
+        self.packing, self.temperature = packing, temperature
+        self.chunk, self.buckets = chunk, buckets
 
     @torch.no_grad()
     def logprobs(self, ro: Rollouts, mbs: list[list[int]]) -> torch.Tensor:
@@ -30,11 +31,13 @@ class Reference:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=False)
                 continue
-            # as the policy's forward packs them (StepRunner._forward): rows of at most a packed row on GPUs,
-            # the mask built on the GPU (one row of a whole micro-batch with its [T, T] mask built on the
-            # host was the square of the micro-batch in memory and time)
-            x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=packed_row_tokens(self.device),
+            # as the policy's forward packs them (StepRunner._forward): rows of at most a packed row
+            # on GPUs, the mask built on the GPU (one row of a whole micro-batch with its [T, T]
+            # mask built on the host was the square of the micro-batch in memory and time)
+            x = model_inputs(ro, mb, self.packing, device=self.device,
+                             row_tokens=packed_row_tokens(self.device),
                              buckets=self.buckets)
-            lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk, self.buckets)
+            lp, _ = forward_logprobs(self.model, x, self.dtype, self.temperature, self.chunk,
+                                     self.buckets)
             out[mb] = lp
         return out

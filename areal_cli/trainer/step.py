@@ -58,12 +58,15 @@ class StepRunner:
         self.dtype, self.rank, self.world = compute_dtype, rank, world
         self.critic, self.reference = critic, reference
         t = cfg.trainer
-        # fused: one pass over each tensor (the foreach AdamW took ~8 s of CPU per step for 135M
-        # parameters on the 2-core CPU, fused ~1 s); the same update
+        # fused: one pass over each tensor, several times cheaper on the CPU than the foreach
+        # AdamW (BENCHMARKS.md "Small costs behind defaults"); the same update
         if t.optim_state == OptimState.auto:
-            raise ValueError("trainer.optim_state=auto: resolve the config first (areal_cli.config.resolve)")
-        trainable = [p for p in model.parameters() if p.requires_grad]  # with LoRA: the adapters alone
-        if t.optim_state == OptimState.bfloat16:  # resolved for this device when the run was planned
+            raise ValueError("trainer.optim_state=auto: resolve the config first "
+                             "(areal_cli.config.resolve)")
+        # with LoRA: the adapters alone
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        # resolved for this device when the run was planned
+        if t.optim_state == OptimState.bfloat16:
             from areal_cli.trainer.optim import AdamWBF16State
 
             self.opt = AdamWBF16State(trainable, lr=t.lr, weight_decay=t.weight_decay,
@@ -78,7 +81,8 @@ class StepRunner:
         self.varlen = self.packing and varlen_attention.uses(model)
         self.scale = LossScale(compute_dtype == torch.float16)
         self.skipped_steps = 0
-        self.nonfinite: list[str] = []  # parameters whose gradient held a NaN/inf at the last skipped step
+        # parameters whose gradient held a NaN/inf at the last skipped step
+        self.nonfinite: list[str] = []
         self.mfu = MFU(model.config, device, t.peak_flops, world, frozen=t.lora.rank > 0)
         self.clock = StepClock(device)
 
@@ -90,11 +94,15 @@ class StepRunner:
         from areal_cli.trainer.reference import Reference
 
         alg = cfg.algorithm
-        critic = Critic.load(model_path, cfg, device, compute_dtype, world) if alg.needs_critic else None
+        critic = (Critic.load(model_path, cfg, device, compute_dtype, world)
+                  if alg.needs_critic else None)
         t = cfg.trainer
-        reference = (Reference(model_path, device, compute_dtype, t.packing == "true", cfg.rollout.temperature,
-                               t.logprob_chunk_tokens, t.shape_buckets) if alg.needs_reference else None)
-        return cls(model, cfg, device, compute_dtype, rank, world, critic=critic, reference=reference)
+        reference = (Reference(model_path, device, compute_dtype, t.packing == "true",
+                               cfg.rollout.temperature,
+                               t.logprob_chunk_tokens, t.shape_buckets)
+                     if alg.needs_reference else None)
+        return cls(model, cfg, device, compute_dtype, rank, world, critic=critic,
+                   reference=reference)
 
     def train(self, batch, version: int | None = None) -> dict:
         """One batch: advantages, then ``ppo_epochs`` optimizer steps. ``version``: the policy
@@ -126,16 +134,19 @@ class StepRunner:
             clock.mark("proximal")
         gap = {}
         for epoch in range(cfg.algorithm.ppo_epochs):
-            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, pmbs, prox, ref, global_tokens, max_len,
+            stats, loss_total, grad_norm = self._optimizer_step(ro, adv, pmbs, prox, ref,
+                                                                global_tokens, max_len,
                                                                 version if epoch == 0 else None)
-            if epoch == 0 and version is not None:  # every rank all-reduces both, fresh tokens or not
+            # every rank all-reduces both, fresh tokens or not
+            if epoch == 0 and version is not None:
                 gap = {k: stats.pop(k, torch.zeros((), device=self.device))  # one tensor each
                        for k in ("logp_gap_sum", "fresh_tokens")}
             if self.critic:
                 vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
                 clock.mark("critic_train")
         elapsed = time.perf_counter() - t0
-        forwarded = float(ro.loss_mask[keep].sum())  # the "mean" stats of the loss are over these tokens
+        # the "mean" stats of the loss are over these tokens
+        forwarded = float(ro.loss_mask[keep].sum())
         out = reduce_stats({**stats, **gap}, STAT_REDUCTIONS, max(1.0, forwarded), self.device)
         out.update(reduce_stats(kl_stats, STAT_REDUCTIONS, global_tokens, self.device))
         fresh, gap_sum = out.pop("fresh_tokens", 0.0), out.pop("logp_gap_sum", 0.0)
@@ -147,22 +158,26 @@ class StepRunner:
         lt = torch.as_tensor(loss_total, dtype=torch.float32, device=self.device).reshape(1).clone()
         dist.all_reduce(lt)
         m = ro.loss_mask
-        out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm), trained_tokens=int(global_tokens),
+        out.update(loss=float(lt) / self.world, grad_norm=float(grad_norm),
+                   trained_tokens=int(global_tokens),
                    train_tokens_per_s=global_tokens / elapsed, lr=lr,
-                   adv_mean=_masked_mean(adv, m), adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
+                   adv_mean=_masked_mean(adv, m),
+                   adv_std=float(adv[m].std()) if m.sum() > 1 else 0.0,
                    micro_batches=len(pmbs), skipped_rows=int((~keep).sum()),
                    skipped_tokens=int(global_tokens - forwarded), skipped_steps=self.skipped_steps,
                    **self.scale.stats())
         out.update(self.mfu.stats(ro, keep, elapsed, cfg.algorithm.ppo_epochs))
         out.update(memory_stats(self.device))
-        out["compiled_graphs"] = compiled_graphs() - graphs  # > 0: a form precompile did not foresee
+        # > 0: a form precompile did not foresee
+        out["compiled_graphs"] = compiled_graphs() - graphs
         clock.mark("stats")
         out.update(clock.parts())
         return out
 
     def precompile(self) -> tuple[list[str], float]:
         """Compile the policy's layers for every form of input this run's steps can give them
-        (``trainer/precompile.py``); nothing when they are not compiled. The forms and the seconds."""
+        (``trainer/precompile.py``); nothing when they are not compiled. The forms and the
+        seconds."""
         if not getattr(self.model, "compiled_head", False):
             return [], 0.0
         return precompile(self, packed_row_tokens(self.device))
@@ -177,7 +192,8 @@ class StepRunner:
         gc.collect()
         libc = ctypes.CDLL(None)
         for release, args in (("MallocExtension_ReleaseFreeMemory", ()), ("malloc_trim", (0,))):
-            if hasattr(libc, release):  # tcmalloc (launcher.allocator) first; glibc keeps freed pages too
+            # tcmalloc (launcher.allocator) first; glibc keeps freed pages too
+            if hasattr(libc, release):
                 getattr(libc, release)(*args)
                 break
 
@@ -197,20 +213,23 @@ class StepRunner:
         every parameter a zero gradient, so AdamW steps as it would on the unskipped batch."""
         budget = self.cfg.trainer.micro_batch_tokens
         if self.packing and self.device.type != "cuda":
-            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path:
-            # 115 s/step for one 2433-token row of SmolLM2-135M; short rows keep it linear
+            # a packed row's block-diagonal mask sends CPU SDPA to its dense O(T²) path,
+            # quadratic in the row's length; short rows keep it linear
             # (on GPU the micro-batch is split into rows instead: see _forward)
             budget = min(budget, PACKED_ROW_TOKENS_CPU)
         rows = [i for i in shard(ro.n, self.rank, self.world) if keep is None or keep[i]]
         lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
         b = self.cfg.trainer.shape_buckets
-        count = torch.tensor(max(1, len(micro_batches(lens, budget, packed=self.packing, buckets=b))),
+        count = torch.tensor(max(1,
+                                 len(micro_batches(lens, budget, packed=self.packing, buckets=b))),
                              device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return [[rows[j] for j in mb] for mb in micro_batches(lens, budget, int(count), self.packing, b)]
+        return [[rows[j] for j in mb]
+                for mb in micro_batches(lens, budget, int(count), self.packing, b)]
 
     def _all_rows(self, mine: torch.Tensor) -> torch.Tensor:
-        """Every rank's rows of an ``[N, L]`` tensor (each rank filled only its own; sum), on CPU."""
+        """Every rank's rows of an ``[N, L]`` tensor (each rank filled only its own; sum), on
+        CPU."""
         dist.all_reduce(mine)
         return mine.cpu()
 
@@ -223,7 +242,8 @@ class StepRunner:
         kl, stats = None, {}
         if ref is not None and alg.kl_in_reward:
             kl = kl_penalty(ro.behav_logp, ref, alg.kl_estimator) * ro.loss_mask
-            stats["kl_ref"] = kl.sum() / max(1, self.world)  # every rank holds all rows; reduce sums
+            # every rank holds all rows; reduce sums
+            stats["kl_ref"] = kl.sum() / max(1, self.world)
         credit = ro.last_of_episode().float() if self.cfg.workflow.agent_credit == "last" else None
         adv, returns = compute_advantages(rewards, ro.loss_mask, alg, group_size=ro.group_size,
                                           values=values, kl=kl, episodes=ro.episodes, credit=credit)
@@ -246,13 +266,16 @@ class StepRunner:
         if faults.armed("grad", version):  # tests only: a NaN gradient, as an overflow leaves one
             next(p for p in self.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
         self.scale.unscale_(self.model.parameters())
-        # clip_grad_norm_ in its two halves, so that a non-finite norm leaves the gradients as they came (the
-        # clip would multiply every one by NaN) and the parameters that carry it can be named
-        total = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        # clip_grad_norm_ in its two halves, so that a non-finite norm leaves the gradients as they
+        # came (the clip would multiply every one by NaN) and the parameters that carry it can be
+        # named
+        total = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters()
+                                               if p.grad is not None])
         grad_norm = total.full_tensor() if hasattr(total, "full_tensor") else total
         finite = self.scale.update(grad_norm)  # float16 gradients that overflowed: the scale halves
         if finite and bool(torch.isfinite(grad_norm)):
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.trainer.grad_clip, total)
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(),
+                                                 self.cfg.trainer.grad_clip, total)
             self.opt.step()
             self.nonfinite = []
         else:  # an inf/NaN gradient (any dtype: a NaN reward, an overflow) would ruin the weights
@@ -276,8 +299,10 @@ class StepRunner:
         # causal skipping pays; rows of short sequences run faster through masked SDPA
         # (varlen is a GPU path: the CPU, whose packed micro-batch is one row, never takes it)
         row = packed_row_tokens(self.device)
-        varlen = self.varlen and row is not None and any(len(ro.prompts[i]) + len(ro.responses[i]) > row for i in mb)
-        x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row, buckets=t.shape_buckets,
+        varlen = self.varlen and row is not None and any(len(ro.prompts[i])
+                                                         + len(ro.responses[i]) > row for i in mb)
+        x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row,
+                         buckets=t.shape_buckets,
                          varlen=varlen)
         if clock is not None:
             clock.mark("prepare")
@@ -302,12 +327,13 @@ class StepRunner:
             return self._micro_step_inner(ro, adv, mb, prox, ref, global_tokens, max_len, version)
         try:
             with torch.autograd.detect_anomaly(check_nan=True):
-                return self._micro_step_inner(ro, adv, mb, prox, ref, global_tokens, max_len, version)
+                return self._micro_step_inner(ro, adv, mb, prox, ref, global_tokens, max_len,
+                                              version)
         except RuntimeError as err:
             if "nan" not in str(err).lower():
                 raise
-            raise RuntimeError(f"trainer.detect_anomaly: {str(err).splitlines()[0]} (the stack of its forward is "
-                               "in this log above)") from err
+            raise RuntimeError(f"trainer.detect_anomaly: {str(err).splitlines()[0]} (the stack of "
+                               "its forward is in this log above)") from err
 
     def _micro_step_inner(self, ro, adv, mb, prox, ref, global_tokens, max_len, version=None):
         logp, ent = self._forward(ro, mb, self.clock)
@@ -320,8 +346,10 @@ class StepRunner:
         else:
             prox_lp = None  # π_prox = μ: the clip bounds π_θ/μ, the policy that sampled
         mask = to_device(ro.loss_mask[mb], dev)
-        loss, st = policy_loss(logp, prox_lp, behav, to_device(adv[mb], dev), mask, self.cfg.algorithm,
-                               global_tokens=global_tokens, global_seqs=float(ro.n), max_len=max_len, entropy=ent,
+        loss, st = policy_loss(logp, prox_lp, behav, to_device(adv[mb], dev), mask,
+                               self.cfg.algorithm,
+                               global_tokens=global_tokens, global_seqs=float(ro.n),
+                               max_len=max_len, entropy=ent,
                                ref_logp=None if ref is None else to_device(ref[mb], dev))
         if version is not None and ro.versions is not None:
             fresh = mask & (to_device(ro.versions[mb], dev) == version)
@@ -339,7 +367,8 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 
 def nonfinite_grads(model: torch.nn.Module, limit: int = 5) -> list[str]:
-    """The first ``limit`` parameters (this rank's shards) whose gradient holds a NaN or an infinity."""
+    """The first ``limit`` parameters (this rank's shards) whose gradient holds a NaN or an
+    infinity."""
     out = []
     for name, p in model.named_parameters():
         g = p.grad

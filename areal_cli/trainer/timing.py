@@ -12,7 +12,8 @@ The parts of ``StepRunner.train`` (``time/<part>_s`` in metrics.jsonl, with ``ti
 | part | what |
 |---|---|
 | prepare | the batch into rows, micro-batches, advantages, each micro-batch's inputs (packing) |
-| reference, critic_values, proximal | the frozen reference's, the critic's and π_prox's no-grad passes |
+| reference, critic_values, proximal | the frozen reference's, the critic's and π_prox's no-grad
+passes |
 | forward | the decoder layers' forward (and their FSDP all-gathers' waits) |
 | head_forward | the output layer, log-softmax, logprob and entropy of the response positions |
 | loss | the policy loss and its stats |
@@ -33,7 +34,8 @@ import torch
 
 
 class StepClock:
-    """Marks of one step. ``start()``, then ``mark(part)`` at the end of each part, then ``parts()``."""
+    """Marks of one step. ``start()``, then ``mark(part)`` at the end of each part, then
+    ``parts()``."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"

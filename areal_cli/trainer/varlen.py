@@ -13,15 +13,14 @@ implementation it has no mask function for, and passes the forward's ``cu_seq_le
 short sequences, see ``StepRunner._forward``, or a rank's empty one) go to transformers' SDPA
 with the mask they carry.
 
-Measured on one H100 (benchmarks/trainer_variants.py, docs/bench/history.md): rows of one 8,256-token
-sequence, a step 10% faster than masked SDPA; rows of up to 2,048 tokens packed with 112-token
-sequences, 5-15% slower (the step is bound by launching kernels there), hence varlen only for
-rows longer than a packed row.
+Rows of one long sequence step faster than with masked SDPA; rows of short packed sequences step
+slower (the step is bound by launching kernels there), hence varlen only for rows longer than a
+packed row (benchmarks/trainer_variants.py, docs/bench/history.md).
 
-The kernel is torch's ``varlen_attn`` (FlashAttention 2). cuDNN's attention over the same offsets ran the
-forward + backward of 2 × 8,256-token sequences twice as fast on an H200 (benchmarks/attention_kernels.py)
-but is not offered: its first 7B training step stopped with an illegal memory access, and on ragged
-segments its gradients differed from FlashAttention's by their whole size (H200, torch 2.11).
+The kernel is torch's ``varlen_attn`` (FlashAttention 2). cuDNN's attention over the same offsets is
+faster but not offered: a training step stopped with an illegal memory access, and on ragged
+segments its gradients were wrong, not rounded (BENCHMARKS.md "Attention kernels, forward +
+backward").
 """
 
 from __future__ import annotations
@@ -61,8 +60,8 @@ def _causal_kwargs(fn, scale: float | None, gqa: bool) -> dict:
 
 def varlen_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask, scaling: float | None = None, dropout: float = 0.0, **kwargs):
-    """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T, D]``,
-    segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
+    """transformers attention function: ``query`` ``[B, Hq, T, D]``, ``key``/``value`` ``[B, Hkv, T,
+    D]``, segments given by ``cu_seq_lens_q`` over the ``B · T`` flattened tokens; returns
     ``([B, T, Hq, D], None)``. Without segments it is transformers' SDPA attention."""
     cu, longest = kwargs.get("cu_seq_lens_q"), kwargs.get("max_length_q")
     if cu is None or longest is None:  # inputs without segments (a rank's empty micro-batch): SDPA

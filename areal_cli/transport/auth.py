@@ -47,13 +47,15 @@ class Keys:
 def make_keys(run_dir: str | Path) -> Path:
     """Fresh key pairs in ``<run_dir>/keys`` (replacing older ones); returns the directory."""
     if not zmq.has("curve"):
-        raise ValueError("this libzmq has no CURVE support, which areal needs to authenticate its sockets: "
-                         "install pyzmq from its wheels (pip install --force-reinstall pyzmq)")
+        raise ValueError("this libzmq has no CURVE support, which areal needs to authenticate its "
+                         "sockets: install pyzmq from its wheels (pip install --force-reinstall "
+                         "pyzmq)")
     path = RunDir(run_dir).keys
     if path.is_symlink() or path.exists():
         shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
     path.mkdir(mode=0o700, parents=True)
-    path.chmod(0o700)  # mkdir's mode is masked by the umask; the files below are never reachable by others
+    # mkdir's mode is masked by the umask; the files below are never reachable by others
+    path.chmod(0o700)
     for name in ("server", "client"):
         for f in zmq.auth.create_certificates(path, name):
             os.chmod(f, 0o600)
@@ -61,10 +63,12 @@ def make_keys(run_dir: str | Path) -> Path:
 
 
 def load_keys(run_dir: str | Path) -> Keys:
-    """The keys of the run in ``run_dir``; ValueError naming the fix when missing or readable by others."""
+    """The keys of the run in ``run_dir``; ValueError naming the fix when missing or readable by
+    others."""
     path = RunDir(run_dir).keys
     if not (path / "client.key_secret").is_file():
-        raise ValueError(f"no ZeroMQ keys in {path}: start runs with `areal train` (it writes them)")
+        raise ValueError(f"no ZeroMQ keys in {path}: start runs with `areal train` "
+                         "(it writes them)")
     mode = path.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise ValueError(f"{path} is accessible to other users (mode {stat.filemode(mode)}): "
@@ -83,7 +87,8 @@ def _certificate(path: Path) -> tuple[bytes, bytes]:
         if eq and key.strip() in (b"public-key", b"secret-key"):
             found[key.strip()] = value.strip(b" \t'\"")
     if len(found) != 2:
-        raise ValueError(f"{path} is not a ZeroMQ secret certificate: start runs with `areal train` (it writes them)")
+        raise ValueError(f"{path} is not a ZeroMQ secret certificate: start runs with `areal "
+                         "train` (it writes them)")
     return found[b"public-key"], found[b"secret-key"]
 
 
@@ -105,9 +110,9 @@ _FAILED = {zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL: "handshake failed",
            zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL: "not a CURVE peer with the run's server key"}
 
 HANDSHAKE_S = 2.0
-"""A server socket drops a connection whose handshake has not finished by then (``ZMQ_HANDSHAKE_IVL``;
-ZeroMQ's default, 30 s, let idle connections hold thousands of descriptors). A run's own peers
-finish on loopback in milliseconds, and reconnect on their own if ever dropped."""
+"""A server socket drops a connection whose handshake has not finished by then
+(``ZMQ_HANDSHAKE_IVL``; ZeroMQ's default, 30 s, let idle connections hold thousands of descriptors).
+A run's own peers finish on loopback in milliseconds, and reconnect on their own if ever dropped."""
 
 LOG_EVERY_S = 60.0
 """At most one log line per source of refused connections (a peer address, or a channel) per this
@@ -161,7 +166,8 @@ class Gatekeeper:
             if now - self._logged.get(source, -LOG_EVERY_S) < LOG_EVERY_S:
                 return
             self._logged[source] = now
-        self.log.warning("refused a connection: %s (%d so far from there; at most one line a minute each)",
+        self.log.warning("refused a connection: %s (%d so far from there; at most one line a "
+                         "minute each)",
                          what, count)
 
     def _watch(self) -> None:
@@ -203,5 +209,6 @@ class _Authenticator(ThreadAuthenticator):
     def callback(self, domain: str, key: bytes) -> bool:
         if key == self.client_public:
             return True
-        self.gate._refuse(f"peer {self._peer}", f"peer {self._peer} presented a CURVE key that is not this run's")
+        self.gate._refuse(f"peer {self._peer}",
+                          f"peer {self._peer} presented a CURVE key that is not this run's")
         return False

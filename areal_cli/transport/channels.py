@@ -87,8 +87,9 @@ def check_ports(host: str, ports: list[int]) -> None:
         try:
             s.bind((host, port))
         except OSError as err:
-            raise OSError(f"port {port} on {host} is in use ({err.strerror}): set launcher.port_base to "
-                          "a free range, or launcher.port_base=0 to let the OS choose") from None
+            raise OSError(f"port {port} on {host} is in use ({err.strerror}): set "
+                          "launcher.port_base to a free range, or launcher.port_base=0 to let the "
+                          "OS choose") from None
         finally:
             s.close()
 
@@ -146,7 +147,8 @@ class Channel:
             self.sock.setsockopt(zmq.SUBSCRIBE, b"")
         if bind:
             if gate is None:
-                raise ValueError(f"{name}: a socket that binds needs the Gatekeeper (the ZAP handler)")
+                raise ValueError(f"{name}: a socket that binds needs the Gatekeeper (the ZAP "
+                                 "handler)")
             curve_server(self.sock, keys)
             gate.watch(self.sock, name)
             self._bind(addr)
@@ -167,11 +169,13 @@ class Channel:
 
     def _frame(self, msg) -> bytes:
         if not isinstance(msg, self.allowed):
-            raise TypeError(f"the {self.name} channel carries {self.allowed}, not {type(msg).__name__}")
+            raise TypeError(f"the {self.name} channel carries {self.allowed}, not "
+                            f"{type(msg).__name__}")
         frame = encode(msg)
         if len(frame) > self.max_frame:
-            raise ValueError(f"{self.name}: a {type(msg).__name__} of {len(frame) >> 20} MiB exceeds the "
-                             f"{self.max_frame >> 20} MiB frame limit; raise launcher.max_frame_mb")
+            raise ValueError(f"{self.name}: a {type(msg).__name__} of {len(frame) >> 20} MiB "
+                             f"exceeds the {self.max_frame >> 20} MiB frame limit; raise "
+                             "launcher.max_frame_mb")
         return frame
 
     def send(self, msg) -> None:
@@ -190,7 +194,8 @@ class Channel:
             return False
 
     def recv(self, timeout_s: float):
-        """The next well-formed message, or None after ``timeout_s`` seconds (bad frames skipped)."""
+        """The next well-formed message, or None after ``timeout_s`` seconds (bad frames
+        skipped)."""
         deadline = time.monotonic() + timeout_s
         while self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             parts = self.sock.recv_multipart(copy=False)
@@ -212,11 +217,13 @@ class Channel:
         except BadFrame as err:
             self.dropped += 1
             if self.dropped <= 10 or self.dropped % 100 == 0:
-                self.log.warning("%s channel: dropped frame %d from %s: %s", self.name, self.dropped, peer, err)
+                self.log.warning("%s channel: dropped frame %d from %s: %s", self.name,
+                                 self.dropped, peer, err)
             return None
 
     def close(self, linger_s: float = 0.0) -> None:
-        """Close; with ``linger_s``, what is still queued goes out for that long (see ``shutdown``)."""
+        """Close; with ``linger_s``, what is still queued goes out for that long (see
+        ``shutdown``)."""
         self.sock.close(int(linger_s * 1000))
 
 
@@ -237,12 +244,14 @@ def _peer(frame) -> str:
 
 
 class Router(Channel):
-    """The controller's status socket: receives the status messages (``SENDERS``) from every DEALER."""
+    """The controller's status socket: receives the status messages (``SENDERS``) from every
+    DEALER."""
 
     parts = 2
 
     def __init__(self, addr: str, keys: Keys, max_frame: int, gate: Gatekeeper):
-        super().__init__(zmq.ROUTER, addr, bind=True, name="status", keys=keys, max_frame=max_frame, gate=gate)
+        super().__init__(zmq.ROUTER, addr, bind=True, name="status", keys=keys, max_frame=max_frame,
+                         gate=gate)
 
 
 def status_sender(addr: str, name: str, keys: Keys, max_frame: int) -> Channel:
@@ -263,7 +272,8 @@ class ReplyRouter(Channel):
                          gate=gate, hwm=10000, send_timeout_s=0.0)
 
     def recv_from(self, timeout_s: float):
-        """(sender identity, message) of the next well-formed request, or None after ``timeout_s``."""
+        """(sender identity, message) of the next well-formed request, or None after
+        ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         while self.sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
             parts = self.sock.recv_multipart(copy=False)
@@ -276,7 +286,8 @@ class ReplyRouter(Channel):
         try:
             self.sock.send_multipart([identity, self._frame(msg)], zmq.NOBLOCK)
         except zmq.Again:
-            self.log.warning("reward channel: the reply to %r was dropped (its queue is full)", identity)
+            self.log.warning("reward channel: the reply to %r was dropped (its queue is full)",
+                             identity)
 
 
 def reward_client(addr: str, name: str, keys: Keys, max_frame: int) -> Channel:

@@ -47,7 +47,8 @@ def clean_name(name: str) -> str:
     return name
 
 
-def plan_buckets(specs: list[ParamSpec], bucket_bytes: int, elem_bytes: int) -> list[list[ParamSpec]]:
+def plan_buckets(specs: list[ParamSpec], bucket_bytes: int,
+                 elem_bytes: int) -> list[list[ParamSpec]]:
     buckets, cur, size = [], [], 0
     for s in specs:
         if cur and size + s.numel * elem_bytes > bucket_bytes:
@@ -73,13 +74,14 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.bind(addr)
     except OSError as err:
         sock.close()
-        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}): set launcher.port_base to a free "
-                      "range, or launcher.port_base=0 to let the OS choose") from None
+        raise OSError(f"cannot listen on {host}:{port} ({err.strerror}): set launcher.port_base to "
+                      "a free range, or launcher.port_base=0 to let the OS choose") from None
     sock.listen(128)
     return sock
 
 
-def bound_store(host: str, port: int, world_size: int | None, timeout: timedelta, **kw) -> dist.TCPStore:
+def bound_store(host: str, port: int, world_size: int | None, timeout: timedelta,
+                **kw) -> dist.TCPStore:
     """A TCPStore server that listens on ``host`` only; the store owns the socket from here on."""
     sock = listen_socket(host, port)
     return dist.TCPStore(host, sock.getsockname()[1], world_size, is_master=True, timeout=timeout,
@@ -153,8 +155,9 @@ def _sync(device: torch.device) -> None:
 
 class WeightSenderBase(ABC):
     """Trainer rank 0's end of a weight transfer to every rollout worker, whatever carries it (this
-    module's bucketed broadcast, or vLLM's own NCCL transfer in vllm_weights.py). Built through
-    ``rollout.engines.factory.make_sender``, which picks the one the run's engine receives."""
+    module's bucketed broadcast, or vLLM's own NCCL transfer in engines/vllm/weights.py). Built
+    through
+    ``engines.factory.make_sender``, which picks the one the run's engine receives."""
 
     @abstractmethod
     def prepare(self, named: Iterator[tuple[str, torch.Tensor]]) -> dict:
@@ -163,8 +166,9 @@ class WeightSenderBase(ABC):
 
     @abstractmethod
     def broadcast(self, digest: bool = False) -> dict:
-        """Put the prepared update on the wire to every worker; returns timings (``weight_transfer_s``,
-        and ``weights_sha`` where ``digest`` asks for it and the sender can compute one)."""
+        """Put the prepared update on the wire to every worker; returns timings
+        (``weight_transfer_s``, and ``weights_sha`` where ``digest`` asks for it and the sender can
+        compute one)."""
 
     @abstractmethod
     def close(self) -> None:
@@ -187,10 +191,13 @@ class WeightSender(WeightSenderBase):
                  timeout_s=600.0, staged=True, store_path="", high_priority=False):
         self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
         self.buffer_device = device if backend == "nccl" else torch.device("cpu")
-        self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
+        self.buckets = plan_buckets(specs, bucket_bytes,
+                                    torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
-        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s, store_path, high_priority)
-        self._flats: dict[int, torch.Tensor] = {}  # buffer slot → wire buffer, allocated on first use
+        self.store, self.pg = new_group(host, port, 0, world_size, backend, timeout_s, store_path,
+                                        high_priority)
+        # buffer slot → wire buffer, allocated on first use
+        self._flats: dict[int, torch.Tensor] = {}
         self._named: Iterator | None = None
 
     def _flat(self, k: int) -> torch.Tensor:
@@ -264,10 +271,13 @@ class WeightReceiver:
     the model in place as soon as it has arrived, while the next one is on the wire (so a worker
     holds two buckets, never a second copy of the model)."""
 
-    def __init__(self, model: torch.nn.Module | None, host, port, rank, world_size, backend, wire_dtype,
-                 bucket_bytes, timeout_s=600.0, targets: dict[str, torch.Tensor] | None = None, store_path=""):
-        """Loads into ``model``'s parameters, or into ``targets`` (name → tensor, in the sender's order:
-        e.g. an engine's adapter buffers) where given; ``store_path``: the group's FileStore (local runs)."""
+    def __init__(self, model: torch.nn.Module | None, host, port, rank, world_size, backend,
+                 wire_dtype,
+                 bucket_bytes, timeout_s=600.0, targets: dict[str, torch.Tensor] | None = None,
+                 store_path=""):
+        """Loads into ``model``'s parameters, or into ``targets`` (name → tensor, in the sender's
+        order: e.g. an engine's adapter buffers) where given; ``store_path``: the group's FileStore
+        (local runs)."""
         self.model, self.wire_dtype = model, wire_dtype
         if targets is None:
             self.params = {clean_name(n): p for n, p in model.named_parameters()}
@@ -277,12 +287,14 @@ class WeightReceiver:
             specs = [ParamSpec(n, tuple(t.shape), t.numel()) for n, t in targets.items()]
         self.device = next(iter(self.params.values())).device
         buffer_device = self.device if backend == "nccl" else torch.device("cpu")
-        self.buckets = plan_buckets(specs, bucket_bytes, torch.tensor([], dtype=wire_dtype).element_size())
+        self.buckets = plan_buckets(specs, bucket_bytes,
+                                    torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
         self.slots = [torch.empty(max(self.sizes), dtype=wire_dtype, device=buffer_device)
                       for _ in range(min(2, len(self.buckets)))]
         self.targets = [[self.params[s.name] for s in b] for b in self.buckets]
-        self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s, store_path)
+        self.store, self.pg = new_group(host, port, rank, world_size, backend, timeout_s,
+                                        store_path)
 
     def _flat(self, k: int) -> torch.Tensor:
         return self.slots[k % len(self.slots)][:self.sizes[k]]
@@ -299,7 +311,8 @@ class WeightReceiver:
             l0 = time.perf_counter()
             _copy(self.targets[k], _views(self._flat(k), self.buckets[k]))
             load += time.perf_counter() - l0
-            if k + len(self.slots) < n:  # this slot is free again: the bucket after next goes into it
+            # this slot is free again: the bucket after next goes into it
+            if k + len(self.slots) < n:
                 works[k + len(self.slots)] = _broadcast(self.pg, self._flat(k + len(self.slots)))
         _sync(self.device)  # NCCL waits only order the stream: the times cover the finished copies
         return {"weight_recv_s": time.perf_counter() - t0, "weight_load_s": load}

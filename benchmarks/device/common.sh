@@ -45,5 +45,5 @@ cvd() {  # IDS...: CUDA_VISIBLE_DEVICES for GPU ids counted among this script's 
   local IFS=, out=() i; local -a v; read -ra v <<< "${CUDA_VISIBLE_DEVICES:-}"
   for i in "$@"; do out+=("${v[$i]:-$i}"); done; echo "${out[*]}"; }
 model() {  # GGUF -> HF directory, once (cached under AREAL_CACHE)
-  [ -s /tmp/model_path ] || python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log
+  [ -s /tmp/model_path ] || python3 -c "from areal_cli.model_source import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log
   cat /tmp/model_path; }

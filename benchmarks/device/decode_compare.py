@@ -14,11 +14,10 @@ import time
 
 import torch
 
-from areal_cli.config.resolve import resolve_engine
 from areal_cli.config.schema import EngineConfig
-from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.factory import make_engine
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling
+from areal_cli.engines.base import EngineSetup, Sampling, Sequence
+from areal_cli.engines.factory import make_engine
+from areal_cli.runconfig.autos import resolve_engine
 
 
 def build(kind: str, model_dir: str, tok):

@@ -9,7 +9,7 @@ import json
 import sys
 
 from areal_cli.bench.heldout import greedy_accuracy
-from areal_cli.config.load import compose
+from areal_cli.runconfig.compose import compose
 
 if __name__ == "__main__":
     cfg = compose(sys.argv[2:])

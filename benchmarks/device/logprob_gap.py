@@ -48,7 +48,7 @@ STORIES = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot"
 
 
 def families(tok, n: int) -> dict[str, list[list[int]]]:
-    from areal_cli.config.load import compose
+    from areal_cli.runconfig.compose import compose
     from areal_cli.tasks import load_problems, prompt_ids
 
     def ids(messages):
@@ -80,9 +80,9 @@ def gen(model_dir: str, out: str, variant: str, n: int, max_tokens: int) -> None
 def _gen_vllm(model_dir, fams, variant, max_tokens):
     import vllm
 
-    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import RootConfig
-    from areal_cli.rollout.engines.vllm import llm_kwargs
+    from areal_cli.engines.vllm.engine import llm_kwargs
+    from areal_cli.runconfig.autos import resolve_engine
 
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.35

@@ -56,7 +56,7 @@
 #                                     host to itself); PROFILE=ROW: a torch-profiler step of that row
 #   long7b   carry nothing more       NGPU GPUs (2), no vLLM: a 7B trainer step of LENGTH-token responses (32768), one
 #                                     per rank (SEQS in all), checkpointing every layer / every other layer (EXTRA: bf16 moments)
-#   lora2    carry .models/b          tests/rollout/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
+#   lora2    carry .models/b          tests/engines/test_vllm_lora.py on GPU 1 while the 7B checkpoint builds on GPU 0,
 #                                     then lora7bmerge (STEPS, 10) and lora7b (MSTEPS, 3), LEN-token responses
 #   agents   carry nothing more       benchmarks/agent_throughput.py (AGENT vs single_turn, engine=vllm, default
 #                                     model), then algorithm=cispo on the GPU bench task (CSTEPS steps)
@@ -315,13 +315,13 @@ PY
         --steps ${STEPS:-2} --profile --out "$OUT/long7b" --rows ${ROWS:-baseline+mbt$mbt every2+mbt$mbt} \
         -- ${EXTRA:-trainer.optim_state=bfloat16}
     grep -h "step .* MFU\|out of memory" "$L/long7b.log" | tee -a $S ;;
-  lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/rollout/test_vllm_lora.py, GPU 1) while the 7B
+  lora2)  # 2 GPUs: vLLM's LoRA path on the tiny model (tests/engines/test_vllm_lora.py, GPU 1) while the 7B
           # checkpoint builds (GPU 0); then lora7bmerge (STEPS, the default path with vLLM) and lora7b (MSTEPS)
     m=$(model)
     # -s -v: vLLM's own output and each test's name reach the log as they happen (a test stopped at its limit
     # prints no report)
     [ "${LORATEST:-1}" = 0 ] || step lora_vllm_test ${TLIMIT:-180} env CUDA_VISIBLE_DEVICES=$(cvd 1) python3 -m pytest -s -v -p no:cacheprovider \
-        tests/rollout/test_vllm_lora.py -x -rs &
+        tests/engines/test_vllm_lora.py -x -rs &
     ckpt qwen2.5-7b-instruct qwen2.5-7b
     wait
     lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-270}
@@ -420,7 +420,7 @@ PY
     LEN=${LEN:-4096} lora7 lora7bmerge true ${STEPS:-10} ${LIMIT:-300} $ENT ;;
   judgetest)  # 1 GPU: the vLLM judge against the hf judge on the default model (tests/rewards/test_vllm_judge.py)
     # the default model's HF directory (the test finds it by its alias), converted before the test's clock starts
-    python3 -c "from areal_cli.models import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
+    python3 -c "from areal_cli.model_source import resolve_model; resolve_model('smollm2-135m-instruct')" 2> $L/convert.log
     step judge_vllm_test ${LIMIT:-240} env CUDA_VISIBLE_DEVICES=$(cvd 0) python3 -m pytest -s -v -p no:cacheprovider \
         tests/rewards/test_vllm_judge.py -x -rs ;;
   *) echo "unknown phase $phase (stage1 stage2 stage3 model build build7 build15 update7b update7btp2 update7bdp2 inplace11 bench bench7 bench2 train7b train7b31 tp2 dp2 lora7b lora7bmerge levers15 long7b lora2 agents judge3 judgetest gradcheck nanprobe)"; exit 2 ;;

@@ -11,7 +11,7 @@ phase=${1:?phase}
 LOGS=/tmp/s2logs TAIL=25
 source benchmarks/device/common.sh
 # the model (GGUF -> HF directory, once) on the CPU while the GPU benchmarks run
-( python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log ) &
+( python3 -c "from areal_cli.model_source import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))" > /tmp/model_path 2> $L/convert.log ) &
 CONV=$!
 # 1. trainer throughput, packing vs padding, the run's workload shape (B=32 x G=8, short answers)
 step packing 120 python3 benchmarks/packing.py --model random-135m --seqs 256 --group 8 --prompt 70 130 \

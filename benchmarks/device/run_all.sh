@@ -26,7 +26,7 @@ esac
 source .whl/on-device.sh
 export AREAL_CACHE=/tmp/areal_cache PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PYTHONPATH
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . >/dev/null 2>&1 || echo "pip -e failed; using PYTHONPATH"
-MODEL=$(python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))") || exit 1
+MODEL=$(python3 -c "from areal_cli.model_source import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))") || exit 1
 echo "model: $MODEL  $(date -u +%FT%TZ)"
 EVAL="task.eval_size=200 eval.size=200 rollout.max_new_tokens=128"
 RUN="engine=vllm model=$MODEL trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=128

@@ -31,7 +31,7 @@ alive() { local p; for p in $(cat /tmp/study.pid 2>/dev/null); do kill -0 "$p" 2
 wait_study() { local n=0
   while alive && [ $n -lt "${WAIT:-540}" ]; do sleep 5; n=$((n+5)); done
   tail -n 40 /tmp/study*.log; }
-model_dir() { (cd /tmp/areal_src && python3 -c "from areal_cli.models import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))"); }
+model_dir() { (cd /tmp/areal_src && python3 -c "from areal_cli.model_source import resolve_model; print(resolve_model('/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf'))"); }
 case $phase in
   start)
     rm -rf /tmp/areal_src && mkdir -p /tmp/areal_src && cp -r areal_cli benchmarks conf /tmp/areal_src/

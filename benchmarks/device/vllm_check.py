@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from areal_cli.config.resolve import Placement, resolve
+from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
-from areal_cli.rollout.engines.base import Sequence
-from areal_cli.rollout.engines.factory import make_engine, make_sender
-from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+from areal_cli.engines.base import EngineSetup, Sampling, Sequence, WeightSource
+from areal_cli.engines.factory import make_engine, make_sender
+from areal_cli.runconfig.autos import resolve
 
 TOPICS = ["a lighthouse", "prime numbers", "a lost key", "the ocean", "a robot", "autumn", "bread",
           "a chess game", "rain", "a mountain", "a library", "trains", "bees", "the moon", "a bridge", "jazz"]

@@ -92,7 +92,7 @@ def produced(engine, finished: list) -> int:
 
 
 def refill(engine, args, vocab: int, n: list) -> None:
-    from areal_cli.rollout.engines.base import Sequence
+    from areal_cli.engines.base import Sequence
 
     gen = random.Random(n[0])
     while len(engine.seqs) < args.seqs:
@@ -121,10 +121,10 @@ def probe_or_error(engine, probe: list[int]) -> list[float] | str:
 def rollout(args, ports: dict, stores: str, barrier, q, index: int = 0) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from areal_cli.config.resolve import resolve_engine
     from areal_cli.config.schema import RootConfig
-    from areal_cli.rollout.engines.factory import make_engine
-    from areal_cli.rollout.engines.setup import EngineSetup, Sampling, WeightSource
+    from areal_cli.engines.base import EngineSetup, Sampling, WeightSource
+    from areal_cli.engines.factory import make_engine
+    from areal_cli.runconfig.autos import resolve_engine
     from areal_cli.transport.weights import _broadcast, new_group
     from benchmarks.weight_broadcast import raw_bw
 
@@ -206,7 +206,7 @@ def summarize(t: dict, r: dict) -> dict:
         "tokens_per_s_during_receive_median": med(x["tokens_during_receive"] / x["weight_behind_s"] for x in gen)
         if r["staged"] else None,
         "versions_sent": len(t["rows"]), "versions_applied": r["versions_applied"],
-        # the engine's own verification of each update (rollout/engines/vllm.py): weights fingerprinted as
+        # the engine's own verification of each update (engines/vllm/engine.py): weights fingerprinted as
         # changed, and how far the probe's logprobs moved (a probe vLLM did not answer in time: skipped)
         "weights_changed": sum(int(x.get("weights_changed", 0)) for x in r["rows"]),
         "probe_skipped": sum(int(x.get("probe_skipped", 0)) for x in r["rows"]),

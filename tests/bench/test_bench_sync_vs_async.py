@@ -50,8 +50,8 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
     alone = bench["standalone"]
     assert alone["generation_trained_tokens_per_s"] > 0 and alone["training_trained_tokens_per_s"] > 0
     measured = alone["generation_alone"]  # the engine alone at the async run's concurrency, in this call
-    from areal_cli.config.load import load_yaml
     from areal_cli.config.schema import worker_concurrency
+    from areal_cli.runconfig.compose import load_yaml
 
     in_async = worker_concurrency(load_yaml(out / "async" / "config.yaml", check=False))
     assert measured["groups"] == 8 and measured["concurrency_groups"] == in_async

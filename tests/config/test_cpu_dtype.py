@@ -14,9 +14,10 @@ import sys
 import pytest
 
 from areal_cli.config import cpu_dtype
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import CPU, Placement, resolve
+from areal_cli.config.resolve import CPU, Placement
 from areal_cli.launcher.plan import dtype_notes
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 
 
 def test_the_flags_that_claim_native_bfloat16_per_architecture():

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from areal_cli.config.load import compose
 from areal_cli.config.memory_plan import GIB, Layout, choose, estimate_bytes
-from areal_cli.config.resolve import Placement, resolve
+from areal_cli.config.resolve import Placement
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 
 MODELS = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
 Q7, Q15 = MODELS / "qwen2.5-7b-instruct", MODELS / "qwen2.5-1.5b-instruct"

@@ -7,10 +7,10 @@ import subprocess
 import pytest
 from conftest import AREAL, ROOT
 
-from areal_cli.config.load import ConfigError, compose
 from areal_cli.config.ranges import RANGES, numeric_fields
 from areal_cli.config.schema import RootConfig
-from areal_cli.evaluation.config import EvalRunConfig, compose_eval
+from areal_cli.eval.config import EvalRunConfig, compose_eval
+from areal_cli.runconfig.compose import ConfigError, compose
 
 # each was accepted without a word before (a silent hang, gradient ascent, a NaN model, a traceback)
 BAD = {

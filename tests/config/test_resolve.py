@@ -12,7 +12,6 @@ import pytest
 from conftest import AREAL, ROOT
 
 from areal_cli.config.cpu_dtype import choose
-from areal_cli.config.load import ConfigError, compose, load_yaml, to_yaml
 from areal_cli.config.resolve import (
     CPU,
     Placement,
@@ -20,11 +19,12 @@ from areal_cli.config.resolve import (
     find_allocator,
     layer_params,
     require_resolved,
-    resolve,
     unresolved,
 )
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import make_plan
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import ConfigError, compose, load_yaml, to_yaml
 
 GPUS = Placement(trainer_gpu=True)
 

@@ -7,7 +7,7 @@ import json
 import logging
 import shutil
 
-from areal_cli.checkpoints import MARKER, marker_text
+from areal_cli.checkpoint_dirs import MARKER, marker_text
 from areal_cli.controller.state import _prune, latest_checkpoint, publish, truncate_records
 from areal_cli.durable import append_jsonl, read_jsonl
 

@@ -92,15 +92,15 @@ def check_line(line: Line, tmp: Path, run: Path, makefile: Path) -> None:
     if cmd == "train":
         return _train([a for a in args if a not in ("--dry-run", "--quiet")], tmp, run)
     if cmd == "eval":
-        from areal_cli.evaluation.cli import _models
-        from areal_cli.evaluation.config import compose_eval
+        from areal_cli.eval.cli import _models
+        from areal_cli.eval.config import compose_eval
 
         _models(compose_eval(args)[0])  # every model named must exist (a run needs checkpoints/final)
         return None
     if cmd == "bench":
         assert args[:1] == ["sync-vs-async"], f"{line}: unknown bench {args[:1]}"
         from areal_cli.bench.sync_vs_async import split_overrides
-        from areal_cli.config.load import compose
+        from areal_cli.runconfig.compose import compose
 
         compose(split_overrides(args[1:])[0])
         return None
@@ -120,9 +120,9 @@ def _make(args: list[str], tmp: Path, makefile: Path) -> None:
 
 
 def _train(args: list[str], tmp: Path, run: Path | None) -> None:
-    from areal_cli.config.load import compose
     from areal_cli.launcher.plan import make_plan, visible_gpus
     from areal_cli.launcher.run import resume_config
+    from areal_cli.runconfig.compose import compose
 
     resumed = [a for a in args if a.startswith("resume=")]
     if resumed:

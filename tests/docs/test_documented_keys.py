@@ -28,7 +28,7 @@ def dotted(cls: type, prefix: str = "") -> set[str]:
 
 def test_every_key_in_the_documents_is_a_schema_key():
     from areal_cli.config.schema import RootConfig
-    from areal_cli.evaluation.config import EvalRunConfig
+    from areal_cli.eval.config import EvalRunConfig
 
     keys = dotted(RootConfig) | dotted(EvalRunConfig)
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

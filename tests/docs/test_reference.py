@@ -25,7 +25,7 @@ def dotted(cls: type, prefix: str = "") -> list[str]:
 
 def test_config_reference_lists_every_schema_key_with_its_docstring():
     from areal_cli.config.schema import RootConfig
-    from areal_cli.evaluation.config import EvalRunConfig
+    from areal_cli.eval.config import EvalRunConfig
 
     page = gen_reference.config_page()
     train, evaluate = page.split("## `areal eval`")

@@ -36,7 +36,7 @@ def hub(tmp_path_factory) -> Path:
     """A Hugging Face Hub cache (offline) holding a tiny model under every Hub id the documents name
     (``model=``, ``reward.model.path=``): the documented ids resolve as they would for a reader
     who has them cached, without a network."""
-    from areal_cli.models import hub_model, resolve_model
+    from areal_cli.model_source import hub_model, resolve_model
 
     cache, tok = tmp_path_factory.mktemp("hf") / "hub", resolve_model("smollm2-135m-instruct")
     for line in LINES:

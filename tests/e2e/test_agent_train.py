@@ -32,7 +32,7 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
 def test_an_agent_that_always_fails_stops_the_run_naming_it(tiny_model, tmp_path, monkeypatch):
     from pathlib import Path
 
-    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1] / "rollout"))
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parents[1] / "workflows"))
     proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "workflow=agent",
                      "workflow.agent=agent_cases:raises", check=False, timeout=300)
     assert proc.returncode != 0

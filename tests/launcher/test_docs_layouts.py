@@ -9,8 +9,8 @@ import shlex
 import pytest
 from conftest import ROOT
 
-from areal_cli.config.load import compose
 from areal_cli.launcher.plan import make_plan
+from areal_cli.runconfig.compose import compose
 
 ROW = re.compile(r"^\| `areal train ([^`]*)` \| ([^|]*) \| ([^|]*) \|$")
 

@@ -6,8 +6,8 @@ import json
 import os
 import shutil
 
-from areal_cli.config.load import compose
 from areal_cli.launcher.final_eval import evaluate_run
+from areal_cli.runconfig.compose import compose
 
 
 def test_final_eval_reports_both_models_and_caches_the_base(tiny_model, tmp_path, monkeypatch):

@@ -9,9 +9,9 @@ import subprocess
 import pytest
 from conftest import AREAL, ROOT, TINY_RUN
 
-from areal_cli.checkpoints import MARKER, marker_text
-from areal_cli.config.load import compose, save_yaml
+from areal_cli.checkpoint_dirs import MARKER, marker_text
 from areal_cli.lora import save_adapter
+from areal_cli.runconfig.compose import compose, save_yaml
 from areal_cli.rundir import RunDir
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from areal_cli.config.load import compose
 from areal_cli.config.resolve import Placement
 from areal_cli.launcher.plan import device_map, make_plan
+from areal_cli.runconfig.compose import compose
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ import time
 import pytest
 from conftest import AREAL, ROOT, TINY_RUN
 
-from areal_cli.launcher.rundir import claim_run_dir, new_run_dir
+from areal_cli.launcher.claim import claim_run_dir, new_run_dir
 from areal_cli.private import check_private_dir, read_private
 from areal_cli.transport.auth import load_keys, make_keys
 from areal_cli.transport.channels import Endpoints, make_endpoints

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from areal_cli.config.load import compose, save_yaml
 from areal_cli.launcher import slurm_job
 from areal_cli.launcher.slurm import build
 from areal_cli.launcher.slurm_layout import slurm_layout
+from areal_cli.runconfig.compose import compose, save_yaml
 
 
 def _cfg(tmp_path, *overrides):
@@ -109,7 +109,7 @@ def test_prepare_advertises_hostnames(tmp_path, monkeypatch):
 
 
 def compose_resume(run_dir):
-    from areal_cli.config.load import load_yaml
+    from areal_cli.runconfig.compose import load_yaml
 
     return load_yaml(run_dir / "config.yaml").resume
 

@@ -14,7 +14,7 @@ from conftest import tiny_classifier
 from areal_cli.config.reward_models import JudgeConfig, RewardModelConfig, template_problems
 from areal_cli.config.task import RewardConfig
 from areal_cli.controller.records import RewardFailed, check_reward_failures, part_metrics
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rewards.client import ServedRewards
 from areal_cli.rewards.combined import CombinedReward
 from areal_cli.rewards.judge import Judge, parse_number, render

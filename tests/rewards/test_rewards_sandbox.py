@@ -11,11 +11,17 @@ import sys
 
 import pytest
 
-from areal_cli.config.task import RewardConfig, TaskConfig, sandbox_problems
+from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.rewards import RewardPool, score
 from areal_cli.rewards import sandbox as sandbox_module
 from areal_cli.rewards.code_reward import run_tests
-from areal_cli.rewards.sandbox import Limits, SandboxUnavailable, require, run_python
+from areal_cli.rewards.sandbox import (
+    Limits,
+    SandboxUnavailable,
+    require,
+    run_python,
+    sandbox_problems,
+)
 from areal_cli.tasks import Problem
 from areal_cli.tasks.humaneval import read_all, to_problem
 

@@ -14,10 +14,10 @@ import torch
 
 from areal_cli.config.reward_models import JudgeConfig
 from areal_cli.config.schema import RootConfig
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.rewards.judge import Judge, JudgeBase
 from areal_cli.rewards.vllm_judge import VLLMJudge, import_vllm
-from tests.rollout.test_vllm_engine import _gpu_vllm, hide_vllm
+from tests.engines.test_vllm_engine import _gpu_vllm, hide_vllm
 
 ITEMS = [
     ("What is the capital of France?", "Paris", "Paris is the capital of France."),

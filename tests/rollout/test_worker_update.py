@@ -15,8 +15,8 @@ import torch
 
 from areal_cli.rollout.main import Worker
 from areal_cli.transport.messages import Phase, WeightsLoaded
-from tests.rollout.test_vllm_engine import LocalIntake, fake_engine
-from tests.transport.test_vllm_inplace import _ends
+from tests.engines.test_vllm_engine import LocalIntake, fake_engine
+from tests.engines.test_vllm_inplace import _ends
 
 
 def staged_worker():

@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from areal_cli.cli import app
-from areal_cli.config.load import compose
+from areal_cli.runconfig.compose import compose
 from areal_cli.tasks import load_split
 
 runner = CliRunner()

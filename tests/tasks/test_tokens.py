@@ -8,10 +8,10 @@ import sys
 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from areal_cli.config.load import compose
-from areal_cli.models import resolve_model
-from areal_cli.rollout.workflows.episodes import env_turn_ids
+from areal_cli.model_source import resolve_model
+from areal_cli.runconfig.compose import compose
 from areal_cli.tasks import Problem, load_problems, load_tokenizer, prompt_ids
+from areal_cli.workflows.turns import env_turn_ids
 
 PROMPTS = ["What is 2 + 3?", "Compute 17 - 9 + 4. Give the final answer after 'Answer:'.",
            "Ünïcødé, emoji 🙂 and\ttabs\nnew lines", "", "  leading and trailing spaces  ",
@@ -42,7 +42,7 @@ def test_prompt_ids_equal_autotokenizer_for_the_default_model():
 
 def test_the_controller_tokenizer_does_not_import_torch():
     path = resolve_model(compose([]).model)
-    code = ("import sys; from areal_cli.config.load import compose; from areal_cli.tasks import load_tokenizer, "
+    code = ("import sys; from areal_cli.runconfig.compose import compose; from areal_cli.tasks import load_tokenizer, "
             f"prompt_ids, Problem; tok = load_tokenizer({str(path)!r}); "
             "prompt_ids(tok, Problem('t', 'What is 2 + 3?', '5', {}), compose([]).task); "
             "print('torch' in sys.modules)")

@@ -14,9 +14,9 @@ import pytest
 from conftest import ROOT
 from readers import mlflow_client, offline, tensorboard_scalars, wandb_runs
 
-from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
+from areal_cli.runconfig.autos import resolve
 from areal_cli.tracking.fanout import log_final_eval, open_for_run
 from areal_cli.tracking.names import tracker_metrics, tracker_name
 

@@ -7,8 +7,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import resolve
+from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.compose import compose
 from areal_cli.transport.messages import Batch, GroupResult, Sample
 
 

@@ -111,7 +111,7 @@ def test_mfu_counts_four_flops_a_frozen_weight_and_token():
     token (no weight gradient); attention scores (no weights) keep their 6 × 2 · d per pair."""
     from transformers import AutoConfig
 
-    from areal_cli.models import resolve_model
+    from areal_cli.model_source import resolve_model
     from areal_cli.trainer.metrics import MFU, flop_terms
 
     config = AutoConfig.from_pretrained(resolve_model("smollm2-135m-instruct"))

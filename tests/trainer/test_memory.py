@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from areal_cli.config.resolve import resolve
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import allocator_env
+from areal_cli.runconfig.autos import resolve
 
 PEAK_RSS_BOUND_GB = {"tcmalloc": 2.5, "jemalloc": 2.7, "system": 4.0}
 """Measured on the 2-core CPU with the default config: 8.0 GiB before the output layer ran in
@@ -30,9 +30,9 @@ import json, sys
 import torch, torch.distributed as dist
 sys.path.insert(0, {helpers!r})
 from helpers import default_shaped_batch
-from areal_cli.config.load import compose
-from areal_cli.config.resolve import resolve
-from areal_cli.models import resolve_model
+from areal_cli.runconfig.compose import compose
+from areal_cli.runconfig.autos import resolve
+from areal_cli.model_source import resolve_model
 from areal_cli.trainer.model import build_policy
 from areal_cli.trainer.step import StepRunner
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

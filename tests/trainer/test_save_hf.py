@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.trainer.model import build_policy, save_hf
 
 

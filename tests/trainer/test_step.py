@@ -178,7 +178,7 @@ def test_float16_compute_scales_the_loss_and_skips_an_overflowing_step(tiny_mode
 
 
 def test_precision_fp16_sets_engine_and_trainer_and_validates():
-    from areal_cli.config.load import ConfigError, compose, validate
+    from areal_cli.runconfig.compose import ConfigError, compose, validate
 
     cfg = compose(["engine=vllm", "precision=fp16"])
     assert (cfg.engine.dtype, cfg.trainer.dtype) == ("float16", "float16") and validate(cfg) == []

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from helpers import init_gloo, make_batch, plain_model
 
-from areal_cli.models import resolve_model
+from areal_cli.model_source import resolve_model
 from areal_cli.trainer.model import build_policy, zero_embedding_rows, zero_row_starts
 
 CPU = torch.device("cpu")

@@ -8,9 +8,10 @@ import threading
 import pytest
 import torch
 
-from areal_cli.config.resolve import Placement, resolve, resolve_engine
+from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import device_map, shares_rank0_gpu
+from areal_cli.runconfig.autos import resolve, resolve_engine
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
 
 
@@ -106,7 +107,7 @@ def test_float32_head_gives_float32_logits_of_the_rounded_weights(tiny_model):
 def test_auto_weight_update_is_inplace_where_the_fused_layout_is_known_at_any_tp(tiny_model, tmp_path):
     from transformers import AutoConfig
 
-    from areal_cli.transport.vllm_weights import choose_weight_update
+    from areal_cli.engines.vllm.weights import choose_weight_update
 
     assert choose_weight_update("auto", tiny_model, 1)[0] == "inplace"  # SmolLM2 is a Llama
     mode, why = choose_weight_update("auto", tiny_model, 2)

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from areal_cli.engines.vllm.weights import transfer_plan, wire_tensors
 from areal_cli.runtime import exit_now
-from areal_cli.transport.vllm_weights import transfer_plan, wire_tensors
 from areal_cli.transport.weights import clean_name
 
 

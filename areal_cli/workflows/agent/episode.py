@@ -1,0 +1,127 @@
+"""One agent episode as the engine saw it: its calls, recorded token by token, and the trajectories
+they make.
+
+A call is recorded as the prompt ids the engine was given and, per choice, the sampled ids with
+their behaviour logprobs and policy versions. Calls become trajectories by prefix:
+- a call whose prompt ids start with all of a trajectory's ids appends to it (the longest such):
+  the tokens between the two (tool results, user turns, template glue) as environment tokens (loss
+  mask 0, version -1), then its first choice's sampled tokens;
+- any other call starts a trajectory of its own (its whole prompt is the prompt); after the first
+  call of an episode that is a split, counted. A call continuing an earlier point of a trajectory
+  (a branch) and a call's other choices (``n`` > 1) also start their own, so no token is trained
+  twice.
+Nothing is re-tokenised: every id of a trajectory is one the engine saw or produced.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from dataclasses import dataclass, field
+
+from areal_cli.workflows.agent.chat import Reply
+
+
+@dataclass
+class Choice:
+    """One sampled continuation of a call."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    finish_reason: str  # "stop" | "length"
+    reply: Reply | None = None  # what the agent can send back (chat calls), once built
+
+
+@dataclass
+class Trajectory:
+    prompt_ids: list[int]
+    out_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    calls: int = 0
+    finish_reason: str = ""
+
+    def ids(self) -> list[int]:
+        return self.prompt_ids + self.out_ids
+
+    def add(self, env: list[int], choice: Choice) -> None:
+        self.out_ids += env + choice.output_ids
+        self.logprobs += [0.0] * len(env) + choice.logprobs
+        self.versions += [-1] * len(env) + choice.versions
+        self.loss_mask += [0] * len(env) + [1] * len(choice.output_ids)
+        self.calls += 1
+        self.finish_reason = choice.finish_reason
+
+
+class EpisodeLog:
+    """The calls of one episode, built into trajectories as they finish."""
+
+    def __init__(self, key: str, max_calls: int):
+        self.key, self.max_calls = key, max_calls
+        self.trajectories: list[Trajectory] = []
+        # every chat choice returned so far (chat.ChatRenderer's history)
+        self.replies: list[Reply] = []
+        self.calls = 0  # finished calls
+        self.started = 0  # calls asked for (workflow.max_turns bounds them)
+        self.splits = 0
+        self.tool_calls = 0
+        self.tool_parse_errors = 0
+        self.last_text = ""  # the content of the last choice returned (the default reward's input)
+        self.closed = False  # the episode ended: later calls are refused
+
+    def record(self, prompt_ids: list[int], choices: list[Choice]) -> None:
+        """Add a finished call: its first choice extends the trajectory whose ids its prompt starts
+        with (the longest), the others — and every choice of a call that extends none — start
+        trajectories of their own."""
+        owner = max((t for t in self.trajectories if prompt_ids[:len(t.ids())] == t.ids()),
+                    key=lambda t: len(t.ids()), default=None)
+        if owner is None and self.calls:
+            self.splits += 1
+        self.calls += 1
+        for choice in choices:
+            if owner is not None:
+                owner.add(prompt_ids[len(owner.ids()):], choice)
+                owner = None
+            else:
+                t = Trajectory(list(prompt_ids))
+                t.add([], choice)
+                self.trajectories.append(t)
+
+
+def import_agent(spec: str):
+    """``module:function`` → the agent's async function; a ValueError naming what is missing."""
+    module, _, name = spec.partition(":")
+    # `areal` started from a project directory finds its agents there
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module} on "
+                         f"PYTHONPATH and define async def {name}(client, problem) -> float | dict "
+                         "| None") from None
+    if not inspect.iscoroutinefunction(fn):
+        raise ValueError(f"workflow.agent={spec}: {name} must be an async function "
+                         f"(async def {name}(client, problem))")
+    return fn
+
+
+def episode_reward(result) -> tuple[float | None, dict[str, float]]:
+    """An agent's return value → (reward or None: score the last reply with the task's reward,
+    extra numbers to log). A ValueError for anything else."""
+    if result is None:
+        return None, {}
+    if isinstance(result, (int, float)) and not isinstance(result, bool):
+        return float(result), {}
+    if isinstance(result, dict) and "reward" in result:
+        extras = {str(k): float(v) for k, v in result.items()
+                  if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        reward = result["reward"]
+        if reward is None or isinstance(reward, (int, float)) and not isinstance(reward, bool):
+            return (None if reward is None else float(reward)), extras
+    raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:80]!r}: return a "
+                     "float, a dict with 'reward' (and numbers to log), or None")

@@ -1,0 +1,330 @@
+"""Request bodies checked, and responses built with the ``openai`` package's own types.
+
+A body is hostile until checked: each field the endpoint reads is taken with its type and range, and
+anything wrong is an ``ApiError`` (400, OpenAI's error shape) naming the field. Fields the endpoint
+does not use (temperature, top_p, seed, user, ...) are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 16
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 code: str | None = None,
+                 param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.kind = status, message, kind
+        self.code, self.param = code, param
+
+    def body(self) -> dict:
+        return error_body(self.message, self.kind, self.code, self.param)
+
+
+def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _bad(message: str, param: str) -> ApiError:
+    return ApiError(400, message, "invalid_request_error", None, param)
+
+
+def _opt_int(body: dict, *names: str, lo: int = 1, hi: int = 1 << 20) -> int | None:
+    for name in names:
+        v = body.get(name)
+        if v is None:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
+            raise _bad(f"{name} must be an integer in {lo}..{hi}", name)
+        return v
+    return None
+
+
+def _stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    v = [v] if isinstance(v, str) else v
+    if not isinstance(v, list) or len(v) > 4 or not all(isinstance(s, str) and s for s in v):
+        raise _bad("stop must be a string or a list of up to 4 non-empty strings", "stop")
+    return v
+
+
+def _tools(raw, param: str = "tools") -> list[dict] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, list):
+        raise _bad("tools must be a list of function tools", param)
+    out = []
+    for t in raw:
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str):
+            raise _bad("each tool must be {type: function, function: {name, description?, "
+                       "parameters?}}", param)
+        out.append({"type": "function",
+                    "function": {k: fn[k] for k in ("name", "description", "parameters")
+                                                      if k in fn}})
+    return out or None
+
+
+def _content(m: dict, i: int) -> str:
+    c = m.get("content")
+    if c is None or isinstance(c, str):
+        return c or ""
+    if isinstance(c, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str)
+                                   for p in c):
+        if any(p.get("type") not in ("text", "input_text", "output_text") for p in c):
+            raise _bad("only text content parts are supported", f"messages[{i}].content")
+        return "".join(p.get("text", "") for p in c)
+    raise _bad("content must be a string or a list of text parts", f"messages[{i}].content")
+
+
+def _messages(raw) -> list[dict]:
+    from areal_cli.workflows.agent.chat import normalise
+
+    if not isinstance(raw, list) or not raw:
+        raise _bad("messages must be a non-empty list", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise _bad(f"each message needs a role in {', '.join(ROLES)}", f"messages[{i}]")
+        n = {"role": "system" if m["role"] == "developer" else m["role"], "content": _content(m, i)}
+        calls = m.get("tool_calls")
+        if calls:
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str) for c in calls):
+                raise _bad("tool_calls must be a list of {function: {name, arguments}}",
+                           f"messages[{i}].tool_calls")
+            n["tool_calls"] = calls
+        for key in ("tool_call_id", "name"):
+            if isinstance(m.get(key), str):
+                n[key] = m[key]
+        out.append(n)
+    return normalise(out)
+
+
+@dataclass
+class ChatRequest:
+    messages: list[dict]
+    tools: list[dict] | None
+    tool_choice: str  # auto | none | required (a named function: required, with tool_name)
+    max_tokens: int | None
+    n: int
+    stop: list[str]
+    tool_name: str | None = None  # tool_choice named this function: the reply must call it
+
+
+def _body(body) -> dict:
+    if not isinstance(body, dict):
+        raise _bad("the body must be a JSON object", "body")
+    return body
+
+
+def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
+    """``tool_choice`` as (auto | none | required, the function it names or None). A named function
+    is ``{"type": "function", "function": {"name": ...}}`` (chat) or ``{"type": "function", "name":
+    ...}`` (Responses); it must be one of ``tools``, and required needs tools."""
+    if raw is None:
+        return "auto", None
+    if isinstance(raw, str) and raw in ("auto", "none", "required"):
+        choice, name = raw, None
+    elif isinstance(raw, dict) and raw.get("type") == "function":
+        fn = raw.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else raw.get("name")
+        if not isinstance(name, str):
+            raise _bad("a named tool_choice is {type: function, function: {name}}", "tool_choice")
+        choice = "required"
+    else:
+        raise _bad("tool_choice must be auto, none, required or a named function", "tool_choice")
+    names = [t["function"]["name"] for t in tools or []]
+    if choice == "required" and not names:
+        raise _bad("tool_choice requires a tool call but the request offers no tools",
+                   "tool_choice")
+    if name is not None and name not in names:
+        raise _bad(f"tool_choice names {name!r}, which is not among the tools {names}",
+                   "tool_choice")
+    return choice, name
+
+
+def chat_request(body) -> ChatRequest:
+    body = _body(body)
+    tools = _tools(body.get("tools"))
+    choice, name = tool_choice(body.get("tool_choice"), tools)
+    return ChatRequest(_messages(body.get("messages")), tools, choice,
+                       _opt_int(body, "max_completion_tokens", "max_tokens"),
+                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name)
+
+
+@dataclass
+class CompletionRequest:
+    prompt: str
+    prompt_ids: list[int] | None
+    max_tokens: int | None
+    n: int
+    stop: list[str]
+
+
+def completion_request(body) -> CompletionRequest:
+    body = _body(body)
+    p = body.get("prompt")
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
+        p = p[0]
+    ids = None
+    if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool)
+                                         and 0 <= x < 1 << 24
+                                         for x in p):
+        ids = list(p)
+    elif not isinstance(p, str) or not p:
+        raise _bad("prompt must be a non-empty string or a list of token ids", "prompt")
+    return CompletionRequest(p if ids is None else "", ids, _opt_int(body, "max_tokens") or 16,
+                             _opt_int(body, "n", hi=MAX_N) or 1, _stop(body))
+
+
+@dataclass
+class ResponsesRequest:
+    messages: list[dict]
+    tools: list[dict] | None
+    max_tokens: int | None
+    raw_tools: list = field(default_factory=list)
+    tool_choice: object = "auto"  # as sent (checked when the chat request is built)
+
+    def as_chat(self) -> dict:
+        choice = self.tool_choice
+        # Responses' named function
+        if isinstance(choice, dict) and isinstance(choice.get("name"), str):
+            choice = {"type": "function", "function": {"name": choice["name"]}}
+        return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens,
+                "tool_choice": choice}
+
+
+def responses_request(body) -> ResponsesRequest:
+    """A Responses API body as chat messages: instructions → system; input items → messages, a
+    function_call joining the assistant message before it, a function_call_output → a tool
+    message."""
+    body = _body(body)
+    if body.get("stream"):
+        raise _bad("streaming is not supported on /v1/responses: use stream=false", "stream")
+    items = body.get("input")
+    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
+    if not isinstance(items, list) or not items:
+        raise _bad("input must be a string or a non-empty list of items", "input")
+    msgs = [{"role": "system",
+             "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
+    for i, it in enumerate(items):
+        if not isinstance(it, dict):
+            raise _bad("each input item must be an object", f"input[{i}]")
+        kind = it.get("type", "message")
+        if kind == "message" and it.get("role") in ROLES:
+            msgs.append({"role": it["role"], "content": it.get("content")})
+        elif kind == "function_call" and isinstance(it.get("name"), str):
+            call = {"id": str(it.get("call_id", "")), "type": "function",
+                    "function": {"name": it["name"], "arguments": str(it.get("arguments", "{}"))}}
+            if msgs and msgs[-1]["role"] == "assistant":
+                msgs[-1].setdefault("tool_calls", []).append(call)
+            else:
+                msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out = it.get("output")
+            msgs.append({"role": "tool", "tool_call_id": str(it.get("call_id", "")),
+                         "content": out if isinstance(out, str) else json.dumps(out)})
+        elif kind != "reasoning":
+            raise _bad(f"input items of type {kind!r} are not supported", f"input[{i}]")
+    tools = body.get("tools") or []
+    if not isinstance(tools, list):
+        raise _bad("tools must be a list", "tools")
+    fns = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
+    if len(fns) != len(tools):
+        raise _bad("only function tools are supported on this endpoint", "tools")
+    chat_tools = _tools([{"type": "function", "function": t} for t in fns])
+    return ResponsesRequest(_messages(msgs), chat_tools, _opt_int(body, "max_output_tokens"), fns,
+                            body.get("tool_choice", "auto"))
+
+
+# ---- responses ----
+
+def chat_choice(index: int, message: dict, reason: str) -> dict:
+    return {"index": index, "message": message, "finish_reason": reason, "logprobs": None}
+
+
+def _usage(prompt: int, completion: int) -> dict:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
+
+
+def chat_completion(model: str, choices: list[dict], prompt_tokens: int,
+                    completion_tokens: int) -> dict:
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion.model_validate({
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model, "choices": choices, "usage": _usage(prompt_tokens, completion_tokens),
+    }).model_dump(mode="json", exclude_none=True)
+
+
+def completion(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
+               completion_tokens: int) -> dict:
+    from openai.types import Completion
+
+    return Completion.model_validate({
+        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+        "model": model, "usage": _usage(prompt_tokens, completion_tokens),
+        "choices": [{"index": i, "text": t, "finish_reason": r, "logprobs": None} for i,
+                    (t, r) in enumerate(texts)],
+    }).model_dump(mode="json", exclude_none=True)
+
+
+def response_from_chat(model: str, chat: dict, req: ResponsesRequest) -> dict:
+    """A chat completion's first choice as a Responses API ``Response``."""
+    from openai.types.responses import Response
+
+    msg, output = chat["choices"][0]["message"], []
+    if msg.get("content"):
+        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant",
+                       "status": "completed",
+                       "content": [{"type": "output_text", "text": msg["content"],
+                                    "annotations": []}]})
+    for c in msg.get("tool_calls", []):
+        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c["id"],
+                       "name": c["function"]["name"], "arguments": c["function"]["arguments"],
+                       "status": "completed"})
+    u = chat["usage"]
+    return Response.model_validate({
+        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(),
+        "model": model,
+        "status": "completed", "output": output, "parallel_tool_calls": True,
+        "tool_choice": req.tool_choice,
+        "tools": req.raw_tools,
+        "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
+                  "total_tokens": u["total_tokens"],
+                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                  "output_tokens_details": {"reasoning_tokens": 0}},
+    }).model_dump(mode="json", exclude_none=True)
+
+
+def sse(result: dict):
+    """A finished chat completion or completion as a server-sent-event stream of chunks."""
+    if result.get("object") == "chat.completion":
+        for ch in result["choices"]:
+            delta = {"role": "assistant", "content": ch["message"].get("content")}
+            if ch["message"].get("tool_calls"):
+                delta["tool_calls"] = [{"index": j, **c} for j,
+                                       c in enumerate(ch["message"]["tool_calls"])]
+            for d, reason in ((delta, None), ({}, ch["finish_reason"])):
+                chunk = {"id": result["id"], "object": "chat.completion.chunk",
+                         "created": result["created"],
+                         "model": result["model"],
+                         "choices": [{"index": ch["index"], "delta": d, "finish_reason": reason}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+    else:
+        yield f"data: {json.dumps(result)}\n\n"
+    yield "data: [DONE]\n\n"

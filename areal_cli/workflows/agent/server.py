@@ -1,0 +1,272 @@
+"""The rollout worker's OpenAI-compatible endpoint (FastAPI on uvicorn, loopback only).
+
+Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
+gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
+/v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
+stream),
+``POST /v1/responses`` (the Responses API: text and function tools, no streaming) and
+``POST /v1/completions``. Every request needs ``Authorization: Bearer <the worker's token>``; a
+missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
+errors come back in OpenAI's shape (400 ``context_length_exceeded`` for a prompt beyond the
+context).
+
+Sampling is the run's: the trainer recomputes logprobs at ``rollout.temperature`` / ``top_p``, so a
+request's temperature, top_p and seed are not applied (an evaluation's engine is greedy). A stream
+sends the finished completion as one chunk (the engine hands back whole sequences).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+import socket
+import threading
+import time
+from collections import Counter
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from areal_cli.config.choices import ToolFormat
+from areal_cli.workflows.agent import requests as rq
+from areal_cli.workflows.agent.bridge import EngineBridge
+from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.episode import Choice, EpisodeLog
+from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
+
+# metrics.jsonl names
+METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}
+
+
+class Endpoint:
+    """What the routes share: the renderer, the engine bridge, the open episodes and the
+    counters."""
+
+    def __init__(self, renderer: ChatRenderer, bridge: EngineBridge, token: str, model: str,
+                 max_new_tokens: int, context: int, eos_ids: set[int]):
+        self.renderer, self.bridge, self.token, self.model = renderer, bridge, token, model
+        self.max_new_tokens, self.context, self.eos_ids = max_new_tokens, context, eos_ids
+        self.episodes: dict[str, EpisodeLog] = {}
+        self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
+
+    def authorized(self, header: str | None) -> bool:
+        ok = bool(header) and hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+        if not ok:
+            self.counters["agent_unauthorized"] += 1
+        return ok
+
+    def episode(self, key: str | None) -> EpisodeLog | None:
+        if key is None:
+            return None
+        ep = self.episodes.get(key)
+        if ep is None or ep.closed:
+            raise rq.ApiError(404, f"no open episode {key!r} (it ended or timed out)",
+                              "not_found_error")
+        return ep
+
+    # ---- one call: generate, record, parse ----
+
+    async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None,
+                        n: int,
+                        stop: list[str]) -> list[Choice]:
+        budget = min(max_tokens or self.max_new_tokens, self.max_new_tokens)
+        if len(prompt_ids) + budget > self.context:
+            raise rq.ApiError(400, f"this request has {len(prompt_ids)} prompt tokens and asks for "
+                              f"{budget}; the context is {self.context} "
+                              "tokens", "invalid_request_error",
+                              "context_length_exceeded", "messages")
+        if ep is not None:
+            if ep.started >= ep.max_calls:
+                raise rq.ApiError(400,
+                                  f"this episode has made its {ep.max_calls} calls "
+                                  "(workflow.max_turns)",
+                                  "invalid_request_error", "too_many_calls")
+            ep.started += 1
+        else:
+            self.counters["agent_unattributed_calls"] += 1
+        seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget) for _ in range(n)))
+        choices = [self._choice(s, stop) for s in seqs]
+        if ep is not None and not ep.closed:
+            ep.record(list(prompt_ids), choices)
+        return choices
+
+    def _choice(self, seq, stop: list[str]) -> Choice:
+        ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
+        reason = seq.finish_reason
+        if stop:
+            cut = self._stop_at(ids, stop)
+            if cut is not None:
+                ids, logps, versions, reason = ids[:cut], logps[:cut], versions[:cut], "stop"
+        return Choice(ids, logps, versions, reason or "stop")
+
+    def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
+        """The fewest leading tokens whose text holds a stop string (None: none occurs)."""
+        text = self.renderer.tok.decode(ids, skip_special_tokens=True)
+        if not any(s in text for s in stop):
+            return None
+        for k in range(1, len(ids) + 1):
+            part = self.renderer.tok.decode(ids[:k], skip_special_tokens=True)
+            if any(s in part for s in stop):
+                return k
+        return None
+
+    def _text(self, choice: Choice, stop: list[str]) -> str:
+        text = self.renderer.tok.decode(choice.output_ids, skip_special_tokens=True)
+        for s in stop:
+            text = text.split(s, 1)[0] if s in text else text
+        return text
+
+    async def chat(self, body: dict, key: str | None) -> dict:
+        req = rq.chat_request(body)
+        ep = self.episode(key)
+        prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
+        forced = forced_text(self.renderer.style, req.tool_name,
+                             req.tools) if req.tool_choice == "required" else ""
+        # forced: prompt, not trained
+        ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids
+        hermes = self.renderer.style.format == ToolFormat.hermes
+        close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
+        out = []
+        for i, c in enumerate(choices):
+            text = forced + self._text(c, req.stop)
+            parsed = parse(self.renderer.style,
+                           text) if req.tools and req.tool_choice != "none" else None
+            message = {"role": "assistant", "content": text}
+            reason = c.finish_reason
+            if parsed is not None and parsed.error:
+                self._count(ep, "tool_parse_errors")
+                reason = "stop"
+            elif parsed is not None and parsed.tool_calls:
+                message = {"role": "assistant", "content": parsed.content,
+                           "tool_calls": parsed.tool_calls}
+                reason = "tool_calls"
+                self._count(ep, "tool_calls", len(parsed.tool_calls))
+            c.reply = Reply(req.messages + normalise([message]), ids + c.output_ids,
+                            bool(c.output_ids) and c.output_ids[-1] in self.eos_ids)
+            if ep is not None:
+                ep.replies.append(c.reply)
+                ep.last_text = text
+            out.append(rq.chat_choice(i, message, reason))
+        return rq.chat_completion(self.model, out, len(prompt.ids),
+                                  sum(len(c.output_ids) for c in choices))
+
+    async def responses(self, body: dict, key: str | None) -> dict:
+        req = rq.responses_request(body)
+        chat = await self.chat(req.as_chat(), key)
+        return rq.response_from_chat(self.model, chat, req)
+
+    async def completions(self, body: dict, key: str | None) -> dict:
+        req = rq.completion_request(body)
+        ep = self.episode(key)
+        ids = req.prompt_ids if req.prompt_ids is not None else self.renderer.encode(req.prompt)
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop)
+        texts = [self._text(c, req.stop) for c in choices]
+        if ep is not None and texts:
+            ep.last_text = texts[-1]
+        return rq.completion(self.model,
+                             [(t, c.finish_reason) for t, c in zip(texts, choices, strict=True)],
+                             len(ids),
+                             sum(len(c.output_ids) for c in choices))
+
+    def _count(self, ep: EpisodeLog | None, what: str, n: int = 1) -> None:
+        """Count ``what`` (an EpisodeLog counter) in its episode, or endpoint-wide for a plain /v1
+        call."""
+        if ep is not None:
+            setattr(ep, what, getattr(ep, what) + n)
+        else:
+            self.counters[METRIC[what]] += n
+
+
+def build_app(endpoint: Endpoint):
+    """The FastAPI application serving ``endpoint``."""
+    app = FastAPI(title="areal rollout endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+
+    async def serve(request: Request, handler, key: str | None):
+        if not endpoint.authorized(request.headers.get("authorization")):
+            return JSONResponse(rq.error_body("a missing or wrong API key: use the run's token",
+                                              "invalid_request_error", "invalid_api_key"),
+                                status_code=401)
+        try:
+            body = json.loads(await request.body() or b"null")
+        except ValueError as err:  # not JSON, or not UTF-8
+            endpoint.counters["agent_bad_requests"] += 1
+            return JSONResponse(rq.error_body(f"the body is not JSON ({err})",
+                                              "invalid_request_error"),
+                                status_code=400)
+        stream = isinstance(body, dict) and bool(body.get("stream"))
+        try:
+            result = await handler(body, key)
+        except rq.ApiError as err:
+            endpoint.counters["agent_bad_requests"] += 1
+            return JSONResponse(err.body(), status_code=err.status)
+        if stream:
+            return StreamingResponse(rq.sse(result), media_type="text/event-stream")
+        return JSONResponse(result)
+
+    for prefix in ("/v1", "/episodes/{key}/v1"):
+        @app.get(prefix + "/models")
+        async def models(request: Request, key: str | None = None):
+            if not endpoint.authorized(request.headers.get("authorization")):
+                return JSONResponse(rq.error_body("a missing or wrong API key",
+                                                  "invalid_request_error",
+                                                  "invalid_api_key"), status_code=401)
+            return {"object": "list", "data": [{"id": endpoint.model, "object": "model",
+                                                "created": int(time.time()), "owned_by": "areal"}]}
+
+        @app.post(prefix + "/chat/completions")
+        async def chat(request: Request, key: str | None = None):
+            return await serve(request, endpoint.chat, key)
+
+        @app.post(prefix + "/responses")
+        async def responses(request: Request, key: str | None = None):
+            return await serve(request, endpoint.responses, key)
+
+        @app.post(prefix + "/completions")
+        async def completions(request: Request, key: str | None = None):
+            return await serve(request, endpoint.completions, key)
+
+    return app
+
+
+class Server:
+    """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a thread with its own event loop, which
+    the agents' episodes share (``loop``)."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    access_log=False))
+        self.thread = threading.Thread(target=self._serve, name="agent-endpoint", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline and self.thread.is_alive():
+            time.sleep(0.01)
+        if not self.server.started:
+            raise RuntimeError("the agent endpoint did not start within 30 s (see the log above)")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+
+    def close(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+        self.sock.close()
+
+
+def new_token() -> str:
+    """A run's bearer token for its endpoint."""
+    return secrets.token_urlsafe(32)

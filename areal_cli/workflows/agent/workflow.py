@@ -1,0 +1,233 @@
+"""workflow=agent: each prompt group's episodes are runs of the user's agent against the worker's
+OpenAI-compatible endpoint, and their recorded calls are the group's trajectories.
+
+The agent (``workflow.agent=module:function``, ``async def run(client, problem)``) gets an
+``openai.AsyncOpenAI`` client whose base URL names its episode, so every call it makes is recorded
+into that episode (``episode.py``). Its return value is the reward (a float, or a dict with
+``reward`` and numbers to log), or None: the task's reward scores the last reply's text. Up to
+``workflow.agent_concurrency`` episodes run at once, in the endpoint's event loop.
+
+An agent that raises, returns something else, makes no call, or runs past
+``workflow.agent_timeout_s`` fails its episode: the traceback goes to the worker log, the group is
+returned as failed (not trained, its admission slot freed) and counted; the controller stops the run
+when more than
+``workflow.max_failed_fraction`` of a step's episodes fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import json
+import logging
+import time
+import traceback
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from areal_cli.config.schema import RootConfig, WorkflowConfig
+from areal_cli.durable import atomic_write
+from areal_cli.engines.base import Engine, Sequence
+from areal_cli.runtime import short_gil_switch
+from areal_cli.tasks.base import Problem
+from areal_cli.transport.messages import GroupResult, Sample, WorkItem
+from areal_cli.workflows.agent.bridge import EngineBridge
+from areal_cli.workflows.agent.chat import ChatRenderer
+from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
+from areal_cli.workflows.agent.server import Endpoint, Server, build_app, new_token
+from areal_cli.workflows.agent.toolcalls import detect
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EpisodeRun:
+    index: int
+    log: EpisodeLog
+    future: cf.Future  # the agent's run, in the endpoint's loop
+    # the task reward of the last reply (agent returned None)
+    reward_future: cf.Future | None = None
+    reward: float | None = None
+    extras: dict = field(default_factory=dict)
+    failed: str = ""
+    done: bool = False
+
+
+@dataclass
+class AgentGroup:
+    item: WorkItem
+    problem: Problem
+    episodes: list[EpisodeRun]
+    t0: float
+
+
+class AgentWorkflow:
+    """The ``Workflow`` (workflows/base.py) of workflow=agent."""
+
+    def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
+                 model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
+        self.cfg, self.engine, self.rewards = cfg, engine, rewards
+        self.tok, self.worker = tokenizer, worker
+        self.agent = import_agent(cfg.agent)
+        for name in ("httpx", "httpx2", "openai"):  # one INFO line per call otherwise
+            logging.getLogger(name).setLevel(logging.WARNING)
+        self.style = detect(tokenizer, cfg.tool_format)
+        eos = tokenizer.eos_token_id
+        self.endpoint = Endpoint(ChatRenderer(tokenizer, self.style), None, new_token(), model,
+                                 max_new_tokens,
+                                 context, {eos} if isinstance(eos, int) else set(eos or []))
+        # the endpoint's thread waits for the GIL at every await while the main thread steps the
+        # engine; at Python's default 5 ms switch interval an HTTP round trip queues there many
+        # times over
+        short_gil_switch()
+        self.server = Server(build_app(self.endpoint))
+        self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
+        self.slots = asyncio.Semaphore(cfg.agent_concurrency)
+        self.groups: dict[int, AgentGroup] = {}
+        self.url = f"{self.server.url}/v1"
+        # readable by the run's user alone; a link there is replaced, not followed
+        if run_dir is not None:
+            atomic_write(Path(run_dir) / f"agent-{worker}.json",
+                         json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n",
+                         mode=0o600)
+        log.info("agent %s: endpoint %s (key in agent-%d.json); %s", cfg.agent, self.url, worker,
+                 self.style.describe())
+
+    @classmethod
+    def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
+                 run_dir: str | None) -> AgentWorkflow:
+        """A rollout worker's: the model's context from its config.json (8192 where it names
+        none)."""
+        from transformers import AutoConfig
+
+        from areal_cli.model_source import resolve_model
+
+        context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)),
+                          "max_position_embeddings", 0) or 8192
+        return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
+                   max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
+
+    # ---- the Workflow interface ----
+
+    def start(self, item: WorkItem) -> None:
+        problem = Problem.from_dict(item.problem)
+        runs = []
+        for i in range(item.group_size):
+            key = f"{item.group_id}-{i}"
+            ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns)
+            fut = asyncio.run_coroutine_threadsafe(self._run(key, problem), self.server.loop)
+            runs.append(EpisodeRun(i, ep, fut))
+        self.groups[item.group_id] = AgentGroup(item, problem, runs, time.monotonic())
+
+    def on_generated(self, seq: Sequence) -> None:
+        self.bridge.resolve(seq)
+
+    def poll(self) -> list[GroupResult]:
+        self.bridge.pump()
+        complete = []
+        for gid, group in list(self.groups.items()):
+            for run in group.episodes:
+                if not run.done:
+                    self._advance(group, run)
+            if all(run.done for run in group.episodes):
+                complete.append(self._result(group))
+                del self.groups[gid]
+        return complete
+
+    def busy(self) -> int:
+        return len(self.groups)
+
+    def drop_stale(self, oldest: int) -> list[GroupResult]:
+        """None: an agent's episodes run to their end (the controller drops a group too stale to
+        train)."""
+        return []
+
+    def close(self) -> None:
+        self.server.close()
+
+    # ---- one episode ----
+
+    async def _run(self, key: str, problem: Problem):
+        import openai
+
+        async with self.slots:
+            client = openai.AsyncOpenAI(base_url=f"{self.server.url}/episodes/{key}/v1",
+                                        api_key=self.endpoint.token, max_retries=0,
+                                        timeout=self.cfg.agent_timeout_s)
+            try:
+                return await asyncio.wait_for(self.agent(client, problem), self.cfg.agent_timeout_s)
+            finally:
+                self.endpoint.episodes[key].closed = True
+                await client.close()
+
+    def _advance(self, group: AgentGroup, run: EpisodeRun) -> None:
+        if run.reward_future is not None:
+            if run.reward_future.done():
+                run.reward, run.done = float(run.reward_future.result().score), True
+            return
+        if not run.future.done():
+            return
+        try:
+            run.reward, run.extras = episode_reward(run.future.result())
+        except (asyncio.TimeoutError, TimeoutError):
+            return self._fail(group, run,
+                              f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s")
+        except Exception as err:  # noqa: BLE001 — the user's agent: any failure drops its episode, named
+            return self._fail(group, run, "".join(traceback.format_exception(err)).rstrip())
+        if not run.log.trajectories:
+            return self._fail(group, run, "the agent made no call to its client")
+        if run.reward is None:
+            run.reward_future = self.rewards.submit(run.log.last_text, group.problem)
+            return
+        run.done = True
+
+    def _fail(self, group: AgentGroup, run: EpisodeRun, why: str) -> None:
+        log.error("agent %s failed on %s (episode %d of group %d): %s", self.cfg.agent,
+                  group.problem.id,
+                  run.index, group.item.group_id, why)
+        run.failed, run.done = why.splitlines()[-1][:200], True
+
+    def _result(self, group: AgentGroup) -> GroupResult:
+        counters = self._counters(group)
+        for run in group.episodes:
+            self.endpoint.episodes.pop(run.log.key, None)
+        failed = sum(bool(r.failed) for r in group.episodes)
+        samples = [] if failed else self._samples(group)
+        gen = sum(sum(t.loss_mask) for r in group.episodes for t in r.log.trajectories)
+        return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
+                           time.monotonic() - group.t0, int(gen), failed=failed, counters=counters)
+
+    def _samples(self, group: AgentGroup) -> list[Sample]:
+        out = []
+        for run in group.episodes:
+            for t in run.log.trajectories:
+                out.append(Sample(
+                    sample_index=len(out), prompt_ids=np.asarray(t.prompt_ids, np.int32),
+                    output_ids=np.asarray(t.out_ids, np.int32),
+                    logprobs=np.asarray(t.logprobs, np.float32),
+                    versions=np.asarray(t.versions, np.int32),
+                    loss_mask=np.asarray(t.loss_mask, np.uint8),
+                    reward=float(run.reward), reward_status="ok",
+                    finish_reason=t.finish_reason or "stop",
+                    num_turns=t.calls, completion=run.log.last_text, episode=run.index))
+        return out
+
+    def _counters(self, group: AgentGroup) -> dict:
+        c = Counter()
+        for run in group.episodes:
+            ep = run.log
+            c.update(agent_episodes=1, agent_failed=bool(run.failed), agent_calls=ep.calls,
+                     agent_splits=ep.splits, agent_tool_calls=ep.tool_calls,
+                     tool_parse_errors=ep.tool_parse_errors,
+                     agent_trajectories=len(ep.trajectories))
+            for k, v in run.extras.items():
+                c[f"agent_extra_{k}"] += v
+        c.update(self.endpoint.counters)  # endpoint-wide counts since the last group
+        self.endpoint.counters.clear()
+        return {k: float(v) for k, v in c.items()}
+
+
+WORKFLOW = AgentWorkflow

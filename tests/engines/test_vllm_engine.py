@@ -1,0 +1,383 @@
+"""The vLLM engine's bookkeeping (deltas, interruption, versions) against a fake LLMEngine on
+the CPU; a real vLLM run where vLLM and a GPU are present."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from areal_cli.config.schema import EngineConfig, RootConfig
+from areal_cli.engines.base import Sequence
+from areal_cli.engines.vllm.engine import VLLMEngine, llm_kwargs
+from areal_cli.runconfig.autos import resolve_engine
+
+
+class FakeCore:
+    """Emits one token per step per request: token = 100 + position, logprob = -0.1 · version. A request
+    with ``prompt_logprobs`` (a probe) gets them from ``prompt_lp(ids)``; ``full=True``: no new probe is
+    scheduled (vLLM's queue behind requests that fill the engine)."""
+
+    def __init__(self):
+        self.requests, self.aborted, self.version, self.params, self.salts = {}, [], 0, {}, {}
+        self.prompt_lp, self.full = None, False
+
+    def add_request(self, req, prompt, params, lora_request=None):
+        self.requests[req] = [list(prompt["prompt_token_ids"]), params.max_tokens, 0]
+        self.params[req], self.salts[req] = params, prompt.get("cache_salt")
+
+    def step(self):
+        outs = []
+        for req, r in list(self.requests.items()):
+            ids, budget, made = r
+            probe = getattr(self.params[req], "prompt_logprobs", None) is not None
+            if probe and self.full:
+                continue
+            tok = 100 + len(ids)
+            r[0], r[2] = ids + [tok], made + 1
+            done = r[2] >= budget
+            lp = {tok: types.SimpleNamespace(logprob=-0.1 * self.version)}
+            comp = types.SimpleNamespace(token_ids=[tok], logprobs=[lp], finish_reason="length" if done else None)
+            out = types.SimpleNamespace(request_id=req, outputs=[comp], finished=done)
+            if probe:
+                out.prompt_logprobs = [None] + [{t: types.SimpleNamespace(logprob=float(v))}
+                                                for t, v in zip(ids[1:], self.prompt_lp(ids), strict=True)]
+            outs.append(out)
+            if done:
+                del self.requests[req]
+        return outs
+
+    def abort_request(self, ids):
+        self.aborted += ids
+        for i in ids:
+            self.requests.pop(i, None)
+
+
+def never_reset():
+    raise AssertionError("the prefix cache is salted by weight version; a reset would hold generation")
+
+
+def fake_engine() -> VLLMEngine:
+    eng = VLLMEngine.__new__(VLLMEngine)
+    eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
+    eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
+    eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n, ignore_eos=ignore_eos)
+    eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
+    eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
+    eng._weights_check, eng._probe, eng._probing, eng._verdict, eng._steps, eng._probes = None, [], None, {}, 0, 0
+    eng._probe_params = lambda: types.SimpleNamespace(max_tokens=1, ignore_eos=False, prompt_logprobs=0)
+    return eng
+
+
+def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
+    eng = fake_engine()
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5))
+    for _ in range(2):  # two engine steps, then the weights change
+        for out in eng.core.step():
+            assert eng._apply(out) is None
+    made = len(eng.seqs["a"].output_ids)
+    assert made == 2
+    with eng.paused(1) as timings:
+        eng.core.version = 1
+    assert eng.core.aborted == ["a#1"] and timings["interrupted"] == 1
+    # resubmitted as prompt + tokens so far, with the remaining budget
+    ids, budget, _ = eng.core.requests["a#2"]
+    assert ids == [1, 2] + eng.seqs["a"].output_ids and budget == 5 - made
+    # the prefix cache is keyed by weight version: the new segment cannot reuse the old weights' KV
+    assert eng.core.salts == {"a#1": "areal-w0", "a#2": "areal-w1"}
+    done = []
+    while not done:
+        done = eng.poll(0.01)
+    seq = done[0]
+    assert seq.output_ids == [102, 103, 104, 105, 106]  # one continuous sequence
+    assert seq.versions == [0] * made + [1] * (5 - made)
+    assert seq.logprobs == [0.0] * made + [-0.1] * (5 - made)
+    assert seq.segments == 2 and seq.finish_reason == "length" and eng.in_flight() == 0
+
+
+def test_an_aborted_sequence_leaves_vllm_and_its_late_outputs_are_dropped():
+    eng = fake_engine()
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5))
+    eng.submit(Sequence("b", [1, 2], max_new_tokens=3))
+    late = eng.core.step()  # outputs of both, not yet folded in when "a" is aborted
+    gone = eng.abort(["a", "missing"])
+    assert [s.rid for s in gone] == ["a"] and eng.core.aborted == ["a#1"] and "a#1" not in eng.core.requests
+    assert [eng._apply(out) for out in late] == [None, None] and gone[0].output_ids == []
+    done = []
+    while eng.in_flight():
+        done += eng.poll(0.01)
+    assert [s.rid for s in done] == ["b"] and len(done[0].output_ids) == 3
+
+
+def test_sequence_that_hit_eos_before_the_pause_is_not_resubmitted():
+    eng = fake_engine()
+    seq = Sequence("b", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0])
+    eng.seqs["b"], eng.segment["b#1"] = seq, "b"
+    with eng.paused(1):
+        pass
+    assert "b#2" not in eng.core.requests
+    assert eng.poll(0.0) == [seq] and seq.finish_reason == "stop"
+
+
+def test_ignore_eos_sequence_continues_past_eos_after_an_update():
+    """Length profiles (random weights): an EOS token does not end a sequence that ignores EOS;
+    its next segment asks vLLM to ignore EOS too."""
+    eng = fake_engine()
+    seq = Sequence("c", [1], max_new_tokens=8, output_ids=[5, 0], logprobs=[-1.0, -1.0], versions=[0, 0],
+                   ignore_eos=True)
+    eng.seqs["c"], eng.segment["c#1"] = seq, "c"
+    with eng.paused(1):
+        pass
+    ids, budget, _ = eng.core.requests["c#2"]
+    assert ids == [1, 5, 0] and budget == 6 and eng.core.params["c#2"].ignore_eos
+    assert eng.poll(0.0) == []
+
+
+def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs():
+    """vLLM 0.26 sometimes puts the request's cumulative logprobs on a delta output (0 new tokens,
+    thousands of logprobs): the sequence takes the new tokens' logprobs, the last ones."""
+    eng = fake_engine()
+    seq = Sequence("d", [1], max_new_tokens=8, output_ids=[5, 6], logprobs=[-1.0, -2.0], versions=[0, 0])
+    eng.seqs["d"], eng.segment["d#1"] = seq, "d"
+    lp = [{t: types.SimpleNamespace(logprob=-float(t))} for t in (5, 6, 7)]
+    comp = types.SimpleNamespace(token_ids=[7], logprobs=lp, finish_reason=None)
+    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=False)) is None
+    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0]
+    comp = types.SimpleNamespace(token_ids=[], logprobs=lp, finish_reason="length")
+    assert eng._apply(types.SimpleNamespace(request_id="d#1", outputs=[comp], finished=True)) is seq
+    assert seq.output_ids == [5, 6, 7] and seq.logprobs == [-1.0, -2.0, -7.0] and seq.finish_reason == "length"
+
+
+def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    with pytest.raises(ValueError, match="engine.dtype, engine.weight_update, engine.lora_merge, engine.lm_head_fp32=auto: resolve"):
+        llm_kwargs(cfg.engine, cfg.seed, 1)
+    cfg.engine = resolve_engine(cfg.engine, updates=False)  # an engine no weights reach: reload
+    kw = llm_kwargs(cfg.engine, cfg.seed, 1)
+    assert kw["logprobs_mode"] == "processed_logprobs"  # logprobs at the sampling temperature
+    assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
+    assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
+    assert "disable_log_stats" not in kw  # vllm.LLM's default: no stats
+    cfg.engine.log_stats = True
+    assert llm_kwargs(cfg.engine, cfg.seed, 1)["disable_log_stats"] is False
+
+
+def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():
+    cfg = RootConfig()
+    cfg.engine.weight_update, cfg.engine.lm_head_fp32 = "inplace", "false"
+    cfg.engine = resolve_engine(cfg.engine)
+    kw = llm_kwargs(cfg.engine, cfg.seed, 0)
+    assert "weight_transfer_config" not in kw and "hf_overrides" not in kw
+    module, name = kw["worker_extension_cls"].rsplit(".", 1)  # vLLM imports it by name in its workers
+    import importlib
+
+    assert hasattr(importlib.import_module(module), name)
+
+
+def hide_vllm(monkeypatch) -> None:
+    """``import vllm`` fails for the rest of the test, as where it is not installed."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_vllm(name, *a, **k):
+        if name == "vllm":
+            raise ImportError("No module named 'vllm'")
+        return real(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_vllm)
+
+
+def test_missing_vllm_names_the_extra(monkeypatch):
+    hide_vllm(monkeypatch)
+    from areal_cli.engines.vllm.engine import import_vllm
+
+    with pytest.raises(ValueError, match=r"areal-cli\[vllm\]"):
+        import_vllm()
+
+
+def _gpu_vllm() -> str:
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        return "vLLM is not installed (pip install 'areal-cli[vllm]')"
+    import torch
+
+    return "" if torch.cuda.is_available() else "vLLM needs a GPU"
+
+
+@pytest.mark.skipif(bool(_gpu_vllm()), reason=_gpu_vllm() or "runs")
+def test_real_vllm_generates_with_logprobs(tiny_model):
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = True, 0.2, 512
+    cfg.engine = resolve_engine(cfg.engine, updates=False)
+    from areal_cli.engines.base import EngineSetup, Sampling
+    from areal_cli.engines.factory import make_engine
+
+    eng = make_engine(EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8))
+    try:
+        eng.submit(Sequence("x", [1, 2, 3], max_new_tokens=8))
+        done = []
+        while not done:
+            done = eng.poll(1.0)
+        assert len(done[0].output_ids) == len(done[0].logprobs) == len(done[0].versions) > 0
+        assert all(lp <= 0 for lp in done[0].logprobs)
+    finally:
+        eng.close()
+
+
+class LocalIntake:
+    """``InplaceReceiver``'s calls without the RPC: a real ``StagedUpdate`` over gloo in this process."""
+
+    def __init__(self, staged, verified: bool = False):
+        self.staged, self.reports_change = staged, verified
+        self.background = staged.staged
+
+    def begin(self):
+        self.staged.begin()
+
+    def done(self):
+        return self.staged.done()
+
+    def apply(self):
+        return self.staged.apply()
+
+    def receive(self, version: int = -1):
+        self.begin()
+        return self.apply()
+
+
+def test_staged_update_keeps_generating_during_the_receive_and_holds_only_the_swap():
+    import threading
+
+    import torch
+
+    from tests.engines.test_vllm_inplace import _ends
+
+    trainer, tx, live, staged = _ends(staged=True)
+    eng = fake_engine()
+    eng.receiver = LocalIntake(staged)
+    # a budget no receive outlasts: the fake core steps without pause (10,000 tokens once ran out
+    # before the broadcast ended on an idle machine)
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=10**9))
+    tx.prepare(iter(trainer.named_parameters()))
+    sent = threading.Thread(target=lambda: (time_to_generate(eng), tx.broadcast()))
+    sent.start()
+    timings = eng.update_weights(1)
+    sent.join()
+    seq = eng.seqs["a"]
+    # tokens came while the update was on its way, under the old version; the rest follows under the new
+    assert timings["steps_behind"] > 0 and seq.versions.count(0) >= timings["steps_behind"]
+    assert timings["pause_total_s"] == timings["pause_s"] < timings["weight_behind_s"]
+    assert eng.version == 1 and eng.core.aborted == ["a#1"] and "a#2" in eng.core.requests
+    for name, p in trainer.named_parameters():
+        assert torch.equal(live[name], p.detach().to(torch.bfloat16))
+    staged.close()
+
+
+def time_to_generate(eng) -> None:
+    """Hold the broadcast back until the engine has stepped its request a few times meanwhile."""
+    import time
+
+    deadline = time.monotonic() + 30
+    while len(eng.seqs["a"].output_ids) < 5 and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def verified_engine(staged: bool, engine_reads_weights: bool | None):
+    """A fake engine over a real ``StagedUpdate`` whose probe logprobs are a function of the live weights
+    (as a real engine's forward is), or stay as they were (an engine that never reads the new weights);
+    None: the weights are read, but vLLM's queue never reaches a probe (the first, waited for, included)."""
+    import torch
+
+    from tests.engines.test_vllm_inplace import _ends
+
+    trainer, tx, live, rx = _ends(staged=staged)
+    eng = fake_engine()
+    eng.receiver = LocalIntake(rx, verified=True)
+    eng.core.model_config = types.SimpleNamespace(get_vocab_size=lambda: 1000)
+    frozen = None
+
+    def logprobs(ids):
+        nonlocal frozen
+        total = sum(float(p.detach().float().sum()) for p in live.values())
+        now = torch.linspace(-1.0, -0.1, len(ids) - 1) * (1.0 + total)
+        if not engine_reads_weights and engine_reads_weights is not None:
+            frozen = now if frozen is None else frozen
+            return frozen
+        return now
+
+    eng.core.prompt_lp = logprobs
+    eng.core.full = engine_reads_weights is None
+
+    def update(version: int) -> dict:
+        import threading
+
+        tx.prepare(iter(trainer.named_parameters()))
+        sent = threading.Thread(target=tx.broadcast)
+        sent.start()
+        try:
+            return eng.update_weights(version)
+        finally:
+            sent.join()
+
+    return eng, trainer, update, rx
+
+
+def answered(eng) -> None:
+    """Step the engine until its probe is answered (what the worker's polling does between updates)."""
+    for _ in range(5):
+        eng.poll(0.001)
+    assert eng._probing is None
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_an_in_place_update_is_verified_by_the_probe_and_an_unchanged_one_is_named(staged):
+    import torch
+
+    eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=True)
+    first = update(1)
+    assert first["weights_changed"] == 1 and first["weights_unchanged"] == 0 and "probe_version" not in first
+    assert eng._probing is not None  # submitted, not waited for: the worker goes on meanwhile
+    answered(eng)
+    again = update(2)  # the trainer's weights did not move (a skipped step): reported, not an error
+    assert again["weights_changed"] == 0 and again["weights_unchanged"] == 1
+    assert again["probe_version"] == 1 and again["probe_logp_change"] > 0  # the verdict on version 1
+    answered(eng)
+    with torch.no_grad():
+        next(trainer.parameters()).mul_(2.0)
+    third = update(3)
+    assert third["probe_version"] == 2 and third["probe_logp_change"] == 0
+    answered(eng)
+    assert eng._verdict["probe_version"] == 3 and eng._verdict["probe_logp_change"] > 0
+    rx.close()
+
+
+@pytest.mark.parametrize("staged", [True, False])
+def test_an_update_the_engine_does_not_see_stops_with_the_version_named(staged):
+    from areal_cli.engines.adapter import WeightSyncError
+
+    eng, trainer, update, rx = verified_engine(staged, engine_reads_weights=False)
+    update(1)
+    with pytest.raises(WeightSyncError, match="update to version 1: the weights changed but the engine's logprobs"):
+        answered(eng)
+    rx.close()
+
+
+def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_never_waited_for(monkeypatch):
+    import time
+
+    from areal_cli.engines.vllm import engine as vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "PROBE_WAIT_S", 0.2)  # the one probe waited for: before the first update
+    eng, trainer, update, rx = verified_engine(staged=True, engine_reads_weights=None)
+    assert update(1)["weights_changed"] == 1
+    eng.poll(0.01)
+    t0 = time.perf_counter()
+    got = update(2)
+    assert time.perf_counter() - t0 < 5.0  # no wait for the probe (it was 10 s per update)
+    assert got["probe_version"] == 1 and got["probe_skipped"] == 1 and "probe_logp_change" not in got
+    assert "areal-probe-v1" in eng.core.aborted and eng._probing[0] == "areal-probe-v2"
+    rx.close()

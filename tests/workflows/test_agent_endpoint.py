@@ -1,0 +1,192 @@
+"""The rollout worker's OpenAI-compatible endpoint, driven by the real ``openai`` client against the
+embedded engine (a tiny random-weight model): every recorded id is the engine's, with its version,
+across a weight update in the middle of an episode; chat with tools, streaming, n > 1, the Responses
+API and completions; and every way an agent or a request can be wrong."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+
+import numpy as np
+import openai
+import pytest
+import torch
+from conftest import hf_engine
+
+from areal_cli.config.schema import RootConfig, WorkflowConfig
+from areal_cli.rewards import RewardPool
+from areal_cli.runtime import SWITCH_INTERVAL_S
+from areal_cli.tasks import load_tokenizer
+from areal_cli.transport.messages import WorkItem
+from areal_cli.workflows.agent.bridge import CallId
+from areal_cli.workflows.agent.toolcalls import forced_text
+from areal_cli.workflows.agent.workflow import AgentWorkflow
+
+PROBLEM = {"id": "p0", "prompt": "What is 3 + 4?", "answer": "7", "meta": {}, "key": "3+4"}
+
+
+@pytest.fixture
+def setup(tiny_model):
+    eng = hf_engine(tiny_model, sequences=16, kv_cache_tokens=8192)
+    pool = RewardPool(RootConfig().reward, 1)
+    made, interval = [], sys.getswitchinterval()  # the workflow lowers it for the whole process
+
+    def make(agent: str, **kw):
+        cfg = WorkflowConfig(name="agent", agent=f"agent_cases:{agent}", max_turns=4, **kw)
+        flow = AgentWorkflow(cfg, eng, pool, load_tokenizer(tiny_model), 0, model="tiny", max_new_tokens=8,
+                             context=1024)
+        made.append(flow)
+        return flow
+
+    yield eng, make
+    for f in made:
+        f.close()
+    eng.close()
+    pool.close()
+    sys.setswitchinterval(interval)
+
+
+def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tuple[list, list]:
+    """Run the worker's loop until ``groups`` results: (results, every finished engine sequence).
+    ``update_at(seqs)``: True once to load new weights (version 1) while sequences are in flight."""
+    results, seen, deadline = [], [], time.monotonic() + timeout_s
+    while len(results) < groups and time.monotonic() < deadline:
+        # until the update, one engine step per poll (a poll runs until a sequence finishes: a whole
+        # 8-token call can start and end inside one, and no state with a call in flight would be seen)
+        for s in eng.poll(0.02 if update_at is None else 0.0):
+            seen.append(s)
+            flow.on_generated(s)
+        results += flow.poll()
+        if update_at is not None and not eng.seqs:
+            time.sleep(0.0005)  # the next call is still on its way through the endpoint
+        if update_at is not None and update_at(seen):
+            update_at = None
+            with eng.paused(1), torch.no_grad():
+                for p in eng.model.parameters():
+                    p.mul_(1.5)
+    assert len(results) == groups, f"{len(results)} of {groups} groups finished in {timeout_s}s"
+    return results, seen
+
+
+def item(group: int, size: int = 2) -> WorkItem:
+    return WorkItem(group, f"p{group}", np.zeros(1, np.int32), size, 8, PROBLEM, 0)
+
+
+def _in_flight_with_tokens(eng):
+    return lambda seen: len(seen) >= 2 and any(len(s.output_ids) >= 2 for s in eng.seqs.values())
+
+
+def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup):
+    eng, make = setup
+    flow = make("three_calls")
+    assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # the endpoint's thread gets the GIL soon
+    flow.start(item(0))
+    [g], seen = drive(flow, eng, 1, update_at=_in_flight_with_tokens(eng))
+    assert not g.failed and g.counters["agent_calls"] == 6 and g.counters["agent_splits"] == 0
+    # each episode: one trajectory through its three calls, and call 3's second choice on its own
+    assert sorted(s.episode for s in g.samples) == [0, 0, 1, 1]
+    assert g.counters["agent_extra_choices"] == 4
+    assert all(isinstance(s.rid, CallId) for s in seen) and len(seen) == 8
+    for seq in seen:  # every sequence the engine produced is in a trajectory, exactly, with its versions
+        assert any(_holds(s, seq) for s in g.samples), f"{seq.rid} is not recorded as generated"
+    versions = np.concatenate([s.versions[s.loss_mask.astype(bool)] for s in g.samples])
+    assert set(versions.tolist()) == {0, 1}, "the update fell between tokens of the episodes"
+    for s in g.samples:
+        assert (s.versions[s.loss_mask == 0] == -1).all() and (s.logprobs[s.loss_mask == 0] == 0).all()
+
+
+def _holds(sample, seq) -> bool:
+    ids = np.concatenate([sample.prompt_ids, sample.output_ids]).tolist()
+    k, n, p = len(seq.prompt_ids), len(seq.output_ids), len(sample.prompt_ids)
+    if ids[:k] != list(seq.prompt_ids) or ids[k:k + n] != list(seq.output_ids) or k < p:
+        return False
+    span = slice(k - p, k - p + n)
+    return (sample.loss_mask[span] == 1).all() and sample.versions[span].tolist() == list(seq.versions) \
+        and np.allclose(sample.logprobs[span], seq.logprobs)
+
+
+def test_calls_that_do_not_extend_each_other_are_separate_trajectories_of_one_episode(setup):
+    eng, make = setup
+    flow = make("plan_then_answer")
+    flow.start(item(0, size=3))
+    [g], _ = drive(flow, eng, 1)
+    assert sorted(s.episode for s in g.samples) == [0, 0, 1, 1, 2, 2]
+    assert g.counters["agent_splits"] == 3 and all(s.reward == 0.5 for s in g.samples)
+
+
+def test_responses_api_and_completions_and_the_task_reward(setup):
+    eng, make = setup
+    flow = make("responses_and_completions")
+    flow.start(item(0))
+    [g], _ = drive(flow, eng, 1)
+    assert not g.failed and g.counters["agent_calls"] == 4
+    assert all(s.reward_status == "ok" and s.reward in (0.0, 1.0) for s in g.samples)
+
+
+def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name_is_refused(setup):
+    eng, make = setup
+    flow = make("forced_call")
+    flow.start(item(0))
+    [g], seen = drive(flow, eng, 1)
+    opening = flow.endpoint.renderer.encode(forced_text(flow.endpoint.renderer.style, "calculate"))
+    assert opening and len(g.samples) == 2 and g.counters["agent_calls"] == 2
+    for s in g.samples:  # the call's opening is prompt (not trained on); the model's ids follow it
+        assert s.prompt_ids[-len(opening):].tolist() == opening and s.reward == 1.0
+        assert any(_holds(s, seq) for seq in seen)
+    # a random model does not close the JSON call in 6 tokens: counted, returned as content
+    assert g.counters["tool_parse_errors"] == 2
+
+
+@pytest.mark.parametrize("agent, why", [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),
+                                        ("no_call", "made no call"), ("bad_return", "return a float")])
+def test_a_failing_agent_drops_its_group_and_is_named_in_the_log(setup, caplog, agent, why):
+    eng, make = setup
+    # only the hanging agent meets the clock; the others' model calls may take any time on a slow CPU
+    flow = make(agent, agent_timeout_s=2.0 if agent == "hangs" else 600.0)
+    with caplog.at_level(logging.ERROR):
+        flow.start(item(0))
+        [g], _ = drive(flow, eng, 1, timeout_s=60)
+    assert g.failed == 2 and g.samples == [] and g.counters["agent_failed"] == 2
+    assert why in caplog.text and f"agent_cases:{agent}" in caplog.text
+
+
+def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(setup):
+    eng, make = setup
+    flow = make("no_call")
+    out = {}
+
+    def client_calls():
+        good = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        bad = openai.OpenAI(base_url=flow.url, api_key="wrong", max_retries=0)
+        try:
+            bad.models.list()
+        except openai.AuthenticationError as err:
+            out["401"] = err.status_code
+        try:
+            good.chat.completions.create(model="m", messages=[{"role": "user", "content": "x " * 2000}])
+        except openai.BadRequestError as err:
+            out["context"] = err.code
+        try:
+            good.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
+        except openai.BadRequestError as err:
+            out["role"] = err.param
+        out["models"] = [m.id for m in good.models.list()]
+        out["plain"] = good.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                    max_tokens=3).choices[0].finish_reason
+
+    t = threading.Thread(target=client_calls)
+    t.start()
+    deadline = time.monotonic() + 60
+    while t.is_alive() and time.monotonic() < deadline:  # the worker's loop serves the engine
+        for s in eng.poll(0.02):
+            flow.on_generated(s)
+        flow.poll()
+    t.join(1)
+    assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]", "models": ["tiny"],
+                   "plain": "length"}
+    c = flow.endpoint.counters
+    assert c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 2 and c["agent_unattributed_calls"] == 1
+    assert flow.server.sock.getsockname()[0] == "127.0.0.1"
