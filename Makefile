@@ -18,6 +18,8 @@ UV_PIP = $$(if command -v uv >/dev/null 2>&1; then echo uv pip install --python 
 	else echo $(PY) -m pip install --no-compile; fi)
 
 $(VENV)/.installed-run: setup.cfg pyproject.toml
+	@case "$$(uname -m)" in x86_64|aarch64) ;; *) echo "areal installs on x86_64 and aarch64 (the CPU \
+	  builds of torch); this machine is $$(uname -m)"; exit 1;; esac
 	test -x $(PY) || python3 -m venv $(VENV)
 	command -v uv >/dev/null 2>&1 || $(PY) -m pip install -q uv || echo "note: no uv, installing with pip (slower)"
 	# No CUDA here: take the CPU build of torch first, so no multi-GB CUDA build is pulled.

@@ -1,10 +1,10 @@
 """Where a decode step of the hf engine goes on the CPU, and the two batchings side by side.
 
-    .venv/bin/python benchmarks/cpu_decode.py [--batch 8 32] [--threads 1] [--tokens 64] [--rounds
-    3]
+    .venv/bin/python benchmarks/cpu_decode.py [--batch 8 32] [--threads 1] [--tokens 64]
+                                              [--rounds 3] [--dtype auto|bfloat16|float32]
 
-SmolLM2-135M-Instruct in bfloat16, prompts of the default task (~50 tokens). Prints one line per
-measurement and a JSON summary:
+SmolLM2-135M-Instruct in ``--dtype`` (auto: the CPU's native dtype, config/cpu_dtype.py),
+prompts of the default task (~50 tokens). Prints one line per measurement and a JSON summary:
 
 - ``forward``: the bare model forward of one decode step at batch B over a ~100-token context
   (transformers' DynamicCache), split into the model up to its last hidden state, the lm head, and
@@ -102,20 +102,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     args = ap.parse_args()
+    from areal_cli.config.cpu_dtype import choose
+
+    dtype = choose().dtype if args.dtype == "auto" else args.dtype
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     path = resolve_model("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-    summary: dict = {"threads": args.threads, "tokens": args.tokens}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+    summary: dict = {"threads": args.threads, "tokens": args.tokens, "dtype": dtype}
     for b in args.batch:
         batch = prompts(tok, b)
         split = forward_split(model, batch)
         print(f"B={b} forward: {json.dumps(split)}", flush=True)
-        engines = {name: hf_engine(path, dtype="bfloat16", max_batch_tokens=2048, page_size=64,
+        engines = {name: hf_engine(path, dtype=dtype, max_batch_tokens=2048, page_size=64,
                                    sequences=b,
                                    kv_cache_tokens=b * 192, cpu_batching=name)
                    for name in ("slots", "paged")}

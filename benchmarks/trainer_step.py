@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/trainer_step.py trainer.activation_checkpointing=true
     trainer.threads=1
 
-One rank (gloo), the real ``StepRunner`` step on SmolLM2-135M (bf16 autocast over float32
-weights) and a batch of the default run's shape (8 groups × 4 samples, prompts ~60 tokens,
-responses 10–64, 3 groups with one reward for all samples: tests/trainer/helpers.py). Prints
-one JSON line: per-step wall and CPU (user + system) seconds after one warm-up step, their
+One rank (gloo), the real ``StepRunner`` step on SmolLM2-135M (float32 weights; trainer.dtype as
+``areal train`` resolves it here: bfloat16 autocast only where the CPU has it natively) and a
+batch of the default run's shape (8 groups × 4 samples, prompts ~60 tokens, responses 10–64,
+3 groups with one reward for all samples: tests/trainer/helpers.py). Prints one JSON line: per-step wall and CPU (user + system) seconds after one warm-up step, their
 medians, the step's metrics (skipped rows, MFU when a peak is known) and the load average,
 since the 2-core machine is often shared: compare variants run back to back.
 """
@@ -65,7 +65,8 @@ def main() -> None:
         if step:  # the first step allocates AdamW's state
             walls.append(time.perf_counter() - t0)
             cpus.append(cpu_s() - c0)
-    print(json.dumps({"overrides": args.overrides, "threads": torch.get_num_threads(),
+    print(json.dumps({"overrides": args.overrides, "dtype": str(cfg.trainer.dtype),
+                      "threads": torch.get_num_threads(),
                       "wall_s": [round(w, 2) for w in walls], "cpu_s": [round(c, 2) for c in cpus],
                       "median_wall_s": round(statistics.median(walls), 2),
                       "median_cpu_s": round(statistics.median(cpus), 2),

@@ -186,9 +186,10 @@ class RewardConfig:
     rollout worker) after the first before it scores them."""
     gpus: list = field(default_factory=list)
     """reward.fn=model / judge: GPU ids of the reward-model process; [] = the CPU."""
-    dtype: str = "bfloat16"
-    """reward.fn=model / judge: weights of the reward model and judge: bfloat16 | float16 | float32
-    (2-core CPU, 8 judge prompts: 1.3 s in bfloat16, 4.5 s in float32)."""
+    dtype: str = "auto"
+    """reward.fn=model / judge: weights of the reward model and judge: auto | bfloat16 | float16 |
+    float32; auto = bfloat16 on reward.gpus, on the CPU the dtype it computes natively
+    (config/cpu_dtype.py: float32 where bfloat16 would be emulated)."""
     partial_credit: bool = False
     """reasoning_gym: pay the dataset's graded score_answer (e.g. len(reference)/len(answer) when the
     reference occurs inside the answer); false = only a correct answer earns reward (1), else 0."""
@@ -245,8 +246,8 @@ class RewardConfig:
         if self.code_nproc < 1:
             errors.append(f"reward.code_nproc={self.code_nproc} must be >= 1: raise it")
         errors += self._machine_problems()
-        if self.dtype not in ("bfloat16", "float16", "float32"):
-            errors.append(f"reward.dtype={self.dtype!r}: use bfloat16, float16 or float32")
+        if self.dtype not in ("auto", "bfloat16", "float16", "float32"):
+            errors.append(f"reward.dtype={self.dtype!r}: use auto, bfloat16, float16 or float32")
         if self.sandbox not in SANDBOXES:
             errors.append(f"reward.sandbox={self.sandbox!r}: use one of {', '.join(SANDBOXES)}")
         if self.numeric_tol < 0:

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal_cli.config import cpu_dtype
 from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator
 from areal_cli.config.schema import RootConfig
 from areal_cli.engines import spanning, spec
@@ -49,6 +50,7 @@ class Plan:
         for role, ids in self.devices.items():
             lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}"
                          + ("  (raise trainer.ranks or rollout.workers to use them)" if role == "idle" else ""))
+        lines += ["# dtypes", *self.notes.get("dtype", [])]
         lines += ["# weight updates", *self.notes.get("weights", [])]
         if self.notes.get("reward"):
             lines += ["# rewards", *self.notes["reward"]]
@@ -238,6 +240,28 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     return path, lines
 
 
+def dtype_notes(asked: RootConfig, cfg: RootConfig, placement: Placement) -> list[str]:
+    """The dtype of the trainer and the engine, and why; a warning where an explicit bfloat16 will be
+    emulated on a CPU without it (``asked``: the config before it was resolved)."""
+    engine_gpu = placement.trainer_gpu if placement.rollout_gpu is None else placement.rollout_gpu
+    cpu = None if placement.trainer_gpu and engine_gpu else cpu_dtype.choose()
+    lines = []
+    for role, key, on_gpu in (("trainer", "trainer.dtype", placement.trainer_gpu),
+                              ("engine", "engine.dtype", engine_gpu)):
+        chosen, wanted = str(getattr(cfg, role).dtype), str(getattr(asked, role).dtype)
+        if on_gpu:
+            why = "auto: bfloat16 on a GPU" if wanted == "auto" else "as set"
+        elif wanted == "auto":
+            why = f"auto on the CPU: {cpu.reason}"
+        elif chosen in ("bfloat16", "float16") and not cpu.bf16_native:
+            why = (f"as set; WARNING: {cpu.reason}; {key}=auto (or float32) computes in float32, "
+                   "several times faster here")
+        else:
+            why = "as set"
+        lines.append(f"{key}={chosen} ({why})")
+    return lines + [f"weights.dtype={cfg.weights.dtype} (the wire; auto = engine.dtype)"]
+
+
 def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) -> list[str]:
     """How weights will reach every rollout worker under the resolved ``cfg``, and why
     engine.weight_update is what it is (``asked``: the config before it was resolved)."""
@@ -300,11 +324,13 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         card = gpu_memory(devices["trainer"][:1])
         if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
             card = spec(cfg.engine.name).shared_card(cfg, card)
-        placement = Placement(trainer_gpu=bool(devices["trainer"]), shared_gpu=shared, gpu_memory_bytes=card)
+        placement = Placement(trainer_gpu=bool(devices["trainer"]), rollout_gpu=bool(devices["rollout"]),
+                              shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
-    notes = {"model": model_lines, "weights": weight_notes(asked, cfg, model_path),
+    notes = {"model": model_lines, "dtype": dtype_notes(asked, cfg, placement),
+             "weights": weight_notes(asked, cfg, model_path),
              "lengths": length_notes(cfg), "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]

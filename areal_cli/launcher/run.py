@@ -83,7 +83,8 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         if cfg.dry_run:
             print(plan.describe())
             return plan.run_dir
-        print("\n".join(f"{k}: {line}" for k in ("model", "weights", "lengths", "memory", "reward") for line in plan.notes.get(k, [])[:2]),
+        print("\n".join(f"{k}: {line}" for k in ("model", "dtype", "weights", "lengths", "memory", "reward")
+                        for line in plan.notes.get(k, [])[:2]),
               flush=True)
         preflight(cfg)
         lock = RunLock(plan.run_dir)

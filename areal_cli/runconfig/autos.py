@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+from areal_cli.config import cpu_dtype
 from areal_cli.config.choices import (
     Allocator,
     Dtype,
@@ -39,10 +40,13 @@ from areal_cli.engines import spec
 def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
     out = copy.deepcopy(cfg)
-    out.engine = resolve_engine(out.engine, where.model_path)
+    engine_gpu = where.trainer_gpu if where.rollout_gpu is None else where.rollout_gpu
+    out.engine = resolve_engine(out.engine, where.model_path, gpu=engine_gpu)
+    if out.reward.dtype == "auto":
+        out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))
     out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
     t, w = out.trainer, out.weights
-    t.dtype = _dtype(t.dtype)
+    t.dtype = _dtype(t.dtype, where.trainer_gpu)
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
     t.packing = _switch(t.packing, where.trainer_gpu)
@@ -62,11 +66,15 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     return out
 
 
-def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True) -> EngineConfig:
+def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True,
+                   gpu: bool | None = None) -> EngineConfig:
     """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that never
-    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer)."""
+    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer).
+    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here)."""
     e = copy.deepcopy(engine)
-    e.dtype = _dtype(e.dtype)
+    if gpu is None:
+        gpu = cpu_dtype.gpu_driver()
+    e.dtype = _dtype(e.dtype, gpu)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
     e.lora_merge = _switch(e.lora_merge, spec(e.name).merges_lora)
     e.weight_update = _auto(WeightUpdate, e.weight_update,

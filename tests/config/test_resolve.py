@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import AREAL, ROOT
 
+from areal_cli.config.cpu_dtype import choose
 from areal_cli.config.resolve import (
     CPU,
     Placement,
@@ -47,8 +48,10 @@ def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
     # padded micro-batches on the CPU (a packed row's dense mask is O(T²) in CPU SDPA), packed on
     # GPUs
     assert (cpu.trainer.packing, gpu.trainer.packing) == ("false", "true")
+    # bfloat16 on GPUs; on the CPU what this processor computes natively (config/cpu_dtype.py)
+    assert (gpu.engine.dtype, gpu.trainer.dtype, gpu.weights.dtype) == ("bfloat16",) * 3
+    assert (cpu.engine.dtype, cpu.trainer.dtype, cpu.weights.dtype) == (choose().dtype,) * 3
     for r in (cpu, gpu):  # the same wherever the run is
-        assert (r.engine.dtype, r.trainer.dtype, r.weights.dtype) == ("bfloat16",) * 3
         assert (r.engine.lm_head_fp32, r.engine.weight_update) == ("false", "inplace")  # hf
     # the input is not changed
     assert cfg.trainer.optim_state == "auto" and cfg.weights.bucket_mb == 0

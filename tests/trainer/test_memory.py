@@ -1,6 +1,7 @@
 """The trainer's peak resident memory on a short real run: four steps of the default model
-(SmolLM2-135M, bf16 autocast over float32 weights, AdamW) on a batch of the default run's shape
-(8 groups × 4 samples, prompts ~60 tokens, responses 10–64), in a fresh process."""
+(SmolLM2-135M, float32 weights under trainer.dtype as resolved here, AdamW) on a batch of the
+default run's shape (8 groups × 4 samples, prompts ~60 tokens, responses 10–64), in a fresh
+process."""
 
 from __future__ import annotations
 
@@ -39,9 +40,10 @@ dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 cfg = resolve(compose([]))  # the CPU's values, as `areal train` plans them here
 torch.set_num_threads(cfg.trainer.threads)
 path = resolve_model(cfg.model)
-model = build_policy(path, torch.device("cpu"), torch.bfloat16,
+dtype = getattr(torch, cfg.trainer.dtype)  # bfloat16 where this CPU computes it natively
+model = build_policy(path, torch.device("cpu"), dtype,
                      cfg.trainer.activation_checkpointing == "true")
-runner = StepRunner.build(model, path, cfg, torch.device("cpu"), torch.bfloat16, 0, 1)
+runner = StepRunner.build(model, path, cfg, torch.device("cpu"), dtype, 0, 1)
 for seed in range(4):  # lengths differ between the batches, as between the steps of a run
     metrics = runner.train(default_shaped_batch(seed=seed), version=0)
 print(json.dumps(metrics))
