@@ -5,11 +5,12 @@
     trainer.threads=1
 
 One rank (gloo), the real ``StepRunner`` step on SmolLM2-135M (float32 weights; trainer.dtype as
-``areal train`` resolves it here: bfloat16 autocast only where the CPU has it natively) and a
-batch of the default run's shape (8 groups × 4 samples, prompts ~60 tokens, responses 10–64,
-3 groups with one reward for all samples: tests/trainer/helpers.py). Prints one JSON line:
-per-step wall and CPU (user + system) seconds after one warm-up step, their medians, the step's metrics (skipped rows, MFU when a peak is known) and the load average,
-since the 2-core machine is often shared: compare variants run back to back.
+``areal train`` resolves it here: bfloat16 autocast only where the CPU has it natively) and a batch
+of the default run's shape (8 groups × 4 samples, prompts ~60 tokens, responses 10–64, 3 groups
+with one reward for all samples: tests/trainer/helpers.py). Prints one JSON line: per-step wall and
+CPU (user + system) seconds after one warm-up step, their medians, the step's metrics (skipped
+rows, MFU when a peak is known) and the load average, since the 2-core machine is often shared:
+compare variants run back to back.
 """
 
 from __future__ import annotations
