@@ -8,6 +8,7 @@ is cached under ``AREAL_CACHE/eval``: a second run of the same task skips it. Bo
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,8 +43,11 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     problems = load_problems(cfg.task, "eval")[: cfg.eval.size or None]
     say(f"evaluating base and trained model on {len(problems)} held-out problems "
         f"({cfg.task.name} eval split, greedy, ≤ {cfg.rollout.max_new_tokens} new tokens) ...")
+    # the KV cache sized for the evaluation's own batch: the run's engine.kv_cache_tokens was resolved
+    # for its groups, and a cache too small for the evaluation's sequences is compacted every step
+    engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0)
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
-                   engine_cfg=cfg.engine, threads=usable_cores(), problems=problems)
+                   engine_cfg=engine, threads=usable_cores(), problems=problems)
     base_path = resolve_model(cfg.model)
     cache = _cache_path(cfg, base_path, problems)
     if cache.is_file():
