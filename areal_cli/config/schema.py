@@ -388,7 +388,8 @@ class EvalConfig:
     """After the last step, `areal train` evaluates the base model and the final checkpoint on
     ``size`` held-out problems (greedy) and prints both; the base figure is cached."""
     size: int = 64
-    """Held-out problems per evaluation: the first of the eval split (0 = all of it)."""
+    """Held-out problems per evaluation: the first of the eval split (0 = all of it; at most the
+    split's task.eval_size)."""
 
 
 @dataclass

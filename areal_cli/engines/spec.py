@@ -34,6 +34,8 @@ class EngineSpec:
     """``engine.lora_merge=auto`` means on: the trainer merges the adapter and sends full weights
     (an engine whose own weight transfer carries whole layers), else the adapter alone."""
     lora_apply: str
+    gpu_only: bool = False
+    """Computes on GPUs only: its ``engine.dtype=auto`` is bfloat16 wherever it is planned."""
     """How the engine applies a received LoRA adapter (the plan's note)."""
     module: str = "engine"
     """The module of its package that defines ``ENGINE`` and ``make_sender``."""

@@ -70,9 +70,12 @@ def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates
                    gpu: bool | None = None) -> EngineConfig:
     """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that never
     receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer).
-    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here)."""
+    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here; always for
+    an engine that computes on GPUs only)."""
     e = copy.deepcopy(engine)
-    if gpu is None:
+    if spec(e.name).gpu_only:
+        gpu = True
+    elif gpu is None:
         gpu = cpu_dtype.gpu_driver()
     e.dtype = _dtype(e.dtype, gpu)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)

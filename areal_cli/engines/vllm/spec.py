@@ -56,6 +56,7 @@ class VLLMSpec(EngineSpec):
 
 
 SPEC = VLLMSpec("vllm", loads_model=True, tensor_parallel=True, fp32_logits=True, merges_lora=True,
+                gpu_only=True,
                 lora_apply="each vLLM worker loads it through vLLM's LoRA API (a LoRARequest of a "
                            "tmpfs directory, load_inplace)",
                 package="vllm", install="pip install 'areal-cli[vllm]' (GPU machines only)")
