@@ -118,9 +118,9 @@ def _dtype(value, gpu: bool) -> Dtype:
 
 
 COMPILE_MIN_PARAMS = 1e9
-"""trainer.compile=auto compiles from this many decoder-layer parameters up: at the Qwen2.5-1.5B size
-on one H100 it took a step from 3.75 to 3.31 s, with 2048-position output-layer chunks to 3.00 s
-(benchmarks/trainer_profile.py, BENCHMARKS.md); smaller models were not measured."""
+"""trainer.compile=auto compiles from this many decoder-layer parameters up: compiling shortened a
+step at the Qwen2.5-1.5B size (BENCHMARKS.md "Speed levers, Qwen2.5-1.5B layout, one trainer
+rank"); smaller models were not measured."""
 
 
 def _compile(where: Placement) -> bool:

@@ -41,7 +41,7 @@ def test_config_reference_lists_every_schema_key_with_its_docstring():
 
 def test_config_reference_shows_the_values_conf_gives():
     page = gen_reference.config_page()
-    assert "| `trainer.steps` | int | `24` |" in page  # conf/config.yaml's value, not a made-up one
+    assert "| `trainer.steps` | int | `30` |" in page  # conf/config.yaml's value, not a made-up one
     assert "| `rollout.max_staleness` | int |" in page
 
 
