@@ -69,6 +69,11 @@ class Placement:
     gpu_memory_bytes: int = 0
     """Memory of trainer rank 0's GPU; 0 = not known here (a plan for other nodes)."""
 
+    @property
+    def engine_gpu(self) -> bool:
+        """The rollout workers' engines run on GPUs (``rollout_gpu``, else as the trainer)."""
+        return self.trainer_gpu if self.rollout_gpu is None else self.rollout_gpu
+
 
 CPU = Placement()
 """Every process on the CPU (no GPU visible, or a config that was not planned)."""

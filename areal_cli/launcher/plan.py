@@ -243,7 +243,8 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
 def dtype_notes(asked: RootConfig, cfg: RootConfig, placement: Placement) -> list[str]:
     """The dtype of the trainer and the engine, and why; a warning where an explicit bfloat16 will be
     emulated on a CPU without it (``asked``: the config before it was resolved)."""
-    engine_gpu = placement.trainer_gpu if placement.rollout_gpu is None else placement.rollout_gpu
+    # as resolve_engine decides it: an engine that computes on GPUs only is on one wherever planned
+    engine_gpu = placement.engine_gpu or spec(cfg.engine.name).gpu_only
     cpu = None if placement.trainer_gpu and engine_gpu else cpu_dtype.choose()
     lines = []
     for role, key, on_gpu in (("trainer", "trainer.dtype", placement.trainer_gpu),

@@ -40,8 +40,7 @@ from areal_cli.engines import spec
 def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
     out = copy.deepcopy(cfg)
-    engine_gpu = where.trainer_gpu if where.rollout_gpu is None else where.rollout_gpu
-    out.engine = resolve_engine(out.engine, where.model_path, gpu=engine_gpu)
+    out.engine = resolve_engine(out.engine, where.model_path, gpu=where.engine_gpu)
     if out.reward.dtype == "auto":
         out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))
     out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
