@@ -41,10 +41,14 @@ def logprobs_and_grads(path, batch, **options) -> tuple[torch.Tensor, dict[str, 
     return lp, grads(runner.model), [c // out["micro_batches"] for c in calls]
 
 
-def assert_same(a, b) -> None:
+def assert_same(a, b, reordered: bool = False) -> None:
+    """Same logprobs and gradients. ``reordered``: b's kernels sum in another order (fused by
+    Inductor), so an element that nearly cancels may differ in its last bits; its tolerance is
+    then relative to the tensor's largest element."""
     assert torch.allclose(a[0], b[0], rtol=1e-5, atol=1e-6)
     for name, g in a[1].items():
-        assert torch.allclose(b[1][name], g, rtol=1e-4, atol=1e-8), name
+        atol = 1e-5 * g.abs().max().item() if reordered else 1e-8
+        assert torch.allclose(b[1][name], g, rtol=1e-4, atol=atol), name
 
 
 def test_checkpointing_every_other_layer_recomputes_only_those(tiny_model):
@@ -71,7 +75,7 @@ def test_compiled_layers_give_the_same_step(tiny_model):
                                   compile_layers=True)
     assert counters["stats"]["unique_graphs"] >= 1  # dynamo captured the layers
     assert base[2] == compiled[2] == [2, 2]  # each layer still recomputed in backward
-    assert_same(base, compiled)
+    assert_same(base, compiled, reordered=True)
 
 
 @pytest.mark.slow  # about 20 s of compilation with a cold cache
