@@ -138,3 +138,15 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     return make_engine(EngineSetup(e, path, eos_token_id, Sampling(temperature),
                                    sequences=sequences, context=context, index=index, device="cpu",
                                    weights=weights))
+
+
+def pytest_collection_modifyitems(items):
+    """tests/gpu/ carries the ``gpu`` marker and skips where torch sees no GPU."""
+    import torch
+
+    gpu = torch.cuda.is_available()
+    for item in items:
+        if "/tests/gpu/" in str(item.path):
+            item.add_marker(pytest.mark.gpu)
+            if not gpu:
+                item.add_marker(pytest.mark.skip(reason="needs a GPU"))

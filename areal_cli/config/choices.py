@@ -55,11 +55,13 @@ class Switch(StrEnum):
 
 
 class WeightsBackend(StrEnum):
-    """torch.distributed backend of the weight broadcast; auto = NCCL between GPUs, else gloo."""
+    """Backend of the weight broadcast; auto = NCCL between GPUs, CUDA IPC where a rollout worker
+    shares trainer rank 0's GPU, else gloo."""
 
     auto = "auto"
     nccl = "nccl"
     gloo = "gloo"
+    ipc = "ipc"
 
 
 class Allocator(StrEnum):

@@ -19,9 +19,9 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | reward.judge.engine | vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf |
 | weights.dtype | engine.dtype |
 | reward.dtype | bfloat16 on reward.gpus, else the CPU's rule as for engine.dtype |
-| weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU, else gloo |
-| weights.staged | true with nccl, false with gloo |
-| weights.bucket_mb (0) | 1024 with nccl, 32 with gloo |
+| weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU; ipc (CUDA IPC) when one does; gloo on the CPU |
+| weights.staged | true with nccl and ipc, false with gloo |
+| weights.bucket_mb (0) | 1024 with nccl and ipc, 32 with gloo |
 | trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
 | trainer.packing | true for the trainer on GPUs, false on the CPU |
 | trainer.activation_checkpointing | true on the CPU; on GPUs the least recomputation whose estimate fits the card (none, every other layer: checkpoint_every 2, every layer; config/memory_plan.py) |

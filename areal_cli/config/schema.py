@@ -296,15 +296,16 @@ class WeightsConfig:
     trainer rank 0 keeps one extra copy of the weights in the wire dtype, 15 GB at 7B). "false": two
     bucket buffers, gathered while the previous bucket is on the wire (engine=vllm: each parameter
     gathered from the shards and sent in turn); for a model whose shards and that copy do not fit
-    beside each other. "auto": true with NCCL, false with gloo (host memory)."""
+    beside each other. "auto": true with nccl and ipc, false with gloo (host memory)."""
     high_priority: bool = True
     """NCCL, engine=vllm with engine.weight_update=inplace: the broadcast and a staged receive's
     copies run on CUDA streams of the highest priority, so a receive behind generation gets the
     GPU's free SMs before generation's next kernels do (the receive is short; generation slows for
     its length). false: streams of normal priority."""
     backend: WeightsBackend = WeightsBackend.auto
-    """"auto" | "nccl" | "gloo". auto = NCCL between GPUs; gloo through host memory on the CPU and
-    when a rollout worker shares trainer rank 0's GPU (NCCL refuses two ranks on one GPU)."""
+    """"auto" | "nccl" | "gloo" | "ipc". auto = NCCL between GPUs; ipc (CUDA IPC: one copy on the
+    device per bucket) when a rollout worker shares trainer rank 0's GPU, where NCCL refuses two
+    ranks; gloo through host memory on the CPU."""
 
 
 @dataclass

@@ -79,11 +79,15 @@ class EngineSpec:
                 "buckets"
                 + (", staged" if wt.staged == "true" else "")]
 
-    def check_shared_gpu(self, gpu: int) -> None:
-        """ValueError naming the fix where this engine cannot sit on trainer rank 0's GPU ``gpu``
-        (the update then goes through host memory)."""
+    def check_shared_gpu(self, cfg: RootConfig, gpu: int) -> None:
+        """ValueError naming the fix where this engine, under the resolved ``cfg``, cannot sit on
+        trainer rank 0's GPU ``gpu`` (the update then goes through CUDA IPC)."""
 
-    def shared_card(self, cfg: RootConfig, card: int) -> int:
+    def shared_card(self, cfg: RootConfig, card: int, model_path: Path | None) -> int:
         """Bytes of a GPU of ``card`` bytes left to the trainer when one of these engines shares
         it."""
         return card // 2
+
+    def share_why(self, cfg: RootConfig, model_path: Path | None) -> str:
+        """What this engine's share of a shared GPU holds, for the plan."""
+        return "half the GPU: the model and the KV cache in engine.gpu_memory_utilization of it"

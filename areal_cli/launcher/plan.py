@@ -57,6 +57,8 @@ class Plan:
         if self.notes.get("lengths"):
             lines += ["# response lengths", *self.notes["lengths"]]
         lines += ["# memory", *self.notes.get("memory", [])]
+        if self.notes.get("share"):
+            lines += ["# one GPU shared", *self.notes["share"]]
         lines.append("# commands")
         for p in self.procs:
             env = " ".join(f"{k}={v}" for k, v in p.env.items())
@@ -205,17 +207,59 @@ def worker_gpus(cfg: RootConfig, rollout: list[int]) -> list[list[int]]:
 
 def shares_rank0_gpu(cfg: RootConfig, devices: dict) -> bool:
     """Whether a rollout worker runs on trainer rank 0's GPU. It cannot join an NCCL group with rank 0:
-    the update then goes through host memory (gloo), which only the embedded engine can receive;
-    ValueError naming the fix where the config asks for NCCL there."""
+    the update then goes device to device through CUDA IPC (weights.backend=ipc), which joins only
+    processes of one GPU; ValueError naming the fix where the config asks for a backend that cannot
+    serve the layout."""
+    backend = str(cfg.weights.backend)
+    workers = worker_gpus(cfg, devices["rollout"])
     if not devices["trainer"] or not devices["rollout"]:
+        if backend == "ipc":
+            raise ValueError("weights.backend=ipc joins processes of one GPU: the trainer and the rollout "
+                             "workers must share it (cluster.gpus=[0]); use weights.backend=auto")
         return False
-    if not any(devices["trainer"][0] in gs for gs in worker_gpus(cfg, devices["rollout"])):
+    rank0 = devices["trainer"][0]
+    if not any(rank0 in gs for gs in workers):
+        if backend == "ipc":
+            raise ValueError(f"weights.backend=ipc joins processes of one GPU, and no rollout worker is on "
+                             f"trainer rank 0's GPU {rank0}: use weights.backend=auto (NCCL between GPUs)")
         return False
-    spec(cfg.engine.name).check_shared_gpu(devices["trainer"][0])
-    if cfg.weights.backend == "nccl":
+    if backend == "nccl":
         raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and NCCL refuses "
-                         "two ranks on one GPU; use weights.backend=auto (or gloo)")
+                         "two ranks on one GPU; use weights.backend=auto (CUDA IPC there)")
+    others = [i for i, gs in enumerate(workers) if rank0 not in gs]
+    if backend in ("auto", "ipc") and others:
+        raise ValueError(f"rollout worker(s) {others} are on other GPUs than trainer rank 0's GPU {rank0}, which "
+                         "rollout-0 shares: one weight group cannot be CUDA IPC for one and NCCL for another. "
+                         "Give every rollout worker GPU(s) of its own (rollout.gpus / trainer.gpus), or use "
+                         "weights.backend=gloo")
     return True
+
+
+def share_notes(cfg: RootConfig, placement: Placement, total: int, gpu: int) -> list[str]:
+    """How trainer rank 0 and the rollout worker on its GPU ``gpu`` of ``total`` bytes share it,
+    planned before anything starts; ValueError naming what to lower where the estimate does not
+    fit."""
+    gib = 1024 ** 3
+    engine_bytes = total - placement.gpu_memory_bytes  # its share and what it holds beside it
+    every, need = checkpointing(cfg, placement)
+    what = "no checkpointing" if every is None else f"checkpointing every {'' if every == 1 else f'{every}th '}layer"
+    lines = [f"GPU {gpu} ({total / gib:.0f} GiB) shared by trainer rank 0 and rollout-0 (engine={cfg.engine.name}), "
+             "concurrent: generation goes on while the trainer steps; the only hold is the weight swap",
+             f"  {cfg.engine.name}: {engine_bytes / gib:.1f} GiB ({spec(cfg.engine.name).share_why(cfg, placement.model_path)})"]
+    if not need:
+        return [*lines, f"  trainer rank 0: the rest, {placement.gpu_memory_bytes / gib:.1f} GiB (the model's layout "
+                        "is not known here to estimate its peak)"]
+    lines.append(f"  trainer rank 0: ~{need / gib:.1f} GiB estimated ({what}, micro_batch_tokens="
+                 f"{cfg.trainer.micro_batch_tokens}) of the {placement.gpu_memory_bytes / gib:.1f} GiB left")
+    if need > placement.gpu_memory_bytes:
+        raise ValueError("\n  ".join([f"trainer rank 0 and rollout-0 do not fit on GPU {gpu} together:", *lines,
+                                      "lower engine.gpu_memory_utilization (now "
+                                      f"{cfg.engine.gpu_memory_utilization:g}), trainer.micro_batch_tokens (now "
+                                      f"{cfg.trainer.micro_batch_tokens})"
+                                      + (", or train a LoRA adapter (trainer.lora.rank=16) instead of every "
+                                         "weight" if cfg.trainer.lora.rank <= 0 else
+                                         ", or use a GPU with more memory")]))
+    return lines
 
 
 def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
@@ -321,18 +365,23 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
     devices = device_map(cfg, gpus)
     shared = shares_rank0_gpu(cfg, devices)
     model_path, model_lines = resolve_model_for_run(cfg)
+    total = 0
     if placement is None:
-        card = gpu_memory(devices["trainer"][:1])
+        card = total = gpu_memory(devices["trainer"][:1])
         if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
-            card = spec(cfg.engine.name).shared_card(cfg, card)
+            card = spec(cfg.engine.name).shared_card(cfg, card, model_path)
         placement = Placement(trainer_gpu=bool(devices["trainer"]), rollout_gpu=bool(devices["rollout"]),
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
+    if shared:
+        spec(cfg.engine.name).check_shared_gpu(cfg, devices["trainer"][0])
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
     notes = {"model": model_lines, "dtype": dtype_notes(asked, cfg, placement),
              "weights": weight_notes(asked, cfg, model_path),
              "lengths": length_notes(cfg), "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
+    if shared and total:
+        notes["share"] = share_notes(cfg, placement, total, devices["trainer"][0])
     py = sys.executable
     procs = [Proc("controller", [py, "-m", "areal_cli.controller.main", str(run_dir)])]
     served = reward_proc(cfg, run_dir, visible_gpus() if gpus is None else gpus, cpu_env)

@@ -52,10 +52,10 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.compile = _switch(t.compile, _compile(where))
     t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
-    nccl = where.trainer_gpu and not where.shared_gpu
-    w.backend = _auto(WeightsBackend, w.backend, WeightsBackend.nccl if nccl else WeightsBackend.gloo)
-    w.staged = _switch(w.staged, w.backend == WeightsBackend.nccl)
-    w.bucket_mb = w.bucket_mb or (1024 if w.backend == WeightsBackend.nccl else 32)
+    w.backend = _auto(WeightsBackend, w.backend, _backend(where))
+    device = w.backend in (WeightsBackend.nccl, WeightsBackend.ipc)
+    w.staged = _switch(w.staged, device)
+    w.bucket_mb = w.bucket_mb or (1024 if device else 32)
     if t.activation_checkpointing == Switch.auto:
         every, _ = checkpointing(out, where)
         t.activation_checkpointing = Switch.false if every is None else Switch.true
@@ -63,6 +63,14 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     out.launcher.allocator = _auto(Allocator, out.launcher.allocator, _installed_allocator)
     out.logging.wandb_mode = _auto(WandbMode, out.logging.wandb_mode, _wandb_mode)
     return out
+
+
+def _backend(where: Placement) -> WeightsBackend:
+    """NCCL between GPUs; CUDA IPC where a rollout worker shares trainer rank 0's GPU (NCCL refuses
+    two ranks on one GPU); gloo on the CPU."""
+    if not where.trainer_gpu:
+        return WeightsBackend.gloo
+    return WeightsBackend.ipc if where.shared_gpu else WeightsBackend.nccl
 
 
 def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True,

@@ -103,7 +103,14 @@ def new_group(host: str, port: int, rank: int, world_size: int, backend: str, ti
     else:
         store = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
     prefixed = dist.PrefixStore("areal-weights", store)
-    if backend == "nccl":
+    if backend == "ipc":
+        from areal_cli.transport.cuda_ipc import ipc_group
+
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [gloo_device(host, rank)]
+        pg = ipc_group(prefixed, rank, world_size, opts)
+    elif backend == "nccl":
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         opts.is_high_priority_stream = high_priority
@@ -114,6 +121,11 @@ def new_group(host: str, port: int, rank: int, world_size: int, backend: str, ti
         opts._devices = [gloo_device(host, rank)]
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
     return store, pg
+
+
+def on_device(backend: str) -> bool:
+    """Whether ``backend`` moves tensors in GPU memory (nccl, ipc); gloo's are in host memory."""
+    return str(backend) in ("nccl", "ipc")
 
 
 def gloo_device(host: str, rank: int):
@@ -183,14 +195,15 @@ class WeightSender(WeightSenderBase):
     back. The trainer prepares *before* it tells the rollout workers to pause, so the pause
     they see is the wire plus their own load, not the trainer's gather. With ``staged=False``
     only two bucket buffers exist and ``broadcast`` gathers bucket k+1 while bucket k is on the
-    wire (less memory, longer pause). On a GPU with the gloo backend (the trainer and a rollout
-    worker share the GPU, where NCCL refuses two ranks) the buffers are in host memory.
+    wire (less memory, longer pause). With the ipc backend (the trainer and a rollout worker share
+    the GPU, where NCCL refuses two ranks) the buffers stay on the GPU and each bucket is one device
+    copy into the worker's (``cuda_ipc.py``); with gloo they are in host memory.
     """
 
     def __init__(self, specs, host, port, world_size, backend, device, wire_dtype, bucket_bytes,
                  timeout_s=600.0, staged=True, store_path="", high_priority=False):
         self.device, self.wire_dtype, self.staged = device, wire_dtype, staged
-        self.buffer_device = device if backend == "nccl" else torch.device("cpu")
+        self.buffer_device = device if on_device(backend) else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes,
                                     torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]
@@ -286,7 +299,7 @@ class WeightReceiver:
             self.params = dict(targets)
             specs = [ParamSpec(n, tuple(t.shape), t.numel()) for n, t in targets.items()]
         self.device = next(iter(self.params.values())).device
-        buffer_device = self.device if backend == "nccl" else torch.device("cpu")
+        buffer_device = self.device if on_device(backend) else torch.device("cpu")
         self.buckets = plan_buckets(specs, bucket_bytes,
                                     torch.tensor([], dtype=wire_dtype).element_size())
         self.sizes = [sum(s.numel for s in b) for b in self.buckets]

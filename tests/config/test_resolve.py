@@ -57,11 +57,10 @@ def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
     assert cfg.trainer.optim_state == "auto" and cfg.weights.bucket_mb == 0
 
 
-def test_a_rollout_worker_on_trainer_rank0s_gpu_gets_the_host_memory_broadcast():
+def test_a_rollout_worker_on_trainer_rank0s_gpu_gets_the_cuda_ipc_broadcast():
     shared = resolve(compose([]), Placement(trainer_gpu=True, shared_gpu=True))
-    assert (shared.weights.backend, shared.weights.staged, shared.weights.bucket_mb) == ("gloo",
-                                                                                         "false",
-                                                                                         32)
+    w = shared.weights
+    assert (w.backend, w.staged, w.bucket_mb) == ("ipc", "true", 1024)
     assert shared.trainer.optim_state == "float32"  # the trainer is still on a GPU
 
 
@@ -77,7 +76,7 @@ def test_plans_for_gpu_ids_resolve_for_gpus_without_one(tiny_model, tmp_path):
     two = make_plan(compose(base), gpus=[0, 1]).cfg  # generation on GPU 0, training on GPU 1
     assert (two.weights.backend, two.trainer.optim_state) == ("nccl", "float32")
     one = make_plan(compose(base), gpus=[0]).cfg  # both on GPU 0: colocated
-    assert (one.weights.backend, one.trainer.optim_state) == ("gloo", "float32")
+    assert (one.weights.backend, one.trainer.optim_state) == ("ipc", "float32")
     vllm = make_plan(compose([*base, "engine=vllm"]), gpus=[0, 1]).cfg
     # a Llama at TP 1
     assert (vllm.engine.lm_head_fp32, vllm.engine.weight_update) == ("true", "inplace")
@@ -195,7 +194,7 @@ def test_dry_run_prints_the_resolved_config():
 @pytest.mark.parametrize("override, message", [
     ("trainer.optim_state=float8", "trainer.optim_state=float8: use auto, float32 or bfloat16"),
     ("engine.dtype=fp8", "engine.dtype=fp8: use auto, bfloat16, float16 or float32"),
-    ("weights.backend=mpi", "weights.backend=mpi: use auto, nccl or gloo"),
+    ("weights.backend=mpi", "weights.backend=mpi: use auto, nccl, gloo or ipc"),
     ("engine.lm_head_fp32=maybe", "engine.lm_head_fp32=maybe: use auto, true or false"),
     ("launcher.allocator=mimalloc",
      "launcher.allocator=mimalloc: use auto, tcmalloc, jemalloc or system"),

@@ -155,3 +155,95 @@ def test_the_plan_says_what_activation_checkpointing_auto_chose(tiny_model, tmp_
     assert any("every layer (auto: the card or the model's layout is not known here)" in n
                for n in unknown.notes["memory"])
     assert "activation checkpointing" in unknown.describe()
+
+
+def test_vllm_shares_one_gpu_with_the_trainer_through_cuda_ipc(tiny_model, tmp_path):
+    p = plan(tiny_model, tmp_path, [0], "engine=vllm")
+    assert p.devices == {"rollout": [0], "trainer": [0]}
+    assert env_of(p, "rollout-0") == env_of(p, "trainer") == "0"
+    w = p.cfg.weights
+    # device to device, staged on the trainer, 1 GiB buckets; in place through vLLM's loaders
+    assert (w.backend, w.staged, w.bucket_mb) == ("ipc", "true", 1024)
+    assert p.cfg.engine.weight_update == "inplace"
+
+
+@pytest.mark.parametrize(("overrides", "fix"), [
+    (["engine.weight_update=reload"], "engine.weight_update=inplace"),
+    (["weights.backend=nccl"], "NCCL refuses two ranks on one GPU"),
+])
+def test_one_gpu_layouts_that_cannot_move_weights_name_the_fix(tiny_model, tmp_path, overrides,
+                                                               fix):
+    with pytest.raises(ValueError, match=fix):
+        plan(tiny_model, tmp_path, [0], "engine=vllm", *overrides)
+
+
+def test_ipc_is_refused_where_no_process_shares_trainer_rank0s_gpu(tiny_model, tmp_path):
+    with pytest.raises(ValueError, match="weights.backend=ipc joins processes of one GPU"):
+        plan(tiny_model, tmp_path, [0, 1], "engine=vllm", "weights.backend=ipc")
+    with pytest.raises(ValueError, match="the trainer and the rollout workers must share it"):
+        plan(tiny_model, tmp_path, [], "weights.backend=ipc")
+
+
+def test_a_worker_beside_rank0_and_one_on_another_gpu_cannot_share_one_weight_group(tiny_model,
+                                                                                    tmp_path):
+    with pytest.raises(ValueError, match=r"rollout worker\(s\) \[1\] are on other GPUs"):
+        plan(tiny_model, tmp_path, [0, 1], "engine=vllm", "rollout.workers=2",
+             "rollout.gpus=[0,1]", "trainer.gpus=[0]")
+
+
+GIB = 1 << 30
+
+
+def shared_plan(model, tmp_path, card_gib, *overrides):
+    """The share notes of a one-GPU vLLM plan on a card of ``card_gib`` GiB, for ``model``."""
+    from areal_cli.engines import spec
+    from areal_cli.launcher.plan import share_notes
+    from areal_cli.runconfig.autos import resolve
+
+    cfg = compose([f"model={model}", f"run_dir={tmp_path}", "engine=vllm", *overrides])
+    card = spec("vllm").shared_card(cfg, card_gib * GIB, model)
+    where = Placement(trainer_gpu=True, rollout_gpu=True, shared_gpu=True, gpu_memory_bytes=card,
+                      model_path=model)
+    return share_notes(resolve(cfg, where), where, card_gib * GIB, 0)
+
+
+def layout_dir(tmp_path, **sizes):
+    """A model directory holding only the config.json of a Qwen2 layout (the planner reads no
+    weights)."""
+    import json
+
+    d = tmp_path / "layout"
+    d.mkdir(exist_ok=True)
+    config = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536,
+                  intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True)
+    (d / "config.json").write_text(json.dumps({**config, **sizes}))
+    return d
+
+
+def test_the_shared_gpu_plan_prints_each_share_and_the_staging_copy(tmp_path):
+    model = layout_dir(tmp_path)  # Qwen2.5-1.5B's layout: ~1.5e9 parameters
+    lines = shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.4")
+    text = "\n".join(lines)
+    assert ("GPU 0 (140 GiB) shared by trainer rank 0 and rollout-0 (engine=vllm), concurrent"
+            in text)
+    # 0.4 of the card (56 GiB), and the staging copy in bfloat16 (~2.9 GiB) + two 1-GiB buckets
+    assert "vllm: 60.9 GiB (engine.gpu_memory_utilization=0.4" in text, text
+    assert "and 4.9 GiB beside it to receive each update behind generation" in text
+    assert "trainer rank 0: ~" in text and "of the 79.1 GiB left" in text, text
+
+
+def test_a_shared_gpu_plan_that_cannot_fit_names_what_to_lower(tmp_path):
+    model = layout_dir(tmp_path, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)  # 7B
+    with pytest.raises(ValueError) as err:
+        shared_plan(model, tmp_path, 80, "engine.gpu_memory_utilization=0.5")
+    msg = str(err.value)
+    assert "do not fit on GPU 0 together" in msg
+    for fix in ("engine.gpu_memory_utilization (now 0.5)", "trainer.micro_batch_tokens",
+                "trainer.lora.rank=16"):
+        assert fix in msg
+    # a LoRA adapter on a 140-GiB card: the frozen weights, vLLM's share and both staging copies
+    text = "\n".join(shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.3",
+                                 "trainer.lora.rank=16"))
+    assert "of the 81.8 GiB left" in text, text

@@ -74,16 +74,14 @@ def test_weight_order_mismatch_is_an_error():
         tx.prepare(reversed(list(trainer.named_parameters())))
 
 
-def test_one_gpu_run_sends_weights_through_host_memory_and_refuses_vllm():
-    cfg = RootConfig()
-    devices = device_map(cfg, gpus=[0])
-    assert devices == {"rollout": [0], "trainer": [0]}
-    assert shares_rank0_gpu(cfg, devices)
-    assert resolve(cfg, Placement(trainer_gpu=True, shared_gpu=True)).weights.backend == "gloo"
-    cfg = RootConfig()
-    cfg.engine.name = "vllm"
-    with pytest.raises(ValueError, match="cannot share GPU 0"):
-        shares_rank0_gpu(cfg, device_map(cfg, gpus=[0]))
+def test_one_gpu_run_sends_weights_through_cuda_ipc_for_either_engine():
+    for name in ("hf", "vllm"):
+        cfg = RootConfig()
+        cfg.engine.name = name
+        devices = device_map(cfg, gpus=[0])
+        assert devices == {"rollout": [0], "trainer": [0]}
+        assert shares_rank0_gpu(cfg, devices)
+        assert resolve(cfg, Placement(trainer_gpu=True, shared_gpu=True)).weights.backend == "ipc"
     cfg = RootConfig()
     assert not shares_rank0_gpu(cfg, device_map(cfg, gpus=[0, 1]))
     # between the two GPUs

@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 import torch
 
-from areal_cli.transport.weights import ParamSpec, _broadcast, _views, plan_buckets
+from areal_cli.transport.weights import ParamSpec, _broadcast, _views, on_device, plan_buckets
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class StagedUpdate:
         self.live, self.device, self.staged = live, device, staged
         self.signal, self.finished = signal, 0
         self.shadows = {n: shadow(p) for n, p in live.items()} if staged else {}
-        buffers = device if backend == "nccl" else torch.device("cpu")
+        buffers = device if on_device(backend) else torch.device("cpu")
         self.loader = BucketLoader(specs, self.shadows if staged else live, pg, wire_dtype,
                                    bucket_bytes, buffers)
         self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="areal-weights")

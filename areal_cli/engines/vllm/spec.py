@@ -1,12 +1,14 @@
 """What engine=vllm declares: it loads its model itself, spans ``engine.tensor_parallel_size`` GPUs,
 computes logprobs with a float32 head, and receives weights through its own transfer
-(``weights.py``: in place through its loaders, or a layer-wise reload), over NCCL only."""
+(``weights.py``: in place through its loaders, or a layer-wise reload): over NCCL between GPUs, and
+in place through CUDA IPC on a GPU it shares with trainer rank 0."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from areal_cli import lora
 from areal_cli.config.choices import WeightUpdate
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.spec import EngineSpec
@@ -46,13 +48,51 @@ class VLLMSpec(EngineSpec):
                                         else f"rank {rank_offset(i, tp)}") for i in range(w)]
         return lines
 
-    def check_shared_gpu(self, gpu: int) -> None:
-        raise ValueError(f"engine=vllm cannot share GPU {gpu} with trainer rank 0: vLLM receives "
-                         "weights over NCCL only. Use engine=hf on one GPU, or give the trainer a "
-                         "GPU of its own (e.g. cluster.gpus=[0,1])")
+    def check_shared_gpu(self, cfg: RootConfig, gpu: int) -> None:
+        if cfg.engine.weight_update == WeightUpdate.reload and not lora.sends_adapter(cfg):
+            raise ValueError(f"engine=vllm on GPU {gpu} beside trainer rank 0: "
+                             "engine.weight_update=reload is vLLM's own NCCL transfer, which "
+                             "cannot join two processes of one GPU. Use "
+                             "engine.weight_update=inplace (Llama, Mistral, Qwen2 and Qwen3 "
+                             "layouts), or give the trainer a GPU of its own "
+                             "(e.g. cluster.gpus=[0,1])")
 
-    def shared_card(self, cfg: RootConfig, card: int) -> int:
-        return int(card * (1 - cfg.engine.gpu_memory_utilization))
+    def shared_card(self, cfg: RootConfig, card: int, model_path: Path | None) -> int:
+        return int(card * (1 - cfg.engine.gpu_memory_utilization)) - staging_bytes(cfg, model_path)
+
+    def share_why(self, cfg: RootConfig, model_path: Path | None) -> str:
+        staging = staging_bytes(cfg, model_path)
+        share = cfg.engine.gpu_memory_utilization
+        what = (f"engine.gpu_memory_utilization={share:g} of the GPU: its weights, KV cache and "
+                "activations")
+        if staging:
+            what += (f"; and {staging / 2**30:.1f} GiB beside it to receive each update behind "
+                     "generation (a staging copy of the weights, two buckets)")
+        return what
+
+
+def staging_bytes(cfg: RootConfig, model_path: Path | None) -> int:
+    """Bytes a vLLM worker allocates beside its share to receive updates behind generation: a copy
+    of the weights in the wire dtype and two bucket buffers (0 without staging, with a LoRA adapter
+    or where the model's layout is not known here)."""
+    e, w = cfg.engine, cfg.weights
+    # with lora_merge auto (true for vllm), merged full weights travel
+    adapter = lora.enabled(cfg) and e.lora_merge == "false"
+    if not e.staging or adapter or model_path is None:
+        return 0
+    from areal_cli.config.memory_plan import Layout
+
+    try:
+        params = Layout.from_config(model_path).params
+        update = SPEC.weight_update(e, model_path) if e.weight_update == "auto" else e.weight_update
+    except (OSError, KeyError, TypeError, ValueError):
+        return 0
+    if update != WeightUpdate.inplace:
+        return 0
+    # before resolution: the wire dtype auto is engine.dtype, bfloat16 on the GPU; 1 GiB buckets
+    elem = {"float32": 4}.get(str(w.dtype if w.dtype != "auto" else e.dtype), 2)
+    wire = params * elem
+    return wire + 2 * min((w.bucket_mb or 1024) << 20, wire)
 
 
 SPEC = VLLMSpec("vllm", loads_model=True, tensor_parallel=True, fp32_logits=True, merges_lora=True,

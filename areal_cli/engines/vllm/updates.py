@@ -72,8 +72,10 @@ class VLLMAdapter:
         config = AutoConfig.from_pretrained(model_path)
         with torch.device("meta"):
             specs = lora.adapter_specs(AutoModelForCausalLM.from_config(config), self.lora)
-        nccl = str(cfg.weights.backend) == "nccl"
-        device = torch.device("cuda", torch.cuda.current_device()) if nccl else "cpu"
+        from areal_cli.transport.weights import on_device
+
+        gpu = on_device(cfg.weights.backend)
+        device = torch.device("cuda", torch.cuda.current_device()) if gpu else "cpu"
         self.buffers = {s.name: torch.zeros(s.shape, dtype=torch.float32, device=device)
                         for s in specs}
         # vLLM computes with its adapters in the model's dtype (LoRAConfig.lora_dtype "auto"): the
