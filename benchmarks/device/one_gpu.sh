@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # One GPU, the trainer and the engine on the same card (weights through CUDA IPC), on a lent
 # 1-GPU machine; one phase per `run` call, the calls back to back (the machine stays warm ~30 s):
+# (a call carries at most 64 MiB with the tree: split the vLLM overlay 48 + 28 MiB)
 #   stage1  carry .vllm/a                    vLLM overlay, part 1
 #   stage2  carry .vllm/b .whl .tf .extwhl   vLLM part 2, wheels, transformers 5.24, pytest
 #   stage3  carry .models/a                  model part 1
-#   check   carry .models/b .whl             model part 2; the GPU tests (tests/gpu: the IPC
+#   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
 #                                            broadcast, a short run of each engine on one GPU)
-#   pair    carry .whl                       the default model, 50 steps + closing evaluation on
+#   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
 set -u
