@@ -16,6 +16,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.transport.messages import GroupResult
+from areal_cli.workflows import workflow_spec
 
 SERVED_BY = {"model": "reward-model", "judge": "reward-model"}
 """The process that scores each served reward part (its log: logs/<process>.log)."""
@@ -206,7 +207,7 @@ class StepRecorder:
             "stale_dropped_tokens": self.stale_dropped_tokens,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
-        if self.cfg.workflow.name == "agent":
+        if workflow_spec(self.cfg.workflow.name).runs_agent:
             row.update(agent_row(self.window))
         self.window = Counter()
         if self.pauses:  # mostly the update that followed the previous step
