@@ -5,7 +5,7 @@ lowest first):
 
 - ground: the config schema (``config/``), the wire (``transport/``) and the primitives every
   process shares: the run directory and its files, checkpoints, the model's source, LoRA's wire
-  format, the staleness rule, logging and faults;
+  format, the staleness rule, logging and faults, loading a user's ``module:function``;
 - components: the engines, the workflows, the rewards, the tasks, the trackers;
 - the run's config made whole against the components (``runconfig/``: compose, check, resolve);
 - scoring a model (``eval/``), which the trainer, the launcher and ``areal eval`` call;
@@ -23,7 +23,9 @@ from Python, not from the reader):
    engine's name (everything else asks ``areal_cli.engines.spec(name)``), and no import of a module
    inside an engine's own package (``engines/<name>/``): engines come from
    ``engines.factory.make_engine``, weight senders from ``make_sender``.
-4. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
+4. The workflow owns what differs between workflows: outside ``workflows/`` no string comparison
+   with a workflow's name (everything else asks ``areal_cli.workflows.workflow_spec(name)``).
+5. ``pyproject.toml`` lists every package of the tree: it maps ``conf/`` into the package, which
    rules out package discovery, so a package missing from the list would be missing from a wheel.
 
 ``python tools/lint_structure.py [PACKAGE_DIR]`` (default: ``areal_cli`` beside ``tools/``).
@@ -39,7 +41,8 @@ from pathlib import Path
 # (layer, its top-level packages and modules, below the package's own name), lowest first
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("config", "transport", "rundir", "durable", "private", "checkpoint_dirs", "faults",
-                "runtime", "architectures", "hub", "model_source", "lora", "staleness")),
+                "runtime", "architectures", "hub", "model_source", "lora", "staleness",
+                "user_code")),
     ("components", ("engines", "workflows", "rewards", "tasks", "tracking")),
     ("run config", ("runconfig",)),
     ("evaluation", ("eval",)),
@@ -48,6 +51,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 ROLES_LAYER = "roles"
 ENGINES = "engines"
+WORKFLOWS = "workflows"
 
 
 @dataclass
@@ -237,12 +241,24 @@ def engine_names(root: Path) -> set[str]:
     return {p.parent.name for p in (root / ENGINES).glob("*/spec.py")}
 
 
-def engine_name_tests(pkg: Package) -> list[tuple[str, int, str]]:
-    """(file, line, name) of each comparison with an engine's name as a string outside
-    ``engines/``."""
-    names, found = engine_names(pkg.root), []
+def workflow_names(root: Path) -> set[str]:
+    """The workflows of the tree: the modules under ``workflows/`` that assign ``WORKFLOW``, and
+    the packages there with a ``workflow.py``."""
+    found = {p.parent.name for p in (root / WORKFLOWS).glob("*/workflow.py")}
+    for path in (root / WORKFLOWS).glob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        if any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "WORKFLOW"
+                                                 for t in n.targets) for n in tree.body):
+            found.add(path.stem)
+    return found
+
+
+def name_tests(pkg: Package, owner: str, names: set[str]) -> list[tuple[str, int, str]]:
+    """(file, line, name) of each comparison with one of ``names`` as a string outside the
+    package ``owner``."""
+    found = []
     for module, path in pkg.modules.items():
-        if top_of(module) == ENGINES:
+        if top_of(module) == owner:
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Compare):
@@ -300,9 +316,12 @@ def problems(root: Path) -> list[str]:
                    "tools/lint_structure.py, where what it imports and what imports it puts it")
     for e, why in against_layers(pkg):
         out.append(f"{pkg.rel(e.source)}:{e.line}: {why}")
-    for rel, line, name in engine_name_tests(pkg):
+    for rel, line, name in name_tests(pkg, ENGINES, engine_names(root)):
         out.append(f'{rel}:{line}: compares an engine name with "{name}"; ask the engine\'s spec '
                    "(areal_cli.engines.spec) instead")
+    for rel, line, name in name_tests(pkg, WORKFLOWS, workflow_names(root)):
+        out.append(f'{rel}:{line}: compares a workflow name with "{name}"; ask the workflow\'s '
+                   "spec (areal_cli.workflows.workflow_spec) instead")
     for e in engine_module_imports(pkg):
         out.append(f"{pkg.rel(e.source)}:{e.line}: imports the engine module {e.target}; build "
                    "engines with engines.factory.make_engine (weight senders with make_sender), "

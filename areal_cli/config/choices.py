@@ -38,7 +38,8 @@ class LrDecay(StrEnum):
 
 
 class WeightUpdate(StrEnum):
-    """How a vLLM engine loads new weights; auto = inplace where the layout is known, else reload."""
+    """How a vLLM engine loads new weights; auto = inplace where the layout is known, else
+    reload."""
 
     auto = "auto"
     reload = "reload"
@@ -65,7 +66,8 @@ class WeightsBackend(StrEnum):
 
 
 class Allocator(StrEnum):
-    """malloc of CPU processes; auto = tcmalloc, else jemalloc, else the system's (what is installed)."""
+    """malloc of CPU processes; auto = tcmalloc, else jemalloc, else the system's (what is
+    installed)."""
 
     auto = "auto"
     tcmalloc = "tcmalloc"
@@ -74,7 +76,8 @@ class Allocator(StrEnum):
 
 
 class WandbMode(StrEnum):
-    """W&B mode; auto = WANDB_MODE if set, else online where an API key is configured, else offline."""
+    """W&B mode; auto = WANDB_MODE if set, else online where an API key is configured, else
+    offline."""
 
     auto = "auto"
     online = "online"
@@ -83,7 +86,8 @@ class WandbMode(StrEnum):
 
 
 class CpuBatching(StrEnum):
-    """hf on the CPU: areal's slot loop over one contiguous KV cache | transformers' paged continuous batching."""
+    """hf on the CPU: areal's slot loop over one contiguous KV cache | transformers' paged
+    continuous batching."""
 
     slots = "slots"
     paged = "paged"
@@ -124,8 +128,9 @@ class AgentCredit(StrEnum):
 
 
 class ToolFormat(StrEnum):
-    """workflow=agent: the text format of the model's tool calls; template = chosen from the model's chat
-    template when the rollout worker starts (a property of the model, not of the placement)."""
+    """workflow=agent: the text format of the model's tool calls; template = chosen from the
+    model's chat template when the rollout worker starts (a property of the model, not of the
+    placement)."""
 
     template = "template"
     hermes = "hermes"

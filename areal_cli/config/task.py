@@ -70,7 +70,8 @@ class TaskConfig:
     problems (of HumanEval's 164; of task.size for a generated task)."""
     eval_share: float = 0.2
     """Generated tasks (reasoning-gym): the fraction of the problem space (by a stable hash of each
-    problem's content) reserved for eval; training never draws from it. Raise it for small spaces."""
+    problem's content) reserved for eval; training never draws from it. Raise it for small
+    spaces."""
     path: str = ""
     """File (.jsonl/.json/.parquet) or `datasets.save_to_disk` directory (file, hf_disk)."""
     eval_path: str = ""
@@ -93,7 +94,8 @@ class TaskConfig:
             self.name = self.dataset if self.source == "reasoning_gym" else self.source
 
     def held_out_count(self, total: int) -> int:
-        """Problems to hold out of ``total``: eval_size, or eval_fraction of it (at least 1) when 0."""
+        """Problems to hold out of ``total``: eval_size, or eval_fraction of it (at least 1) when
+        0."""
         return self.eval_size if self.eval_size > 0 else max(1, round(self.eval_fraction * total))
 
     def validate(self) -> list[str]:
@@ -123,14 +125,16 @@ class TaskConfig:
         from reasoning_gym.factory import DATASETS
 
         if not self.dataset:
-            return ["task.dataset is empty: set task.dataset=<name> (`areal tasks` lists reasoning-gym's datasets)"]
+            return ["task.dataset is empty: set task.dataset=<name> (`areal tasks` lists "
+                    "reasoning-gym's datasets)"]
         if self.dataset not in DATASETS:
             import difflib
 
             close = difflib.get_close_matches(self.dataset, list(DATASETS), n=4, cutoff=0.5)
             hint = f"did you mean {', '.join(close)}? " if close else ""
             return [f"task.dataset={self.dataset!r} is not a reasoning-gym dataset: {hint}"
-                    f"the {len(DATASETS)} datasets are: {', '.join(sorted(DATASETS))} (`areal tasks`)"]
+                    f"the {len(DATASETS)} datasets are: {', '.join(sorted(DATASETS))} "
+                    "(`areal tasks`)"]
         return self._validate_params(DATASETS[self.dataset][1])
 
     def _validate_params(self, config_cls) -> list[str]:
@@ -138,15 +142,17 @@ class TaskConfig:
         params, valid = plain(self.params), rg_options(self.dataset)
         unknown = [k for k in params if k not in valid]
         if unknown:
-            return [f"task.params.{k} is not an option of reasoning-gym {self.dataset!r}; its options: "
-                    f"{', '.join(valid)} (task.size / task.seed set size and seed)" for k in unknown]
+            return [f"task.params.{k} is not an option of reasoning-gym {self.dataset!r}; its "
+                    f"options: {', '.join(valid)} (task.size / task.seed set size and seed)"
+                    for k in unknown]
         try:
             config = config_cls(**params)
             if hasattr(config, "validate"):
                 config.validate()
         except (AssertionError, ValueError, TypeError) as e:
-            return [f"task.params={params} rejected by reasoning-gym {self.dataset!r}: {e or type(e).__name__}. "
-                    f"Its options: {', '.join(valid)} (`areal tasks {self.dataset}` shows their defaults)"]
+            return [f"task.params={params} rejected by reasoning-gym {self.dataset!r}: "
+                    f"{e or type(e).__name__}. Its options: {', '.join(valid)} "
+                    f"(`areal tasks {self.dataset}` shows their defaults)"]
         return []
 
     def _validate_path(self, key: str, value: str, required: bool) -> list[str]:
@@ -167,14 +173,16 @@ class RewardConfig:
     """How a completion is scored, and the limits of the reward worker pool and sandbox."""
 
     fn: Any = "auto"
-    """"auto" (by problem) | reasoning_gym | math_verify | exact | numeric | code | "module:function"
-    (verifiers) | model (reward.model) | judge (reward.judge) | a list of them, e.g. [auto, judge]:
-    the reward is their sum weighted by reward.weights, each part logged as reward_<part>_mean."""
+    """"auto" (by problem) | reasoning_gym | math_verify | exact | numeric | code |
+    "module:function" (verifiers) | model (reward.model) | judge (reward.judge) | a list of them,
+    e.g. [auto, judge]: the reward is their sum weighted by reward.weights, each part logged as
+    reward_<part>_mean."""
     weights: list = field(default_factory=list)
     """Weight of each part of reward.fn, in its order; [] = 1 for every part."""
     max_error_fraction: float = 0.5
     """The run stops, naming the process that scores it, when more than this fraction of a batch's
-    samples failed (timeout, error, or a judge's unparseable verdict) in one reward part; 1 = never."""
+    samples failed (timeout, error, or a judge's unparseable verdict) in one reward part; 1 =
+    never."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """reward.fn=model: the sequence-classification reward model."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
@@ -191,8 +199,9 @@ class RewardConfig:
     float32; auto = bfloat16 on reward.gpus, on the CPU the dtype it computes natively
     (config/cpu_dtype.py: float32 where bfloat16 would be emulated)."""
     partial_credit: bool = False
-    """reasoning_gym: pay the dataset's graded score_answer (e.g. len(reference)/len(answer) when the
-    reference occurs inside the answer); false = only a correct answer earns reward (1), else 0."""
+    """reasoning_gym: pay the dataset's graded score_answer (e.g. len(reference)/len(answer) when
+    the reference occurs inside the answer); false = only a correct answer earns reward (1), else
+    0."""
     timeout_s: float = 10.0
     """Per-call limit in the reward pool; a call past it scores 0 with status "timeout"."""
     workers: int = 2
@@ -204,7 +213,8 @@ class RewardConfig:
     code_wall_s: float = 8.0
     """Wall seconds before a sandboxed call's whole process tree is killed."""
     code_mem_mb: int = 1024
-    """MiB of one sandboxed call: its processes' Pss plus its /tmp files (and each one's RLIMIT_AS)."""
+    """MiB of one sandboxed call: its processes' Pss plus its /tmp files (and each one's
+    RLIMIT_AS)."""
     code_nproc: int = 32
     """Processes of one sandboxed call, all together (its own user namespace or uid)."""
     sandbox: str = "bwrap"
@@ -212,17 +222,21 @@ class RewardConfig:
     | "unsafe_none" (no isolation at all: an explicit opt-in, logged at start and per result)."""
 
     def _machine_problems(self) -> list[str]:
-        """Sandbox limits above what this machine has would never bind: refused, naming the most."""
+        """Sandbox limits above what this machine has would never bind: refused, naming the
+        most."""
         from areal_cli.config.machine import memory_mb, tasks_max
 
         errors = []
         if self.code_mem_mb > memory_mb():
-            errors.append(f"reward.code_mem_mb={self.code_mem_mb}: must be at most this machine's memory, "
-                          f"{memory_mb()} MiB (a larger limit never binds): lower it")
+            errors.append(f"reward.code_mem_mb={self.code_mem_mb}: must be at most this "
+                          f"machine's memory, {memory_mb()} MiB (a larger limit never binds): "
+                          "lower it")
         if self.code_nproc > tasks_max():
-            errors.append(f"reward.code_nproc={self.code_nproc}: must be at most the {tasks_max()} tasks this "
-                          "machine's kernel allows (a larger limit never binds): lower it")
+            errors.append(f"reward.code_nproc={self.code_nproc}: must be at most the "
+                          f"{tasks_max()} tasks this machine's kernel allows (a larger limit never "
+                          "binds): lower it")
         return errors
+
     @property
     def parts(self) -> list[str]:
         """reward.fn as a list of its parts."""
@@ -234,7 +248,8 @@ class RewardConfig:
         return any(p in MODEL_PARTS for p in self.parts)
 
     def verifier(self) -> RewardConfig | None:
-        """This config with fn = its verifier part (what a RewardPool and evaluation score); None if none."""
+        """This config with fn = its verifier part (what a RewardPool and evaluation score); None
+        if none."""
         found = [p for p in self.parts if p not in MODEL_PARTS]
         return dataclasses.replace(self, fn=found[0]) if found else None
 
@@ -265,20 +280,25 @@ class RewardConfig:
         parts = self.parts
         if not parts:
             return ["reward.fn=[] scores nothing: name at least one part, e.g. reward.fn=auto"]
-        errors = [f"reward.fn={p!r}: use one of {', '.join(REWARD_FNS + MODEL_PARTS)}, an import path "
+        known = REWARD_FNS + MODEL_PARTS
+        errors = [f"reward.fn={p!r}: use one of {', '.join(known)}, an import path "
                   "'my_module:my_fn', or a list of them" for p in parts
-                  if p not in REWARD_FNS + MODEL_PARTS and ":" not in p]
+                  if p not in known and ":" not in p]
         names = [part_name(p) for p in parts]
         if len(set(names)) < len(names):
-            errors.append(f"reward.fn={parts}: at most one verifier, one model and one judge; drop the repeat")
-        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w) for w in self.weights):
-            errors.append(f"reward.weights={list(self.weights)}: every weight must be a finite number")
-        elif self.weights and len(self.weights) != len(parts):
-            errors.append(f"reward.weights={list(self.weights)} has {len(self.weights)} entries for the "
-                          f"{len(parts)} parts of reward.fn={parts}: give one weight per part, or [] for all 1")
+            errors.append(f"reward.fn={parts}: at most one verifier, one model and one judge; "
+                          "drop the repeat")
+        weights = list(self.weights)
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) and math.isfinite(w)
+                   for w in weights):
+            errors.append(f"reward.weights={weights}: every weight must be a finite number")
+        elif weights and len(weights) != len(parts):
+            errors.append(f"reward.weights={weights} has {len(weights)} entries for the "
+                          f"{len(parts)} parts of reward.fn={parts}: give one weight per part, or "
+                          "[] for all 1")
         if "model" in parts and not self.model.path:
-            errors.append("reward.fn includes model but reward.model.path is empty: set it to the reward "
-                          "model's directory or Hub id")
+            errors.append("reward.fn includes model but reward.model.path is empty: set it to the "
+                          "reward model's directory or Hub id")
         if "judge" in parts:
             errors += judge_problems(self.judge, self.gpus)
         return errors

@@ -1,4 +1,5 @@
-"""The dataset cursor: train problems in a seeded order, epoch after epoch, with a requeue.
+"""The dataset cursor: train problems in a seeded order, epoch after epoch, with a requeue; and the
+training split it draws from (``training_split``).
 
 Every prompt drawn gets a sequence number (its place in the stream); a requeued prompt keeps
 it, so "admission order" batches and resumes see the same order as an uninterrupted run. It
@@ -9,9 +10,11 @@ draws only from the problems it is given: the train split, which never holds a h
 from __future__ import annotations
 
 import heapq
+import json
 import random
 
-from areal_cli.tasks import Problem
+from areal_cli.rundir import RunDir
+from areal_cli.tasks import Problem, load_split, split_report
 
 
 class Cursor:
@@ -54,3 +57,19 @@ class Cursor:
         self.drawn = state["drawn"]
         self.requeued = [(s, pid, Problem.from_dict(p)) for s, pid, p in state["requeued"]]
         heapq.heapify(self.requeued)
+
+
+def training_split(cfg, rd: RunDir, log) -> list[Problem]:
+    """The train split; splits.json records both splits, what was removed to keep them
+    disjoint by content, and their overlap (0, or the run stops here)."""
+    train, held = load_split(cfg.task, "train"), load_split(cfg.task, "eval")
+    report = split_report(cfg.task, train, held)
+    rd.splits.write_text(json.dumps(report, indent=1, ensure_ascii=False))
+    log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; %s; "
+             "overlap %d",
+             len(train.problems), train.report.removed_other_side, len(held.problems),
+             report["space"]["text"], report["overlap"])
+    if report["overlap"]:
+        raise RuntimeError(f"{report['overlap']} eval problems are in the training split (see "
+                           "splits.json)")
+    return train.problems

@@ -6,14 +6,19 @@ so it starts first. Its loop: admit groups while the rule allows → collect fin
 message by its type (``Controller.on``: ``WeightsReady`` → tell the rollout workers to update,
 ``StepDone`` → log the step and finish a checkpoint, ...). It also watches heartbeats: a peer silent
 for ``launcher.peer_timeout_s``, or holding work without progress for
-``launcher.progress_timeout_s`` (controller/liveness.py), ends the run with its name and what it was
+``launcher.progress_timeout_s`` (controller/peers.py), ends the run with its name and what it was
 doing. A non-finite reward is scored 0 and counted.
+
+Beside this loop: ``dataset.py`` (the training split and the cursor over it), ``admission.py``
+(the staleness rule's count of groups), ``endpoints.py`` (where the sockets bind),
+``peers.py`` and ``liveness.py`` (what each peer last said, and when one is stalled),
+``weight_orders.py`` (ordering each weight update until every worker joined it), ``records.py``
+(metrics.jsonl, trajectories.jsonl, the trackers) and ``state.py`` (checkpoints and resume).
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
 import signal
 import sys
 import time
@@ -25,8 +30,9 @@ import zmq
 from areal_cli.config.read import read_yaml
 from areal_cli.config.resolve import require_resolved
 from areal_cli.controller.admission import Admission
-from areal_cli.controller.dataset import Cursor
-from areal_cli.controller.liveness import ProgressWatch, culprits, not_joined
+from areal_cli.controller.dataset import Cursor, training_split
+from areal_cli.controller.endpoints import planned_endpoints, publish_endpoints
+from areal_cli.controller.peers import Peers, PeerStalled
 from areal_cli.controller.records import (
     RewardFailed,
     StepRecorder,
@@ -34,20 +40,14 @@ from areal_cli.controller.records import (
     zero_nonfinite_rewards,
 )
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
+from areal_cli.controller.weight_orders import WeightOrders
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, setup_process
 from areal_cli.staleness import oldest_trainable, too_stale
-from areal_cli.tasks import Problem, load_split, load_tokenizer, prompt_ids, split_report
+from areal_cli.tasks import Problem, load_tokenizer, prompt_ids
 from areal_cli.tracking.fanout import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
-from areal_cli.transport.channels import (
-    Channel,
-    Endpoints,
-    Router,
-    make_endpoints,
-    max_frame_bytes,
-    shutdown,
-)
+from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
 from areal_cli.transport.messages import (
     Batch,
     Bye,
@@ -55,54 +55,14 @@ from areal_cli.transport.messages import (
     GroupResult,
     Heartbeat,
     Hello,
-    Phase,
     StaleBefore,
     StepDone,
     Stop,
-    UpdateWeights,
     WeightsLoaded,
     WeightsReady,
     WorkItem,
     may_send,
 )
-
-
-class PeerStalled(RuntimeError):
-    pass
-
-
-def planned_endpoints(cfg, rd: RunDir) -> Endpoints:
-    """Where to bind. Under Slurm the job's prepare step chose them (``endpoints.json``); a local
-    run binds ``launcher.port_base`` and up, or where the OS says (port_base=0)."""
-    if cfg.launcher.name != "local":
-        return Endpoints.load(rd.root)
-    ep = make_endpoints(cfg.launcher.host, cfg.launcher.port_base)
-    if not cfg.launcher.port_base:
-        ep.work = ep.results = ep.batches = ep.control = ep.status = f"tcp://{cfg.launcher.host}:0"
-    # the weight group's store: a file only the run's user can open, fresh for each start
-    ep.weights_store = str(rd.store(f"weights-{secrets.token_hex(8)}"))
-    return ep
-
-
-def publish_endpoints(cfg, rd: RunDir, ep: Endpoints, bound: dict) -> None:
-    """Write the addresses actually bound (a local run: the controller is the one writer of
-    ``endpoints.json``), then ``controller.ready`` (the launcher starts the others once it
-    exists)."""
-    from areal_cli.durable import atomic_write
-
-    ep.work, ep.results, ep.batches = bound["work"], bound["results"], bound["batches"]
-    ep.control, ep.status = bound["control"], bound["status"]
-    if cfg.launcher.name == "local":
-        ep.publish(rd.root)
-    atomic_write(rd.controller_ready, "ok\n")
-
-
-UPDATE_REPEAT_S = 2.0
-"""Seconds after a weight-update order before it is repeated to a worker that has neither loaded
-the weights nor begun to receive them (its heartbeat, every launcher.heartbeat_s, says which)."""
-STALE_WASTE_WARN = 0.2
-"""Share of the generated tokens in groups dropped as too stale above which the controller says so
-(once)."""
 
 
 class Controller:
@@ -121,13 +81,12 @@ class Controller:
         self.batches = Channel(zmq.PUSH, ep.batches, name="batches", hwm=2, **wire)
         self.control = Channel(zmq.PUB, ep.control, name="control", **wire)
         self.unexpected = 0  # well-formed frames dropped because nothing sent them legitimately
-        self.stale_warned = False  # said that much generation went to groups dropped as too stale
         publish_endpoints(cfg, self.rd, ep, {c.name: c.addr for c in (
             self.status, self.work, self.results, self.batches, self.control)})
         from areal_cli.model_source import resolve_model
 
         self.tok = load_tokenizer(resolve_model(cfg.model))
-        self.cursor = Cursor(self._training_split(), cfg.seed)
+        self.cursor = Cursor(training_split(cfg, self.rd, self.log), cfg.seed)
         total = cfg.rollout.max_concurrent or (cfg.rollout.max_staleness
                                                + 1) * cfg.trainer.batch_size
         self.adm = Admission(cfg.trainer.batch_size, cfg.rollout.max_staleness, total)
@@ -137,18 +96,8 @@ class Controller:
         self.next_group = 0
         self.step = 0  # next step to send
         self.trainer_ready = False
-        self.rollouts_up: set[str] = set()
-        self.pending_update: int | None = None
-        self.sent_update: int | None = None  # the last version ordered, until every worker has it
-        self.sent_update_at = 0.0
-        self.update_repeats: dict[int, int] = {}  # version → orders repeated (a lost first order)
-        self.peers = {f"rollout-{i}" for i in range(cfg.rollout.workers)} | {"trainer-0"}
-        self.last_seen: dict[str, float] = {}
-        self.doing: dict[str, str] = {}  # peer → its last words (for people)
-        # peer → its last (phase, version) (for culprits())
-        self.phase: dict[str, tuple[Phase, int]] = {}
-        self.loaded: dict[str, int] = {}  # rollout → the weight version it last reported loaded
-        self.watch = ProgressWatch(cfg.launcher.progress_timeout_s)
+        self.peers = Peers.of_run(cfg)
+        self.orders = WeightOrders()
         self.rec = StepRecorder(self.run_dir, cfg)
         self.last_batch = None  # (step, groups, entries) of the batch sent last
         self.done = False
@@ -167,23 +116,6 @@ class Controller:
                                          self.step if cfg.resume else None,
                                          logged if cfg.resume else -1)
 
-    def _training_split(self) -> list[Problem]:
-        """The train split; splits.json records both splits, what was removed to keep them
-        disjoint by content, and their overlap (0, or the run stops here)."""
-        import json
-
-        train, held = load_split(self.cfg.task, "train"), load_split(self.cfg.task, "eval")
-        report = split_report(self.cfg.task, train, held)
-        self.rd.splits.write_text(json.dumps(report, indent=1, ensure_ascii=False))
-        self.log.info("splits: %d train problems (%d held-out draws removed), %d eval problems; "
-                      "%s; overlap %d",
-                      len(train.problems), train.report.removed_other_side, len(held.problems),
-                      report["space"]["text"], report["overlap"])
-        if report["overlap"]:
-            raise RuntimeError(f"{report['overlap']} eval problems are in the training split (see "
-                               "splits.json)")
-        return train.problems
-
     def _on_signal(self, signum, _frame) -> None:
         # keep serving until the trainer has checkpointed and said bye (bounded in run())
         self.stopping = self.stopping or time.monotonic()
@@ -191,7 +123,7 @@ class Controller:
     # ---- the loop ------------------------------------------------------------------------
 
     def run(self) -> None:
-        self.log.info("waiting for %s", ", ".join(sorted(self.peers)))
+        self.log.info("waiting for %s", ", ".join(sorted(self.peers.names)))
         start = time.monotonic()
         while not self.done:
             if self.stopping and time.monotonic() - self.stopping > 60:
@@ -201,7 +133,7 @@ class Controller:
             self._collect()
             self._maybe_send_batch()
             self._handle_status()
-            self._check_peers(start)
+            self.peers.check(time.monotonic(), start, self.cfg.launcher, self.adm.version)
         self.control.send(Stop())
         self.log.info("run finished: %d steps", self.step)
 
@@ -313,7 +245,7 @@ class Controller:
         check_batch_rewards(self.step, batch, self.cfg.reward.max_error_fraction)
         self.last_batch = (self.step, batch, [self.groups[g.group_id] for g in batch])
         self.batches.send(Batch(self.step, batch))
-        self.watch.update("trainer-0", time.monotonic(), busy=True)
+        self.peers.watch.update("trainer-0", time.monotonic(), busy=True)
         self.rec.on_batch(self.step, batch,
                           {g.group_id: self.groups[g.group_id][2].prompt for g in batch})
         for g in batch:
@@ -353,42 +285,15 @@ class Controller:
             if why:
                 self._drop(f"{type(msg).__name__} from {msg.sender!r}: {why}")
             else:
-                self.last_seen[msg.sender] = now = time.monotonic()
-                if not isinstance(msg, Heartbeat):
-                    self.watch.touch(msg.sender, now)  # a message that is progress by itself
+                self.peers.heard(msg, time.monotonic())
                 self.on[type(msg)](msg)
             msg = self.status.recv(0)
-        if self.pending_update is not None and len(self.rollouts_up) == self.cfg.rollout.workers:
-            # only once every worker said hello; its subscription may still be on the way, so the
-            # order is repeated until every worker has joined the broadcast (``_repeat_update``)
-            self.control.send(UpdateWeights(self.pending_update))
-            self.sent_update, self.sent_update_at = self.pending_update, time.monotonic()
-            self.pending_update = None
-        self._repeat_update()
-
-    def _repeat_update(self) -> None:
-        """Send ``UpdateWeights`` again while a worker has neither loaded nor begun to receive the
-        version last ordered: a PUB message sent before a new subscriber's subscription reached this
-        socket is lost (ZeroMQ's slow joiner), and the trainer would wait in its broadcast for that
-        worker until the collective times out. A worker ignores an order for the version it has."""
-        v = self.sent_update
-        if v is None or time.monotonic() - self.sent_update_at < UPDATE_REPEAT_S:
-            return
-        missing = not_joined(self.rollouts_up, self.phase, self.loaded, v)
-        if not missing:
-            self.sent_update = None
-            return
-        if not self.update_repeats.get(v):
-            self.log.info("weights of version %d: no word from %s yet; ordering the update again "
-                          "every %gs until each has joined", v, ", ".join(missing), UPDATE_REPEAT_S)
-        self.update_repeats[v] = self.update_repeats.get(v, 0) + 1
-        self.control.send(UpdateWeights(v))
-        self.sent_update_at = time.monotonic()
+        self.orders.send(self.control, self.peers, self.cfg.rollout.workers, self.log)
 
     def _unexpected(self, msg) -> str:
         """Why ``msg`` cannot be a legitimate status message now ("" if it can). Versions are
         checked against the controller's own count of steps: it sent batch ``step - 1`` last."""
-        if msg.sender not in self.peers:
+        if msg.sender not in self.peers.names:
             return "not a process of this run"
         if not may_send(type(msg), msg.sender):
             return f"{msg.sender} never sends {type(msg).__name__}"
@@ -411,43 +316,23 @@ class Controller:
         if msg.sender == "trainer-0":
             self.trainer_ready = True
         else:
-            self.rollouts_up.add(msg.sender)
+            self.peers.rollouts_up.add(msg.sender)
 
     def _on_heartbeat(self, msg: Heartbeat) -> None:
-        self.doing[msg.sender] = msg.doing or self.doing.get(msg.sender, "")
-        self.phase[msg.sender] = (msg.phase, msg.version)
-        self.watch.update(msg.sender, time.monotonic(), msg.progress,
-                          None if msg.busy < 0 else msg.busy > 0)
+        self.peers.on_heartbeat(msg, time.monotonic())
 
     def _on_weights_ready(self, msg: WeightsReady) -> None:
         self.adm.version = max(self.adm.version, msg.version)
-        self.pending_update = msg.version
+        self.orders.pending = msg.version
 
     def _on_step_done(self, msg: StepDone) -> None:
         self.rec.on_step_done(msg.version - 1, dict(msg.metrics),
                               {"buffered": len(self.buffer), "running": self.adm.running})
-        self._warn_stale_waste(msg.version)
+        self.rec.warn_stale_waste(msg.version, self.log)
         if msg.checkpoint:
             self._finish_checkpoint(msg.version)
         self.trainer_ready = True
-        self.watch.update(msg.sender, time.monotonic(), busy=False)
-
-    def _warn_stale_waste(self, version: int) -> None:
-        """Say once (from the fifth step) when more than ``STALE_WASTE_WARN`` of the generated
-        tokens were of groups dropped as too stale: generation then works largely for nothing, and
-        the fix is in the config."""
-        waste = self.rec.stale_waste()
-        if self.stale_warned or version < 5 or waste <= STALE_WASTE_WARN:
-            return
-        self.stale_warned = True
-        eta = self.cfg.rollout.max_staleness
-        self.log.warning("%.0f%% of the tokens generated so far were of groups dropped as older "
-                         "than rollout.max_staleness=%d versions when their batch came (%d groups, "
-                         "stale_dropped in metrics.jsonl): their first token came more than %d "
-                         "training steps before the step that would train them, and the generation "
-                         "was wasted. Raise rollout.max_staleness, or trainer.batch_size (longer "
-                         "steps), or lower rollout.max_new_tokens (shorter long tails)",
-                         100 * waste, eta, self.rec.stale_dropped, eta)
+        self.peers.watch.update(msg.sender, time.monotonic(), busy=False)
 
     # on a stop signal, between steps
     def _on_checkpoint_written(self, msg: CheckpointWritten) -> None:
@@ -455,7 +340,7 @@ class Controller:
 
     def _on_weights_loaded(self, msg: WeightsLoaded) -> None:
         # culprits(): who a trainer stuck sending weights waits for
-        self.loaded[msg.sender] = msg.version
+        self.peers.loaded[msg.sender] = msg.version
         self.rec.on_weights_loaded(msg.sender, msg.version, msg.timings)
 
     def _on_bye(self, msg: Bye) -> None:
@@ -475,27 +360,6 @@ class Controller:
                               "incomplete")
         finish_checkpoint(self, partial, version)
         self.log.info("checkpoint of version %d complete", version)
-
-    def _check_peers(self, start: float) -> None:
-        now, lc = time.monotonic(), self.cfg.launcher
-        for peer in self.peers:
-            seen = self.last_seen.get(peer)
-            if seen is None and now - start > lc.startup_timeout_s:
-                raise PeerStalled(f"{peer} did not start within launcher.startup_timeout_s="
-                                  f"{lc.startup_timeout_s:.0f}s (see logs/{peer}.log)")
-            if seen is not None and now - seen > lc.peer_timeout_s:
-                raise PeerStalled(f"{peer} sent no heartbeat for {now - seen:.0f}s; it was "
-                                  f"{self.doing.get(peer) or 'busy'} (see logs/{peer}.log for its "
-                                  "stack)")
-        stalled = self.watch.stalled(now)
-        if stalled:
-            raise PeerStalled("; ".join(
-                f"{peer} made no progress for {idle:.0f}s while it had work "
-                f"(launcher.progress_timeout_s={lc.progress_timeout_s:g}); it was "
-                f"{self.doing.get(peer) or 'busy'}{why} (see logs/{peer}.log for its "
-                "stack)" for peer, idle, why in culprits(
-                    stalled, self.watch, self.phase, self.loaded, self.peers, self.adm.version,
-                    now)))
 
 
 def main() -> None:

@@ -16,7 +16,11 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.durable import append_jsonl
 from areal_cli.rundir import RunDir
 from areal_cli.transport.messages import GroupResult
+from areal_cli.workflows import workflow_spec
 
+STALE_WASTE_WARN = 0.2
+"""Share of the generated tokens in groups dropped as too stale above which the controller says so
+(once)."""
 SERVED_BY = {"model": "reward-model", "judge": "reward-model"}
 """The process that scores each served reward part (its log: logs/<process>.log)."""
 
@@ -126,6 +130,7 @@ class StepRecorder:
         self.tracking = None  # a tracking.fanout.TrackerFanout, once the controller opens one
         # workflow=agent: GroupResult.counters summed since the last step
         self.window: Counter = Counter()
+        self.stale_warned = False  # said that much generation went to groups dropped as too stale
 
     def on_group(self, g: GroupResult) -> None:
         self.gen_tokens += g.gen_tokens
@@ -191,6 +196,23 @@ class StepRecorder:
         dropped = self.stale_dropped_tokens - self.stale_tokens_at_start
         return dropped / self.gen_tokens_total if self.gen_tokens_total else 0.0
 
+    def warn_stale_waste(self, version: int, log) -> None:
+        """Say once (from the fifth step) when more than ``STALE_WASTE_WARN`` of the generated
+        tokens were of groups dropped as too stale: generation then works largely for nothing, and
+        the fix is in the config."""
+        waste = self.stale_waste()
+        if self.stale_warned or version < 5 or waste <= STALE_WASTE_WARN:
+            return
+        self.stale_warned = True
+        eta = self.cfg.rollout.max_staleness
+        log.warning("%.0f%% of the tokens generated so far were of groups dropped as older than "
+                    "rollout.max_staleness=%d versions when their batch came (%d groups, "
+                    "stale_dropped in metrics.jsonl): their first token came more than %d training "
+                    "steps before the step that would train them, and the generation was wasted. "
+                    "Raise rollout.max_staleness, or trainer.batch_size (longer steps), or lower "
+                    "rollout.max_new_tokens (shorter long tails)",
+                    100 * waste, eta, self.stale_dropped, eta)
+
     def on_step_done(self, step: int, trainer: dict, pool: dict) -> dict:
         now = time.monotonic()
         row = {"step": step, "version": step + 1}
@@ -206,7 +228,7 @@ class StepRecorder:
             "stale_dropped_tokens": self.stale_dropped_tokens,
             **{f"pool_{k}": v for k, v in pool.items()},
         })
-        if self.cfg.workflow.name == "agent":
+        if workflow_spec(self.cfg.workflow.name).runs_agent:
             row.update(agent_row(self.window))
         self.window = Counter()
         if self.pauses:  # mostly the update that followed the previous step

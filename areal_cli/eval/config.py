@@ -24,6 +24,7 @@ from areal_cli.runconfig.compose import (
     quote_choices,
     split_task_params,
 )
+from areal_cli.workflows import workflow_spec
 
 
 @dataclass
@@ -122,12 +123,13 @@ class EvalRunConfig:
             problems.append(f"workers={self.workers}: must be >= 0 (0 = one per GPU of gpus, else "
                             "1)")
         problems += self._gpu_problems()
-        if self.workflow.name not in ("single_turn", "agent"):
+        workflow = workflow_spec(self.workflow.name)
+        if not workflow.in_eval:
             problems.append(f"workflow={self.workflow.name}: areal eval runs single_turn or agent")
-        elif self.workflow.name == "agent" and ":" not in self.workflow.agent:
+        elif workflow.runs_agent and ":" not in self.workflow.agent:
             problems.append("workflow=agent needs workflow.agent=module:function "
                             "(examples/agents/)")
-        elif self.workflow.name == "agent" and (self.temperature > 0 or self.data_parallel()):
+        elif workflow.runs_agent and (self.temperature > 0 or self.data_parallel()):
             problems.append("workflow=agent is evaluated greedily in one process: drop "
                             "temperature, gpus and workers")
         return problems

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from areal_cli.eval.config import EvalRunConfig
+from areal_cli.workflows import workflow_spec
 
 
 class EvalError(Exception):
@@ -44,7 +45,7 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
                 results.append(nothing)
                 continue
             say(f"{name} on {cfg.task.name}: {len(task_problems)} problems, {passes(cfg)}")
-            if cfg.workflow.name == "agent":
+            if workflow_spec(cfg.workflow.name).runs_agent:
                 result = evaluator.run_agent(cfg.task, cfg.workflow, task_problems,
                                              cfg.max_new_tokens)
             else:
@@ -60,7 +61,7 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
 
 
 def passes(cfg: EvalRunConfig) -> str:
-    if cfg.workflow.name == "agent":
+    if workflow_spec(cfg.workflow.name).runs_agent:
         return f"agent {cfg.workflow.agent}, greedy"
     sampled = (f"{cfg.n_samples} samples at temperature {cfg.temperature}"
                if cfg.temperature > 0 else "")

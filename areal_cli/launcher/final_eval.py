@@ -1,4 +1,5 @@
-"""After the last step: base vs trained greedy accuracy on held-out problems, as the run's last lines.
+"""After the last step: base vs trained greedy accuracy on held-out problems, as the run's last
+lines.
 
 The launcher runs it once every process of the run has stopped, so the evaluation has the whole
 machine. The base model's figure depends only on (model, task, problems, decoding, reward), so it
@@ -43,8 +44,9 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     problems = load_problems(cfg.task, "eval")[: cfg.eval.size or None]
     say(f"evaluating base and trained model on {len(problems)} held-out problems "
         f"({cfg.task.name} eval split, greedy, ≤ {cfg.rollout.max_new_tokens} new tokens) ...")
-    # the KV cache sized for the evaluation's own batch: the run's engine.kv_cache_tokens was resolved
-    # for its groups, and a cache too small for the evaluation's sequences is compacted every step
+    # the KV cache sized for the evaluation's own batch: the run's engine.kv_cache_tokens was
+    # resolved for its groups, and a cache too small for the evaluation's sequences is compacted
+    # every step
     engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0)
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
                    engine_cfg=engine, threads=usable_cores(), problems=problems)
@@ -72,7 +74,8 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
 def report(out: dict) -> list[str]:
     """The closing lines: both accuracies and the gain in points."""
     b, t = out["base"], out["trained"]
-    return [f"held-out greedy accuracy, {out['problems']} {out['task']} problems this run never trained on:",
+    return [f"held-out greedy accuracy, {out['problems']} {out['task']} problems this run never "
+            "trained on:",
             f"  base     {100 * b['accuracy']:5.1f}%  (mean length {b['mean_length']:.0f} tokens)",
             f"  trained  {100 * t['accuracy']:5.1f}%  (mean length {t['mean_length']:.0f} tokens)"
             f"  {out['gain_points']:+.1f} points"]
@@ -88,8 +91,11 @@ def _cache_path(cfg: RootConfig, base_path: Path, problems) -> Path:
     """Keyed by everything that decides the base model's score."""
     from areal_cli.model_source import cache_dir
 
-    key = json.dumps({"model": str(base_path), "problems": [(p.id, p.prompt, p.answer) for p in problems],
-                      "max_new_tokens": cfg.rollout.max_new_tokens, "reward": cfg.reward.verifier().fn,
-                      "partial": getattr(cfg.reward, "partial_credit", False), "engine": cfg.engine.name,
-                      "dtype": cfg.engine.dtype, "system": cfg.task.system_prompt}, sort_keys=True)
+    key = json.dumps({"model": str(base_path),
+                      "problems": [(p.id, p.prompt, p.answer) for p in problems],
+                      "max_new_tokens": cfg.rollout.max_new_tokens,
+                      "reward": cfg.reward.verifier().fn,
+                      "partial": getattr(cfg.reward, "partial_credit", False),
+                      "engine": cfg.engine.name, "dtype": cfg.engine.dtype,
+                      "system": cfg.task.system_prompt}, sort_keys=True)
     return cache_dir() / "eval" / f"base-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from areal_cli.config.schema import RootConfig, kv_cache_tokens_needed
 from areal_cli.engines import spec
+from areal_cli.workflows import workflow_spec
 
 
 class UserError(ValueError):
@@ -76,7 +77,7 @@ def _check_imports(cfg: RootConfig) -> list[str]:
             import_custom(cfg.reward.fn)
         except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
             out.append(f"reward.fn={cfg.reward.fn}: {err}")
-    if cfg.workflow.name == "agent" and ":" in cfg.workflow.agent:
+    if workflow_spec(cfg.workflow.name).runs_agent and ":" in cfg.workflow.agent:
         from areal_cli.workflows.agent.episode import import_agent
 
         try:

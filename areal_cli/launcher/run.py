@@ -11,7 +11,8 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.preflight import UserError, preflight
 from areal_cli.rundir import RunDir
 
-RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.", "logging.")
+RESUMABLE = ("trainer.steps", "resume", "dry_run", "run_dir", "checkpoint.", "launcher.", "eval.",
+             "logging.")
 
 
 def resume_config(resume: str, overrides: list[str]) -> RootConfig:
@@ -26,7 +27,8 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
         raise UserError("  - " + "\n  - ".join(problems))
     path = RunDir(resume).config
     if not path.is_file():
-        raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an earlier run")
+        raise UserError(f"  - resume={resume}: no config.yaml there; give the run_dir of an "
+                        "earlier run")
     cfg = load_yaml(path)
     refused = []
     from omegaconf import OmegaConf
@@ -42,12 +44,13 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
         refused.append(key)
     lora = [o for o in overrides if o.split("=", 1)[0].lstrip("+~").startswith("trainer.lora.")]
     if lora:
-        raise UserError(f"  - {', '.join(lora)}: resume={resume} continues its adapter as it was saved (trainer.lora."
-                        f"rank={cfg.trainer.lora.rank}); drop the override to resume, or start a new run from its "
-                        f"merged model: model={RunDir(resume).final} {' '.join(lora)}")
+        raise UserError(f"  - {', '.join(lora)}: resume={resume} continues its adapter as it was "
+                        f"saved (trainer.lora.rank={cfg.trainer.lora.rank}); drop the override to "
+                        "resume, or start a new run from its merged model: "
+                        f"model={RunDir(resume).final} {' '.join(lora)}")
     if refused:
-        raise UserError("  - a resumed run keeps its config; these overrides would change what is trained: "
-                        + ", ".join(refused) + f" (allowed: {', '.join(RESUMABLE)})")
+        raise UserError("  - a resumed run keeps its config; these overrides would change what is "
+                        "trained: " + ", ".join(refused) + f" (allowed: {', '.join(RESUMABLE)})")
     try:
         from areal_cli.runconfig.compose import from_dictconfig
 
@@ -83,8 +86,8 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         if cfg.dry_run:
             print(plan.describe())
             return plan.run_dir
-        print("\n".join(f"{k}: {line}" for k in ("model", "dtype", "weights", "lengths", "memory", "reward")
-                        for line in plan.notes.get(k, [])[:2]),
+        shown = ("model", "dtype", "weights", "lengths", "memory", "reward")
+        print("\n".join(f"{k}: {line}" for k in shown for line in plan.notes.get(k, [])[:2]),
               flush=True)
         preflight(cfg)
         lock = RunLock(plan.run_dir)
@@ -112,8 +115,8 @@ def _exec_watcher(plan, quiet: bool, lock) -> None:
     os.set_inheritable(lock.fd, True)  # the watcher holds the run's lock from here on
     sys.stdout.flush()
     sys.stderr.flush()
-    argv = [sys.executable, "-m", "areal_cli.launcher.watch", str(plan.run_dir), "--lock-fd", str(lock.fd),
-            "--plan-fd", str(plan_fd)]
+    argv = [sys.executable, "-m", "areal_cli.launcher.watch", str(plan.run_dir),
+            "--lock-fd", str(lock.fd), "--plan-fd", str(plan_fd)]
     os.execv(sys.executable, argv + (["--quiet"] if quiet else []))
 
 
@@ -132,7 +135,8 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
         launcher.start()
     except RunFailed as err:
         launcher.stop()
-        print(f"areal: {err.name} failed to start (exit code {err.code}):\n{err.tail}", file=sys.stderr)
+        print(f"areal: {err.name} failed to start (exit code {err.code}):\n{err.tail}",
+              file=sys.stderr)
         raise SystemExit(1) from None
     print(f"run_dir: {plan.run_dir}  (logs in {RunDir(plan.run_dir).logs})", flush=True)
     progress = None if quiet else Progress(plan.run_dir, cfg.trainer.steps)
@@ -152,8 +156,9 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
                 if progress:
                     progress.close()
                     progress = None
-                print(f"\nareal: {err.name} failed (exit code {err.code}); every process was stopped.\n"
-                      f"last lines of its log:\n{err.tail}\n(full logs: {RunDir(plan.run_dir).logs})",
+                print(f"\nareal: {err.name} failed (exit code {err.code}); every process was "
+                      f"stopped.\nlast lines of its log:\n{err.tail}\n"
+                      f"(full logs: {RunDir(plan.run_dir).logs})",
                       file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
             if progress:
@@ -169,7 +174,8 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
     from areal_cli.launcher.final_eval import evaluate_run
 
     # on the first generation worker's GPUs, as the run had them (not on whatever GPU 0 is)
-    gpus = next((p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.procs if p.name == "rollout-0"), None)
+    gpus = next((p.env.get("CUDA_VISIBLE_DEVICES") for p in plan.procs if p.name == "rollout-0"),
+                None)
     result = evaluate_run(cfg, plan.run_dir, gpus=gpus)
     if result:
         import logging
@@ -177,7 +183,8 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
         from areal_cli.launcher.final_eval import report
         from areal_cli.tracking.fanout import log_final_eval
 
-        log_final_eval(plan.run_dir, cfg, result, report(result), logging.getLogger("areal.tracking"))
+        log_final_eval(plan.run_dir, cfg, result, report(result),
+                       logging.getLogger("areal.tracking"))
     return plan.run_dir
 
 
@@ -194,12 +201,13 @@ def summarize(run_dir: Path) -> None:
     q = max(1, len(rows) // 4)
     first = sum(r.get("reward_mean", 0.0) for r in rows[:q]) / q
     last = sum(r.get("reward_mean", 0.0) for r in rows[-q:]) / q
-    print(f"done: {len(rows)} steps in {rows[-1].get('wall_time_s', 0.0):.0f}s; mean reward first quarter "
-          f"{first:.3f} → last quarter {last:.3f}; checkpoint {RunDir(run_dir).final}")
+    print(f"done: {len(rows)} steps in {rows[-1].get('wall_time_s', 0.0):.0f}s; mean reward first "
+          f"quarter {first:.3f} → last quarter {last:.3f}; checkpoint {RunDir(run_dir).final}")
     gap = [(r["logp_gap_fresh"], r["fresh_tokens"]) for r in rows if r.get("fresh_tokens")]
     if gap:
         tokens = sum(n for _, n in gap)
         mean = sum(g * n for g, n in gap) / tokens
-        print(f"behaviour vs trainer logprobs, same weights: mean |difference| {mean:.4f} over {tokens} tokens"
-              + ("  (far apart: the engine and the trainer compute differently; see docs/gpu.md, Logprobs)"
-                 if mean > 0.1 else ""))
+        far = ("  (far apart: the engine and the trainer compute differently; see docs/gpu.md, "
+               "Logprobs)" if mean > 0.1 else "")
+        print(f"behaviour vs trainer logprobs, same weights: mean |difference| {mean:.4f} over "
+              f"{tokens} tokens{far}")

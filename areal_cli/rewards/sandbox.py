@@ -79,12 +79,13 @@ def require(isolation: str) -> Bwrap | None:
     return bwrap
 
 
-def sandbox_problems(reward: RewardConfig, task: TaskConfig, workflow: str = "") -> list[str]:
-    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, the tool_use
-    workflow) need a working reward.sandbox: the reason it is missing, with the fix, or []."""
+def sandbox_problems(reward: RewardConfig, task: TaskConfig, runs_code: bool = False) -> list[str]:
+    """Runs that execute model-written code (reward.fn=code, fn=auto on HumanEval, a workflow that
+    ``runs_code``, as tool_use) need a working reward.sandbox: the reason it is missing, with the
+    fix, or []."""
     parts = reward.parts
     needs = "code" in parts or ("auto" in parts and task.source == "humaneval")
-    if not (needs or workflow == "tool_use") or reward.sandbox not in SANDBOXES:
+    if not (needs or runs_code) or reward.sandbox not in SANDBOXES:
         return []
     try:
         require(reward.sandbox)

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from functools import lru_cache
 
-from areal_cli.config.task import REWARD_FNS, RewardConfig
+from areal_cli.config.task import RewardConfig
 from areal_cli.rewards.code_reward import code_score
 from areal_cli.rewards.extract import extract_answer
 from areal_cli.rewards.math_reward import exact_score, math_verify_score, numeric_score, same_answer
 from areal_cli.tasks.base import Problem
+from areal_cli.user_code import load_callable
 
 Scorer = Callable[[str, Problem], float]
 
@@ -78,25 +78,6 @@ def _rg_scorer(dataset: str):
     return get_score_answer_fn(dataset)
 
 
-@lru_cache(maxsize=16)
 def import_custom(path: str) -> Scorer:
-    """`module:function` -> the function; ValueError naming what is missing and the fix."""
-    module_name, sep, attr = path.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(
-            f"reward.fn={path!r}: use one of {', '.join(REWARD_FNS)} or 'my_module:my_fn'"
-        )
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(
-            f"reward.fn={path!r}: cannot import module {module_name!r} ({e}); "
-            "put it on PYTHONPATH or install it"
-        ) from e
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise ValueError(
-            f"reward.fn={path!r}: module {module_name!r} has no function {attr!r}; "
-            "define fn(completion: str, problem: Problem) -> float there"
-        )
-    return fn
+    """`module:function` -> the user's scorer; ValueError naming what is missing and the fix."""
+    return load_callable(path, "reward.fn", "(completion: str, problem: Problem) -> float")

@@ -12,6 +12,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.config.trackers import problems as tracking_problems
 from areal_cli.engines import unknown as unknown_engine
 from areal_cli.rundir import RunDir
+from areal_cli.workflows import workflow_spec
 
 
 def conf_dir() -> Path:
@@ -216,7 +217,8 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     problems = cfg.task.validate() + cfg.reward.validate() + cfg.algorithm.validate()
     from areal_cli.rewards.sandbox import sandbox_problems
 
-    problems += sandbox_problems(cfg.reward, cfg.task, cfg.workflow.name)
+    workflow = workflow_spec(cfg.workflow.name)
+    problems += sandbox_problems(cfg.reward, cfg.task, workflow.runs_code)
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
     problems += _run_bounds(cfg)
@@ -224,8 +226,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
         problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a "
                         f"third of launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower "
                         "heartbeat_s")
-    # agent rows vary anyway
-    if (t.batch_size * r.group_size) % t.ranks and cfg.workflow.name != "agent":
+    if (t.batch_size * r.group_size) % t.ranks and not workflow.varying_rows:
         problems.append(
             f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do "
             f"not split evenly over trainer.ranks={t.ranks}: choose a batch_size or ranks that "
@@ -261,10 +262,11 @@ def _cross_field(cfg: RootConfig) -> list[str]:
 
 
 def _agent_problems(w) -> list[str]:
-    if w.name == "agent" and ":" not in w.agent:
+    runs_agent = workflow_spec(w.name).runs_agent
+    if runs_agent and ":" not in w.agent:
         return [f"workflow=agent needs workflow.agent=module:function (got {w.agent!r}): an async "
                 "run(client, problem) -> float | dict | None (examples/agents/)"]
-    if w.agent and w.name != "agent":
+    if w.agent and not runs_agent:
         return [f"workflow.agent={w.agent} is set but workflow={w.name}: add workflow=agent"]
     return []
 def _served_reward_problems(cfg: RootConfig) -> list[str]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.engines.base import Engine
+from areal_cli.user_code import load_callable
 from areal_cli.workflows.length_profile import LengthProfile
 from areal_cli.workflows.turns import Episode, Group, TurnWorkflow
 
@@ -28,19 +29,8 @@ class UserWorkflow(TurnWorkflow):
 
 
 def import_workflow(spec: str):
-    """``module:function`` → the function; a clear error naming what is missing."""
-    import importlib
-
-    module, _, name = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow={spec}: cannot import it ({err}); put {module}.py on "
-                         f"PYTHONPATH and define {name}(completion, turn, problem, reward) -> str "
-                         "| None") from None
-    if not callable(fn):
-        raise ValueError(f"workflow={spec}: {name} is not a function")
-    return fn
+    """``module:function`` → the user's function; a ValueError naming what is missing."""
+    return load_callable(spec, "workflow", "(completion, turn, problem, reward) -> str | None")
 
 
 WORKFLOW = UserWorkflow

@@ -84,7 +84,7 @@ def test_forged_status_frames_are_dropped_and_the_controller_goes_on(ctl):
     trainer.send(Hello("trainer-0"))  # and then a legitimate one
     pump(ctl, lambda: ctl.trainer_ready)
     assert ctl.trainer_ready and not ctl.done
-    assert ctl.adm.version == 0 and ctl.pending_update is None  # the staleness bound holds
+    assert ctl.adm.version == 0 and ctl.orders.pending is None  # the staleness bound holds
     assert ctl.unexpected == 4 and ctl.status.dropped == 3
     for c in (rollout, stranger, trainer):
         c.close()
@@ -124,22 +124,24 @@ def test_every_status_message_has_a_handler_and_acts(ctl):
     rollout.send(Heartbeat("rollout-0", "generating (3 groups)", progress=5, busy=3))
     trainer.send(Heartbeat("trainer-0", "sending weights", progress=1, phase=Phase.sending_weights,
                            version=1))
-    pump(ctl, lambda: "trainer-0" in ctl.doing)
-    assert ctl.rollouts_up == {"rollout-0"} and ctl.doing["rollout-0"] == "generating (3 groups)"
+    peers = ctl.peers
+    pump(ctl, lambda: "trainer-0" in peers.doing)
+    assert peers.rollouts_up == {"rollout-0"}
+    assert peers.doing["rollout-0"] == "generating (3 groups)"
     # culprits() reads
-    assert ctl.phase == {"rollout-0": (Phase.other, -1), "trainer-0": (Phase.sending_weights, 1)}
-    assert ctl.watch.peers["rollout-0"].busy and ctl.watch.peers["rollout-0"].progress == 5
-    assert not ctl.watch.peers["trainer-0"].busy  # busy -1: the trainer does not say; unchanged
+    assert peers.phase == {"rollout-0": (Phase.other, -1), "trainer-0": (Phase.sending_weights, 1)}
+    assert peers.watch.peers["rollout-0"].busy and peers.watch.peers["rollout-0"].progress == 5
+    assert not peers.watch.peers["trainer-0"].busy  # busy -1: the trainer does not say; unchanged
     trainer.send(WeightsReady("trainer-0", 0))  # resume at version 0
     pump(ctl,
-         lambda: ctl.pending_update is None and ctl.adm.version == 0
-         and ctl.last_seen.get("trainer-0"))
+         lambda: ctl.orders.pending is None and ctl.adm.version == 0
+         and peers.last_seen.get("trainer-0"))
     rollout.send(WeightsLoaded("rollout-0", 1, {"pause_total_s": 0.25}))
     pump(ctl, lambda: ctl.rec.pauses)
     assert (ctl.rec.pauses == [0.25]
             and '"pause_total_s": 0.25' in (ctl.run_dir / "weight_updates.jsonl").read_text())
     # what culprits() reads when the trainer hangs sending weights
-    assert ctl.loaded == {"rollout-0": 1}
+    assert peers.loaded == {"rollout-0": 1}
     assert not ctl.done
     trainer.send(Bye("trainer-0", finished=True))
     pump(ctl, lambda: ctl.done)
@@ -163,15 +165,15 @@ def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkey
     """A PUB frame sent before a subscriber's subscription arrives is lost; the rollout worker then
     never joins the broadcast and the trainer waits in it until the collective times out. The
     controller repeats the order until the worker has begun to receive (its heartbeat) or loaded."""
-    import areal_cli.controller.main as controller_main
+    import areal_cli.controller.weight_orders as weight_orders
     from areal_cli.transport.messages import Heartbeat, Phase, UpdateWeights, WeightsLoaded
 
-    monkeypatch.setattr(controller_main, "UPDATE_REPEAT_S", 0.2)
+    monkeypatch.setattr(weight_orders, "UPDATE_REPEAT_S", 0.2)
     trainer, rollout = client(ctl, "trainer-0"), client(ctl, "rollout-0")
     rollout.send(Hello("rollout-0"))  # said hello; its control subscription is not there yet
     trainer.send(WeightsReady("trainer-0", 0))  # the resumed weights, version 0
-    pump(ctl, lambda: ctl.sent_update == 0)
-    assert ctl.sent_update == 0  # the first order went out to no subscriber
+    pump(ctl, lambda: ctl.orders.sent == 0)
+    assert ctl.orders.sent == 0  # the first order went out to no subscriber
     ep, keys = Endpoints.load(ctl.run_dir), load_keys(ctl.run_dir)
     sub = Channel(zmq.SUB, ep.control, name="control", bind=False, keys=keys, max_frame=MIB)
     got = []
@@ -183,17 +185,17 @@ def test_a_weight_update_order_lost_to_a_late_subscriber_is_repeated(ctl, monkey
         return bool(got)
 
     pump(ctl, heard)
-    assert isinstance(got[0], UpdateWeights) and got[0].version == 0 and ctl.update_repeats[0] >= 1
+    assert isinstance(got[0], UpdateWeights) and got[0].version == 0 and ctl.orders.repeats[0] >= 1
     rollout.send(Heartbeat("rollout-0", "receiving weights", progress=1,
                            phase=Phase.receiving_weights, version=0))
-    pump(ctl, lambda: ctl.sent_update is None)
-    assert ctl.sent_update is None  # joined: no more orders
-    repeats = ctl.update_repeats[0]
+    pump(ctl, lambda: ctl.orders.sent is None)
+    assert ctl.orders.sent is None  # joined: no more orders
+    repeats = ctl.orders.repeats[0]
     rollout.send(WeightsLoaded("rollout-0", 0, {"pause_total_s": 0.1}))
-    pump(ctl, lambda: ctl.loaded.get("rollout-0") == 0)
+    pump(ctl, lambda: ctl.peers.loaded.get("rollout-0") == 0)
     time.sleep(0.3)
     ctl._handle_status()
-    assert ctl.update_repeats[0] == repeats and ctl.unexpected == 0
+    assert ctl.orders.repeats[0] == repeats and ctl.unexpected == 0
     for c in (trainer, rollout, sub):
         c.close()
 

@@ -57,19 +57,16 @@ def test_a_group_past_the_staleness_bound_is_dropped_requeued_and_its_tokens_cou
 def test_the_controller_says_once_when_stale_drops_waste_a_fifth_of_generation(tmp_path, caplog):
     import logging
 
-    cfg = RootConfig()
-    rec = StepRecorder(tmp_path, cfg)
-    ctl = SimpleNamespace(cfg=cfg, rec=rec, stale_warned=False,
-                          log=logging.getLogger("areal-test-controller"))
+    rec, log = StepRecorder(tmp_path, RootConfig()), logging.getLogger("areal-test-controller")
     rec.gen_tokens_total, rec.stale_dropped_tokens, rec.stale_dropped = 1000, 150, 3
     with caplog.at_level(logging.WARNING, logger="areal-test-controller"):
-        Controller._warn_stale_waste(ctl, 9)
+        rec.warn_stale_waste(9, log)
         assert not caplog.records  # 15%: within what the bound costs
         rec.stale_dropped_tokens = 440
-        Controller._warn_stale_waste(ctl, 4)
+        rec.warn_stale_waste(4, log)
         assert not caplog.records  # too early to judge
-        Controller._warn_stale_waste(ctl, 5)
-        Controller._warn_stale_waste(ctl, 6)
+        rec.warn_stale_waste(5, log)
+        rec.warn_stale_waste(6, log)
     assert len(caplog.records) == 1
     said = caplog.records[0].getMessage()
     assert said.startswith("44% of the tokens generated so far were of groups dropped as older "

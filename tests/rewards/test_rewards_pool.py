@@ -90,7 +90,8 @@ def test_exceptions_and_dead_workers_score_zero(module):
 def test_bad_custom_import_paths_name_the_fix(module):
     with pytest.raises(ValueError, match=r"cannot import module 'no_such_mod_xyz'.*PYTHONPATH"):
         RewardPool(RewardConfig(fn="no_such_mod_xyz:f"))
-    with pytest.raises(ValueError, match=rf"module '{module}' has no function 'nope'.*define fn"):
+    with pytest.raises(ValueError,
+                       match=rf"module '{module}' has no function 'nope'.*define nope\(completion"):
         score("x", Problem("p", "", "", {}), RewardConfig(fn=f"{module}:nope"))
     with pytest.raises(ValueError, match="'my_module:my_fn'"):
         score("x", Problem("p", "", "", {}), RewardConfig(fn="magic"))

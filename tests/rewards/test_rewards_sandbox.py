@@ -151,7 +151,7 @@ def test_without_bubblewrap_code_runs_refuse_to_start(no_bwrap):
     code = RewardConfig(fn="code")
     assert "bubblewrap" in sandbox_problems(code, TaskConfig())[0]
     assert sandbox_problems(RewardConfig(), TaskConfig(source="humaneval"))  # auto on tests
-    assert sandbox_problems(RewardConfig(fn="exact"), TaskConfig(), "tool_use")
+    assert sandbox_problems(RewardConfig(fn="exact"), TaskConfig(), runs_code=True)
     assert sandbox_problems(RewardConfig(), TaskConfig()) == []  # math needs no sandbox
     assert sandbox_problems(RewardConfig(fn="code", sandbox="unsafe_none"), TaskConfig()) == []
 

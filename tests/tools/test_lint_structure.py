@@ -93,6 +93,24 @@ def test_engine_name_comparisons_are_found_outside_the_engines(tmp_path):
                                                  "pkg/trainer/main.py:3"]
 
 
+def test_workflow_name_comparisons_are_found_outside_the_workflows(tmp_path):
+    root = plant(tmp_path, {
+        "workflows/tool_use.py": "WORKFLOW = object\n",
+        "workflows/turns.py": "class TurnWorkflow:\n    pass\n",  # a helper, not a workflow
+        "workflows/agent/workflow.py": "WORKFLOW = object\n",
+        "workflows/single_turn.py": 'WORKFLOW = object\nmine = name == "tool_use"\n',
+        "rewards/sandbox.py": 'needs = workflow == "tool_use"\n',
+        "eval/config.py": 'ok = name in ("single_turn", "agent")\nhelper = name == "turns"\n',
+        "controller/records.py": 'label = "agent"\n',  # a string, not a comparison
+    })
+    found = lint_structure.problems(root)
+    assert [f.split(";")[0] for f in found] == [
+        'pkg/eval/config.py:1: compares a workflow name with "agent"',
+        'pkg/eval/config.py:1: compares a workflow name with "single_turn"',
+        'pkg/rewards/sandbox.py:1: compares a workflow name with "tool_use"']
+    assert "areal_cli.workflows.workflow_spec" in found[0]
+
+
 def test_an_engines_own_modules_are_imported_only_inside_engines(tmp_path):
     root = plant(tmp_path, {
         "engines/__init__.py": "spec = None\n",

@@ -16,7 +16,8 @@ import areal_cli.workflows
 from areal_cli.config.schema import RootConfig
 from areal_cli.rollout.main import Worker, make_workflow
 from areal_cli.transport.messages import WorkItem
-from areal_cli.workflows import workflow_class
+from areal_cli.workflows import workflow_class, workflow_spec
+from areal_cli.workflows.spec import SPECS, WorkflowSpec
 
 TOY = '''
 import time
@@ -98,3 +99,14 @@ def test_a_name_without_its_module_is_a_value_error():
         workflow_class("turns")  # the shared loop defines no WORKFLOW of its own
     assert workflow_class("single_turn").__name__ == "SingleTurn"
     assert workflow_class("tests.examples:hint").__name__ == "UserWorkflow"
+
+
+def test_every_spec_names_a_workflow_and_others_get_the_defaults():
+    """What the config checks, the controller and areal eval ask of a workflow: a spec for each
+    built-in (a misspelt key would silently give the defaults), the defaults for the rest."""
+    for name in SPECS:
+        assert workflow_class(name).__name__
+    assert workflow_spec("tool_use").runs_code
+    assert workflow_spec("agent").runs_agent and workflow_spec("agent").varying_rows
+    assert [n for n in SPECS if workflow_spec(n).in_eval] == ["single_turn", "agent"]
+    assert workflow_spec("tests.examples:hint") == workflow_spec("toy_flow") == WorkflowSpec()

@@ -15,12 +15,11 @@ Nothing is re-tokenised: every id of a trajectory is one the engine saw or produ
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import os
 import sys
 from dataclasses import dataclass, field
 
+from areal_cli.user_code import load_callable
 from areal_cli.workflows.agent.chat import Reply
 
 
@@ -94,20 +93,11 @@ class EpisodeLog:
 
 def import_agent(spec: str):
     """``module:function`` → the agent's async function; a ValueError naming what is missing."""
-    module, _, name = spec.partition(":")
     # `areal` started from a project directory finds its agents there
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    try:
-        fn = getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as err:
-        raise ValueError(f"workflow.agent={spec}: cannot import it ({err}); put {module} on "
-                         f"PYTHONPATH and define async def {name}(client, problem) -> float | dict "
-                         "| None") from None
-    if not inspect.iscoroutinefunction(fn):
-        raise ValueError(f"workflow.agent={spec}: {name} must be an async function "
-                         f"(async def {name}(client, problem))")
-    return fn
+    return load_callable(spec, "workflow.agent", "(client, problem) -> float | dict | None",
+                         coroutine=True)
 
 
 def episode_reward(result) -> tuple[float | None, dict[str, float]]:
