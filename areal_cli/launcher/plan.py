@@ -112,6 +112,25 @@ class Plan:
         rd.reward_endpoint.unlink(missing_ok=True)
 
 
+def default_engine(cfg: RootConfig, overrides: list[str]) -> tuple[str | None, str]:
+    """The engine a run gets where its overrides name none: vLLM where the run computes on GPUs here
+    (cluster.gpus, or every visible GPU) and vLLM imports, else the embedded engine (hf). Returns
+    (the engine to compose with, None where conf/'s default stands; the line that says so)."""
+    named = any(o.split("=", 1)[0].lstrip("+") == "engine" for o in overrides)
+    if named or cfg.launcher.name != "local":
+        return None, ""
+    gpus = [int(g) for g in cfg.cluster.gpus] or visible_gpus()
+    if not gpus:
+        return None, ""  # the CPU: hf, whose slot loop is areal's CPU engine
+    vllm = spec("vllm")
+    try:
+        vllm.require()
+    except ValueError:
+        return None, (f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: "
+                      f"{vllm.install} for ~10x the generation speed)")
+    return "vllm", f"engine=vllm (auto: GPU(s) {gpus} here and vLLM installed; engine=hf for the embedded engine)"
+
+
 def visible_gpus() -> list[int]:
     if not (os.path.exists("/dev/nvidiactl") or shutil.which("nvidia-smi")):
         return []  # no NVIDIA driver: no GPU, and no need to import torch to learn it

@@ -86,8 +86,9 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         if cfg.dry_run:
             print(plan.describe())
             return plan.run_dir
-        shown = ("model", "dtype", "weights", "lengths", "memory", "reward")
-        print("\n".join(f"{k}: {line}" for k in shown for line in plan.notes.get(k, [])[:2]),
+        shown = ("model", "dtype", "weights", "lengths", "memory", "reward", "share")
+        print("\n".join(f"{k}: {line}" for k in shown
+                        for line in plan.notes.get(k, [])[:None if k == "share" else 2]),
               flush=True)
         preflight(cfg)
         lock = RunLock(plan.run_dir)

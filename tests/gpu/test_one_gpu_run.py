@@ -18,9 +18,12 @@ SHORT = ["cluster.gpus=[0]", "trainer.steps=4", "trainer.batch_size=8", "rollout
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 def test_vllm_and_the_trainer_share_one_gpu(tmp_path):
+    """No engine named: vLLM, since it is installed and the run is on a GPU."""
     run = tmp_path / "vllm"
-    run_train(run, *SHORT, "engine=vllm", "engine.gpu_memory_utilization=0.3", timeout=900)
+    proc = run_train(run, *SHORT, "engine.gpu_memory_utilization=0.3", timeout=900)
+    assert "engine=vllm (auto: GPU(s) [0] here and vLLM installed" in proc.stdout
     cfg = yaml.safe_load(RunDir(run).config.read_text())
+    assert cfg["engine"]["name"] == "vllm"
     assert cfg["weights"]["backend"] == "ipc" and cfg["engine"]["weight_update"] == "inplace"
     updates = read_jsonl(RunDir(run).weight_updates)
     assert len(updates) >= 3

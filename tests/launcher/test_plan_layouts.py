@@ -247,3 +247,18 @@ def test_a_shared_gpu_plan_that_cannot_fit_names_what_to_lower(tmp_path):
     text = "\n".join(shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.3",
                                  "trainer.lora.rank=16"))
     assert "of the 81.8 GiB left" in text, text
+
+
+def test_the_engine_follows_the_hardware_where_none_is_named():
+    from areal_cli.launcher.plan import default_engine
+
+    # the CPU: conf/'s default (hf) stands, and nothing is said
+    assert default_engine(compose([]), []) == (None, "")
+    # an engine named, or Slurm (the GPUs are on the nodes): left as composed
+    assert default_engine(compose(["cluster.gpus=[0]"]), ["engine=hf"]) == (None, "")
+    assert default_engine(compose(["launcher=slurm", "cluster.gpus=[0]"]), []) == (None, "")
+    # GPUs without vLLM (this machine): hf, and why, with the install command
+    engine, why = default_engine(compose(["cluster.gpus=[0]"]), [])
+    assert engine is None
+    assert "engine=hf (auto: GPU(s) [0] here but vLLM is not installed" in why
+    assert "pip install 'areal-cli[vllm]'" in why
