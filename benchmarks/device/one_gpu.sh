@@ -7,6 +7,9 @@
 #   stage3  carry .models/a                  model part 1
 #   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
 #                                            broadcast, a short run of each engine on one GPU)
+#   staleness  carry .models/b               (after stage3, instead of check) the IPC test; the
+#                                            default engine on one GPU at rollout.max_staleness=1,
+#                                            8 and 16 groups a step
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -31,6 +34,16 @@ case $phase in
     step hf50_summary 30 $TF python3 benchmarks/device/run_summary.py /tmp/runs/hf50 2
     for r in vllm50 hf50; do
       [ -d /tmp/runs/$r ] && tar czf $OUT/$r.tgz -C /tmp/runs --exclude=checkpoints $r
+    done
+    ;;
+  staleness)
+    # the IPC test, then the default engine (vLLM, none named) at staleness 1 with 8 and 16 groups a step
+    TAIL=6 step gpu_ipc 150 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
+    RUN="model=$MODEL cluster.gpus=[0] trainer.steps=${STEPS:-50} rollout.max_staleness=1 launcher.peer_timeout_s=300"
+    for b in 8 16; do
+      TAIL=4 step eta1_b$b 220 python3 -m areal_cli.cli train --quiet $RUN trainer.batch_size=$b run_dir=/tmp/runs/eta1_b$b
+      step eta1_b${b}_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/eta1_b$b 2
+      tar czf $OUT/eta1_b$b.tgz -C /tmp/runs --exclude=checkpoints eta1_b$b
     done
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
