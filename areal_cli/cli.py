@@ -40,7 +40,7 @@ def train(overrides: list[str] = OVERRIDES,
           quiet: bool = typer.Option(False, "--quiet", help="No progress display.")):
     """Run asynchronous RL: controller + rollout workers + torchrun FSDP2 trainer."""
     cfg = _compose(overrides, dry_run)
-    from areal_cli.launcher.plan import default_engine
+    from areal_cli.launcher.plan import hardware_defaults
     from areal_cli.launcher.run import UserError, resume_config
     from areal_cli.launcher.run import train as run_train
 
@@ -49,11 +49,11 @@ def train(overrides: list[str] = OVERRIDES,
             cfg = resume_config(cfg.resume, list(overrides or []))
             cfg.dry_run = dry_run
         else:
-            engine, why = default_engine(cfg, list(overrides or []))
-            if engine:
-                cfg = _compose([*(overrides or []), f"engine={engine}"], dry_run)
-            if why:
-                typer.echo(why)
+            extra, lines = hardware_defaults(cfg, list(overrides or []))
+            if extra:
+                cfg = _compose([*(overrides or []), *extra], dry_run)
+            for line in lines:
+                typer.echo(line)
         run_train(cfg, quiet=quiet, lean=True)
     except UserError as err:
         _fail(f"cannot start:\n{err}")

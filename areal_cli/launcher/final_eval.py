@@ -20,6 +20,9 @@ from areal_cli.durable import atomic_write
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import usable_cores
 
+EAGER_EVAL_TOKENS = 100_000
+"""Problems × new tokens at most, of a closing evaluation that vLLM runs eagerly."""
+
 
 def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = None) -> dict | None:
     """Evaluate the base model and ``run_dir``'s final checkpoint; None when ``eval.at_end`` is off.
@@ -46,8 +49,11 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
         f"({cfg.task.name} eval split, greedy, ≤ {cfg.rollout.max_new_tokens} new tokens) ...")
     # the KV cache sized for the evaluation's own batch: the run's engine.kv_cache_tokens was
     # resolved for its groups, and a cache too small for the evaluation's sequences is compacted
-    # every step
-    engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0)
+    # every step. vLLM starts without compilation and CUDA graphs for a small evaluation: its start
+    # with them (~45 s, one GPU) outweighs the decode of a few thousand greedy tokens
+    small = len(problems) * cfg.rollout.max_new_tokens <= EAGER_EVAL_TOKENS
+    engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0,
+                                 enforce_eager=cfg.engine.enforce_eager or small)
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
                    engine_cfg=engine, threads=usable_cores(), problems=problems)
     base_path = resolve_model(cfg.model)

@@ -112,23 +112,47 @@ class Plan:
         rd.reward_endpoint.unlink(missing_ok=True)
 
 
-def default_engine(cfg: RootConfig, overrides: list[str]) -> tuple[str | None, str]:
-    """The engine a run gets where its overrides name none: vLLM where the run computes on GPUs here
-    (cluster.gpus, or every visible GPU) and vLLM imports, else the embedded engine (hf). Returns
-    (the engine to compose with, None where conf/'s default stands; the line that says so)."""
-    named = any(o.split("=", 1)[0].lstrip("+") == "engine" for o in overrides)
-    if named or cfg.launcher.name != "local":
-        return None, ""
+GPU_DEFAULTS = {"trainer.batch_size": 16, "trainer.steps": 50}
+"""conf/'s defaults fit a 2-core CPU (4 groups a step, 30 steps); a run on GPUs takes these where its
+overrides name none (BENCHMARKS.md "One GPU")."""
+
+
+def hardware_defaults(cfg: RootConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
+    """What a local run on GPUs gets where its overrides name none: vLLM where it imports (else the
+    embedded engine, hf, with the reason), ``GPU_DEFAULTS``, and on one GPU shared by vLLM and the
+    trainer rollout.max_staleness=1 (vLLM outpaces the trainer there, so samples would reach the
+    bound, and η = 4 cost held-out accuracy). Returns (overrides to compose with, the lines that
+    say so); nothing on the CPU, for Slurm (the GPUs are on the nodes) or on resume."""
+    named = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    if cfg.launcher.name != "local" or cfg.resume:
+        return [], []
     gpus = [int(g) for g in cfg.cluster.gpus] or visible_gpus()
     if not gpus:
-        return None, ""  # the CPU: hf, whose slot loop is areal's CPU engine
-    vllm = spec("vllm")
-    try:
-        vllm.require()
-    except ValueError:
-        return None, (f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: "
-                      f"{vllm.install} for ~10x the generation speed)")
-    return "vllm", f"engine=vllm (auto: GPU(s) {gpus} here and vLLM installed; engine=hf for the embedded engine)"
+        return [], []  # the CPU: hf, whose slot loop is areal's CPU engine; conf/'s defaults
+    extra, lines = [], []
+    engine = cfg.engine.name
+    if "engine" not in named:
+        vllm = spec("vllm")
+        try:
+            vllm.require()
+            engine = "vllm"
+            extra.append("engine=vllm")
+            lines.append(f"engine=vllm (auto: GPU(s) {gpus} here and vLLM installed; engine=hf for the "
+                         "embedded engine)")
+        except ValueError:
+            lines.append(f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: {vllm.install} "
+                         "for ~10x the generation speed)")
+    for key, value in GPU_DEFAULTS.items():
+        if key not in named:
+            extra.append(f"{key}={value}")
+            lines.append(f"{key}={value} (auto on GPUs; conf/'s default fits a 2-core CPU)")
+    one = len(gpus) == 1 and not (cfg.rollout.gpus or cfg.trainer.gpus)
+    # a serving engine (GPU only: vLLM) generates several times faster than the trainer trains
+    if one and spec(engine).gpu_only and "rollout.max_staleness" not in named:
+        extra.append("rollout.max_staleness=1")
+        lines.append("rollout.max_staleness=1 (auto on one GPU shared by vLLM and the trainer: generation "
+                     "outpaces training there and samples would reach the bound)")
+    return extra, lines
 
 
 def visible_gpus() -> list[int]:

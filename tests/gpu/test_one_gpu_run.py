@@ -22,6 +22,7 @@ def test_vllm_and_the_trainer_share_one_gpu(tmp_path):
     run = tmp_path / "vllm"
     proc = run_train(run, *SHORT, "engine.gpu_memory_utilization=0.3", timeout=900)
     assert "engine=vllm (auto: GPU(s) [0] here and vLLM installed" in proc.stdout
+    assert "rollout.max_staleness=1 (auto on one GPU shared by vLLM" in proc.stdout
     cfg = yaml.safe_load(RunDir(run).config.read_text())
     assert cfg["engine"]["name"] == "vllm"
     assert cfg["weights"]["backend"] == "ipc" and cfg["engine"]["weight_update"] == "inplace"

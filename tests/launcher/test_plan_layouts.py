@@ -249,16 +249,24 @@ def test_a_shared_gpu_plan_that_cannot_fit_names_what_to_lower(tmp_path):
     assert "of the 81.8 GiB left" in text, text
 
 
-def test_the_engine_follows_the_hardware_where_none_is_named():
-    from areal_cli.launcher.plan import default_engine
+def test_the_defaults_follow_the_hardware_where_none_is_named():
+    from areal_cli.launcher.plan import hardware_defaults
 
-    # the CPU: conf/'s default (hf) stands, and nothing is said
-    assert default_engine(compose([]), []) == (None, "")
-    # an engine named, or Slurm (the GPUs are on the nodes): left as composed
-    assert default_engine(compose(["cluster.gpus=[0]"]), ["engine=hf"]) == (None, "")
-    assert default_engine(compose(["launcher=slurm", "cluster.gpus=[0]"]), []) == (None, "")
-    # GPUs without vLLM (this machine): hf, and why, with the install command
-    engine, why = default_engine(compose(["cluster.gpus=[0]"]), [])
-    assert engine is None
-    assert "engine=hf (auto: GPU(s) [0] here but vLLM is not installed" in why
-    assert "pip install 'areal-cli[vllm]'" in why
+    # the CPU: conf/'s defaults (hf, 4 groups, 30 steps) stand, and nothing is said
+    assert hardware_defaults(compose([]), []) == ([], [])
+    # Slurm (the GPUs are on the nodes): left as composed
+    assert hardware_defaults(compose(["launcher=slurm", "cluster.gpus=[0]"]), []) == ([], [])
+    # GPUs without vLLM (this machine): hf, and why with the install command; GPU-sized steps
+    extra, lines = hardware_defaults(compose(["cluster.gpus=[0]"]), [])
+    assert extra == ["trainer.batch_size=16", "trainer.steps=50"]
+    assert "engine=hf (auto: GPU(s) [0] here but vLLM is not installed" in lines[0]
+    assert "pip install 'areal-cli[vllm]'" in lines[0]
+    # what the user named stays; vLLM named on one GPU: staleness 1 unless named too
+    overrides = ["cluster.gpus=[0]", "engine=vllm", "trainer.steps=7"]
+    extra, lines = hardware_defaults(compose(overrides), overrides)
+    assert extra == ["trainer.batch_size=16", "rollout.max_staleness=1"]
+    overrides += ["rollout.max_staleness=3"]
+    assert hardware_defaults(compose(overrides), overrides)[0] == ["trainer.batch_size=16"]
+    # vLLM on two GPUs: generation and training on cards of their own, staleness as configured
+    overrides = ["cluster.gpus=[0,1]", "engine=vllm"]
+    assert "rollout.max_staleness=1" not in hardware_defaults(compose(overrides), overrides)[0]
