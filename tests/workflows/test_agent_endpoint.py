@@ -182,6 +182,13 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
             good.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
         except openai.BadRequestError as err:
             out["role"] = err.param
+        vocab = len(flow.tok)
+        try:  # an id past the tokenizer's (another tokenizer's, or an attacker's)
+            good.completions.create(model="m", prompt=[1, 2, vocab], max_tokens=2)
+        except openai.BadRequestError as err:
+            out["vocab"] = (err.param, f"prompt[2] = {vocab} is not a token id" in str(err))
+        out["ids"] = good.completions.create(model="m", prompt=[1, 2, vocab - 1],
+                                             max_tokens=2).choices[0].finish_reason
         out["models"] = [m.id for m in good.models.list()]
         out["plain"] = good.chat.completions.create(model="m",
                                                     messages=[{"role": "user", "content": "hi"}],
@@ -196,9 +203,9 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
         flow.poll()
     t.join(1)
     assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]",
-                   "models": ["tiny"],
+                   "vocab": ("prompt[2]", True), "ids": "length", "models": ["tiny"],
                    "plain": "length"}
     c = flow.endpoint.counters
-    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 2
-            and c["agent_unattributed_calls"] == 1)
+    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 3
+            and c["agent_unattributed_calls"] == 2)
     assert flow.server.sock.getsockname()[0] == "127.0.0.1"

@@ -189,6 +189,15 @@ def completion_request(body) -> CompletionRequest:
                              _opt_int(body, "n", hi=MAX_N) or 1, _stop(body))
 
 
+def check_token_ids(ids: list[int], vocab: int) -> None:
+    """400 naming the first id that is not a token of the run's tokenizer (0 .. vocab - 1): another
+    tokenizer's ids, or an attacker's, never reach the engine."""
+    for i, x in enumerate(ids):
+        if x >= vocab:
+            raise _bad(f"prompt[{i}] = {x} is not a token id of this model's tokenizer "
+                       f"(0..{vocab - 1})", f"prompt[{i}]")
+
+
 @dataclass
 class ResponsesRequest:
     messages: list[dict]

@@ -45,9 +45,10 @@ class Endpoint:
     counters."""
 
     def __init__(self, renderer: ChatRenderer, bridge: EngineBridge, token: str, model: str,
-                 max_new_tokens: int, context: int, eos_ids: set[int]):
+                 max_new_tokens: int, context: int, eos_ids: set[int], vocab: int):
         self.renderer, self.bridge, self.token, self.model = renderer, bridge, token, model
         self.max_new_tokens, self.context, self.eos_ids = max_new_tokens, context, eos_ids
+        self.vocab = vocab  # token ids a client may send: those of the run's tokenizer
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
 
@@ -161,6 +162,8 @@ class Endpoint:
     async def completions(self, body: dict, key: str | None) -> dict:
         req = rq.completion_request(body)
         ep = self.episode(key)
+        if req.prompt_ids is not None:
+            rq.check_token_ids(req.prompt_ids, self.vocab)
         ids = req.prompt_ids if req.prompt_ids is not None else self.renderer.encode(req.prompt)
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop)
         texts = [self._text(c, req.stop) for c in choices]
