@@ -127,6 +127,9 @@ class WorkflowConfig:
     agent_timeout_s: float = 300.0
     """agent: an episode still running after this long is dropped and counted (its group is not
     trained)."""
+    agent_max_body_mb: float = 4.0
+    """agent: the endpoint refuses a request body larger than this (413), before reading it whole or
+    parsing it (a 128k-token conversation is ~1 MB of JSON)."""
     agent_credit: AgentCredit = AgentCredit.shared
     """agent: an episode of several trajectories: "shared" (each trains with the episode's
     advantage) | "last" (only its last trajectory does)."""

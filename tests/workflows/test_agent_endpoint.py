@@ -189,6 +189,17 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
             out["vocab"] = (err.param, f"prompt[2] = {vocab} is not a token id" in str(err))
         out["ids"] = good.completions.create(model="m", prompt=[1, 2, vocab - 1],
                                              max_tokens=2).choices[0].finish_reason
+        import httpx
+
+        auth = {"authorization": f"Bearer {flow.endpoint.token}"}
+        url = f"{flow.url}/chat/completions"
+        # JSON nested 100,000 deep: an answer, not an unhandled RecursionError (500)
+        out["deep"] = httpx.post(url, content=b"[" * 100_000 + b"]" * 100_000,
+                                 headers=auth).status_code
+        # past workflow.agent_max_body_mb (4): refused before it is parsed, declared or streamed
+        out["large"] = httpx.post(url, content=b" " * (5 << 20), headers=auth).status_code
+        chunks = (b" " * (1 << 20) for _ in range(5))  # no Content-Length: chunked
+        out["large_streamed"] = httpx.post(url, content=chunks, headers=auth).status_code
         out["models"] = [m.id for m in good.models.list()]
         out["plain"] = good.chat.completions.create(model="m",
                                                     messages=[{"role": "user", "content": "hi"}],
@@ -203,9 +214,10 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
         flow.poll()
     t.join(1)
     assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]",
-                   "vocab": ("prompt[2]", True), "ids": "length", "models": ["tiny"],
+                   "vocab": ("prompt[2]", True), "ids": "length", "deep": 400, "large": 413,
+                   "large_streamed": 413, "models": ["tiny"],
                    "plain": "length"}
     c = flow.endpoint.counters
-    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 3
-            and c["agent_unattributed_calls"] == 2)
+    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 4
+            and c["agent_unattributed_calls"] == 2 and c["agent_refused_large"] == 2)
     assert flow.server.sock.getsockname()[0] == "127.0.0.1"

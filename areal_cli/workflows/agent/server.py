@@ -45,10 +45,12 @@ class Endpoint:
     counters."""
 
     def __init__(self, renderer: ChatRenderer, bridge: EngineBridge, token: str, model: str,
-                 max_new_tokens: int, context: int, eos_ids: set[int], vocab: int):
+                 max_new_tokens: int, context: int, eos_ids: set[int], vocab: int,
+                 max_body: int = 4 << 20):
         self.renderer, self.bridge, self.token, self.model = renderer, bridge, token, model
         self.max_new_tokens, self.context, self.eos_ids = max_new_tokens, context, eos_ids
         self.vocab = vocab  # token ids a client may send: those of the run's tokenizer
+        self.max_body = max_body  # bytes of a request body
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
 
@@ -183,6 +185,21 @@ class Endpoint:
             self.counters[METRIC[what]] += n
 
 
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is known to pass ``limit`` bytes: from its
+    Content-Length, else while it streams in (what was read is dropped)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def build_app(endpoint: Endpoint):
     """The FastAPI application serving ``endpoint``."""
     app = FastAPI(title="areal rollout endpoint", docs_url=None, redoc_url=None, openapi_url=None)
@@ -192,11 +209,20 @@ def build_app(endpoint: Endpoint):
             return JSONResponse(rq.error_body("a missing or wrong API key: use the run's token",
                                               "invalid_request_error", "invalid_api_key"),
                                 status_code=401)
+        raw = await read_body(request, endpoint.max_body)
+        if raw is None:
+            endpoint.counters["agent_refused_large"] += 1
+            return JSONResponse(rq.error_body(
+                f"the body is larger than {endpoint.max_body} bytes "
+                "(workflow.agent_max_body_mb)", "invalid_request_error", "request_too_large"),
+                status_code=413)
         try:
-            body = json.loads(await request.body() or b"null")
-        except ValueError as err:  # not JSON, or not UTF-8
+            body = json.loads(raw or b"null")
+        except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested too deep
             endpoint.counters["agent_bad_requests"] += 1
-            return JSONResponse(rq.error_body(f"the body is not JSON ({err})",
+            why = ("nested deeper than the parser's limit" if isinstance(err, RecursionError)
+                   else err)
+            return JSONResponse(rq.error_body(f"the body is not JSON ({why})",
                                               "invalid_request_error"),
                                 status_code=400)
         stream = isinstance(body, dict) and bool(body.get("stream"))
