@@ -1,7 +1,8 @@
 """The generative judge of reward.fn=judge: a frozen causal LM grades completions from a rubric.
 
 A prompt is the rubric template with {problem}, {reference} and {completion} replaced by plain
-text (one pass of substitution: nothing in a completion is ever formatted or evaluated), wrapped in
+text (one pass of substitution: nothing in a completion is ever formatted or evaluated; the
+tokenizer's control strings in them escaped, so they are never read as turn boundaries), wrapped in
 the judge's chat template. verdict=yes_no scores P(yes) / (P(yes) + P(no)) of the first token of
 the judge's reply, in one forward; verdict=number lets it write up to max_new_tokens (greedy) and
 scales the first number in [score_min, score_max] to [0, 1]. A verdict that parses as neither is a
@@ -36,6 +37,28 @@ def render(template: str, problem: str, reference: str, completion: str) -> str:
     values = {"problem": problem, "reference": reference, "completion": completion}
     return PLACEHOLDER.sub(lambda m: values[m.group(1)]
                            if m.group(1) in PLACEHOLDERS else m.group(0), template)
+
+
+ZERO_WIDTH = "\u200b"
+
+
+def control_strings(tok) -> list[str]:
+    """The texts the judge's tokenizer reads as special tokens (``<|im_end|>``, ``<|im_start|>``, its
+    added control tokens), longest first."""
+    specials = set(tok.all_special_tokens)
+    specials |= {t.content for t in getattr(tok, "added_tokens_decoder", {}).values()
+                 if getattr(t, "special", False)}
+    return sorted((s for s in specials if len(s) > 1), key=len, reverse=True)
+
+
+def escape_controls(text: str, controls: list[str]) -> str:
+    """``text`` with every control string broken by a zero-width space after its first character:
+    it reads the same, and tokenizes as plain text (a completion that spells ``<|im_end|>`` cannot
+    end the judge's turn and forge its own)."""
+    for s in controls:
+        if s in text:
+            text = text.replace(s, s[0] + ZERO_WIDTH + s[1:])
+    return text
 
 
 def parse_number(text: str, lo: float, hi: float) -> float | None:
@@ -73,11 +96,16 @@ class JudgeBase(ABC):
         if self.tok.pad_token_id is None:
             self.tok.pad_token = self.tok.eos_token
         self.yes, self.no = single_token_ids(self.tok, YES), single_token_ids(self.tok, NO)
+        self.controls = control_strings(self.tok)
         if cfg.verdict == "yes_no" and not (self.yes and self.no):
             raise ValueError("reward.judge.model: its tokenizer has no single-token yes/no; use "
                              "reward.judge.verdict=number")
 
     def prompt(self, problem: str, reference: str, completion: str) -> str:
+        """The judge's prompt: the rubric with the three texts as data (control tokens escaped:
+        the policy writes the completion, a data file the problem and the reference)."""
+        problem, reference, completion = (escape_controls(t, self.controls)
+                                          for t in (problem, reference, completion))
         text = render(self.cfg.template, problem, reference, completion)
         return self.tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
                                             add_generation_prompt=True)
