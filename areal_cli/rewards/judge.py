@@ -43,8 +43,8 @@ ZERO_WIDTH = "\u200b"
 
 
 def control_strings(tok) -> list[str]:
-    """The texts the judge's tokenizer reads as special tokens (``<|im_end|>``, ``<|im_start|>``, its
-    added control tokens), longest first."""
+    """The texts the judge's tokenizer reads as special tokens (``<|im_end|>``, ``<|im_start|>``,
+    its added control tokens), longest first."""
     specials = set(tok.all_special_tokens)
     specials |= {t.content for t in getattr(tok, "added_tokens_decoder", {}).values()
                  if getattr(t, "special", False)}
