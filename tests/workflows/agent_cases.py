@@ -83,3 +83,28 @@ async def forced_call(client, problem):
         refused = getattr(err, "status_code", 0) == 400
         return 1.0 if refused and getattr(err, "param", "") == "tool_choice" else 0.0
     return 0.0
+
+
+async def writes_into_its_sibling(client, problem):
+    """One call of its own, then a call into the episode beside it (the sibling's key guessed from
+    its own: group and index known, the secret not): the endpoint must refuse it."""
+    import openai
+
+    await client.chat.completions.create(model="policy", max_tokens=3,
+                                         messages=[{"role": "user", "content": problem.prompt}])
+    base = str(client.base_url)  # .../episodes/<group>-<i>-<secret>/v1/
+    key = base.rstrip("/").split("/")[-2]
+    group, index, *secret = key.split("-", 2)
+    sibling = f"{group}-{1 - int(index)}"
+    for guess in (sibling, "-".join([sibling, *secret])):
+        other = openai.AsyncOpenAI(base_url=base.replace(key, guess), api_key=client.api_key,
+                                   max_retries=0)
+        try:
+            await other.chat.completions.create(model="policy", max_tokens=3,
+                                                messages=[{"role": "user", "content": "x"}])
+            return {"reward": 0.0, "wrote_into": guess}
+        except openai.NotFoundError:
+            pass
+        finally:
+            await other.close()
+    return 1.0

@@ -122,6 +122,17 @@ def test_calls_that_do_not_extend_each_other_are_separate_trajectories_of_one_ep
     assert g.counters["agent_splits"] == 3 and all(s.reward == 0.5 for s in g.samples)
 
 
+def test_an_episode_takes_calls_only_from_the_agent_given_its_client(setup):
+    """The worker's key alone reaches no episode: a sibling's URL, guessed from the agent's own
+    (group and index known), is refused, with or without the agent's own secret."""
+    eng, make = setup
+    flow = make("writes_into_its_sibling")
+    flow.start(item(0, size=2))
+    [g], _ = drive(flow, eng, 1)
+    assert not g.failed and all(s.reward == 1.0 for s in g.samples)
+    assert g.counters["agent_calls"] == 2  # one call each: nothing written across
+
+
 def test_responses_api_and_completions_and_the_task_reward(setup):
     eng, make = setup
     flow = make("responses_and_completions")

@@ -20,6 +20,7 @@ import asyncio
 import concurrent.futures as cf
 import json
 import logging
+import secrets
 import time
 import traceback
 from collections import Counter
@@ -118,7 +119,9 @@ class AgentWorkflow:
         problem = Problem.from_dict(item.problem)
         runs = []
         for i in range(item.group_size):
-            key = f"{item.group_id}-{i}"
+            # unguessable: only the agent handed this episode's client can write calls into it
+            # (the worker's key alone reaches no episode)
+            key = f"{item.group_id}-{i}-{secrets.token_urlsafe(16)}"
             ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns)
             fut = asyncio.run_coroutine_threadsafe(self._run(key, problem), self.server.loop)
             runs.append(EpisodeRun(i, ep, fut))
