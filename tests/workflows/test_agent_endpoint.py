@@ -5,6 +5,7 @@ API and completions; and every way an agent or a request can be wrong."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
@@ -131,6 +132,36 @@ def test_an_episode_takes_calls_only_from_the_agent_given_its_client(setup):
     [g], _ = drive(flow, eng, 1)
     assert not g.failed and all(s.reward == 1.0 for s in g.samples)
     assert g.counters["agent_calls"] == 2  # one call each: nothing written across
+
+
+def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):
+    """A client that disconnects while its call waits: the call is cancelled and its sequences
+    leave the engine (nobody would read them), counted as agent_disconnected."""
+    import httpx
+
+    eng, make = setup
+    flow = make("no_call")
+    body = {"model": "m", "n": 3, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+
+    def impatient():
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(f"{flow.url}/chat/completions", json=body, timeout=0.5,
+                       headers={"authorization": f"Bearer {flow.endpoint.token}"})
+
+    t = threading.Thread(target=impatient)
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(eng.seqs) < 3 and time.monotonic() < deadline:  # submitted, never stepped
+        flow.poll()
+        time.sleep(0.01)
+    assert len(eng.seqs) == 3
+    t.join()
+    deadline = time.monotonic() + 10
+    while eng.seqs and time.monotonic() < deadline:  # the disconnect is seen within ~0.25 s
+        flow.poll()
+        time.sleep(0.05)
+    assert not eng.seqs and flow.bridge.aborted == 3 and not flow.bridge.waiting
+    assert flow.endpoint.counters["agent_disconnected"] == 1
 
 
 def test_responses_api_and_completions_and_the_task_reward(setup):

@@ -33,26 +33,46 @@ class EngineBridge:
         self.engine, self.loop = engine, loop
         self.pending: queue.SimpleQueue = queue.SimpleQueue()  # (Sequence, future) from the loop
         self.waiting: dict[CallId, asyncio.Future] = {}  # main thread only
+        # requests whose handler stopped waiting (its client went away, its episode timed out)
+        self.cancelled: queue.SimpleQueue = queue.SimpleQueue()
+        self.aborted = 0  # such requests stopped in (or before) the engine
         self.numbers = itertools.count()
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Sequence:
         """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop)."""
         fut = self.loop.create_future()
-        self.pending.put((Sequence(CallId(next(self.numbers)), list(prompt_ids), max_new_tokens),
-                          fut))
-        return await fut
+        rid = CallId(next(self.numbers))
+        self.pending.put((Sequence(rid, list(prompt_ids), max_new_tokens), fut))
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            self.cancelled.put(rid)  # nobody waits for it: the main thread stops it
+            raise
 
     def pump(self) -> int:
-        """Submit every queued request to the engine (main thread); how many."""
+        """Stop the requests nobody waits for any more, then submit every queued request to the
+        engine (main thread); how many were submitted."""
+        dropped = set()
+        while True:
+            try:
+                dropped.add(self.cancelled.get_nowait())
+            except queue.Empty:
+                break
         n = 0
         while True:
             try:
                 seq, fut = self.pending.get_nowait()
             except queue.Empty:
-                return n
+                break
+            if seq.rid in dropped:
+                self.aborted += 1
+                continue
             self.waiting[seq.rid] = fut
             self.engine.submit(seq)
             n += 1
+        stop = [rid for rid in dropped if self.waiting.pop(rid, None) is not None]
+        self.aborted += len(self.engine.abort(stop)) if stop else 0
+        return n
 
     def resolve(self, seq: Sequence) -> None:
         """Hand a finished sequence back to the handler awaiting it (main thread)."""

@@ -18,6 +18,7 @@ sends the finished completion as one chunk (the engine hands back whole sequence
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import secrets
@@ -27,7 +28,7 @@ import time
 from collections import Counter
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from areal_cli.config.choices import ToolFormat
 from areal_cli.workflows.agent import requests as rq
@@ -185,6 +186,25 @@ class Endpoint:
             self.counters[METRIC[what]] += n
 
 
+DISCONNECTED = object()
+DISCONNECT_POLL_S = 0.25
+
+
+async def until_disconnected(request: Request, work):
+    """``work``'s result, or ``DISCONNECTED`` once the client has gone away (``work`` is then
+    cancelled, and so its requests in the engine)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, rq.ApiError):
+                await task
+            return DISCONNECTED
+
+
 async def read_body(request: Request, limit: int) -> bytes | None:
     """The request's body, or None as soon as it is known to pass ``limit`` bytes: from its
     Content-Length, else while it streams in (what was read is dropped)."""
@@ -227,7 +247,10 @@ def build_app(endpoint: Endpoint):
                                 status_code=400)
         stream = isinstance(body, dict) and bool(body.get("stream"))
         try:
-            result = await handler(body, key)
+            result = await until_disconnected(request, handler(body, key))
+            if result is DISCONNECTED:  # its generation is stopped in the engine (bridge.pump)
+                endpoint.counters["agent_disconnected"] += 1
+                return Response(status_code=499)
         except rq.ApiError as err:
             endpoint.counters["agent_bad_requests"] += 1
             return JSONResponse(err.body(), status_code=err.status)
