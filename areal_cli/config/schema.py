@@ -127,6 +127,12 @@ class WorkflowConfig:
     agent_timeout_s: float = 300.0
     """agent: an episode still running after this long is dropped and counted (its group is not
     trained)."""
+    agent_max_connections: int = 1024
+    """agent: connections the endpoint holds open at once per rollout worker; one past it is closed
+    at once and counted (agent_refused_connections)."""
+    agent_idle_timeout_s: float = 10.0
+    """agent: a connection that sends nothing for this long (before its first request, or between
+    requests) is closed."""
     agent_max_body_mb: float = 4.0
     """agent: the endpoint refuses a request body larger than this (413), before reading it whole or
     parsing it (a 128k-token conversation is ~1 MB of JSON)."""

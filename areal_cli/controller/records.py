@@ -94,7 +94,8 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
 AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajectories",
                 "agent_splits",
                 "agent_tool_calls", "tool_parse_errors", "agent_unauthorized", "agent_bad_requests",
-                "agent_unattributed_calls", "agent_refused_large", "agent_disconnected")
+                "agent_unattributed_calls", "agent_refused_large", "agent_disconnected",
+                "agent_refused_connections")
 
 
 def agent_row(c: Counter) -> dict:

@@ -164,6 +164,40 @@ def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):
     assert flow.endpoint.counters["agent_disconnected"] == 1
 
 
+def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving(setup):
+    """Connections that send nothing: one past workflow.agent_max_connections is closed at once,
+    the others after workflow.agent_idle_timeout_s; calls then go through as before."""
+    import socket
+
+    eng, make = setup
+    flow = make("no_call", agent_max_connections=4, agent_idle_timeout_s=1.0)
+    idle = [socket.create_connection(("127.0.0.1", flow.server.port)) for _ in range(5)]
+    for s in idle:
+        s.settimeout(5)
+    assert idle[4].recv(1) == b""  # the fifth: closed at once
+    assert all(s.recv(1) == b"" for s in idle[:4])  # the rest: after the idle timeout
+    for s in idle:
+        s.close()
+    out = {}
+
+    def call():
+        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        out["reply"] = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).choices[0].finish_reason
+
+    t = threading.Thread(target=call)
+    t.start()
+    deadline = time.monotonic() + 30
+    while t.is_alive() and time.monotonic() < deadline:
+        for s in eng.poll(0.02):
+            flow.on_generated(s)
+        flow.poll()
+    t.join(1)
+    assert out == {"reply": "length"}
+    assert flow.endpoint.counters["agent_refused_connections"] == 1
+
+
 def test_responses_api_and_completions_and_the_task_reward(setup):
     eng, make = setup
     flow = make("responses_and_completions")

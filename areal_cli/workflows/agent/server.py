@@ -283,11 +283,32 @@ def build_app(endpoint: Endpoint):
     return app
 
 
+def guarded_protocol(counters: Counter, max_connections: int):
+    """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections: one past
+    ``max_connections`` is closed at once (counted as agent_refused_connections), and one that
+    sends nothing before its first request is closed after the idle timeout, as uvicorn closes
+    one idle between requests."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class Guarded(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > max_connections:
+                counters["agent_refused_connections"] += 1
+                transport.close()
+                return
+            self.timeout_keep_alive_task = self.loop.call_later(
+                self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    return Guarded
+
+
 class Server:
     """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a thread with its own event loop, which
-    the agents' episodes share (``loop``)."""
+    the agents' episodes share (``loop``); ``protocol``: its HTTP protocol class (uvicorn's own by
+    default), ``idle_s``: how long a connection may send nothing."""
 
-    def __init__(self, app):
+    def __init__(self, app, protocol=None, idle_s: float = 5.0):
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -296,7 +317,8 @@ class Server:
         self.port = self.sock.getsockname()[1]
         self.loop = asyncio.new_event_loop()
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
-                                                    access_log=False))
+                                                    access_log=False, http=protocol or "h11",
+                                                    timeout_keep_alive=idle_s))
         self.thread = threading.Thread(target=self._serve, name="agent-endpoint", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

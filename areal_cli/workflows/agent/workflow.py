@@ -38,7 +38,13 @@ from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
-from areal_cli.workflows.agent.server import Endpoint, Server, build_app, new_token
+from areal_cli.workflows.agent.server import (
+    Endpoint,
+    Server,
+    build_app,
+    guarded_protocol,
+    new_token,
+)
 from areal_cli.workflows.agent.toolcalls import detect
 
 log = logging.getLogger(__name__)
@@ -86,7 +92,9 @@ class AgentWorkflow:
         # engine; at Python's default 5 ms switch interval an HTTP round trip queues there many
         # times over
         short_gil_switch()
-        self.server = Server(build_app(self.endpoint))
+        self.server = Server(build_app(self.endpoint),
+                             guarded_protocol(self.endpoint.counters, cfg.agent_max_connections),
+                             cfg.agent_idle_timeout_s)
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
         self.groups: dict[int, AgentGroup] = {}
