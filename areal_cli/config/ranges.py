@@ -94,7 +94,8 @@ RANGES: dict[str, dict[str, Range]] = {
                        # connections: a worker process holds ~20,000 file descriptors
                        "agent_max_connections": Range(1, 16384),
                        "agent_idle_timeout_s": Range(0.1, 3600),
-                       "agent_max_body_mb": Range(0.01, 1024)},
+                       "agent_max_body_mb": Range(0.01, 1024),
+                       "agent_unattributed_sequences": Range(0, 4096)},
     "RolloutConfig": {
         "workers": COUNT, "group_size": COUNT, "max_new_tokens": COUNT,
         "max_staleness": at_least(0, "0 = synchronous"),

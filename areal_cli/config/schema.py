@@ -133,6 +133,9 @@ class WorkflowConfig:
     agent_idle_timeout_s: float = 10.0
     """agent: a connection that sends nothing for this long (before its first request, or between
     requests) is closed."""
+    agent_unattributed_sequences: int = 16
+    """agent: sequences of calls outside any episode (plain ``/v1``, trained on by no one) in flight
+    at once per rollout worker; a call past it is answered 429 (0: every such call is)."""
     agent_max_body_mb: float = 4.0
     """agent: the endpoint refuses a request body larger than this (413), before reading it whole or
     parsing it (a 128k-token conversation is ~1 MB of JSON)."""

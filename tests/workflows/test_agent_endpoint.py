@@ -198,6 +198,36 @@ def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving
     assert flow.endpoint.counters["agent_refused_connections"] == 1
 
 
+def test_calls_outside_an_episode_are_budgeted(setup):
+    """Plain /v1 calls (no episode trains on them) get workflow.agent_unattributed_sequences
+    sequences in flight at once; a call past it is a 429, and the episodes' engine stays theirs."""
+    eng, make = setup
+    flow = make("no_call", agent_unattributed_sequences=2)
+    out = {}
+
+    def calls():
+        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        msg = [{"role": "user", "content": "hi"}]
+        try:
+            client.chat.completions.create(model="m", messages=msg, max_tokens=2, n=3)
+        except openai.RateLimitError as err:
+            out["n3"] = (err.status_code, "workflow.agent_unattributed_sequences" in str(err))
+        out["n2"] = len(client.chat.completions.create(model="m", messages=msg, max_tokens=2,
+                                                       n=2).choices)
+
+    t = threading.Thread(target=calls)
+    t.start()
+    deadline = time.monotonic() + 30
+    while t.is_alive() and time.monotonic() < deadline:
+        for s in eng.poll(0.02):
+            flow.on_generated(s)
+        flow.poll()
+    t.join(1)
+    assert out == {"n3": (429, True), "n2": 2}
+    assert flow.endpoint.counters["agent_refused_unattributed"] == 1
+    assert flow.endpoint.unattributed == 0  # released when the call ended
+
+
 def test_responses_api_and_completions_and_the_task_reward(setup):
     eng, make = setup
     flow = make("responses_and_completions")

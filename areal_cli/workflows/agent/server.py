@@ -47,11 +47,14 @@ class Endpoint:
 
     def __init__(self, renderer: ChatRenderer, bridge: EngineBridge, token: str, model: str,
                  max_new_tokens: int, context: int, eos_ids: set[int], vocab: int,
-                 max_body: int = 4 << 20):
+                 max_body: int = 4 << 20, max_unattributed: int = 16):
         self.renderer, self.bridge, self.token, self.model = renderer, bridge, token, model
         self.max_new_tokens, self.context, self.eos_ids = max_new_tokens, context, eos_ids
         self.vocab = vocab  # token ids a client may send: those of the run's tokenizer
         self.max_body = max_body  # bytes of a request body
+        # sequences of calls outside any episode (plain /v1) in flight, and at most how many: they
+        # never crowd out the episodes
+        self.unattributed, self.max_unattributed = 0, max_unattributed
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
 
@@ -89,8 +92,22 @@ class Endpoint:
                                   "invalid_request_error", "too_many_calls")
             ep.started += 1
         else:
+            if self.unattributed + n > self.max_unattributed:
+                self.counters["agent_refused_unattributed"] += 1
+                raise rq.ApiError(429, f"{self.unattributed} sequences of calls outside an episode "
+                                  f"are in flight and this call asks for {n}; at most "
+                                  f"{self.max_unattributed} at once "
+                                  "(workflow.agent_unattributed_sequences; call through the "
+                                  "episode's client)", "rate_limit_error",
+                                  "too_many_unattributed")
             self.counters["agent_unattributed_calls"] += 1
-        seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget) for _ in range(n)))
+            self.unattributed += n
+        try:
+            seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget)
+                                          for _ in range(n)))
+        finally:
+            if ep is None:
+                self.unattributed -= n
         choices = [self._choice(s, stop) for s in seqs]
         if ep is not None and not ep.closed:
             ep.record(list(prompt_ids), choices)

@@ -87,7 +87,8 @@ class AgentWorkflow:
                                  max_new_tokens,
                                  context, {eos} if isinstance(eos, int) else set(eos or []),
                                  vocab=len(tokenizer),
-                                 max_body=int(cfg.agent_max_body_mb * (1 << 20)))
+                                 max_body=int(cfg.agent_max_body_mb * (1 << 20)),
+                                 max_unattributed=cfg.agent_unattributed_sequences)
         # the endpoint's thread waits for the GIL at every await while the main thread steps the
         # engine; at Python's default 5 ms switch interval an HTTP round trip queues there many
         # times over
