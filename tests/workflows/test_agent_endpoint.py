@@ -306,6 +306,11 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
         out["large"] = httpx.post(url, content=b" " * (5 << 20), headers=auth).status_code
         chunks = (b" " * (1 << 20) for _ in range(5))  # no Content-Length: chunked
         out["large_streamed"] = httpx.post(url, content=chunks, headers=auth).status_code
+        try:  # 3 MB of text: past the context before a token is counted (never tokenized)
+            good.chat.completions.create(model="m",
+                                         messages=[{"role": "user", "content": "word " * 600_000}])
+        except openai.BadRequestError as err:
+            out["huge"] = (err.code, "bytes, at least" in str(err))
         out["models"] = [m.id for m in good.models.list()]
         out["plain"] = good.chat.completions.create(model="m",
                                                     messages=[{"role": "user", "content": "hi"}],
@@ -321,9 +326,10 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
     t.join(1)
     assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]",
                    "vocab": ("prompt[2]", True), "ids": "length", "deep": 400, "large": 413,
-                   "large_streamed": 413, "models": ["tiny"],
+                   "large_streamed": 413, "huge": ("context_length_exceeded", True),
+                   "models": ["tiny"],
                    "plain": "length"}
     c = flow.endpoint.counters
-    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 4
+    assert (c["agent_unauthorized"] == 1 and c["agent_bad_requests"] == 5
             and c["agent_unattributed_calls"] == 2 and c["agent_refused_large"] == 2)
     assert flow.server.sock.getsockname()[0] == "127.0.0.1"

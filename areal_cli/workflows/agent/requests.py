@@ -189,6 +189,22 @@ def completion_request(body) -> CompletionRequest:
                              _opt_int(body, "n", hi=MAX_N) or 1, _stop(body))
 
 
+def strings_in(value) -> list[str]:
+    """Every string in a parsed JSON value (keys included), iteratively: what a rendered prompt
+    holds at least."""
+    out, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, dict):
+            out.extend(k for k in v if isinstance(k, str))
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return out
+
+
 def check_token_ids(ids: list[int], vocab: int) -> None:
     """400 naming the first id that is not a token of the run's tokenizer (0 .. vocab - 1): another
     tokenizer's ids, or an attacker's, never reach the engine."""

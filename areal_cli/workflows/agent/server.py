@@ -55,6 +55,9 @@ class Endpoint:
         # sequences of calls outside any episode (plain /v1) in flight, and at most how many: they
         # never crowd out the episodes
         self.unattributed, self.max_unattributed = 0, max_unattributed
+        # the most UTF-8 bytes one token stands for (its vocabulary string's bytes: at least that)
+        self.token_bytes = max((len(t.encode("utf-8", "surrogatepass"))
+                                for t in renderer.tok.get_vocab()), default=1)
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
 
@@ -139,9 +142,21 @@ class Endpoint:
             text = text.split(s, 1)[0] if s in text else text
         return text
 
+    def _fits(self, texts) -> None:
+        """The context check before tokenizing: a prompt holding ``texts`` has at least their UTF-8
+        bytes / the longest token's bytes tokens; past the context it is refused without the
+        tokenizer's work (which holds the endpoint's loop for seconds at megabytes)."""
+        size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+        least = size // max(1, self.token_bytes)
+        if least > self.context:
+            raise rq.ApiError(400, f"this request's text is {size} bytes, at least {least} tokens; "
+                              f"the context is {self.context} tokens", "invalid_request_error",
+                              "context_length_exceeded", "messages")
+
     async def chat(self, body: dict, key: str | None) -> dict:
         req = rq.chat_request(body)
         ep = self.episode(key)
+        self._fits(rq.strings_in([req.messages, req.tools]))
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
         forced = forced_text(self.renderer.style, req.tool_name,
                              req.tools) if req.tool_choice == "required" else ""
@@ -184,6 +199,8 @@ class Endpoint:
         ep = self.episode(key)
         if req.prompt_ids is not None:
             rq.check_token_ids(req.prompt_ids, self.vocab)
+        else:
+            self._fits([req.prompt])
         ids = req.prompt_ids if req.prompt_ids is not None else self.renderer.encode(req.prompt)
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop)
         texts = [self._text(c, req.stop) for c in choices]
