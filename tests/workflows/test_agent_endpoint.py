@@ -164,7 +164,7 @@ def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):
     assert flow.endpoint.counters["agent_disconnected"] == 1
 
 
-def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving(setup):
+def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving(setup, caplog):
     """Connections that send nothing: one past workflow.agent_max_connections is closed at once,
     the others after workflow.agent_idle_timeout_s; calls then go through as before."""
     import socket
@@ -196,6 +196,7 @@ def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving
     t.join(1)
     assert out == {"reply": "length"}
     assert flow.endpoint.counters["agent_refused_connections"] == 1
+    assert "agent_refused_connections (1 since the worker started" in caplog.text
 
 
 def test_calls_outside_an_episode_are_budgeted(setup):

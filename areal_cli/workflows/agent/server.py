@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import logging
 import secrets
 import socket
 import threading
@@ -38,6 +39,10 @@ from areal_cli.workflows.agent.episode import Choice, EpisodeLog
 from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
 
 # metrics.jsonl names
+log = logging.getLogger(__name__)
+
+REFUSAL_LOG_S = 60.0
+
 METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}
 
 
@@ -60,11 +65,24 @@ class Endpoint:
                                 for t in renderer.tok.get_vocab()), default=1)
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
+        self.refused: Counter = Counter()  # refusals since the worker started, by kind
+        self.refusal_logged: dict[str, float] = {}
+
+    def refuse(self, kind: str) -> None:
+        """Count a refused request or connection (``kind``: its metric), and log it at most once a
+        minute per kind with the count since the worker started."""
+        self.counters[kind] += 1
+        self.refused[kind] += 1
+        now = time.monotonic()
+        if now - self.refusal_logged.get(kind, -REFUSAL_LOG_S) >= REFUSAL_LOG_S:
+            self.refusal_logged[kind] = now
+            log.warning("agent endpoint: %s (%d since the worker started; logged at most once a "
+                        "minute)", kind, self.refused[kind])
 
     def authorized(self, header: str | None) -> bool:
         ok = bool(header) and hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
         if not ok:
-            self.counters["agent_unauthorized"] += 1
+            self.refuse("agent_unauthorized")
         return ok
 
     def episode(self, key: str | None) -> EpisodeLog | None:
@@ -96,7 +114,7 @@ class Endpoint:
             ep.started += 1
         else:
             if self.unattributed + n > self.max_unattributed:
-                self.counters["agent_refused_unattributed"] += 1
+                self.refuse("agent_refused_unattributed")
                 raise rq.ApiError(429, f"{self.unattributed} sequences of calls outside an episode "
                                   f"are in flight and this call asks for {n}; at most "
                                   f"{self.max_unattributed} at once "
@@ -265,7 +283,7 @@ def build_app(endpoint: Endpoint):
                                 status_code=401)
         raw = await read_body(request, endpoint.max_body)
         if raw is None:
-            endpoint.counters["agent_refused_large"] += 1
+            endpoint.refuse("agent_refused_large")
             return JSONResponse(rq.error_body(
                 f"the body is larger than {endpoint.max_body} bytes "
                 "(workflow.agent_max_body_mb)", "invalid_request_error", "request_too_large"),
@@ -273,7 +291,7 @@ def build_app(endpoint: Endpoint):
         try:
             body = json.loads(raw or b"null")
         except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested too deep
-            endpoint.counters["agent_bad_requests"] += 1
+            endpoint.refuse("agent_bad_requests")
             why = ("nested deeper than the parser's limit" if isinstance(err, RecursionError)
                    else err)
             return JSONResponse(rq.error_body(f"the body is not JSON ({why})",
@@ -283,10 +301,10 @@ def build_app(endpoint: Endpoint):
         try:
             result = await until_disconnected(request, handler(body, key))
             if result is DISCONNECTED:  # its generation is stopped in the engine (bridge.pump)
-                endpoint.counters["agent_disconnected"] += 1
+                endpoint.refuse("agent_disconnected")
                 return Response(status_code=499)
         except rq.ApiError as err:
-            endpoint.counters["agent_bad_requests"] += 1
+            endpoint.refuse("agent_bad_requests")
             return JSONResponse(err.body(), status_code=err.status)
         if stream:
             return StreamingResponse(rq.sse(result), media_type="text/event-stream")
@@ -317,9 +335,9 @@ def build_app(endpoint: Endpoint):
     return app
 
 
-def guarded_protocol(counters: Counter, max_connections: int):
+def guarded_protocol(refuse, max_connections: int):
     """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections: one past
-    ``max_connections`` is closed at once (counted as agent_refused_connections), and one that
+    ``max_connections`` is closed at once (``refuse``: agent_refused_connections), and one that
     sends nothing before its first request is closed after the idle timeout, as uvicorn closes
     one idle between requests."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -328,7 +346,7 @@ def guarded_protocol(counters: Counter, max_connections: int):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             if len(self.connections) > max_connections:
-                counters["agent_refused_connections"] += 1
+                refuse("agent_refused_connections")
                 transport.close()
                 return
             self.timeout_keep_alive_task = self.loop.call_later(

@@ -94,7 +94,7 @@ class AgentWorkflow:
         # times over
         short_gil_switch()
         self.server = Server(build_app(self.endpoint),
-                             guarded_protocol(self.endpoint.counters, cfg.agent_max_connections),
+                             guarded_protocol(self.endpoint.refuse, cfg.agent_max_connections),
                              cfg.agent_idle_timeout_s)
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
