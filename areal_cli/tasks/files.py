@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from areal_cli.config.task import FILE_SUFFIXES, TaskConfig
@@ -11,6 +12,31 @@ from areal_cli.tasks.splits import SplitReport, hold_out, normalize, pick
 
 Record = tuple[str, dict]
 """(where it came from, e.g. "data.jsonl line 3", the record)."""
+
+MAX_LINE_BYTES = 16 << 20
+"""A JSONL line longer than this is refused (read in bounded memory: a file without newlines is
+not read whole)."""
+MAX_JSON_BYTES = 1 << 30
+"""A .json file (read whole) larger than this is refused; JSONL is read line by line."""
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (only finite numbers are)")
+
+
+def _parse(text: str, where: str):
+    """One JSON value; ValueError naming ``where`` and the fix for anything else: invalid JSON,
+    NaN/Infinity, a number of more digits than Python converts, nesting deeper than the parser."""
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg}); each line must be one JSON object: "
+                         "fix or delete that line") from None
+    except RecursionError:
+        raise ValueError(f"{where}: nested deeper than the JSON parser's limit; fix or delete "
+                         "that record") from None
+    except ValueError as e:  # NaN/Infinity, or an integer past Python's digit limit
+        raise ValueError(f"{where}: {e}; fix or delete that record") from None
 
 
 def load(cfg: TaskConfig, split: str) -> tuple[list[Problem], SplitReport]:
@@ -86,6 +112,13 @@ def to_problem(where: str, rec: dict, cfg: TaskConfig, index: int) -> Problem:
                 "Set task.prompt_field / task.answer_field / task.id_field to match"
             )
     used = set(fields)
+    answer = rec[cfg.answer_field]
+    if isinstance(answer, float) and not math.isfinite(answer):
+        raise ValueError(f"{where}: the answer ({cfg.answer_field!r}) is {answer}, not a finite "
+                         "number: fix or delete that record")
+    if not str(rec[cfg.prompt_field]).strip():
+        raise ValueError(f"{where}: the prompt ({cfg.prompt_field!r}) is empty: fix or delete "
+                         "that record")
     return Problem(
         id=str(rec[cfg.id_field]) if cfg.id_field else f"{cfg.name}/{index}",
         prompt=with_instruction(str(rec[cfg.prompt_field]), cfg.instruction),
@@ -108,27 +141,33 @@ def _decode(raw: bytes, where: str) -> str:
 def _read_jsonl(p: Path) -> list[Record]:
     records = []
     with p.open("rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            line = _decode(raw, f"{p} line {lineno}")
-            if not line.strip():
-                continue
-            try:
-                records.append((f"{p} line {lineno}", json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{p} line {lineno}: not valid JSON ({e.msg}); each line must be one "
-                    "JSON object: fix or delete that line"
-                ) from e
+        lineno = 0
+        while raw := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            where = f"{p} line {lineno}"
+            if len(raw) > MAX_LINE_BYTES:
+                raise ValueError(f"{where}: longer than {MAX_LINE_BYTES:,} bytes; a record must "
+                                 "fit on one line of that size: fix or delete that line")
+            line = _decode(raw, where)
+            if line.strip():
+                records.append((where, _parse(line, where)))
     return records
 
 
 def _read_json(p: Path) -> list[Record]:
+    if p.stat().st_size > MAX_JSON_BYTES:
+        raise ValueError(f"{p}: larger than {MAX_JSON_BYTES >> 30} GiB, which a .json file is read "
+                         "whole for; write it as JSONL (one object a line), read line by line")
     for lineno, raw in enumerate(p.read_bytes().splitlines(), start=1):
         _decode(raw, f"{p} line {lineno}")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except json.JSONDecodeError as e:
         raise ValueError(f"{p} line {e.lineno}: not valid JSON ({e.msg}); fix the file") from e
+    except RecursionError:
+        raise ValueError(f"{p}: nested deeper than the JSON parser's limit; fix the file") from None
+    except ValueError as e:
+        raise ValueError(f"{p}: {e}; fix the file") from None
     if not isinstance(data, list):
         raise ValueError(f"{p}: expected a JSON list of objects at the top level")
     return [(f"{p} item {i}", rec) for i, rec in enumerate(data)]

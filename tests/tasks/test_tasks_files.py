@@ -120,3 +120,28 @@ def test_a_bad_byte_names_the_file_and_line(tmp_path, suffix):
     with pytest.raises(ValueError,
                        match=rf"{path} line {line}: not UTF-8 \(byte 0xff at column \d+\)"):
         load_problems(cfg_for(path), "train")
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ('{"q": "x", "a": NaN}', "NaN is not a JSON number"),
+    ('{"q": "x", "a": 1e999}', r"the answer \('a'\) is inf, not a finite number"),
+    ('{"q": "x", "a": ' + "9" * 5000 + "}", "Exceeds the limit"),
+    ('{"q": "x", "a": "1", "m": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "nested deeper than the JSON parser's limit"),
+    ('{"q": "   ", "a": "1"}', r"the prompt \('q'\) is empty"),
+])
+def test_a_bad_record_is_named_with_its_line(tmp_path, line, why):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + line + "\n")
+    with pytest.raises(ValueError, match=rf"bad\.jsonl line 2: .*{why}"):
+        load_problems(cfg_for(path), "train")
+
+
+def test_a_line_past_the_bound_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    from areal_cli.tasks import files
+
+    monkeypatch.setattr(files, "MAX_LINE_BYTES", 1 << 10)
+    path = tmp_path / "long.jsonl"
+    path.write_text(json.dumps(RECORDS[0]) + "\n" + '{"q": "' + "x" * 5000 + '", "a": "1"}\n')
+    with pytest.raises(ValueError, match=r"long\.jsonl line 2: longer than 1,024 bytes"):
+        load_problems(cfg_for(path), "train")
