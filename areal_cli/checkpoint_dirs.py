@@ -53,3 +53,84 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint the run wrote (``run_checkpoints``), or None."""
     found = run_checkpoints(RunDir(run_dir).checkpoints)
     return found[-1][1] if found else None
+
+
+def _marker_problem(marker: Path) -> str | None:
+    """Why a marker file is unreadable (None: it reads as ``{"version": <int>}``)."""
+    try:
+        version = json.loads(marker.read_text()).get("version")
+    except (OSError, ValueError, AttributeError) as err:
+        return f"{type(err).__name__}: {err}"
+    return None if isinstance(version, int) else f"its version is {version!r}, not an integer"
+
+
+def resume_problems(run_dir: Path) -> list[str]:
+    """What stops a resume of ``run_dir`` before anything is read back or truncated: a checkpoint
+    marker that exists but does not read (the checkpoint it marks could not be told from a copy, and
+    an older one would win silently), and a newest checkpoint whose files do not read. Each names
+    the file and what to do."""
+    root = RunDir(run_dir).checkpoints
+    out = []
+    for d in sorted(root.glob("step_*")) if root.is_dir() and not root.is_symlink() else []:
+        marker = d / MARKER
+        if (_NAME.fullmatch(d.name) and d.is_dir() and not d.is_symlink() and marker.is_file()
+                and not marker.is_symlink()):
+            why = _marker_problem(marker)
+            if why:
+                v = _NAME.fullmatch(d.name).group(1)
+                out.append(f"{marker}: unreadable ({why}). If {d.name} is complete, write "
+                           f'{{"version": {v}}} into it; else move {d} out of checkpoints/ to '
+                           "resume from the checkpoint before it")
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None or out:
+        return out
+    version = int(_NAME.fullmatch(ckpt.name).group(1))
+    fix = (f"move {ckpt} out of checkpoints/ to resume from the checkpoint before it, or start a "
+           "new run")
+    for name, check in (("controller.json", _controller_state), ("trainer.json", _trainer_meta),
+                        ("buffer.msgpack", _buffer), ("trainer/.metadata", _exists),
+                        ("rng_rank0.pt", _exists)):
+        why = check(ckpt / name, version)
+        if why:
+            out.append(f"{ckpt / name}: {why}; {fix}")
+    return out
+
+
+def _read_json_object(path: Path) -> dict:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    return data
+
+
+def _controller_state(path: Path, version: int) -> str | None:
+    try:
+        state = _read_json_object(path)
+    except (OSError, ValueError) as err:
+        return f"unreadable ({type(err).__name__}: {err})"
+    missing = [k for k in ("version", "step", "next_group", "cursor", "groups") if k not in state]
+    if missing:
+        return f"lacks {missing}"
+    return None if state["version"] == version else f"is of version {state['version']}"
+
+
+def _trainer_meta(path: Path, version: int) -> str | None:
+    try:
+        meta = _read_json_object(path)
+    except (OSError, ValueError) as err:
+        return f"unreadable ({type(err).__name__}: {err})"
+    return None if meta.get("version") == version else f"is of version {meta.get('version')!r}"
+
+
+def _buffer(path: Path, version: int) -> str | None:
+    import msgpack
+
+    try:
+        frames = msgpack.unpackb(path.read_bytes())
+    except (OSError, ValueError, msgpack.UnpackException) as err:
+        return f"unreadable ({type(err).__name__}: {err})"
+    return None if isinstance(frames, list) else "not a list of buffered groups"
+
+
+def _exists(path: Path, version: int) -> str | None:
+    return None if path.is_file() else "missing"

@@ -33,6 +33,12 @@ def preflight(cfg: RootConfig) -> None:
     except (ValueError, FileNotFoundError, OSError) as err:
         problems.append(f"task: {err}")
     problems += _check_imports(cfg)
+    if cfg.resume:
+        from pathlib import Path
+
+        from areal_cli.checkpoint_dirs import resume_problems
+
+        problems += resume_problems(Path(cfg.resume))
     try:
         spec(cfg.engine.name).require()
     except ValueError as err:

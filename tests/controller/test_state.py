@@ -87,3 +87,46 @@ def test_a_users_directories_among_the_checkpoints_are_never_picked_or_pruned(tm
     _prune(ck, keep=1)
     assert sorted(p.name for p in ck.iterdir()) == ["step_12", "step_2_backup", "step_3", "step_5",
                                                     "step_9_mycopy"]
+
+
+def _resumable(d, version):
+    """Every file of a checkpoint a resume reads, in the formats the controller and the trainer
+    write."""
+    import msgpack
+
+    d.mkdir(parents=True)
+    (d / "controller.json").write_text(json.dumps({"version": version, "step": version,
+                                                   "next_group": 0, "cursor": {}, "groups": {}}))
+    (d / "trainer.json").write_text(json.dumps({"version": version}))
+    (d / "buffer.msgpack").write_bytes(msgpack.packb([]))
+    (d / "trainer").mkdir()
+    (d / "trainer" / ".metadata").write_bytes(b"\x00")
+    (d / "rng_rank0.pt").write_bytes(b"\x00")
+    (d / MARKER).write_text(marker_text(version))
+
+
+def test_a_resume_stops_on_a_corrupt_marker_or_checkpoint_before_anything_is_truncated(tmp_path):
+    from areal_cli.checkpoint_dirs import resume_problems
+
+    ck = tmp_path / "checkpoints"
+    _resumable(ck / "step_1", 1)
+    _resumable(ck / "step_2", 2)
+    assert resume_problems(tmp_path) == []
+    # a torn marker on the newest: step_1 would win silently, and records past it be truncated
+    (ck / "step_2" / MARKER).write_text('{"vers')
+    [problem] = resume_problems(tmp_path)
+    assert f"{ck / 'step_2' / MARKER}: unreadable" in problem
+    assert '{"version": 2}' in problem and "move" in problem
+    (ck / "step_2" / MARKER).write_text(marker_text(2))
+    # the newest checkpoint's own files
+    (ck / "step_2" / "controller.json").write_text("{}")
+    (ck / "step_2" / "buffer.msgpack").write_bytes(b"\xc1")
+    (ck / "step_2" / "rng_rank0.pt").unlink()
+    problems = "\n".join(resume_problems(tmp_path))
+    assert "controller.json: lacks ['version', 'step'" in problems
+    assert "buffer.msgpack: unreadable" in problems and "rng_rank0.pt: missing" in problems
+    assert f"move {ck / 'step_2'} out of checkpoints/" in problems
+    # a user's copy (no marker) is still not the run's, and not a problem
+    shutil.rmtree(ck / "step_2")
+    (ck / "step_7_copy").mkdir()
+    assert resume_problems(tmp_path) == []
