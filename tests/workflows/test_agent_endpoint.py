@@ -165,17 +165,22 @@ def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):
 
 
 def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving(setup, caplog):
-    """Connections that send nothing: one past workflow.agent_max_connections is closed at once,
-    the others after workflow.agent_idle_timeout_s; calls then go through as before."""
+    """Connections that send nothing: past workflow.agent_max_connections the oldest silent one is
+    closed to make room, the others after workflow.agent_idle_timeout_s; calls go through as
+    before."""
     import socket
 
     eng, make = setup
-    flow = make("no_call", agent_max_connections=4, agent_idle_timeout_s=1.0)
+    flow = make("no_call", agent_max_connections=4, agent_idle_timeout_s=6.0)
     idle = [socket.create_connection(("127.0.0.1", flow.server.port)) for _ in range(5)]
-    for s in idle:
-        s.settimeout(5)
-    assert idle[4].recv(1) == b""  # the fifth: closed at once
-    assert all(s.recv(1) == b"" for s in idle[:4])  # the rest: after the idle timeout
+    idle[0].settimeout(5)
+    assert idle[0].recv(1) == b""  # the fifth made room: the oldest silent one, closed at once
+    idle[1].settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        idle[1].recv(1)  # the others still open, until the idle timeout
+    for s in idle[1:]:
+        s.settimeout(20)
+    assert all(s.recv(1) == b"" for s in idle[1:])  # then closed
     for s in idle:
         s.close()
     out = {}

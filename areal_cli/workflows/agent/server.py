@@ -336,21 +336,34 @@ def build_app(endpoint: Endpoint):
 
 
 def guarded_protocol(refuse, max_connections: int):
-    """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections: one past
-    ``max_connections`` is closed at once (``refuse``: agent_refused_connections), and one that
-    sends nothing before its first request is closed after the idle timeout, as uvicorn closes
-    one idle between requests."""
+    """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections without
+    using them. Past ``max_connections`` the oldest connection that has sent nothing yet is closed
+    to make room (the newcomer where every one has: ``refuse`` counts it as
+    agent_refused_connections), so idle connections cannot keep the agents' own out: theirs send
+    their request at once. And one that sends nothing before its first request is closed after the
+    idle timeout, as uvicorn closes one idle between requests."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Guarded(H11Protocol):
+        silent_since: float | None = None  # when it connected, until its first byte
+
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self.silent_since = time.monotonic()
             if len(self.connections) > max_connections:
+                silent = [c for c in self.connections
+                          if c is not self and getattr(c, "silent_since", None) is not None]
+                victim = min(silent, key=lambda c: c.silent_since) if silent else self
                 refuse("agent_refused_connections")
-                transport.close()
-                return
+                victim.transport.close()
+                if victim is self:
+                    return
             self.timeout_keep_alive_task = self.loop.call_later(
                 self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+        def data_received(self, data: bytes) -> None:
+            self.silent_since = None
+            super().data_received(data)
 
     return Guarded
 
