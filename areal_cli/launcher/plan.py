@@ -23,6 +23,7 @@ from areal_cli.launcher.claim import check_links, claim_run_dir
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.private import make_private_dir
 from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.bounds import kv_memory_problems
 from areal_cli.runconfig.compose import save_yaml, to_yaml
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import physical_gpus
@@ -417,6 +418,9 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
+    too_big = kv_memory_problems(cfg, model_path, placement.engine_gpu)
+    if too_big:
+        raise ValueError("\n  - ".join(too_big))
     if shared:
         spec(cfg.engine.name).check_shared_gpu(cfg, devices["trainer"][0])
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
