@@ -6,7 +6,9 @@ write there could steer them. So:
 - ``make_private_dir``: a new run directory is created with mode 0700 by the running user.
 - ``check_private_dir``: an existing one is used only when the running user owns it and neither
   group nor others can write to it, and the directory holding it cannot be used to swap it (owned
-  by the user or root, and writable by others only with the sticky bit, as ``/tmp``).
+  by the user or root, and writable by others only with the sticky bit, as ``/tmp``);
+  ``launcher/claim.py`` then makes one that others may read 0700 (or refuses it, if it holds a
+  run).
 - ``read_private``: a file areal reads back from a run directory (config.yaml, endpoints.json,
   keys) is opened without following a symbolic link and read only when the running user owns it
   and no one else can write to it.
@@ -63,14 +65,20 @@ def check_private_dir(path: str | Path) -> list[str]:
         problems.append(f"run_dir={path} can be written by other users (mode "
                         f"{stat.filemode(st.st_mode)}, owner {owner_name(st.st_uid)}): chmod go-w "
                         f"{path} (or chmod 700), or choose another run_dir")
-    parent = path.resolve().parent
+    return problems + parent_problems(path)
+
+
+def parent_problems(path: str | Path) -> list[str]:
+    """Why the directory holding ``path`` (which itself may not exist yet) lets another user swap
+    it, naming the fix; [] when it does not."""
+    parent = Path(path).resolve().parent
     pst = os.stat(parent)
     if (pst.st_uid not in (0, os.geteuid())
             or pst.st_mode & OTHERS_WRITE and not pst.st_mode & stat.S_ISVTX):
-        problems.append(f"{parent}, which holds run_dir={path}, can be changed by another user "
-                        f"(owner {owner_name(pst.st_uid)}, mode {stat.filemode(pst.st_mode)}), who "
-                        "could swap the run directory: put the run in a directory of your own")
-    return problems
+        return [f"{parent}, which holds run_dir={path}, can be changed by another user (owner "
+                f"{owner_name(pst.st_uid)}, mode {stat.filemode(pst.st_mode)}), who could swap the "
+                "run directory: put the run in a directory of your own"]
+    return []
 
 
 def read_private(path: str | Path) -> bytes:

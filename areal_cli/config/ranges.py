@@ -13,6 +13,15 @@ from dataclasses import dataclass, fields, is_dataclass
 
 INF = math.inf
 SEED_MAX = 2**31 - 1
+WAIT_MAX_S = (2**31 - 1) // 1000
+"""The longest wait in seconds: ZeroMQ's poll and select.poll take int32 milliseconds (about 24.8
+days); a longer one raises OverflowError in the process at its first wait."""
+INDEX_MAX = 2**31 - 1
+"""The most tokens of a KV cache or an engine batch: transformers' paged cache and batch buffers
+index tokens with int32."""
+THREADS_MAX = 1024
+"""The most torch CPU threads of a process: more than any machine's cores (the launcher holds a
+local run to this machine's)."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,14 @@ COUNT = at_least(1)
 FRACTION = Range(0, 1)
 PROB = Range(0, 1, lo_open=True)
 SEED = Range(0, SEED_MAX)
-TIMEOUT = pos("seconds")
+TIMEOUT = Range(0, WAIT_MAX_S, lo_open=True, note="seconds")
+THREADS = Range(0, THREADS_MAX, note="0 = auto")
+
+
+def seconds(note: str = "seconds") -> Range:
+    """[0, WAIT_MAX_S]: a wait that may be 0."""
+    return Range(0, WAIT_MAX_S, note=note)
+
 
 # class name → field → Range. Class names, not paths: TaskConfig/RewardConfig/EngineConfig are
 # shared by `areal train` and `areal eval`.
@@ -62,10 +78,10 @@ RANGES: dict[str, dict[str, Range]] = {
                    "eval_share": Range(0, 1, True, True), "eval_fraction": Range(0, 1, True, True)},
     "RewardConfig": {
         "timeout_s": TIMEOUT, "workers": Range(1, 256), "numeric_tol": at_least(0),
-        "code_cpu_s": COUNT, "code_wall_s": TIMEOUT, "code_mem_mb": at_least(16),
-        "code_nproc": COUNT,
+        "code_cpu_s": Range(1, WAIT_MAX_S, note="seconds"), "code_wall_s": TIMEOUT,
+        "code_mem_mb": at_least(16), "code_nproc": COUNT,
         "max_error_fraction": Range(0, 1, note="1 = never stop"), "batch_size": COUNT,
-        "batch_wait_s": at_least(0, "seconds"),
+        "batch_wait_s": seconds(),  # also below timeout_s (runconfig/bounds.py)
     },
     "RewardModelConfig": {"max_tokens": COUNT},
     "JudgeConfig": {"score_min": Range(-INF), "score_max": Range(-INF),
@@ -83,9 +99,11 @@ RANGES: dict[str, dict[str, Range]] = {
         "value_clip": pos("or null = unclipped"),
         "critic_lr": Range(0, 1, lo_open=True), "ppo_epochs": COUNT,
     },
-    "EngineConfig": {
-        "max_batch_tokens": COUNT, "kv_cache_tokens": AUTO0, "page_size": Range(1, 4096),
-        "threads": AUTO0, "gpu_memory_utilization": PROB, "tensor_parallel_size": COUNT,
+    "EngineConfig": {  # token counts past INDEX_MAX overflow the engine's int32 indices
+        "max_batch_tokens": Range(1, INDEX_MAX),
+        "kv_cache_tokens": Range(0, INDEX_MAX, note="0 = what the run needs"),
+        "page_size": Range(1, 4096), "threads": THREADS, "gpu_memory_utilization": PROB,
+        "tensor_parallel_size": COUNT,
         "max_model_len": AUTO0, "max_num_seqs": AUTO0,
     },
     "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION,
@@ -106,7 +124,7 @@ RANGES: dict[str, dict[str, Range]] = {
         "ranks": COUNT, "steps": COUNT, "batch_size": COUNT, "lr": Range(0, 1, lo_open=True),
         "weight_decay": at_least(0), "warmup_steps": at_least(0), "min_lr_ratio": FRACTION,
         "grad_clip": pos("the max gradient norm"),
-        "micro_batch_tokens": COUNT, "threads": AUTO0, "logprob_chunk_tokens": AUTO0,
+        "micro_batch_tokens": COUNT, "threads": THREADS, "logprob_chunk_tokens": AUTO0,
         "checkpoint_every": COUNT,
         "peak_flops": at_least(0, "FLOP/s; 0 = from the card"),
         "max_nonfinite_steps": at_least(0, "0 = never stop"),
@@ -117,10 +135,12 @@ RANGES: dict[str, dict[str, Range]] = {
     "WeightsConfig": {"bucket_mb": at_least(0, "0 = 1024 with NCCL, 32 with gloo")},
     "LauncherConfig": {
         "port_base": Range(0, 65535 - 6, note="0 = free ports; the run uses 7 from it"),
-        "heartbeat_s": TIMEOUT, "peer_timeout_s": TIMEOUT, "startup_timeout_s": TIMEOUT,
-        "progress_timeout_s": at_least(0, "seconds; 0 = never"), "stop_timeout_s": at_least(0),
+        # a beat more often than every 0.1 s only floods the controller's socket and the GIL
+        "heartbeat_s": Range(0.1, WAIT_MAX_S, note="seconds"), "peer_timeout_s": TIMEOUT,
+        "startup_timeout_s": TIMEOUT, "progress_timeout_s": seconds("seconds; 0 = never"),
+        "stop_timeout_s": seconds(),
         "nodes": COUNT, "gpus_per_node": at_least(0), "gen_nodes": at_least(0, "0 = half"),
-        "signal_s": at_least(0),
+        "signal_s": Range(0, 65535, note="seconds; Slurm's --signal takes at most 65535"),
         "max_frame_mb": Range(0, 2047, note="0 = sized to the largest batch"),
     },
     "CheckpointConfig": {"every": at_least(0, "0 = only at the end"),
@@ -130,8 +150,8 @@ RANGES: dict[str, dict[str, Range]] = {
     "EvalRunConfig": {
         "n_samples": COUNT, "temperature": at_least(0, "0 = greedy"), "top_p": PROB,
         "max_new_tokens": COUNT,
-        "size": at_least(0, "0 = all"), "seed": SEED, "threads": AUTO0, "max_concurrent": COUNT,
-        "workers": AUTO0, "timeout_s": at_least(0, "seconds; 0 = no limit"),
+        "size": at_least(0, "0 = all"), "seed": SEED, "threads": THREADS, "max_concurrent": COUNT,
+        "workers": AUTO0, "timeout_s": seconds("seconds; 0 = no limit"),
     },
 }
 

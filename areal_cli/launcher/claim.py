@@ -4,7 +4,9 @@ time, no links followed.
 - ``new_run_dir``: ``runs/<timestamp>-<4 hex>`` created with ``mkdir`` (which fails if it exists),
   so two runs started in the same second never share a directory.
 - ``claim_run_dir``: a run directory is created 0700, or an existing one is used only when the
-  running user owns it and no one else can write to it (``areal_cli/private.py``).
+  running user owns it and no one else can write to it (``areal_cli/private.py``); one that
+  others may read is made 0700 if it holds no run yet, else refused. ``--dry-run`` checks the
+  same, changing nothing.
 - ``RunLock``: ``fcntl.flock`` on ``<run_dir>/run.lock`` (``RunDir.lock``), held by ``areal train``
   (and ``resume=``) for the whole run; the file names the holder's pid. The kernel drops the lock
   when the holder dies, so a crash never leaves a stale lock behind.
@@ -18,9 +20,10 @@ import datetime as _dt
 import fcntl
 import os
 import secrets
+import stat
 from pathlib import Path
 
-from areal_cli.private import check_private_dir, make_private_dir
+from areal_cli.private import check_private_dir, make_private_dir, parent_problems
 from areal_cli.rundir import RunDir
 
 
@@ -46,18 +49,50 @@ def new_run_dir(root: str | Path = "runs") -> Path:
     raise RunDirError(f"could not create a new run directory under {root}: give run_dir=")
 
 
-def claim_run_dir(path: str | Path) -> bool:
+def claim_run_dir(path: str | Path, dry_run: bool = False) -> bool:
     """Create ``path`` (0700; True) or check the existing directory is the running user's alone
-    (False); RunDirError naming owner, mode and the fix otherwise."""
-    try:
-        make_private_dir(path)
-        return True
-    except FileExistsError:
-        pass
-    problems = check_private_dir(path)
+    (False): one that others may read or enter is made 0700 where it holds no run yet, and refused
+    where it does; RunDirError naming owner, mode and the fix otherwise. ``dry_run``: the same
+    checks, nothing created or changed."""
+    path = Path(path)
+    if dry_run and not path.exists():
+        problems = parent_problems(path) if path.resolve().parent.is_dir() else []
+    else:
+        try:
+            make_private_dir(path)
+            return True
+        except FileExistsError:
+            pass
+        problems = check_private_dir(path) or _close(path, dry_run)
     if problems:
         raise RunDirError("\n  - ".join(problems))
     return False
+
+
+def _close(path: Path, dry_run: bool) -> list[str]:
+    """Make ``path`` (the running user's, no one else's to write) 0700 when others may read or
+    enter it and it holds no run; the problem when it holds one."""
+    mode = os.stat(path).st_mode
+    if not mode & 0o077:
+        return []
+    rd = RunDir(path)
+    if rd.config.exists() or rd.metrics.exists():
+        return [f"run_dir={path} holds a run and other users can read it (mode "
+                f"{stat.filemode(mode)}): its config and logs were open to them; chmod 700 {path} "
+                "if that is acceptable (every start makes new keys), or choose another run_dir"]
+    if not dry_run:
+        path.chmod(0o700)
+    return []
+
+
+def taken_problems(run_dir: str | Path, resume: str) -> list[str]:
+    """A run directory that holds a run (unless resumed), or a link among the paths a run writes
+    through."""
+    out = []
+    if not resume and RunDir(run_dir).metrics.exists():
+        out.append(f"run_dir={run_dir} already holds a run; continue it with resume={run_dir} or "
+                   "choose another run_dir")
+    return out + check_links(run_dir)
 
 
 class RunLock:

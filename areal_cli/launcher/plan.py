@@ -19,10 +19,11 @@ from areal_cli.config import cpu_dtype
 from areal_cli.config.resolve import ALLOCATORS, Placement, checkpointing, find_allocator
 from areal_cli.config.schema import RootConfig
 from areal_cli.engines import spanning, spec
-from areal_cli.launcher.claim import check_links, claim_run_dir
+from areal_cli.launcher.claim import claim_run_dir, taken_problems
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
 from areal_cli.private import make_private_dir
 from areal_cli.runconfig.autos import resolve
+from areal_cli.runconfig.bounds import kv_memory_problems
 from areal_cli.runconfig.compose import save_yaml, to_yaml
 from areal_cli.rundir import RunDir
 from areal_cli.runtime import physical_gpus
@@ -97,12 +98,9 @@ class Plan:
         """The run directory's config, keys and logs/ (the controller publishes endpoints.json)."""
         rd = RunDir(self.run_dir)
         claim_run_dir(self.run_dir)  # created 0700, or the running user's alone (Slurm comes here first)
-        if not self.cfg.resume and rd.metrics.exists():
-            raise ValueError(f"run_dir={self.run_dir} already holds a run; continue it with "
-                             f"resume={self.run_dir} or choose another run_dir")
-        links = check_links(self.run_dir)
-        if links:
-            raise ValueError("\n  - ".join(links))
+        taken = taken_problems(self.run_dir, self.cfg.resume)
+        if taken:
+            raise ValueError("\n  - ".join(taken))
         rd.logs.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(rd.stores, ignore_errors=True)  # an earlier start's stores: never joined by this one
         make_private_dir(rd.stores)
@@ -417,6 +415,9 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
+    too_big = kv_memory_problems(cfg, model_path, placement.engine_gpu)
+    if too_big:
+        raise ValueError("\n  - ".join(too_big))
     if shared:
         spec(cfg.engine.name).check_shared_gpu(cfg, devices["trainer"][0])
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)

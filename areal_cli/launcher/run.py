@@ -67,7 +67,7 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
     process replaces itself (exec) with ``launcher/watch.py``, which starts and watches the run
     without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
     would otherwise stay resident for the whole run)."""
-    from areal_cli.launcher.claim import RunLock, claim_run_dir, new_run_dir
+    from areal_cli.launcher.claim import RunLock, claim_run_dir, new_run_dir, taken_problems
     from areal_cli.launcher.plan import make_plan
 
     if cfg.launcher.name == "slurm":
@@ -76,14 +76,18 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
         return submit(cfg)
     created = False
     try:
-        # the run directory is this user's alone before anything reads or writes it
+        # the run directory is this user's alone before anything reads or writes it (--dry-run:
+        # the same checks, changing nothing)
         if not cfg.dry_run and not cfg.run_dir:
             cfg.run_dir, created = str(new_run_dir()), True
-        elif not cfg.dry_run:
-            created = claim_run_dir(cfg.run_dir)
+        elif cfg.run_dir:
+            created = claim_run_dir(cfg.run_dir, dry_run=cfg.dry_run)
         plan = make_plan(cfg)
         cfg = plan.cfg  # resolved: what config.yaml will hold
         if cfg.dry_run:
+            taken = taken_problems(plan.run_dir, cfg.resume) if plan.run_dir.is_dir() else []
+            if taken:
+                raise ValueError("\n  - ".join(taken))
             print(plan.describe())
             return plan.run_dir
         shown = ("model", "dtype", "weights", "lengths", "memory", "reward", "share")

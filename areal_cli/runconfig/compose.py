@@ -11,6 +11,7 @@ from areal_cli.config.read import ConfigError, choice_at, choice_message, to_roo
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.trackers import problems as tracking_problems
 from areal_cli.engines import unknown as unknown_engine
+from areal_cli.runconfig.bounds import run_bounds
 from areal_cli.rundir import RunDir
 from areal_cli.workflows import workflow_spec
 
@@ -177,24 +178,6 @@ def validate(cfg: RootConfig) -> list[str]:
     return problems
 
 
-def _run_bounds(cfg: RootConfig) -> list[str]:
-    """Settings bounded by the run (its steps) or by this machine (its cores, for a local run)."""
-    from areal_cli.config.machine import cores
-    from areal_cli.config.schema import RolloutConfig
-
-    r, problems = cfg.rollout, []
-    most = max(cfg.trainer.steps, RolloutConfig.max_staleness)
-    if r.max_staleness > most:
-        problems.append(f"rollout.max_staleness={r.max_staleness}: must be at most "
-                        f"trainer.steps={cfg.trainer.steps} (no sample can be staler in this run; "
-                        f"runs shorter than {RolloutConfig.max_staleness} steps may keep the "
-                        f"default {RolloutConfig.max_staleness}): use at most {most}")
-    devices = max(cores(), len(cfg.cluster.gpus), len(r.gpus))  # GPUs named in the config count too
-    if cfg.launcher.name == "local" and r.workers > devices:
-        problems.append(f"rollout.workers={r.workers}: must be at most the {cores()} CPU core(s) "
-                        "this machine gives areal or the GPUs named in cluster.gpus / "
-                        "rollout.gpus (each worker is a process with its own engine): lower it")
-    return problems
 def lora_problems(cfg: RootConfig) -> list[str]:
     """trainer.lora checks that need no model (preflight checks the names and the rank against
     it)."""
@@ -221,11 +204,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     problems += sandbox_problems(cfg.reward, cfg.task, workflow.runs_code)
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
-    problems += _run_bounds(cfg)
-    if cfg.launcher.heartbeat_s * 3 > cfg.launcher.peer_timeout_s:
-        problems.append(f"launcher.heartbeat_s={cfg.launcher.heartbeat_s:g} must be at most a "
-                        f"third of launcher.peer_timeout_s={cfg.launcher.peer_timeout_s:g}: lower "
-                        "heartbeat_s")
+    problems += run_bounds(cfg)
     if (t.batch_size * r.group_size) % t.ranks and not workflow.varying_rows:
         problems.append(
             f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do "

@@ -63,7 +63,8 @@ def test_eval_settings_are_checked_too():
         compose_eval(["temperature=nan", "timeout_s=-1", "top_p=0"])
     text = str(err.value)
     assert "temperature=nan: must be a finite number" in text
-    assert "timeout_s=-1.0: must be in [0, inf)" in text and "top_p=0.0: must be in (0, 1]" in text
+    assert "timeout_s=-1.0: must be in [0, 2147483]" in text
+    assert "top_p=0.0: must be in (0, 1]" in text
 
 
 def test_port_base_out_of_range_exits_2_without_a_traceback(tmp_path):
@@ -110,3 +111,105 @@ def test_short_runs_keep_the_default_staleness_and_the_edges_pass():
 
     compose(["trainer.steps=1"])  # η = 4 (the default) though the run has one step
     compose(["trainer.steps=7", "rollout.max_staleness=7", f"rollout.workers={cores()}"])
+
+
+# accepted before, then a started process crashed or stalled: an OverflowError at the first wait
+# (ZeroMQ's poll takes int32 milliseconds), a heartbeat thread that never sleeps, 1e5 torch threads,
+# a KV cache or engine batch past int32 indices, a --signal Slurm refuses
+STARTED_THEN_FAILED = {
+    "reward.batch_wait_s=1e12": "[0, 2147483] (seconds)",
+    "launcher.peer_timeout_s=1e12": "(0, 2147483] (seconds)",
+    "launcher.startup_timeout_s=1e12": "(0, 2147483] (seconds)",
+    "launcher.stop_timeout_s=1e12": "[0, 2147483] (seconds)",
+    "reward.timeout_s=1e12": "(0, 2147483] (seconds)",
+    "reward.code_cpu_s=10000000000": "[1, 2147483] (seconds)",
+    "workflow.agent_timeout_s=1e12": "(0, 2147483] (seconds)",
+    "launcher.heartbeat_s=1e-6": "[0.1, 2147483] (seconds)",
+    "launcher.signal_s=100000": "[0, 65535]",
+    "trainer.threads=100000": "[0, 1024]",
+    "engine.threads=100000": "[0, 1024]",
+    "engine.kv_cache_tokens=1000000000000": "[0, 2147483647]",
+    "engine.max_batch_tokens=10000000000": "[1, 2147483647]",
+}
+
+
+def test_values_a_started_process_cannot_take_are_refused_naming_key_and_range():
+    with pytest.raises(ConfigError) as err:
+        compose(list(STARTED_THEN_FAILED))
+    problems = err.value.problems
+    for override, allowed in STARTED_THEN_FAILED.items():
+        key = override.split("=")[0]
+        mine = [p for p in problems if p.startswith(key + "=")]
+        assert len(mine) == 1 and allowed in mine[0], (key, problems)
+
+
+def test_the_nearest_sane_values_pass():
+    compose(["reward.batch_wait_s=2147483", "reward.timeout_s=2147483",
+             "launcher.peer_timeout_s=2147483", "launcher.startup_timeout_s=2147483",
+             "launcher.stop_timeout_s=2147483", "reward.code_cpu_s=2147483",
+             "reward.code_wall_s=2147482", "workflow.agent_timeout_s=2147483",
+             "launcher.heartbeat_s=0.1", "launcher.signal_s=65535",
+             "engine.kv_cache_tokens=2147483647", "engine.max_batch_tokens=2147483647"])
+    compose(["trainer.threads=1024", "engine.threads=1024", "launcher=slurm"])  # no local cores
+
+
+def test_eval_waits_and_threads_are_bounded_too():
+    with pytest.raises(ConfigError) as err:
+        compose_eval(["timeout_s=1e12", "threads=100000"])
+    text = str(err.value)
+    assert "timeout_s=1000000000000.0: must be in [0, 2147483]" in text
+    assert "threads=100000: must be in [0, 1024]" in text
+
+
+def _refused(overrides: list[str]) -> list[str]:
+    with pytest.raises(ConfigError) as err:
+        compose(overrides)
+    return err.value.problems
+
+
+def test_values_beyond_the_rest_of_the_config_are_refused_naming_the_bound():
+    from areal_cli.config.machine import cores
+
+    n = cores()
+    assert any(p.startswith("trainer.batch_size=1000000000: must be at most task.size=2000")
+               for p in _refused(["trainer.batch_size=1000000000"]))
+    assert any(p.startswith("rollout.group_size=100000000:") and "int32 indices" in p
+               for p in _refused(["rollout.group_size=100000000"]))
+    assert any(p.startswith("reward.batch_wait_s=20: must be below reward.timeout_s=10")
+               for p in _refused(["reward.fn=[auto,judge]", "reward.judge.model=j",
+                                  "reward.batch_wait_s=20"]))
+    assert any(p.startswith("launcher.progress_timeout_s=2: must be 0 (never) or at least 3")
+               for p in _refused(["launcher.progress_timeout_s=2"]))
+    machine = _refused([f"engine.threads={n + 1}", f"trainer.threads={n + 1}",
+                        f"reward.workers={n + 1}"])
+    for key in ("engine.threads", "trainer.threads", "reward.workers"):
+        assert any(p.startswith(f"{key}={n + 1}: must be at most the {n} CPU core(s)")
+                   for p in machine), (key, machine)
+
+
+def test_the_edges_of_those_bounds_pass():
+    from areal_cli.config.machine import cores
+
+    n = cores()
+    compose(["trainer.batch_size=2000", "launcher.progress_timeout_s=3", "rollout.group_size=1000",
+             f"engine.threads={n}", f"trainer.threads={n}", f"reward.workers={n}"])
+    compose(["launcher.progress_timeout_s=0", "reward.fn=[auto,judge]", "reward.judge.model=j",
+             "reward.batch_wait_s=9.9"])
+
+
+def test_a_kv_cache_past_this_machines_memory_exits_2_at_dry_run(tmp_path):
+    """The hf engine on the CPU allocates its whole cache at start: the plan refuses it first."""
+    proc = subprocess.run(AREAL + ["train", "--dry-run", "engine.kv_cache_tokens=2000000000",
+                                   "rollout.group_size=1000000"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "- engine.kv_cache_tokens=2000000000: the KV cache of 1 rollout worker(s)" in proc.stderr
+    assert "more than this machine's" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(AREAL + ["train", "--dry-run", "rollout.group_size=1000000",
+                                   "reward.batch_wait_s=1e12"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "- reward.batch_wait_s=1000000000000.0: must be in [0, 2147483]" in proc.stderr
+    proc = subprocess.run(AREAL + ["train", "--dry-run", "rollout.group_size=1000000"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and "- rollout.group_size=1000000: the KV cache" in proc.stderr

@@ -47,7 +47,8 @@ def test_bad_lora_settings_exit_2_before_any_process(tiny_model, tmp_path, overr
 def test_a_lora_checkpoint_resumed_with_another_rank_exits_2(tiny_model, tmp_path):
     run = tmp_path / "r"
     cfg = compose([f"model={tiny_model}", f"run_dir={run}", "trainer.lora.rank=4", *TINY_RUN])
-    RunDir(run).logs.mkdir(parents=True)
+    run.mkdir(mode=0o700)  # as areal makes a run directory: others cannot read it
+    RunDir(run).logs.mkdir()
     save_yaml(cfg, RunDir(run).config)
     proc = _train(f"resume={run}", "trainer.lora.rank=8")
     assert proc.returncode == 2

@@ -135,3 +135,41 @@ def test_the_commands_started_never_come_from_a_file(tiny_model, tmp_path):
     assert not marker.exists(), "a command read back from procs.json was started"
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_an_existing_run_dir_others_can_read_is_made_0700_unless_it_holds_a_run(tmp_path):
+    """Before: an existing 0755 run_dir stayed 0755, its config and logs readable by anyone."""
+    from areal_cli.launcher.claim import RunDirError
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    empty.chmod(0o755)
+    assert not claim_run_dir(empty, dry_run=True)  # --dry-run changes nothing
+    assert stat.S_IMODE(empty.stat().st_mode) == 0o755
+    assert not claim_run_dir(empty) and stat.S_IMODE(empty.stat().st_mode) == 0o700
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "config.yaml").write_text("{}")
+    held.chmod(0o755)
+    with pytest.raises(RunDirError, match=f"holds a run and other users can read it .*chmod 700 "
+                                          f"{held}"):
+        claim_run_dir(held)
+    assert stat.S_IMODE(held.stat().st_mode) == 0o755
+
+
+def test_dry_run_checks_the_run_dir_as_a_start_does(tmp_path):
+    """Before: --dry-run skipped the run directory's checks and printed a plan a start refuses."""
+    open_dir, held = tmp_path / "open", tmp_path / "held"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    held.mkdir()
+    (held / "config.yaml").write_text("{}")
+    held.chmod(0o755)
+    for run, why in ((open_dir, "can be written by other users"),
+                     (held, "holds a run and other users can read it")):
+        proc = _train(run, "--dry-run")
+        assert proc.returncode == 2, proc.stderr
+        assert why in proc.stderr and "Traceback" not in proc.stderr
+    assert stat.S_IMODE(open_dir.stat().st_mode) == 0o777 and os.listdir(open_dir) == []
+    fresh = tmp_path / "fresh"
+    assert _train(fresh, "--dry-run").returncode == 0 and not fresh.exists()
