@@ -22,6 +22,10 @@ from areal_cli.rewards.code_reward import run_tests
 from areal_cli.rewards.sandbox import SandboxResult
 from areal_cli.tasks import Problem
 
+# the tests that start sandboxed programs share one pytest-xdist worker (make test runs
+# --dist loadgroup): the leftover checks of test_sandbox_escapes see every sandbox of the host
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 FAST = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, code_nproc=16)
 UNSAFE = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, sandbox="unsafe_none")
 ROOT = os.geteuid() == 0
