@@ -56,7 +56,7 @@ $(VENV)/.compiled-run: $(VENV)/.installed-run
 
 $(VENV)/.compiled: $(VENV)/.installed
 	$(BYTECODE)
-	touch $@
+	touch $@ $(VENV)/.compiled-run
 
 train: install-run
 	$(VENV)/bin/areal train $(ARGS)
