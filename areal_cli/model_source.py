@@ -107,10 +107,29 @@ def hub_model(name: str):
     return HubModel.parse(name)
 
 
+def _converted(out: Path) -> bool:
+    return (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+
+
 def convert_gguf(gguf: Path, out: Path) -> Path:
-    """Dequantize a GGUF checkpoint once into a Hugging Face directory (float32 safetensors)."""
-    if (out / "config.json").is_file() and (out / "model.safetensors").is_file():
+    """Dequantize a GGUF checkpoint once into a Hugging Face directory (float32 safetensors).
+    Processes that need it at the same time (two runs, parallel test workers) convert it once: the
+    others wait on a lock beside it, then read what the first wrote."""
+    if _converted(out):
         return out
+    import fcntl
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not _converted(out):
+            _convert(gguf, out)
+    return out
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import shutil
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -127,7 +146,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     model.generation_config = loaded.generation_config
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if not out.exists():
-        tmp.rename(out)
-    return out
+    if out.exists():  # an incomplete directory (a conversion killed before this lock existed)
+        shutil.rmtree(out)
+    tmp.rename(out)
 

@@ -35,6 +35,20 @@ def tiny_model(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _keep_pytests_signal_handlers():
+    """A test that builds a Controller in this process gets its SIGINT/SIGTERM handlers installed
+    here: pytest's go back after it, or Ctrl-C (and CI's ``timeout --signal=INT``) would no
+    longer stop the suite."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        if signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)
+
+
 TINY_RUN = ["trainer.batch_size=2", "rollout.group_size=2", "rollout.max_new_tokens=12",
             "trainer.micro_batch_tokens=2048", "task.size=64", "reward.workers=1",
             "launcher.peer_timeout_s=60", "engine.dtype=float32"]

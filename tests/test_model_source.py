@@ -166,3 +166,32 @@ def test_hub_failures_name_their_fix():
             raise err
     with pytest.raises(KeyError), hub_errors(m):  # not the Hub's: raised as it is
         raise KeyError("x")
+
+
+def test_a_gguf_needed_by_two_processes_at_once_is_converted_once(tmp_path, monkeypatch):
+    """Two runs (or two test workers) resolving the alias at the same moment: one converts, the
+    other waits for its lock and returns the finished directory."""
+    import threading
+    import time
+
+    from areal_cli import model_source
+
+    calls, out = [], tmp_path / "cache" / "m"
+
+    def convert(gguf, to):
+        calls.append(to)
+        to.mkdir()
+        (to / "config.json").write_text("{}")
+        time.sleep(0.3)  # the other caller arrives while this one writes
+        (to / "model.safetensors").write_text("w")
+
+    monkeypatch.setattr(model_source, "_convert", convert)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(model_source.convert_gguf(tmp_path, out)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert calls == [out] and got == [out, out]
+    assert (out / "model.safetensors").read_text() == "w"

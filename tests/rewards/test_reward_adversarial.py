@@ -11,6 +11,10 @@ from areal_cli.config.task import RewardConfig
 from areal_cli.rewards import score
 from areal_cli.tasks import Problem
 
+# the tests that start sandboxed programs share one pytest-xdist worker (make test runs
+# --dist loadgroup): the leftover checks of test_sandbox_escapes see every sandbox of the host
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 HUGE = 100_000
 
 WRONG = [  # (why, completion, reference): the final answer is not the reference

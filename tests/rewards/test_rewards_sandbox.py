@@ -25,6 +25,10 @@ from areal_cli.rewards.sandbox import (
 from areal_cli.tasks import Problem
 from areal_cli.tasks.humaneval import read_all, to_problem
 
+# the tests that start sandboxed programs share one pytest-xdist worker (make test runs
+# --dist loadgroup): the leftover checks of test_sandbox_escapes see every sandbox of the host
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 FAST = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, code_nproc=16)
 ISOLATIONS = ["bwrap", "unsafe_none"]
 

@@ -22,6 +22,10 @@ from areal_cli.rewards.code_reward import run_tests
 from areal_cli.rewards.sandbox import SandboxResult
 from areal_cli.tasks import Problem
 
+# the tests that start sandboxed programs share one pytest-xdist worker (make test runs
+# --dist loadgroup): the leftover checks of test_sandbox_escapes see every sandbox of the host
+pytestmark = pytest.mark.xdist_group("sandbox")
+
 FAST = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, code_nproc=16)
 UNSAFE = RewardConfig(code_cpu_s=1, code_wall_s=3.0, code_mem_mb=512, sandbox="unsafe_none")
 ROOT = os.geteuid() == 0
@@ -39,18 +43,39 @@ def contained(result: SandboxResult) -> bool:
     return result.isolation == "bwrap" and result.status != "passed"
 
 
+def _is_sandboxed(cmdline: bytes) -> bool:
+    return b"/sandbox/sandbox_" in cmdline or b"sleep\x0031.4159" in cmdline
+
+
+def _this_tests(pid: int, cmdlines: dict[int, bytes]) -> bool:
+    """Whether ``pid`` descends from this test process, or from nothing but orphaned sandbox
+    processes (what an escape would leave: its parents gone, it hangs under init). Sandboxes of
+    other processes (another pytest worker, another checkout's tests) descend from those."""
+    while pid > 1:
+        if pid == os.getpid():
+            return True
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:  # it ended while we looked
+            return False
+        parent = int(stat.rsplit(b")", 1)[1].split()[1])
+        if parent == 1:
+            return _is_sandboxed(cmdlines.get(pid, b""))
+        pid = parent
+    return False
+
+
 def sandbox_processes() -> set[int]:
-    """Host processes running a script inside bubblewrap (its path there is /sandbox/...) or
-    this file's sleeper; the tests compare the sets before and after a call."""
-    found = set()
+    """Host processes of this test running a script inside bubblewrap (its path there is
+    /sandbox/...) or this file's sleeper; the tests compare the sets before and after a call."""
+    cmdlines = {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            cmdlines[int(pid)] = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:  # it ended while we looked
             continue
-        if b"/sandbox/sandbox_" in cmdline or b"sleep\x0031.4159" in cmdline:
-            found.add(int(pid))
-    return found
+    return {pid for pid, cmdline in cmdlines.items()
+            if _is_sandboxed(cmdline) and _this_tests(pid, cmdlines)}
 
 
 def left_behind(result_of, *args, **kwargs) -> tuple[SandboxResult, set[int]]:

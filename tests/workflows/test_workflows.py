@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from conftest import drive_workflow, hf_engine
 from transformers import AutoTokenizer
 
@@ -64,6 +65,7 @@ def test_multi_turn_masks_feedback_and_keeps_alignment(tiny_model):
     assert any(s.num_turns == 2 for s in group.samples)
 
 
+@pytest.mark.xdist_group("sandbox")  # see tests/rewards/test_sandbox_escapes.py
 def test_tool_use_runs_code_in_the_sandbox_and_shows_the_output(tiny_model):
     cfg = WorkflowConfig(name="tool_use", max_turns=2)
     tok, group = _run(tiny_model, cfg, inject="```python\nprint(6 * 7)\n```")
@@ -75,6 +77,7 @@ def test_tool_use_runs_code_in_the_sandbox_and_shows_the_output(tiny_model):
         assert model.sum() > 0 and s.loss_mask[-1] == 1
 
 
+@pytest.mark.xdist_group("sandbox")  # see tests/rewards/test_sandbox_escapes.py
 def test_tool_use_runs_under_the_reward_code_limits(tiny_model):
     reward = RewardConfig(fn="exact", timeout_s=5.0, code_wall_s=1.0, code_cpu_s=1)
     t0 = time.monotonic()
