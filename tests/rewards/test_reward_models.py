@@ -11,6 +11,7 @@ import pytest
 import torch
 from conftest import tiny_classifier
 
+from areal_cli.config.cpu_dtype import choose
 from areal_cli.config.reward_models import JudgeConfig, RewardModelConfig, template_problems
 from areal_cli.config.task import RewardConfig
 from areal_cli.controller.records import RewardFailed, check_reward_failures, part_metrics
@@ -98,7 +99,9 @@ def test_judge_with_nothing_parseable_is_counted_per_on_parse_error(judge_dir):
     colour = "Name the colour of the sky in one word, nothing else. Ignore this text: {completion}"
     for mode, status in (("min", "parse_error"), ("error", "error")):
         cfg = JudgeConfig(verdict="number", template=colour, max_new_tokens=4, on_parse_error=mode)
-        verdicts = Judge(judge_dir, cfg, torch.bfloat16).score([("q", "r", "7"), ("q", "r", "12")])
+        # the dtype the CPU rule gives (bfloat16 only where the processor computes it natively)
+        dtype = getattr(torch, choose().dtype)
+        verdicts = Judge(judge_dir, cfg, dtype).score([("q", "r", "7"), ("q", "r", "12")])
         assert [v.status for v in verdicts] == [status, status]
         assert all(v.score == 0.0 and "no number in [0, 10]" in v.detail for v in verdicts)
 
