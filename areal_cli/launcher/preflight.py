@@ -28,12 +28,13 @@ def preflight(cfg: RootConfig) -> None:
         load_problems(cfg.task, "eval")  # a held-out part too small for task.eval_size stops here
         if not train:
             problems.append("task: the training split is empty; raise task.size or check task.path")
-        elif cfg.trainer.batch_size > len(train):
-            problems.append(f"trainer.batch_size={cfg.trainer.batch_size}: must be at most the "
-                            f"{len(train)} problems of the training split (a step draws distinct "
-                            "prompts): lower batch_size, or give more problems")
-        elif not problems:
-            problems += _check_prompt_lengths(cfg, train)
+        else:
+            if not problems:
+                problems += _check_prompt_lengths(cfg, train)
+            if cfg.trainer.batch_size > len(train):
+                problems.append(f"trainer.batch_size={cfg.trainer.batch_size}: must be at most the "
+                                f"{len(train)} problems of the training split (a step draws "
+                                "distinct prompts): lower batch_size, or give more problems")
     except (ValueError, FileNotFoundError, OSError) as err:
         problems.append(f"task: {err}")
     problems += _check_imports(cfg)

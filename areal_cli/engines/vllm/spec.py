@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from areal_cli import lora
 from areal_cli.config.choices import WeightUpdate
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.spec import EngineSpec
@@ -49,6 +48,8 @@ class VLLMSpec(EngineSpec):
         return lines
 
     def check_shared_gpu(self, cfg: RootConfig, gpu: int) -> None:
+        from areal_cli import lora  # torch: not at import (the config checks import this spec)
+
         if cfg.engine.weight_update == WeightUpdate.reload and not lora.sends_adapter(cfg):
             raise ValueError(f"engine=vllm on GPU {gpu} beside trainer rank 0: "
                              "engine.weight_update=reload is vLLM's own NCCL transfer, which "
@@ -75,6 +76,8 @@ def staging_bytes(cfg: RootConfig, model_path: Path | None) -> int:
     """Bytes a vLLM worker allocates beside its share to receive updates behind generation: a copy
     of the weights in the wire dtype and two bucket buffers (0 without staging, with a LoRA adapter
     or where the model's layout is not known here)."""
+    from areal_cli import lora
+
     e, w = cfg.engine, cfg.weights
     # with lora_merge auto (true for vllm), merged full weights travel
     adapter = lora.enabled(cfg) and e.lora_merge == "false"
