@@ -54,6 +54,15 @@ TINY_RUN = ["trainer.batch_size=2", "rollout.group_size=2", "rollout.max_new_tok
             "launcher.peer_timeout_s=60", "engine.dtype=float32"]
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_train(run_dir: Path, *overrides: str, timeout: float = 240, check: bool = True):
     if not any(o.startswith("eval.at_end=") for o in overrides):
         # the closing evaluation only where a test asks

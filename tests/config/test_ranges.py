@@ -27,15 +27,20 @@ BAD = {
 }
 
 
-def test_every_bad_value_is_reported_at_once_with_its_key_and_range():
+def assert_each_named_once(bad: dict) -> None:
+    """Composing every override of ``bad`` at once reports each, once (not again by an older
+    check), naming its key and the allowed range."""
     with pytest.raises(ConfigError) as err:
-        compose(list(BAD))
+        compose(list(bad))
     problems = err.value.problems
-    for override, allowed in BAD.items():
+    for override, allowed in bad.items():
         key = override.split("=")[0]
         mine = [p for p in problems if p.startswith(key + "=")]
-        assert len(mine) == 1, (key, problems)  # once, not again by an older check
-        assert allowed in mine[0], mine[0]
+        assert len(mine) == 1 and allowed in mine[0], (key, problems)
+
+
+def test_every_bad_value_is_reported_at_once_with_its_key_and_range():
+    assert_each_named_once(BAD)
 
 
 def test_the_defaults_and_edge_values_pass():
@@ -134,13 +139,7 @@ STARTED_THEN_FAILED = {
 
 
 def test_values_a_started_process_cannot_take_are_refused_naming_key_and_range():
-    with pytest.raises(ConfigError) as err:
-        compose(list(STARTED_THEN_FAILED))
-    problems = err.value.problems
-    for override, allowed in STARTED_THEN_FAILED.items():
-        key = override.split("=")[0]
-        mine = [p for p in problems if p.startswith(key + "=")]
-        assert len(mine) == 1 and allowed in mine[0], (key, problems)
+    assert_each_named_once(STARTED_THEN_FAILED)
 
 
 def test_the_nearest_sane_values_pass():

@@ -4,21 +4,15 @@ copy swapped in afterwards (StagedUpdate, vLLM's intake)."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import free_port
 
 from areal_cli.transport.weights import WeightSender, param_specs
 
 BUCKET = 1024  # bytes: four buckets per update
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def small_model(dtype) -> torch.nn.Module:

@@ -2,23 +2,17 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 
 import pytest
 import torch
+from conftest import free_port
 
 from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
 from areal_cli.launcher.plan import device_map, shares_rank0_gpu
 from areal_cli.runconfig.autos import resolve, resolve_engine
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def small_model(dtype) -> torch.nn.Module:

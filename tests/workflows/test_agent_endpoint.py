@@ -74,6 +74,19 @@ def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tup
     return results, seen
 
 
+def serve_while(flow, eng, client_calls, timeout_s: float = 30) -> None:
+    """Run ``client_calls`` in a thread while this thread serves as the worker's loop does: the
+    engine stepped, finished sequences handed to the endpoint, queued calls submitted."""
+    t = threading.Thread(target=client_calls)
+    t.start()
+    deadline = time.monotonic() + timeout_s
+    while t.is_alive() and time.monotonic() < deadline:
+        for s in eng.poll(0.02):
+            flow.on_generated(s)
+        flow.poll()
+    t.join(1)
+
+
 def item(group: int, size: int = 2) -> WorkItem:
     return WorkItem(group, f"p{group}", np.zeros(1, np.int32), size, 8, PROBLEM, 0)
 
@@ -191,14 +204,7 @@ def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
         ).choices[0].finish_reason
 
-    t = threading.Thread(target=call)
-    t.start()
-    deadline = time.monotonic() + 30
-    while t.is_alive() and time.monotonic() < deadline:
-        for s in eng.poll(0.02):
-            flow.on_generated(s)
-        flow.poll()
-    t.join(1)
+    serve_while(flow, eng, call)
     assert out == {"reply": "length"}
     assert flow.endpoint.counters["agent_refused_connections"] == 1
     assert "agent_refused_connections (1 since the worker started" in caplog.text
@@ -221,14 +227,7 @@ def test_calls_outside_an_episode_are_budgeted(setup):
         out["n2"] = len(client.chat.completions.create(model="m", messages=msg, max_tokens=2,
                                                        n=2).choices)
 
-    t = threading.Thread(target=calls)
-    t.start()
-    deadline = time.monotonic() + 30
-    while t.is_alive() and time.monotonic() < deadline:
-        for s in eng.poll(0.02):
-            flow.on_generated(s)
-        flow.poll()
-    t.join(1)
+    serve_while(flow, eng, calls)
     assert out == {"n3": (429, True), "n2": 2}
     assert flow.endpoint.counters["agent_refused_unattributed"] == 1
     assert flow.endpoint.unattributed == 0  # released when the call ended
