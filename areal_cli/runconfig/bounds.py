@@ -53,7 +53,8 @@ def _timing(cfg: RootConfig) -> list[str]:
     if rc.served and rc.batch_wait_s >= rc.timeout_s:
         out.append(f"reward.batch_wait_s={rc.batch_wait_s:g}: must be below reward.timeout_s="
                    f"{rc.timeout_s:g} (each request waits that long before it is scored, and a "
-                   "reply after timeout_s counts as a timeout): lower batch_wait_s, e.g. 0.05")
+                   "reply after timeout_s counts as a timeout): lower reward.batch_wait_s below "
+                   "it, or raise reward.timeout_s")
     return out
 
 

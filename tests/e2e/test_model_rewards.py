@@ -65,6 +65,7 @@ def test_judge_timeouts_are_counted(tiny_model, tmp_path):
     run_train(tmp_path, f"model={tiny_model}", *TINY_RUN,
               "reward.judge.model=smollm2-135m-instruct",
               "trainer.steps=2", "reward.fn=judge", "reward.timeout_s=0.01",
+              "reward.batch_wait_s=0.001",
               "reward.max_error_fraction=1",
               timeout=300)
     for m in read_jsonl(tmp_path / "metrics.jsonl"):
@@ -75,7 +76,8 @@ def test_judge_timeouts_are_counted(tiny_model, tmp_path):
 def test_judge_timeouts_past_the_error_fraction_stop_the_run(tiny_model, tmp_path):
     proc = run_train(tmp_path, f"model={tiny_model}", *TINY_RUN,
                      "reward.judge.model=smollm2-135m-instruct",
-                     "trainer.steps=3", "reward.fn=judge", "reward.timeout_s=0.01", check=False,
+                     "trainer.steps=3", "reward.fn=judge", "reward.timeout_s=0.01",
+              "reward.batch_wait_s=0.001", check=False,
                      timeout=300)
     assert proc.returncode != 0
     assert ("reward part judge failed (timeout, error or unparseable verdict) on 4 of the 4 "
