@@ -141,6 +141,8 @@ def hardware_defaults(cfg: RootConfig, overrides: list[str]) -> tuple[list[str],
             lines.append(f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: {vllm.install} "
                          "for ~10x the generation speed)")
     for key, value in GPU_DEFAULTS.items():
+        if key == "trainer.batch_size" and cfg.task.size:
+            value = min(value, cfg.task.size)  # a step draws distinct prompts
         if key not in named:
             extra.append(f"{key}={value}")
             lines.append(f"{key}={value} (auto on GPUs; conf/'s default fits a 2-core CPU)")

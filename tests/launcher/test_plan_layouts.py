@@ -261,6 +261,9 @@ def test_the_defaults_follow_the_hardware_where_none_is_named():
     assert extra == ["trainer.batch_size=16", "trainer.steps=50"]
     assert "engine=hf (auto: GPU(s) [0] here but vLLM is not installed" in lines[0]
     assert "pip install 'areal-cli[vllm]'" in lines[0]
+    # a split smaller than 16 problems: a step draws distinct prompts
+    assert hardware_defaults(compose(["cluster.gpus=[0]", "task.size=8"]), [])[0][0] == (
+        "trainer.batch_size=8")
     # what the user named stays; vLLM named on one GPU: staleness 1 unless named too
     overrides = ["cluster.gpus=[0]", "engine=vllm", "trainer.steps=7"]
     extra, lines = hardware_defaults(compose(overrides), overrides)
