@@ -321,14 +321,7 @@ def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(set
                                                     messages=[{"role": "user", "content": "hi"}],
                                                     max_tokens=3).choices[0].finish_reason
 
-    t = threading.Thread(target=client_calls)
-    t.start()
-    deadline = time.monotonic() + 60
-    while t.is_alive() and time.monotonic() < deadline:  # the worker's loop serves the engine
-        for s in eng.poll(0.02):
-            flow.on_generated(s)
-        flow.poll()
-    t.join(1)
+    serve_while(flow, eng, client_calls, timeout_s=60)
     assert out == {"401": 401, "context": "context_length_exceeded", "role": "messages[0]",
                    "vocab": ("prompt[2]", True), "ids": "length", "deep": 400, "large": 413,
                    "large_streamed": 413, "huge": ("context_length_exceeded", True),
