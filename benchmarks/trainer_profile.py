@@ -263,7 +263,8 @@ def main() -> None:
         args.length = max(len(s.output_ids) for g in b.groups for s in g.samples)
     head = {"machine": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
             "gpus": world, "torch": torch.__version__,
-            "date": time.strftime("%Y-%m-%d"), "arch": args.arch, "weights": "random",
+            "date": time.strftime("%Y-%m-%d"), "arch": args.arch,
+            "weights": "of the directory" if Path(args.arch, "config.json").is_file() else "random",
             "batch": args.batch or f"{args.seqs} x (64 + {args.length}) tokens"
             + (", ragged" if args.ragged else ""),
             "baseline": BASELINE, "overrides": args.overrides}

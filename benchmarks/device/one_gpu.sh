@@ -10,6 +10,10 @@
 #   staleness  carry .models/b               (after stage3, instead of check) the IPC test; the
 #                                            default engine on one GPU at rollout.max_staleness=1,
 #                                            8 and 16 groups a step
+#   contention carry .models/b           (after stage3) the default model's trainer step (trainer_profile.py,
+#                                        the run's shape) alone, then beside a steady vLLM decode load on
+#                                        the same card (vllm_load.py), FSDP and unsharded (AREAL_NO_FSDP);
+#                                        the same under CUDA MPS where the machine has its control daemon
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -44,6 +48,43 @@ case $phase in
       TAIL=4 step eta1_b$b 220 python3 -m areal_cli.cli train --quiet $RUN trainer.batch_size=$b run_dir=/tmp/runs/eta1_b$b
       step eta1_b${b}_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/eta1_b$b 2
       tar czf $OUT/eta1_b$b.tgz -C /tmp/runs --exclude=checkpoints eta1_b$b
+    done
+    ;;
+  contention)
+    TP="python3 benchmarks/trainer_profile.py --arch $MODEL --seqs 32 --length 40 --steps 12 --profile no_ckpt
+        trainer.micro_batch_tokens=4096 trainer.logprob_chunk_tokens=2048"
+    TAIL=4 step alone 150 $TP --rows no_ckpt no_ckpt+compile --out $OUT/alone
+    TAIL=4 step alone_nofsdp 90 env AREAL_NO_FSDP=1 $TP --rows no_ckpt --out $OUT/alone_nofsdp
+    beside() {  # TAG: the trainer rows beside a vLLM decode load on this GPU
+      rm -f /tmp/load.ready /tmp/load.stop
+      setsid python3 benchmarks/device/vllm_load.py $MODEL /tmp/load.ready /tmp/load.stop $OUT/load_$1.json \
+          > $L/load_$1.log 2>&1 &
+      local lp=$! n=0
+      while [ ! -f /tmp/load.ready ] && kill -0 $lp 2>/dev/null && [ $n -lt 200 ]; do sleep 1; n=$((n+1)); done
+      echo "load ready after ${n}s" | tee -a $S
+      TAIL=4 step beside_$1 90 $TP --rows no_ckpt --out $OUT/beside_$1
+      TAIL=4 step beside_nofsdp_$1 90 env AREAL_NO_FSDP=1 $TP --rows no_ckpt --out $OUT/beside_nofsdp_$1
+      touch /tmp/load.stop; n=0
+      while kill -0 $lp 2>/dev/null && [ $n -lt 30 ]; do sleep 1; n=$((n+1)); done
+      kill -KILL -- -$lp 2>/dev/null; cat $OUT/load_$1.json | tee -a $S; tail -n 3 $L/load_$1.log >> $S; }
+    beside plain
+    if command -v nvidia-cuda-mps-control > /dev/null; then
+      # a private MPS daemon: only processes given these two directories use it
+      export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/mps/log
+      mkdir -p $CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_LOG_DIRECTORY
+      nvidia-cuda-mps-control -d && echo "MPS daemon started" | tee -a $S
+      TAIL=6 step mps_ipc 120 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
+      beside mps
+      echo quit | nvidia-cuda-mps-control; cat /tmp/mps/log/control.log 2>/dev/null | tail -n 5 >> $S
+    else
+      echo "no nvidia-cuda-mps-control on this machine" | tee -a $S
+    fi
+    for d in alone alone_nofsdp beside_plain beside_nofsdp_plain beside_mps beside_nofsdp_mps; do
+      [ -f $OUT/$d/results.json ] && python3 -c "import json,sys; r=json.load(open(sys.argv[1]))
+for x in r.get('rows', r if isinstance(r, list) else []):
+    print(sys.argv[2], x.get('row'), 'step', round(x.get('step_s', 0), 4), {k: round(v, 4) for k, v in x.get('breakdown', {}).items()})" \
+        $OUT/$d/results.json $d | tee -a $S
+      tail -n 3 $OUT/$d/kernels_no_ckpt.txt 2>/dev/null | tee -a $S
     done
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
