@@ -26,6 +26,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | trainer.packing | true for the trainer on GPUs, false on the CPU |
 | trainer.activation_checkpointing | true on the CPU; on GPUs the least recomputation whose estimate fits the card (none, every other layer: checkpoint_every 2, every layer; config/memory_plan.py) |
 | trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
+| trainer.shard | true for several ranks, and for one GPU rank with a model of at least 1B decoder-layer parameters (or one not known yet); false for one CPU rank |
 | trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
 | logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
@@ -134,6 +135,27 @@ def _compile(where: Placement) -> bool:
     if not where.trainer_gpu or where.model_path is None:
         return False
     return layer_params(where.model_path) >= COMPILE_MIN_PARAMS
+
+
+SHARD_MIN_PARAMS = 1e9
+"""trainer.shard=auto shards one GPU rank from this many decoder-layer parameters up (below it the
+step is host-bound and FSDP's per-layer work is host time; above it FSDP's resharding after each
+layer's forward keeps the bfloat16 copy of only one layer's weights)."""
+
+
+def sharding(ranks: int, where: Placement) -> bool:
+    """trainer.shard=auto: FSDP2 for several ranks; for one rank only on a GPU and for a model of at
+    least ``SHARD_MIN_PARAMS`` (or one not known here)."""
+    if ranks > 1:
+        return True
+    if not where.trainer_gpu:
+        return False
+    if where.model_path is None:
+        return True
+    try:
+        return layer_params(where.model_path) >= SHARD_MIN_PARAMS
+    except (OSError, ValueError):
+        return True
 
 
 def layer_params(model_path: Path) -> float:

@@ -257,6 +257,12 @@ class TrainerConfig:
     input its steps can meet (one packed row or several, segment offsets, an empty micro-batch)
     before its first batch, while the engines start (tens of seconds a form); compiled_graphs in
     metrics.jsonl counts any a step compiled still."""
+    shard: Switch = Switch.auto
+    """FSDP2 over the trainer's ranks. "auto": true, except for one rank that would shard nothing:
+    on the CPU, and on one GPU for a model under 1B decoder-layer parameters (``SHARD_MIN_PARAMS``),
+    whose step is bound by the host, which FSDP's per-layer gathers, casts and hooks lengthen
+    (BENCHMARKS.md "One GPU"); there the weights stay float32 under bfloat16 autocast. "false"
+    needs trainer.ranks=1."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
     backward; false keeps them gathered until the backward (one all-gather less per layer and

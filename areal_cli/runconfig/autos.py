@@ -31,6 +31,7 @@ from areal_cli.config.resolve import (
     _switch,
     _wandb_mode,
     checkpointing,
+    sharding,
 )
 from areal_cli.config.reward_models import JudgeEngine
 from areal_cli.config.schema import EngineConfig, RootConfig
@@ -50,6 +51,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
     t.packing = _switch(t.packing, where.trainer_gpu)
     t.compile = _switch(t.compile, _compile(where))
+    t.shard = _switch(t.shard, sharding(t.ranks, where))
     t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)
     w.dtype = _auto(Dtype, w.dtype, out.engine.dtype)
     w.backend = _auto(WeightsBackend, w.backend, _backend(where))

@@ -205,6 +205,9 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     problems += tracking_problems(cfg.logging)
     r, t = cfg.rollout, cfg.trainer
     problems += run_bounds(cfg)
+    if t.shard == "false" and t.ranks > 1:
+        problems.append(f"trainer.shard=false with trainer.ranks={t.ranks}: several ranks train "
+                        "through FSDP; set trainer.shard=auto or trainer.ranks=1")
     if (t.batch_size * r.group_size) % t.ranks and not workflow.varying_rows:
         problems.append(
             f"trainer.batch_size × rollout.group_size = {t.batch_size * r.group_size} samples do "

@@ -7,7 +7,6 @@ value per kept position: V(s_t) is read at the position that predicts response t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
@@ -27,9 +26,10 @@ from areal_cli.trainer.loss_scale import LossScale
 
 
 def build_value_model(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
-                      seed: int):
+                      seed: int, shard: bool = True):
     """fp32 master weights, a ``Linear(hidden, 1)`` head (same init on every rank), sharded per
-    decoder layer and at the root as ``model.build_policy`` shards the actor."""
+    decoder layer and at the root as ``model.build_policy`` shards the actor (``shard``: the
+    resolved trainer.shard)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
@@ -44,7 +44,7 @@ def build_value_model(model_path: Path, device: torch.device, compute_dtype: tor
         head.bias.zero_()
     model.lm_head = head
     model = model.to(device)
-    if os.environ.get("AREAL_NO_FSDP"):
+    if not shard:
         return model
     mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
           if device.type == "cuda" else MixedPrecisionPolicy())
@@ -65,7 +65,8 @@ class Critic:
 
     @classmethod
     def load(cls, model_path: Path, cfg: RootConfig, device, compute_dtype, world: int) -> Critic:
-        return cls(build_value_model(model_path, device, compute_dtype, cfg.seed), cfg, device,
+        return cls(build_value_model(model_path, device, compute_dtype, cfg.seed,
+                                     shard=cfg.trainer.shard != "false"), cfg, device,
                    compute_dtype, world)
 
     def _values(self, ro: Rollouts, mb: list[int]) -> torch.Tensor:

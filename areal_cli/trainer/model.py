@@ -18,15 +18,15 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
                  activation_checkpointing: bool, fp32_head: bool = False, varlen: bool = False,
                  checkpoint_every: int = 1, compile_layers: bool = False,
                  reshard_after_forward: bool = True,
-                 lora=None):
+                 lora=None, shard: bool = True):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
     one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
     only parameters that require gradients (on one unsharded rank the frozen linear weights stay in
     the compute dtype: ``frozen_linear_to``);
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
     segments where this device and torch have FlashAttention's varlen op (``trainer.varlen``);
-    ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``: the trainer keys of those
-    names (``trainer.compile`` for the second)."""
+    ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``, ``shard``: the trainer keys
+    of those names (``trainer.compile`` for the second; ``shard`` false: no FSDP, one rank only)."""
     from transformers import AutoModelForCausalLM
 
     from areal_cli.trainer import varlen as varlen_attention
@@ -36,8 +36,10 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     attn = "sdpa"
     if varlen and varlen_attention.available(device):
         attn = varlen_attention.register()
-    unsharded = bool(os.environ.get("AREAL_NO_FSDP")) or (device.type == "cpu"
-                                                          and dist.get_world_size() == 1)
+    unsharded = not shard or (device.type == "cpu" and dist.get_world_size() == 1)
+    if unsharded and dist.get_world_size() > 1:
+        raise ValueError("trainer.shard=false: several trainer ranks need FSDP; set "
+                         "trainer.ranks=1 or trainer.shard=auto")
     lora_on = lora is not None and lora.rank > 0
     frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16,
                                                                           torch.float16) \
@@ -123,7 +125,7 @@ def policy_options(cfg) -> dict:
                 fp32_head=cfg.engine.lm_head_fp32 == "true",
                 varlen=t.packing == "true" and t.varlen, checkpoint_every=t.checkpoint_every,
                 compile_layers=t.compile == "true", reshard_after_forward=t.reshard_after_forward,
-                lora=t.lora)
+                lora=t.lora, shard=t.shard != "false")
 
 
 def checkpoint_layers(model, every: int = 1) -> None:

@@ -12,8 +12,10 @@
 #                                            8 and 16 groups a step
 #   contention carry .models/b           (after stage3) the default model's trainer step (trainer_profile.py,
 #                                        the run's shape) alone, then beside a steady vLLM decode load on
-#                                        the same card (vllm_load.py), FSDP and unsharded (AREAL_NO_FSDP);
+#                                        the same card (vllm_load.py), with FSDP and without (trainer.shard);
 #                                        the same under CUDA MPS where the machine has its control daemon
+#   agents  (nothing carried)                agent_throughput.py: workflow=agent (plan_then_answer) against
+#                                            single_turn on cluster.gpus=[0] with vLLM
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -30,9 +32,10 @@ case $phase in
     TAIL=40 step gpu_hf_run 120 $TF python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k hf
     ;;
   pair)
-    RUN="model=$MODEL cluster.gpus=[0] trainer.steps=${STEPS:-50} trainer.batch_size=8 launcher.peer_timeout_s=300"
+    # each engine with what a one-GPU run of it defaults to, unless B (groups a step) is given
+    RUN="model=$MODEL cluster.gpus=[0] trainer.steps=${STEPS:-50} ${B:+trainer.batch_size=$B} launcher.peer_timeout_s=300"
     TAIL=20 step vllm50 ${VLLM_LIMIT:-240} python3 -m areal_cli.cli train $RUN engine=vllm \
-        engine.gpu_memory_utilization=0.3 run_dir=/tmp/runs/vllm50
+        run_dir=/tmp/runs/vllm50
     step vllm50_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/vllm50 2
     TAIL=20 step hf50 ${HF_LIMIT:-330} $TF python3 -m areal_cli.cli train $RUN engine=hf run_dir=/tmp/runs/hf50
     step hf50_summary 30 $TF python3 benchmarks/device/run_summary.py /tmp/runs/hf50 2
@@ -51,10 +54,11 @@ case $phase in
     done
     ;;
   contention)
-    TP="python3 benchmarks/trainer_profile.py --arch $MODEL --seqs 32 --length 40 --steps 12 --profile no_ckpt
-        trainer.micro_batch_tokens=4096 trainer.logprob_chunk_tokens=2048"
-    TAIL=4 step alone 150 $TP --rows no_ckpt no_ckpt+compile --out $OUT/alone
-    TAIL=4 step alone_nofsdp 90 env AREAL_NO_FSDP=1 $TP --rows no_ckpt --out $OUT/alone_nofsdp
+    # (overrides after `--`: --rows and --profile take several words each)
+    TP="python3 benchmarks/trainer_profile.py --arch $MODEL --seqs 32 --length 40 --steps 12 --profile no_ckpt"
+    OV="trainer.micro_batch_tokens=4096 trainer.logprob_chunk_tokens=2048"
+    TAIL=4 step alone 150 $TP --rows no_ckpt no_ckpt+compile --out $OUT/alone -- $OV trainer.shard=true
+    TAIL=4 step alone_nofsdp 90 $TP --rows no_ckpt --out $OUT/alone_nofsdp -- $OV trainer.shard=false
     beside() {  # TAG: the trainer rows beside a vLLM decode load on this GPU
       rm -f /tmp/load.ready /tmp/load.stop
       setsid python3 benchmarks/device/vllm_load.py $MODEL /tmp/load.ready /tmp/load.stop $OUT/load_$1.json \
@@ -62,8 +66,8 @@ case $phase in
       local lp=$! n=0
       while [ ! -f /tmp/load.ready ] && kill -0 $lp 2>/dev/null && [ $n -lt 200 ]; do sleep 1; n=$((n+1)); done
       echo "load ready after ${n}s" | tee -a $S
-      TAIL=4 step beside_$1 90 $TP --rows no_ckpt --out $OUT/beside_$1
-      TAIL=4 step beside_nofsdp_$1 90 env AREAL_NO_FSDP=1 $TP --rows no_ckpt --out $OUT/beside_nofsdp_$1
+      TAIL=4 step beside_$1 90 $TP --rows no_ckpt --out $OUT/beside_$1 -- $OV trainer.shard=true
+      TAIL=4 step beside_nofsdp_$1 90 $TP --rows no_ckpt --out $OUT/beside_nofsdp_$1 -- $OV trainer.shard=false
       touch /tmp/load.stop; n=0
       while kill -0 $lp 2>/dev/null && [ $n -lt 30 ]; do sleep 1; n=$((n+1)); done
       kill -KILL -- -$lp 2>/dev/null; cat $OUT/load_$1.json | tee -a $S; tail -n 3 $L/load_$1.log >> $S; }
@@ -86,6 +90,16 @@ for x in r.get('rows', r if isinstance(r, list) else []):
         $OUT/$d/results.json $d | tee -a $S
       tail -n 3 $OUT/$d/kernels_no_ckpt.txt 2>/dev/null | tee -a $S
     done
+    ;;
+  agents)
+    # the agent endpoint against single_turn on the one-GPU layout (benchmarks/agent_throughput.py):
+    # the same model, engine, task and budgets; B = 32 x G = 8, <= 128 new tokens, 2 turns at most
+    step agent_bench ${LIMIT:-400} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
+        --batch 32 --group 8 --out /tmp/runs/agent_bench --agent ${AGENT:-examples.agents.plan_then_answer:run} \
+        workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
+        rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300
+    cp /tmp/runs/agent_bench/agent_throughput.json $OUT/ 2>/dev/null
+    tar czf $OUT/agent_bench.tgz --exclude=checkpoints -C /tmp/runs agent_bench 2>/dev/null
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

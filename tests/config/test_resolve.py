@@ -102,6 +102,22 @@ def test_compile_auto_follows_the_layout():
     assert resolve(compose(["trainer.compile=false"]), on_gpu).trainer.compile == "false"
 
 
+def test_shard_auto_leaves_one_rank_of_a_small_model_unsharded(tiny_model):
+    models = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
+    small = Placement(trainer_gpu=True, model_path=tiny_model)
+    large = dataclasses.replace(small, model_path=models / "qwen2.5-1.5b-instruct")
+    assert layer_params(small.model_path) < 1e9 <= layer_params(large.model_path)
+    assert resolve(compose([]), small).trainer.shard == "false"  # one GPU rank: host-bound
+    assert resolve(compose([]), large).trainer.shard == "true"
+    assert resolve(compose(["trainer.ranks=2"]), small).trainer.shard == "true"
+    assert resolve(compose([]), CPU).trainer.shard == "false"
+    # not known here (an uncached Hub model): FSDP, whose memory is the safe side
+    assert resolve(compose([]), dataclasses.replace(small, model_path=None)).trainer.shard == "true"
+    assert resolve(compose(["trainer.shard=true"]), small).trainer.shard == "true"
+    with pytest.raises(ConfigError, match="trainer.shard=false with trainer.ranks=2"):
+        compose(["trainer.shard=false", "trainer.ranks=2", "trainer.batch_size=2"])
+
+
 def test_what_the_user_set_is_kept_and_weights_follow_the_engine():
     cfg = compose(["trainer.optim_state=bfloat16", "weights.bucket_mb=64", "weights.staged=false",
                    "weights.backend=gloo", "engine.lm_head_fp32=true", "precision=fp16"])
@@ -158,7 +174,7 @@ def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_
         "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge",
         "engine.lm_head_fp32", "trainer.optim_state",
         "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile",
-        "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator",
+        "trainer.shard", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator",
         "logging.wandb_mode"]
     assert (unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([]))))
             == [])
