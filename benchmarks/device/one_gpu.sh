@@ -97,7 +97,7 @@ for x in r.get('rows', r if isinstance(r, list) else []):
     step agent_bench ${LIMIT:-400} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
         --batch 32 --group 8 --out /tmp/runs/agent_bench --agent ${AGENT:-examples.agents.plan_then_answer:run} \
         workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
-        rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300
+        rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
     cp /tmp/runs/agent_bench/agent_throughput.json $OUT/ 2>/dev/null
     tar czf $OUT/agent_bench.tgz --exclude=checkpoints -C /tmp/runs agent_bench 2>/dev/null
     ;;
