@@ -116,6 +116,19 @@ def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup)
                                                                == 0).all()
 
 
+def test_every_episode_of_a_worker_calls_through_one_connection_pool(setup):
+    eng, make = setup
+    flow = make("three_calls")
+    for g in range(3):  # one group after the other: 2 episodes at once
+        flow.start(item(g))
+        [result], _ = drive(flow, eng, 1)
+        assert not result.failed
+    # 18 calls of 6 episodes: the 2 connections of the first group are kept and reused, where a
+    # client of its own per episode opened one at least (and read the system's certificates)
+    assert flow.endpoint.connections_opened <= 2
+    assert flow.http is not None and not flow.http.is_closed
+
+
 def _holds(sample, seq) -> bool:
     ids = np.concatenate([sample.prompt_ids, sample.output_ids]).tolist()
     k, n, p = len(seq.prompt_ids), len(seq.output_ids), len(sample.prompt_ids)

@@ -67,6 +67,10 @@ class Endpoint:
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
         self.refused: Counter = Counter()  # refusals since the worker started, by kind
         self.refusal_logged: dict[str, float] = {}
+        self.connections_opened = 0  # since the worker started (the agents' pool keeps them open)
+
+    def connected(self) -> None:
+        self.connections_opened += 1
 
     def refuse(self, kind: str) -> None:
         """Count a refused request or connection (``kind``: its metric), and log it at most once a
@@ -335,13 +339,14 @@ def build_app(endpoint: Endpoint):
     return app
 
 
-def guarded_protocol(refuse, max_connections: int):
+def guarded_protocol(refuse, max_connections: int, connected=None):
     """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections without
     using them. Past ``max_connections`` the oldest connection that has sent nothing yet is closed
     to make room (the newcomer where every one has: ``refuse`` counts it as
     agent_refused_connections), so idle connections cannot keep the agents' own out: theirs send
     their request at once. And one that sends nothing before its first request is closed after the
-    idle timeout, as uvicorn closes one idle between requests."""
+    idle timeout, as uvicorn closes one idle between requests. ``connected()`` is called for each
+    connection accepted."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Guarded(H11Protocol):
@@ -350,6 +355,8 @@ def guarded_protocol(refuse, max_connections: int):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self.silent_since = time.monotonic()
+            if connected is not None:
+                connected()
             if len(self.connections) > max_connections:
                 silent = [c for c in self.connections
                           if c is not self and getattr(c, "silent_since", None) is not None]

@@ -94,10 +94,15 @@ class AgentWorkflow:
         # times over
         short_gil_switch()
         self.server = Server(build_app(self.endpoint),
-                             guarded_protocol(self.endpoint.refuse, cfg.agent_max_connections),
+                             guarded_protocol(self.endpoint.refuse, cfg.agent_max_connections,
+                                              self.endpoint.connected),
                              cfg.agent_idle_timeout_s)
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
+        # one HTTP connection pool for every episode's client, made in the endpoint's loop at the
+        # first episode: a client of its own per episode would build a TLS context (the system's
+        # certificates read and parsed) and open a connection for each call
+        self.http = None
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
         # readable by the run's user alone; a link there is replaced, not followed
@@ -160,6 +165,11 @@ class AgentWorkflow:
         return []
 
     def close(self) -> None:
+        if self.http is not None and self.server.thread.is_alive():
+            try:
+                asyncio.run_coroutine_threadsafe(self.http.aclose(), self.server.loop).result(5)
+            except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
+                log.warning("agent endpoint: closing its client pool: %r", err)
         self.server.close()
 
     # ---- one episode ----
@@ -168,14 +178,20 @@ class AgentWorkflow:
         import openai
 
         async with self.slots:
+            if self.http is None:
+                import httpx
+
+                n = self.cfg.agent_concurrency
+                self.http = openai.DefaultAsyncHttpxClient(
+                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+            # the shared pool is closed with the workflow, never by an episode's client
             client = openai.AsyncOpenAI(base_url=f"{self.server.url}/episodes/{key}/v1",
                                         api_key=self.endpoint.token, max_retries=0,
-                                        timeout=self.cfg.agent_timeout_s)
+                                        timeout=self.cfg.agent_timeout_s, http_client=self.http)
             try:
                 return await asyncio.wait_for(self.agent(client, problem), self.cfg.agent_timeout_s)
             finally:
                 self.endpoint.episodes[key].closed = True
-                await client.close()
 
     def _advance(self, group: AgentGroup, run: EpisodeRun) -> None:
         if run.reward_future is not None:
