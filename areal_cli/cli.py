@@ -79,7 +79,8 @@ def evaluate(overrides: list[str] = OVERRIDES):
 def sync_vs_async(overrides: list[str] = OVERRIDES):
     """Run the same workload synchronously (η=0) and asynchronously (η) and compare: throughput,
     when async reaches sync's final reward, held-out accuracy (bench.eta, bench.warmup,
-    bench.heldout, bench.heldout_size=1000)."""
+    bench.heldout, bench.heldout_size=1000). A finished mode is kept: bench.modes=sync, then the
+    same command with bench.modes=async, runs one mode per call."""
     try:
         from areal_cli.bench.sync_vs_async import run_bench
     except ImportError:

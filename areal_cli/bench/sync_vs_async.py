@@ -37,8 +37,16 @@ checkpoints on the task's eval split), ``bench.heldout_size=1000`` (problems of 
 a gap of a few points is not lost in the noise of a small set; 0 = ``eval.size``; a split that
 cannot hold that many falls back to ``eval.size``), ``bench.alone=true`` (measure generation alone;
 false: no ideal), ``bench.alone_groups=0`` (groups it measures after warm-up; 0 = 3 × the worker's
-concurrency, at least 8). ``run_dir=`` names ``<out>``. Take ``trainer.steps`` ≥ ``bench.warmup`` +
-30 so that each mode measures at least 30 steps.
+concurrency, at least 8), ``bench.modes=sync,async`` (the modes to run in this call). ``run_dir=``
+names ``<out>``. Take ``trainer.steps`` ≥ ``bench.warmup`` + 30 so that each mode measures at least
+30 steps.
+
+A mode that finished is kept: ``<out>/<mode>.json`` records its summary with the overrides and bench
+options it ran with, and the same command run again uses it instead of running it again (remove
+``<out>/<mode>/`` and ``<out>/<mode>.json`` to measure it anew). So the bench can run one mode per
+call (``bench.modes=sync``, then the same command with ``bench.modes=async``, which compares), and a
+bench stopped in its second mode loses only that one. A mode's run directory left unfinished is
+moved aside (``<mode>.unfinished-<time>``) before it runs again.
 """
 
 from __future__ import annotations
@@ -50,7 +58,8 @@ from pathlib import Path
 from areal_cli.rundir import RunDir
 
 BENCH_DEFAULTS = {"eta": None, "warmup": 2, "heldout": True, "heldout_size": 1000, "alone": True,
-                  "alone_groups": 0}
+                  "alone_groups": 0, "modes": "sync,async"}
+MODES = ("sync", "async")
 MEASUREMENT_ERROR = 1.02
 """async / ideal above this is reported as a measurement error."""
 
@@ -67,6 +76,12 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict]:
         if name not in BENCH_DEFAULTS:
             raise ValueError(f"{key}: unknown bench option; use one of "
                              f"{', '.join('bench.' + k for k in BENCH_DEFAULTS)}")
+        if name == "modes":
+            chosen = [m.strip() for m in value.split(",") if m.strip()]
+            if not chosen or not set(chosen) <= set(MODES):
+                raise ValueError(f"bench.modes={value}: name sync, async or both (sync,async)")
+            opts[name] = ",".join(m for m in MODES if m in chosen)
+            continue
         opts[name] = (value.lower() in ("1", "true", "yes") if name in ("heldout", "alone")
                       else int(value))
     return run, opts
@@ -84,10 +99,30 @@ def run_bench(overrides: list[str]) -> Path:
     out = Path(base.run_dir or f"runs/bench-{_dt.datetime.now():%Y%m%d-%H%M%S}").resolve()
     out.mkdir(parents=True, exist_ok=True)
     modes = {}
-    for mode, staleness in (("sync", 0), ("async", eta)):
+    for mode, staleness in zip(MODES, (0, eta), strict=True):
         run_dir = out / mode
+        kept = kept_mode(out, mode, run_overrides, staleness, opts)
+        if kept is not None:
+            print(f"== {mode}: finished already in {run_dir}, kept (remove {run_dir} and "
+                  f"{mode}.json beside it to measure it again)", flush=True)
+            modes[mode] = kept
+            continue
+        if mode not in opts["modes"].split(","):
+            continue
+        if run_dir.exists():  # a run stopped before its end: its figures would mix two starts
+            aside = run_dir.with_name(f"{mode}.unfinished-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+            run_dir.rename(aside)
+            print(f"== {mode}: {run_dir} did not finish; moved aside to {aside.name}", flush=True)
         print(f"== {mode}: rollout.max_staleness={staleness} → {run_dir}", flush=True)
         modes[mode] = run_mode(run_overrides, staleness, run_dir, opts)
+        record = {"overrides": run_overrides, "staleness": staleness,
+                  "options": _recorded(opts), "summary": modes[mode]}
+        (out / f"{mode}.json").write_text(json.dumps(record, indent=1))
+    if len(modes) < len(MODES):
+        missing = [m for m in MODES if m not in modes]
+        print(f"== measured: {', '.join(modes) or 'nothing'}; run the same command with "
+              f"bench.modes={','.join(missing)} for the rest and the comparison", flush=True)
+        return out
     alone = generation_alone(Path(modes["async"]["run_dir"]), out / "generation_alone.json",
                              opts["alone_groups"],
                              modes["async"].get("running_groups_mean")) if opts["alone"] else None
@@ -100,6 +135,32 @@ def run_bench(overrides: list[str]) -> Path:
     plot_runs([out / mode for mode in modes], out / "curves.png")
     print(report(result), flush=True)
     return out
+
+
+def _recorded(opts: dict) -> dict:
+    """The bench options a mode's figures depend on (not which modes a call runs)."""
+    return {k: v for k, v in opts.items() if k in ("warmup", "heldout", "heldout_size")}
+
+
+def kept_mode(out: Path, mode: str, overrides: list[str], staleness: int,
+              opts: dict) -> dict | None:
+    """The summary of ``mode`` from an earlier call of the same bench (same overrides, staleness
+    and options; its run directory still there), else None."""
+    path = out / f"{mode}.json"
+    if not path.is_file() or not (out / mode / "metrics.jsonl").is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    same = (record.get("overrides") == overrides and record.get("staleness") == staleness
+            and record.get("options") == _recorded(opts))
+    if not same:
+        print(f"== {mode}: {path.name} is of another command (other overrides or bench options): "
+              "measured again", flush=True)
+        path.unlink()
+        return None
+    return record.get("summary")
 
 
 def run_mode(overrides: list[str], staleness: int, run_dir: Path, opts: dict) -> dict:

@@ -16,6 +16,11 @@
 #                                        the same under CUDA MPS where the machine has its control daemon
 #   agents  (nothing carried)                agent_throughput.py: workflow=agent (plan_then_answer) against
 #                                            single_turn on cluster.gpus=[0] with vLLM
+#   bench15 (nothing more; MODES=sync, then MODES=async in the next call) the random-weights
+#                                            Qwen2.5-1.5B layout (built here once) on cluster.gpus=[0]:
+#                                            areal bench sync-vs-async, arithmetic_long lengths <= 2048,
+#                                            32 steps a mode (30 measured), one mode per call; the
+#                                            second call compares and measures generation alone
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -100,6 +105,24 @@ for x in r.get('rows', r if isinstance(r, list) else []):
         rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
     cp /tmp/runs/agent_bench/agent_throughput.json $OUT/ 2>/dev/null
     tar czf $OUT/agent_bench.tgz --exclude=checkpoints -C /tmp/runs agent_bench 2>/dev/null
+    ;;
+  bench15)
+    R=/tmp/rand/qwen2.5-1.5b
+    [ -f $R/random_weights.json ] || step build15 300 python3 benchmarks/random_model.py qwen2.5-1.5b-instruct $R \
+        --device cuda --tokenizer $MODEL
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 \
+        > $OUT/bench15_${MODES:-sync}_gpu.csv 2>/dev/null &
+    smi=$!
+    # random weights earn reward 0: trainer.skip_zero_advantage=false keeps the trainer doing its work;
+    # run_dir outside /tmp/runs, which `step` would move aside: the second call keeps the first mode
+    TAIL=40 step bench15_${MODES:-sync} ${LIMIT:-570} python3 -m areal_cli.cli bench sync-vs-async \
+        run_dir=/tmp/bench15 model=$R engine=vllm cluster.gpus=[0] trainer.batch_size=8 \
+        rollout.group_size=8 task=arithmetic_long rollout.length_profile=arithmetic_long \
+        rollout.max_new_tokens=2048 engine.max_model_len=3072 rollout.max_concurrent=0 trainer.steps=32 \
+        bench.warmup=2 bench.eta=4 bench.heldout=false bench.modes=${MODES:-sync} \
+        trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 ${EXTRA:-}
+    kill $smi 2>/dev/null
+    tar czf $OUT/bench15.tgz --exclude=checkpoints -C /tmp bench15 2>/dev/null
     ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

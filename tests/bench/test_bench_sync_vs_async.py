@@ -22,7 +22,48 @@ def test_bench_options_are_stripped():
     run, opts = split_overrides(["trainer.steps=3", "bench.eta=2", "bench.heldout=false"])
     assert run == ["trainer.steps=3"]
     assert opts == {"eta": 2, "warmup": 2, "heldout": False, "heldout_size": 1000, "alone": True,
-                    "alone_groups": 0}
+                    "alone_groups": 0, "modes": "sync,async"}
+    assert split_overrides(["bench.modes=async,sync"])[1]["modes"] == "sync,async"
+    with pytest.raises(ValueError, match="bench.modes=both"):
+        split_overrides(["bench.modes=both"])
+
+
+def test_a_finished_mode_is_kept_only_for_the_same_command(tmp_path):
+    from areal_cli.bench.sync_vs_async import kept_mode
+
+    _, opts = split_overrides(["bench.heldout=false"])
+    (tmp_path / "sync").mkdir()
+    (tmp_path / "sync" / "metrics.jsonl").write_text("{}\n")
+    record = {"overrides": ["trainer.steps=3"], "staleness": 0,
+              "options": {"warmup": 2, "heldout": False, "heldout_size": 1000},
+              "summary": {"steps": 3}}
+    (tmp_path / "sync.json").write_text(json.dumps(record))
+    assert kept_mode(tmp_path, "sync", ["trainer.steps=3"], 0, opts) == {"steps": 3}
+    # another warm-up changes the figures: measured again, the record dropped
+    _, other = split_overrides(["bench.heldout=false", "bench.warmup=1"])
+    assert kept_mode(tmp_path, "sync", ["trainer.steps=3"], 0, other) is None
+    assert not (tmp_path / "sync.json").exists()
+    (tmp_path / "sync.json").write_text(json.dumps(record))
+    assert kept_mode(tmp_path, "sync", ["trainer.steps=4"], 0, opts) is None
+    assert kept_mode(tmp_path, "async", ["trainer.steps=3"], 1, opts) is None  # never recorded
+
+
+@pytest.mark.slow
+def test_bench_runs_one_mode_per_call_and_compares_when_both_are_done(tiny_model, tmp_path):
+    from areal_cli.bench.sync_vs_async import run_bench
+
+    args = [f"model={tiny_model}", *TINY_RUN, f"run_dir={tmp_path}", "trainer.steps=3",
+            "bench.warmup=1", "bench.eta=1", "bench.heldout=false", "bench.alone=false"]
+    run_bench([*args, "bench.modes=sync"])
+    assert (tmp_path / "sync.json").is_file() and not (tmp_path / "async").exists()
+    assert not (tmp_path / "bench.json").exists()
+    sync_metrics = (tmp_path / "sync" / "metrics.jsonl").read_bytes()
+    (tmp_path / "async").mkdir()  # a run stopped before its end
+    run_bench([*args, "bench.modes=async"])
+    assert (tmp_path / "sync" / "metrics.jsonl").read_bytes() == sync_metrics  # kept, not re-run
+    assert list(tmp_path.glob("async.unfinished-*"))
+    bench = json.loads((tmp_path / "bench.json").read_text())
+    assert set(bench["modes"]) == {"sync", "async"} and bench["speedup"] > 0
 
 
 @pytest.mark.slow
