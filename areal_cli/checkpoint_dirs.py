@@ -64,13 +64,48 @@ def _marker_problem(marker: Path) -> str | None:
     return None if isinstance(version, int) else f"its version is {version!r}, not an integer"
 
 
+RECORD_KEYS = {"metrics.jsonl": "step", "trajectories.jsonl": "trained_version",
+               "weight_updates.jsonl": "version"}
+"""Each record file of a run → the integer key a resume cuts it at (controller/state.py)."""
+
+
+def record_problems(run_dir: Path) -> list[str]:
+    """Record files a resume could not cut at its checkpoint: a damaged line that is not the last
+    (a torn last line is an interrupted write, dropped on resume), or a row without its integer
+    key. Each names the file, the line and what to do."""
+    from areal_cli.durable import TornFile, read_jsonl
+
+    out = []
+    for path in RunDir(run_dir).records:
+        if not path.is_file():
+            continue
+        key = RECORD_KEYS[path.name]
+        try:
+            rows, _ = read_jsonl(path)
+        except TornFile as err:
+            out.append(str(err))
+            continue
+        except (OSError, UnicodeDecodeError) as err:
+            out.append(f"{path}: unreadable ({type(err).__name__}: {err}); restore it or move it "
+                       "away (the run's other records are kept)")
+            continue
+        for n, row in enumerate(rows, 1):
+            value = row.get(key) if isinstance(row, dict) else None
+            if not isinstance(value, int) or isinstance(value, bool):
+                out.append(f"{path}: row {n} has no integer {key!r} (a resume cuts the file at "
+                           "its checkpoint by it); restore the file, or cut it before that row")
+                break
+    return out
+
+
 def resume_problems(run_dir: Path) -> list[str]:
     """What stops a resume of ``run_dir`` before anything is read back or truncated: a checkpoint
     marker that exists but does not read (the checkpoint it marks could not be told from a copy, and
-    an older one would win silently), and a newest checkpoint whose files do not read. Each names
-    the file and what to do."""
+    an older one would win silently), a newest checkpoint whose files do not read, and a record file
+    that could not be cut at the checkpoint (``record_problems``). Each names the file and what to
+    do."""
     root = RunDir(run_dir).checkpoints
-    out = []
+    out, marks = record_problems(run_dir), []
     for d in sorted(root.glob("step_*")) if root.is_dir() and not root.is_symlink() else []:
         marker = d / MARKER
         if (_NAME.fullmatch(d.name) and d.is_dir() and not d.is_symlink() and marker.is_file()
@@ -78,12 +113,12 @@ def resume_problems(run_dir: Path) -> list[str]:
             why = _marker_problem(marker)
             if why:
                 v = _NAME.fullmatch(d.name).group(1)
-                out.append(f"{marker}: unreadable ({why}). If {d.name} is complete, write "
-                           f'{{"version": {v}}} into it; else move {d} out of checkpoints/ to '
-                           "resume from the checkpoint before it")
+                marks.append(f"{marker}: unreadable ({why}). If {d.name} is complete, write "
+                             f'{{"version": {v}}} into it; else move {d} out of checkpoints/ to '
+                             "resume from the checkpoint before it")
     ckpt = latest_checkpoint(run_dir)
-    if ckpt is None or out:
-        return out
+    if ckpt is None or marks:
+        return out + marks
     version = int(_NAME.fullmatch(ckpt.name).group(1))
     fix = (f"move {ckpt} out of checkpoints/ to resume from the checkpoint before it, or start a "
            "new run")

@@ -105,6 +105,25 @@ def _resumable(d, version):
     (d / MARKER).write_text(marker_text(version))
 
 
+def test_a_resume_stops_on_a_damaged_record_file_before_anything_is_truncated(tmp_path):
+    from areal_cli.checkpoint_dirs import resume_problems
+
+    _resumable(tmp_path / "checkpoints" / "step_2", 2)
+    metrics, traj = tmp_path / "metrics.jsonl", tmp_path / "trajectories.jsonl"
+    metrics.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(4)))
+    traj.write_text(json.dumps({"trained_version": 1}) + "\n" + '{"trained_ver')  # torn last line
+    assert resume_problems(tmp_path) == []  # an interrupted write: resume drops it
+    traj.write_text(json.dumps({"trained_version": 1}) + "\n\x00\x00garbage\n"
+                    + json.dumps({"trained_version": 2}) + "\n")
+    metrics.write_text(json.dumps({"step": 0}) + "\n" + json.dumps({"loss": 1.0}) + "\n")
+    before = (metrics.read_bytes(), traj.read_bytes())
+    problems = resume_problems(tmp_path)
+    assert any(f"{traj}: line 2 is not JSON" in p and "cut it before that line" in p
+               for p in problems), problems
+    assert any(f"{metrics}: row 2 has no integer 'step'" in p for p in problems), problems
+    assert (metrics.read_bytes(), traj.read_bytes()) == before  # read, never rewritten
+
+
 def test_a_resume_stops_on_a_corrupt_marker_or_checkpoint_before_anything_is_truncated(tmp_path):
     from areal_cli.checkpoint_dirs import resume_problems
 
