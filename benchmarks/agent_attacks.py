@@ -1,8 +1,8 @@
 """A live workflow=agent run attacked from loopback while it trains: idle connections past the cap,
 oversized and over-deep bodies, token ids past the vocabulary, a 3 MB message, clients that
-disconnect, writes into episodes by guessed keys, and a flood of calls outside any episode, all at
-once, bounded in count and time. Prints the run's outcome and what the endpoint refused (from
-metrics.jsonl); exits 1 if the run did not finish every step.
+disconnect, requests trickled in a byte at a time, writes into episodes by guessed keys, and a flood
+of calls outside any episode, all at once, bounded in count and time. Prints the run's outcome and
+what the endpoint refused (from metrics.jsonl); exits 1 if the run did not finish every step.
 
     python benchmarks/agent_attacks.py [steps] [seconds]
 """
@@ -63,8 +63,23 @@ def attacks(base: str, key: str, until: float, tally: Counter) -> list[threading
             s.close()
         tally[f"{name} closed_by_server"] += closed
 
+    def trickle(name):
+        host, port = base.split("//")[1].split("/")[0].split(":")
+        head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}"
+                "\r\nContent-Length: 1000\r\n\r\n").encode()
+        try:
+            with socket.create_connection((host, int(port)), timeout=5) as s:
+                s.sendall(head)
+                for _ in range(20):  # one byte a second: the request never arrives whole
+                    s.sendall(b" ")
+                    time.sleep(1.0)
+                tally[f"{name} still_open"] += 1
+        except OSError:
+            tally[f"{name} closed_by_server"] += 1
+
     one = "/v1/chat/completions"
     return [
+        repeat("trickle", trickle, 0.5),
         repeat("idle_connections", idle, 1.0),
         repeat("large_body", lambda n: post(n, one, content=b" " * (5 << 20)), 2.0),
         repeat("deep_json", lambda n: post(n, one, content=b"[" * 50_000 + b"]" * 50_000), 1.0),

@@ -132,7 +132,8 @@ class WorkflowConfig:
     at once and counted (agent_refused_connections)."""
     agent_idle_timeout_s: float = 10.0
     """agent: a connection that sends nothing for this long (before its first request, or between
-    requests) is closed."""
+    requests) is closed, and so is one whose request has not arrived whole (headers and body) this
+    long after its first byte (counted as agent_slow_requests)."""
     agent_unattributed_sequences: int = 16
     """agent: sequences of calls outside any episode (plain ``/v1``, trained on by no one) in flight
     at once per rollout worker; a call past it is answered 429 (0: every such call is)."""

@@ -223,6 +223,40 @@ def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving
     assert "agent_refused_connections (1 since the worker started" in caplog.text
 
 
+@pytest.mark.parametrize("sent", [
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n",  # headers never finished
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"
+    b"Authorization: Bearer {token}\r\n\r\n{\"m",  # the body never finished
+], ids=["headers", "body"])
+def test_a_request_trickled_in_is_closed_at_the_read_deadline(setup, sent):
+    import socket
+
+    eng, make = setup
+    flow = make("no_call", agent_idle_timeout_s=1.0)
+    slow = socket.create_connection(("127.0.0.1", flow.server.port))
+    t0 = time.monotonic()
+    slow.sendall(sent.replace(b"{token}", flow.endpoint.token.encode()))
+    slow.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # a request on its way is not cut at once
+        slow.recv(1)
+    slow.sendall(b"X")  # one more byte: a trickle does not move the deadline
+    slow.settimeout(5)
+    assert slow.recv(1) == b""  # closed from the first byte's deadline on
+    assert 0.9 < time.monotonic() - t0 < 3
+    slow.close()
+    assert flow.endpoint.counters["agent_slow_requests"] == 1
+    out = {}
+
+    def call():  # a request that arrives whole is served, also past the deadline's length
+        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        out["reply"] = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).choices[0].finish_reason
+
+    serve_while(flow, eng, call)
+    assert out == {"reply": "length"}
+
+
 def test_calls_outside_an_episode_are_budgeted(setup):
     """Plain /v1 calls (no episode trains on them) get workflow.agent_unattributed_sequences
     sequences in flight at once; a call past it is a 429, and the episodes' engine stays theirs."""

@@ -339,18 +339,22 @@ def build_app(endpoint: Endpoint):
     return app
 
 
-def guarded_protocol(refuse, max_connections: int, connected=None):
+def guarded_protocol(refuse, max_connections: int, connected=None, read_s: float = 10.0):
     """uvicorn's HTTP/1.1 protocol with two guards against clients that hold connections without
     using them. Past ``max_connections`` the oldest connection that has sent nothing yet is closed
     to make room (the newcomer where every one has: ``refuse`` counts it as
     agent_refused_connections), so idle connections cannot keep the agents' own out: theirs send
     their request at once. And one that sends nothing before its first request is closed after the
-    idle timeout, as uvicorn closes one idle between requests. ``connected()`` is called for each
-    connection accepted."""
+    idle timeout, as uvicorn closes one idle between requests. A request must arrive whole (headers
+    and body) within ``read_s`` of its first byte, or its connection is closed (a client trickling
+    bytes would hold its slot for ever; counted as agent_slow_requests). ``connected()`` is called
+    for each connection accepted."""
+    import h11
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class Guarded(H11Protocol):
         silent_since: float | None = None  # when it connected, until its first byte
+        read_deadline = None  # from a request's first byte until it is read whole
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -370,7 +374,28 @@ def guarded_protocol(refuse, max_connections: int, connected=None):
 
         def data_received(self, data: bytes) -> None:
             self.silent_since = None
+            if self.read_deadline is None:
+                self.read_deadline = self.loop.call_later(read_s, self.read_too_slow)
             super().data_received(data)
+
+        def read_too_slow(self) -> None:
+            self.read_deadline = None
+            # IDLE: its headers are not complete yet; SEND_BODY: its body is not
+            if not self.transport.is_closing() and self.conn.their_state in (h11.IDLE,
+                                                                              h11.SEND_BODY):
+                refuse("agent_slow_requests")
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            if self.read_deadline is not None:
+                self.read_deadline.cancel()
+                self.read_deadline = None
+            super().on_response_complete()
+
+        def connection_lost(self, exc) -> None:
+            if self.read_deadline is not None:
+                self.read_deadline.cancel()
+            super().connection_lost(exc)
 
     return Guarded
 

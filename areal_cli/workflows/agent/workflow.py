@@ -95,7 +95,7 @@ class AgentWorkflow:
         short_gil_switch()
         self.server = Server(build_app(self.endpoint),
                              guarded_protocol(self.endpoint.refuse, cfg.agent_max_connections,
-                                              self.endpoint.connected),
+                                              self.endpoint.connected, cfg.agent_idle_timeout_s),
                              cfg.agent_idle_timeout_s)
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
