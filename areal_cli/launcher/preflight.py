@@ -13,16 +13,20 @@ class UserError(ValueError):
     """Bad input that the user fixes; printed without a traceback, exit code 2."""
 
 
-def preflight(cfg: RootConfig) -> None:
-    """Everything checkable before a process starts: the model and the dataset."""
-    from areal_cli.model_source import ModelError, resolve_model
+def preflight(cfg: RootConfig, fetch: bool = True) -> None:
+    """Everything checkable before a process starts: the model and the dataset. ``fetch`` false
+    (``--dry-run``): a Hub model not cached yet is not downloaded, and the checks that need its
+    files are left to the start."""
+    from areal_cli.model_source import ModelError, hub_model, resolve_model
     from areal_cli.tasks import load_problems
 
     problems = []
-    try:
-        problems += lora_problems(cfg, resolve_model(cfg.model))
-    except ModelError as err:
-        problems.append(str(err))
+    hub = None if fetch else hub_model(cfg.model)
+    if hub is None or hub.cached() is not None:
+        try:
+            problems += lora_problems(cfg, resolve_model(cfg.model))
+        except ModelError as err:
+            problems.append(str(err))
     try:
         train = load_problems(cfg.task, "train")
         load_problems(cfg.task, "eval")  # a held-out part too small for task.eval_size stops here

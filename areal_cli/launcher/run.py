@@ -89,6 +89,10 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
             if taken:
                 raise ValueError("\n  - ".join(taken))
             print(plan.describe())
+            # every check of a real start (the model, the data, custom code, a resume's files),
+            # downloading nothing
+            preflight(cfg, fetch=False)
+            print("# preflight: the model, the data, custom code and the engine check out")
             return plan.run_dir
         shown = ("model", "dtype", "weights", "lengths", "memory", "reward", "share")
         print("\n".join(f"{k}: {line}" for k in shown

@@ -69,3 +69,19 @@ def test_links_in_a_run_directory_are_named(tmp_path):
     with pytest.raises(RunDirError):
         (run / "run.lock").symlink_to(outside / "lock")
         RunLock(run)
+
+
+def test_a_dry_run_checks_what_a_start_checks(tmp_path):
+    """--dry-run prints the plan, then runs the start's checks (the model, the data, custom code):
+    a data file a start would refuse exits 2 here too, naming it."""
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": ')
+    proc = subprocess.run(AREAL + ["train", "--dry-run", "task=jsonl", f"task.path={data}",
+                                   "task.prompt_field=question", "task.answer_field=answer"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert str(data) in proc.stderr and "# commands" in proc.stdout  # the plan, then the problem
+    ok = subprocess.run(AREAL + ["train", "--dry-run"], capture_output=True, text=True,
+                        cwd=tmp_path, timeout=120)
+    assert ok.returncode == 0 and "# preflight:" in ok.stdout, ok.stderr
+    assert not list(tmp_path.glob("runs"))  # a dry run creates nothing
