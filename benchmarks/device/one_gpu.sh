@@ -33,6 +33,7 @@ echo "model: $MODEL" | tee -a $S
 case $phase in
   check)
     TAIL=25 step gpu_ipc 150 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
+    TAIL=8 step gpu_compiled 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_compiled_logprobs.py
     TAIL=40 step gpu_vllm_run 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k vllm
     TAIL=40 step gpu_hf_run 120 $TF python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k hf
     ;;
