@@ -6,7 +6,8 @@
 #   stage2  carry .vllm/b .whl .tf .extwhl   vLLM part 2, wheels, transformers 5.24, pytest
 #   stage3  carry .models/a                  model part 1
 #   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
-#                                            broadcast, a short run of each engine on one GPU)
+#                                            broadcast, compiled vs eager logprobs against float32,
+#                                            a short run of each engine on one GPU)
 #   staleness  carry .models/b               (after stage3, instead of check) the IPC test; the
 #                                            default engine on one GPU at rollout.max_staleness=1,
 #                                            8 and 16 groups a step
