@@ -45,8 +45,9 @@ def tiny(tiny_model):
 def test_an_anthropic_agents_tool_use_and_tool_result_are_recorded_as_generated_and_streamed():
     """The default model, greedy: the first call must use `calculate` (the endpoint opens the call,
     the model writes the expression and closes it); the agent answers the tool_use with a
-    tool_result and streams the second call, which extends the first: one trajectory holding both
-    calls' sampled ids exactly, and the stream's final message is the recorded tokens' text."""
+    tool_result in a second call, which extends the first: one trajectory holding both calls'
+    sampled ids exactly. Both calls are streamed, and the client's parser builds the tool_use and
+    the recorded tokens' text from the events."""
     agent_cases.STREAMED.clear()
     flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "anthropic_tool", 32,
                             temperature=0.0)
@@ -68,7 +69,11 @@ def test_an_anthropic_agents_tool_use_and_tool_result_are_recorded_as_generated_
     cut = dataclasses.replace(first, output_ids=first.output_ids[:kept],
                               logprobs=first.logprobs[:kept], versions=first.versions[:kept])
     assert _holds(g.samples[0], cut) and _holds(g.samples[0], second)
-    [final] = agent_cases.STREAMED
+    asked, final = agent_cases.STREAMED
+    # the tool_use reached the client's stream parser as input_json_delta: its input, an object
+    [use] = [b for b in asked.content if b.type == "tool_use"]
+    assert use.name == "calculate" and use.id.startswith("toolu_") and "expression" in use.input
+    assert asked.stop_reason == "tool_use" and asked.usage.output_tokens == kept
     recorded = flow.tok.decode(second.output_ids, skip_special_tokens=True)
     text = "".join(b.text for b in final.content if b.type == "text")
     assert text == recorded and final.usage.output_tokens == len(second.output_ids)
