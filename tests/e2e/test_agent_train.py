@@ -43,3 +43,21 @@ def test_an_agent_that_always_fails_stops_the_run_naming_it(tiny_model, tmp_path
     out = proc.stdout + proc.stderr + (tmp_path / "logs" / "controller.log").read_text()
     assert "workflow.agent=agent_cases:raises" in out and "max_failed_fraction" in out
     assert "the agent's own bug" in (tmp_path / "logs" / "rollout-0.log").read_text()
+
+
+@pytest.mark.slow  # two steps of the default model on the CPU (~4 min on 2 shared cores)
+def test_an_agent_on_the_anthropic_client_trains_the_default_model(tmp_path):
+    """examples/agents/anthropic_tool.py: the official anthropic client against the endpoint's
+    /v1/messages; a tool_use answered with a tool_result extends its episode's first call."""
+    run_train(tmp_path, "trainer.steps=2", "trainer.batch_size=2", "rollout.group_size=2",
+              "reward.workers=1", "workflow=agent", "workflow.max_turns=3",
+              "workflow.agent=examples.agents.anthropic_tool:run", timeout=900)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all(r.get("agent_failed", 0) == 0 and r["agent_bad_requests"] == 0 for r in rows)
+    episodes = sum(r["agent_episodes"] for r in rows)
+    # every episode whose first call came back as a tool_use made a second call, extending it
+    assert sum(r["agent_calls"] for r in rows) > episodes and sum(r["agent_tool_calls"]
+                                                                  for r in rows) > 0
+    assert sum(r["agent_splits"] for r in rows) == 0
+    assert sum(r["agent_trajectories"] for r in rows) == episodes

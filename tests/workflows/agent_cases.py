@@ -108,3 +108,39 @@ async def writes_into_its_sibling(client, problem):
         finally:
             await other.close()
     return 1.0
+
+
+# ---- Anthropic's Messages API, through the anthropic client (client.anthropic) ----
+
+CALCULATE = {"name": "calculate", "description": "Evaluate an arithmetic expression.",
+             "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
+                              "required": ["expression"]}}
+SYSTEM = ('Use the calculate tool for arithmetic. For example, for "What is 2 + 3?" you write:\n'
+          '<tool_call>\n{"name": "calculate", "arguments": {"expression": "2 + 3"}}\n</tool_call>\n'
+          'The tool answers 5, and you reply "Answer: 5".')
+STREAMED: list = []  # each call's final message, as the anthropic client's stream parser built it
+
+
+async def anthropic_tool(client, problem):
+    """A call that must use `calculate` (streamed: its tool_use arrives as input_json_delta); its
+    tool_use answered with a tool_result in a second call, streamed too (tools offered, not
+    callable: it extends the first call)."""
+    claude = client.anthropic
+    messages = [{"role": "user", "content": problem.prompt}]
+    async with claude.messages.stream(model="policy", max_tokens=24, system=SYSTEM,
+                                      tools=[CALCULATE], messages=messages,
+                                      tool_choice={"type": "tool", "name": "calculate"}) as stream:
+        first = await stream.get_final_message()
+    STREAMED.append(first)
+    uses = [b for b in first.content if b.type == "tool_use"]
+    if first.stop_reason != "tool_use" or not uses:
+        return {"reward": 0.0, "tool_use": 0}
+    messages += [{"role": "assistant", "content": first.content},
+                 {"role": "user", "content": [
+                     {"type": "tool_result", "tool_use_id": u.id, "content": "7"} for u in uses]}]
+    async with claude.messages.stream(model="policy", max_tokens=8, system=SYSTEM,
+                                      tools=[CALCULATE], tool_choice={"type": "none"},
+                                      messages=messages) as stream:
+        final = await stream.get_final_message()
+    STREAMED.append(final)
+    return {"reward": 1.0, "tool_use": 1}

@@ -32,6 +32,7 @@ class Choice:
     versions: list[int]
     finish_reason: str  # "stop" | "length"
     reply: Reply | None = None  # what the agent can send back (chat calls), once built
+    stop: str = ""  # the request's stop string that ended it ("" where none did)
 
 
 @dataclass

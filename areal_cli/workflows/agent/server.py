@@ -3,12 +3,13 @@
 Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
 gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
 /v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
-stream),
-``POST /v1/responses`` (the Responses API: text and function tools, no streaming) and
-``POST /v1/completions``. Every request needs ``Authorization: Bearer <the worker's token>``; a
+stream), ``POST /v1/responses`` (the Responses API: text and function tools, no streaming),
+``POST /v1/completions``, and Anthropic's ``POST /v1/messages`` (and ``/v1/messages/count_tokens``),
+served as the chat call it converts to (``anthropic_api.py``). Every request needs
+``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or ``x-api-key: <token>``); a
 missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
-errors come back in OpenAI's shape (400 ``context_length_exceeded`` for a prompt beyond the
-context).
+errors come back in the route's API's shape (``Dialect``; 400 ``context_length_exceeded`` for a
+prompt beyond the context).
 
 Sampling is the run's: the trainer recomputes logprobs at ``rollout.temperature`` / ``top_p``, so a
 request's temperature, top_p and seed are not applied (an evaluation's engine is greedy). A stream
@@ -27,11 +28,14 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from areal_cli.config.choices import ToolFormat
+from areal_cli.workflows.agent import anthropic_api as am
 from areal_cli.workflows.agent import requests as rq
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
@@ -83,8 +87,9 @@ class Endpoint:
             log.warning("agent endpoint: %s (%d since the worker started; logged at most once a "
                         "minute)", kind, self.refused[kind])
 
-    def authorized(self, header: str | None) -> bool:
-        ok = bool(header) and hmac.compare_digest(header.encode(), f"Bearer {self.token}".encode())
+    def authorized(self, key: str | None) -> bool:
+        """Whether ``key`` (what the request sent: ``Dialect.key``) is the worker's token."""
+        ok = bool(key) and hmac.compare_digest(key.encode(), self.token.encode())
         if not ok:
             self.refuse("agent_unauthorized")
         return ok
@@ -140,12 +145,14 @@ class Endpoint:
 
     def _choice(self, seq, stop: list[str]) -> Choice:
         ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
-        reason = seq.finish_reason
+        reason, hit = seq.finish_reason, ""
         if stop:
             cut = self._stop_at(ids, stop)
             if cut is not None:
                 ids, logps, versions, reason = ids[:cut], logps[:cut], versions[:cut], "stop"
-        return Choice(ids, logps, versions, reason or "stop")
+                text = self.renderer.tok.decode(ids, skip_special_tokens=True)
+                hit = next(s for s in stop if s in text)
+        return Choice(ids, logps, versions, reason or "stop", stop=hit)
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The fewest leading tokens whose text holds a stop string (None: none occurs)."""
@@ -176,7 +183,31 @@ class Endpoint:
                               "context_length_exceeded", "messages")
 
     async def chat(self, body: dict, key: str | None) -> dict:
-        req = rq.chat_request(body)
+        answers, prompt_tokens = await self._chat(rq.chat_request(body), key)
+        return rq.chat_completion(self.model,
+                                  [rq.chat_choice(i, m, r) for i, (m, r, _) in enumerate(answers)],
+                                  prompt_tokens, sum(len(c.output_ids) for *_, c in answers))
+
+    async def messages(self, body: dict, key: str | None) -> dict:
+        """Anthropic's Messages API: the body as a chat request, its reply as a ``Message``."""
+        req = am.messages_request(body)
+        [(message, reason, c)], prompt_tokens = await self._chat(req, key)
+        return am.message(self.model, message, reason, c.stop if c.stop in req.stop else None,
+                          prompt_tokens, len(c.output_ids))
+
+    async def count_tokens(self, body: dict, key: str | None) -> dict:
+        """Anthropic's ``/v1/messages/count_tokens``: the prompt tokens a Messages call with this
+        body would send the engine (nothing generated, nothing recorded)."""
+        req = am.messages_request(body, counting=True)
+        ep = self.episode(key)
+        self._fits(rq.strings_in([req.messages, req.tools]))
+        prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
+        return {"input_tokens": len(prompt.ids)}
+
+    async def _chat(self, req: rq.ChatRequest,
+                    key: str | None) -> tuple[list[tuple[dict, str, Choice]], int]:
+        """Serve a chat request: per choice (the assistant message, its finish reason, the recorded
+        choice), and the prompt's tokens."""
         ep = self.episode(key)
         self._fits(rq.strings_in([req.messages, req.tools]))
         prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
@@ -188,7 +219,7 @@ class Endpoint:
         close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
         out = []
-        for i, c in enumerate(choices):
+        for c in choices:
             text = forced + self._text(c, req.stop)
             parsed = parse(self.renderer.style,
                            text) if req.tools and req.tool_choice != "none" else None
@@ -207,9 +238,8 @@ class Endpoint:
             if ep is not None:
                 ep.replies.append(c.reply)
                 ep.last_text = text
-            out.append(rq.chat_choice(i, message, reason))
-        return rq.chat_completion(self.model, out, len(prompt.ids),
-                                  sum(len(c.output_ids) for c in choices))
+            out.append((message, reason, c))
+        return out, len(prompt.ids)
 
     async def responses(self, body: dict, key: str | None) -> dict:
         req = rq.responses_request(body)
@@ -276,31 +306,57 @@ async def read_body(request: Request, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
+def bearer(headers) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (None without one)."""
+    value = headers.get("authorization") or ""
+    return value[7:] if value[:7].lower() == "bearer " else None
+
+
+def api_key(headers) -> str | None:
+    """Anthropic's clients: ``x-api-key: <key>``, else a bearer token."""
+    return headers.get("x-api-key") or bearer(headers)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """What differs between the APIs the routes speak."""
+
+    key: Callable  # the request's headers → the API key it sent (None: none)
+    error: Callable  # an ApiError → its body
+    stream: Callable  # a finished result → its server-sent events (strings)
+
+
+OPENAI = Dialect(bearer, rq.ApiError.body, rq.sse)
+ANTHROPIC = Dialect(api_key, am.error_body, am.sse)
+
+
 def build_app(endpoint: Endpoint):
     """The FastAPI application serving ``endpoint``."""
     app = FastAPI(title="areal rollout endpoint", docs_url=None, redoc_url=None, openapi_url=None)
 
-    async def serve(request: Request, handler, key: str | None):
-        if not endpoint.authorized(request.headers.get("authorization")):
-            return JSONResponse(rq.error_body("a missing or wrong API key: use the run's token",
-                                              "invalid_request_error", "invalid_api_key"),
-                                status_code=401)
+    def refused(err: rq.ApiError, dialect: Dialect) -> JSONResponse:
+        return JSONResponse(dialect.error(err), status_code=err.status)
+
+    def unauthorized(dialect: Dialect) -> JSONResponse:
+        return refused(rq.ApiError(401, "a missing or wrong API key: use the run's token",
+                                   "invalid_request_error", "invalid_api_key"), dialect)
+
+    async def serve(request: Request, handler, key: str | None, dialect: Dialect = OPENAI):
+        if not endpoint.authorized(dialect.key(request.headers)):
+            return unauthorized(dialect)
         raw = await read_body(request, endpoint.max_body)
         if raw is None:
             endpoint.refuse("agent_refused_large")
-            return JSONResponse(rq.error_body(
-                f"the body is larger than {endpoint.max_body} bytes "
-                "(workflow.agent_max_body_mb)", "invalid_request_error", "request_too_large"),
-                status_code=413)
+            return refused(rq.ApiError(413, f"the body is larger than {endpoint.max_body} bytes "
+                                       "(workflow.agent_max_body_mb)", "invalid_request_error",
+                                       "request_too_large"), dialect)
         try:
             body = json.loads(raw or b"null")
         except (ValueError, RecursionError) as err:  # not JSON, not UTF-8, or nested too deep
             endpoint.refuse("agent_bad_requests")
             why = ("nested deeper than the parser's limit" if isinstance(err, RecursionError)
                    else err)
-            return JSONResponse(rq.error_body(f"the body is not JSON ({why})",
-                                              "invalid_request_error"),
-                                status_code=400)
+            return refused(rq.ApiError(400, f"the body is not JSON ({why})"), dialect)
         stream = isinstance(body, dict) and bool(body.get("stream"))
         try:
             result = await until_disconnected(request, handler(body, key))
@@ -309,20 +365,24 @@ def build_app(endpoint: Endpoint):
                 return Response(status_code=499)
         except rq.ApiError as err:
             endpoint.refuse("agent_bad_requests")
-            return JSONResponse(err.body(), status_code=err.status)
+            return refused(err, dialect)
         if stream:
-            return StreamingResponse(rq.sse(result), media_type="text/event-stream")
+            return StreamingResponse(dialect.stream(result), media_type="text/event-stream")
         return JSONResponse(result)
 
     for prefix in ("/v1", "/episodes/{key}/v1"):
         @app.get(prefix + "/models")
         async def models(request: Request, key: str | None = None):
-            if not endpoint.authorized(request.headers.get("authorization")):
-                return JSONResponse(rq.error_body("a missing or wrong API key",
-                                                  "invalid_request_error",
-                                                  "invalid_api_key"), status_code=401)
-            return {"object": "list", "data": [{"id": endpoint.model, "object": "model",
-                                                "created": int(time.time()), "owned_by": "areal"}]}
+            # either client lists models: answered in the shape both read
+            dialect = ANTHROPIC if "anthropic-version" in request.headers else OPENAI
+            if not endpoint.authorized(api_key(request.headers)):
+                return unauthorized(dialect)
+            now = time.time()
+            model = {"id": endpoint.model, "object": "model", "created": int(now),
+                     "owned_by": "areal", "type": "model", "display_name": endpoint.model,
+                     "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+            return {"object": "list", "data": [model], "has_more": False,
+                    "first_id": endpoint.model, "last_id": endpoint.model}
 
         @app.post(prefix + "/chat/completions")
         async def chat(request: Request, key: str | None = None):
@@ -335,6 +395,14 @@ def build_app(endpoint: Endpoint):
         @app.post(prefix + "/completions")
         async def completions(request: Request, key: str | None = None):
             return await serve(request, endpoint.completions, key)
+
+        @app.post(prefix + "/messages")
+        async def messages(request: Request, key: str | None = None):
+            return await serve(request, endpoint.messages, key, ANTHROPIC)
+
+        @app.post(prefix + "/messages/count_tokens")
+        async def count_tokens(request: Request, key: str | None = None):
+            return await serve(request, endpoint.count_tokens, key, ANTHROPIC)
 
     return app
 

@@ -3,7 +3,8 @@ OpenAI-compatible endpoint, and their recorded calls are the group's trajectorie
 
 The agent (``workflow.agent=module:function``, ``async def run(client, problem)``) gets an
 ``openai.AsyncOpenAI`` client whose base URL names its episode, so every call it makes is recorded
-into that episode (``episode.py``). Its return value is the reward (a float, or a dict with
+into that episode (``episode.py``); ``client.anthropic`` is an ``anthropic.AsyncAnthropic`` for the
+same episode (``clients.py``). Its return value is the reward (a float, or a dict with
 ``reward`` and numbers to log), or None: the task's reward scores the last reply's text. Up to
 ``workflow.agent_concurrency`` episodes run at once, in the endpoint's event loop.
 
@@ -79,7 +80,7 @@ class AgentWorkflow:
         self.cfg, self.engine, self.rewards = cfg, engine, rewards
         self.tok, self.worker = tokenizer, worker
         self.agent = import_agent(cfg.agent)
-        for name in ("httpx", "httpx2", "openai"):  # one INFO line per call otherwise
+        for name in ("httpx", "httpx2", "openai", "anthropic"):  # one INFO line per call otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         self.style = detect(tokenizer, cfg.tool_format)
         eos = tokenizer.eos_token_id
@@ -177,6 +178,8 @@ class AgentWorkflow:
     async def _run(self, key: str, problem: Problem):
         import openai
 
+        from areal_cli.workflows.agent.clients import EpisodeClient
+
         async with self.slots:
             if self.http is None:
                 import httpx
@@ -185,9 +188,9 @@ class AgentWorkflow:
                 self.http = openai.DefaultAsyncHttpxClient(
                     limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
             # the shared pool is closed with the workflow, never by an episode's client
-            client = openai.AsyncOpenAI(base_url=f"{self.server.url}/episodes/{key}/v1",
-                                        api_key=self.endpoint.token, max_retries=0,
-                                        timeout=self.cfg.agent_timeout_s, http_client=self.http)
+            client = EpisodeClient(base_url=f"{self.server.url}/episodes/{key}/v1",
+                                   api_key=self.endpoint.token, max_retries=0,
+                                   timeout=self.cfg.agent_timeout_s, http_client=self.http)
             try:
                 return await asyncio.wait_for(self.agent(client, problem), self.cfg.agent_timeout_s)
             finally:
