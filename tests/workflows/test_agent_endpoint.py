@@ -257,6 +257,46 @@ def test_a_request_trickled_in_is_closed_at_the_read_deadline(setup, sent):
     assert out == {"reply": "length"}
 
 
+def test_a_megabyte_prompt_is_tokenized_off_the_loop_while_small_calls_are_served(setup):
+    """A 2 MB message within a long context's pre-check: its tokenizing (seconds) runs in a thread
+    of its own, and a small call made meanwhile is answered before it ends."""
+    import httpx
+
+    eng, make = setup
+    flow = make("no_call")
+    # a long-context model: the pre-check (bytes / the longest token's bytes) lets 2 MB through,
+    # the 400k tokens they make are then past the context
+    flow.endpoint.context = 2_000_000 // flow.endpoint.token_bytes + 1
+    assert flow.endpoint.context < 400_000
+    auth = {"authorization": f"Bearer {flow.endpoint.token}"}
+    times = {}
+
+    def big():
+        body = {"model": "m", "max_tokens": 1,
+                "messages": [{"role": "user", "content": "word " * 400_000}]}
+        t0 = time.monotonic()
+        r = httpx.post(f"{flow.url}/chat/completions", json=body, headers=auth, timeout=120)
+        times["big"] = (t0, time.monotonic(), r.status_code)
+
+    def calls():
+        t = threading.Thread(target=big)
+        t.start()
+        deadline = time.monotonic() + 60
+        while not any(th.name.startswith("agent-tokenize") for th in threading.enumerate()):
+            assert time.monotonic() < deadline, "the big prompt never reached the tokenizing thread"
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                       max_tokens=2)
+        times["small"] = (t0, time.monotonic())
+        t.join(120)
+
+    serve_while(flow, eng, calls, timeout_s=120)
+    assert times["big"][2] == 400  # 400k tokens: past the context after tokenizing
+    assert times["small"][1] < times["big"][1], times  # answered while the big one tokenized
+
+
 def test_calls_outside_an_episode_are_budgeted(setup):
     """Plain /v1 calls (no episode trains on them) get workflow.agent_unattributed_sequences
     sequences in flight at once; a call past it is a 429, and the episodes' engine stays theirs."""

@@ -46,6 +46,10 @@ from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
 log = logging.getLogger(__name__)
 
 REFUSAL_LOG_S = 60.0
+INLINE_TOKENIZE_BYTES = 64 << 10
+"""Prompts of up to this many bytes are rendered and tokenized in the endpoint's loop (tens of
+microseconds); larger ones in a thread of their own (the tokenizer releases the GIL: a prompt of
+megabytes takes seconds, which the other episodes' calls no longer wait for)."""
 
 METRIC = {"tool_calls": "agent_tool_calls", "tool_parse_errors": "tool_parse_errors"}
 
@@ -69,6 +73,12 @@ class Endpoint:
                                 for t in renderer.tok.get_vocab()), default=1)
         self.episodes: dict[str, EpisodeLog] = {}
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
+        # an encoding sets the tokenizer's truncation and padding where they differ from the call's
+        # (a mutation the Rust tokenizer refuses while another thread encodes): settled here once,
+        # every later encoding (the loop's, and the thread's for prompts too large for the loop)
+        # only reads the tokenizer
+        renderer.encode("settle")
+        self.tokenize_pool = None
         self.refused: Counter = Counter()  # refusals since the worker started, by kind
         self.refusal_logged: dict[str, float] = {}
         self.connections_opened = 0  # since the worker started (the agents' pool keeps them open)
@@ -171,7 +181,19 @@ class Endpoint:
             text = text.split(s, 1)[0] if s in text else text
         return text
 
-    def _fits(self, texts) -> None:
+    async def _tokenized(self, size: int, fn, *args):
+        """``fn(*args)`` (rendering or tokenizing a prompt of ``size`` bytes) in the loop when it is
+        small, else in the tokenizing thread (one at a time there): the loop never waits for a large
+        one."""
+        if size <= INLINE_TOKENIZE_BYTES:
+            return fn(*args)
+        if self.tokenize_pool is None:
+            import concurrent.futures as cf
+
+            self.tokenize_pool = cf.ThreadPoolExecutor(1, thread_name_prefix="agent-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self.tokenize_pool, fn, *args)
+
+    def _fits(self, texts) -> int:
         """The context check before tokenizing: a prompt holding ``texts`` has at least their UTF-8
         bytes / the longest token's bytes tokens; past the context it is refused without the
         tokenizer's work (which holds the endpoint's loop for seconds at megabytes)."""
@@ -181,6 +203,7 @@ class Endpoint:
             raise rq.ApiError(400, f"this request's text is {size} bytes, at least {least} tokens; "
                               f"the context is {self.context} tokens", "invalid_request_error",
                               "context_length_exceeded", "messages")
+        return size
 
     async def chat(self, body: dict, key: str | None) -> dict:
         answers, prompt_tokens = await self._chat(rq.chat_request(body), key)
@@ -200,8 +223,9 @@ class Endpoint:
         body would send the engine (nothing generated, nothing recorded)."""
         req = am.messages_request(body, counting=True)
         ep = self.episode(key)
-        self._fits(rq.strings_in([req.messages, req.tools]))
-        prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
+        size = self._fits(rq.strings_in([req.messages, req.tools]))
+        prompt = await self._tokenized(size, self.renderer.prompt, req.messages, req.tools,
+                                       ep.replies if ep else [])
         return {"input_tokens": len(prompt.ids)}
 
     async def _chat(self, req: rq.ChatRequest,
@@ -209,12 +233,16 @@ class Endpoint:
         """Serve a chat request: per choice (the assistant message, its finish reason, the recorded
         choice), and the prompt's tokens."""
         ep = self.episode(key)
-        self._fits(rq.strings_in([req.messages, req.tools]))
-        prompt = self.renderer.prompt(req.messages, req.tools, ep.replies if ep else [])
+        size = self._fits(rq.strings_in([req.messages, req.tools]))
+        prompt = await self._tokenized(size, self.renderer.prompt, req.messages, req.tools,
+                                       ep.replies if ep else [])
         forced = forced_text(self.renderer.style, req.tool_name,
                              req.tools) if req.tool_choice == "required" else ""
         # forced: prompt, not trained
-        ids = prompt.ids + self.renderer.encode(forced) if forced else prompt.ids
+        if forced:
+            ids = prompt.ids + await self._tokenized(len(forced), self.renderer.encode, forced)
+        else:
+            ids = prompt.ids
         hermes = self.renderer.style.format == ToolFormat.hermes
         close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
@@ -251,9 +279,9 @@ class Endpoint:
         ep = self.episode(key)
         if req.prompt_ids is not None:
             rq.check_token_ids(req.prompt_ids, self.vocab)
+            ids = req.prompt_ids
         else:
-            self._fits([req.prompt])
-        ids = req.prompt_ids if req.prompt_ids is not None else self.renderer.encode(req.prompt)
+            ids = await self._tokenized(self._fits([req.prompt]), self.renderer.encode, req.prompt)
         choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop)
         texts = [self._text(c, req.stop) for c in choices]
         if ep is not None and texts:

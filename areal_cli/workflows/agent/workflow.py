@@ -172,6 +172,8 @@ class AgentWorkflow:
             except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
                 log.warning("agent endpoint: closing its client pool: %r", err)
         self.server.close()
+        if self.endpoint.tokenize_pool is not None:
+            self.endpoint.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
     # ---- one episode ----
 
