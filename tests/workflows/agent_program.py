@@ -79,6 +79,8 @@ def main():
         print("working on it", file=sys.stderr)
         print("Traceback: the program's own bug", file=sys.stderr)
         sys.exit(1)
+    elif mode == "hog":  # past workflow.agent_memory_mb
+        bytearray(meta["mb"] << 20)
     elif mode == "flood":  # 20 MB of stderr, then a failure
         for _ in range(20):
             sys.stderr.write("x" * (1 << 20))

@@ -86,25 +86,26 @@ def test_agent_threads_stuck_past_their_timeout_fail_later_episodes_instead_of_h
 def test_programs_that_hang_or_fail_drop_their_groups_with_the_reason(setup, caplog, tmp_path,
                                                                      monkeypatch):
     """A program past workflow.agent_timeout_s (its process group killed, a child of its own with
-    it), one that exits 1 and one that floods 20 MB of stderr and exits 3 each drop their group,
-    the reason and the last lines of stderr in the log (bounded); the other groups train; every
-    scratch directory is gone."""
+    it), one that exits 1, one that floods 20 MB of stderr and exits 3, and one that allocates past
+    workflow.agent_memory_mb each drop their group, the reason and the last lines of stderr in the
+    log (bounded); the other groups train; every scratch directory is gone."""
     eng, make = setup
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     pid_file = tmp_path / "child.pid"
-    flow = make(agent_cmd=AGENT, agent_timeout_s=5.0)
+    flow = make(agent_cmd=AGENT, agent_timeout_s=5.0, agent_memory_mb=512)
     with caplog.at_level(logging.ERROR):
         flow.start(item(0, size=1, mode="sleep", pid_file=str(pid_file)))
         flow.start(item(1, size=1, mode="fail"))
         flow.start(item(2, size=1, mode="flood"))
         flow.start(item(3))
         flow.start(item(4))
-        results, _ = drive(flow, eng, 5, timeout_s=120)
+        flow.start(item(5, size=1, mode="hog", mb=1024))
+        results, _ = drive(flow, eng, 6, timeout_s=120)
     failed = {r.group_id: r.failed for r in results}
-    assert failed == {0: 1, 1: 1, 2: 1, 3: 0, 4: 0}
-    assert all(len(r.samples) == 2 for r in results if r.group_id > 2)
+    assert failed == {0: 1, 1: 1, 2: 1, 3: 0, 4: 0, 5: 1}
+    assert all(len(r.samples) == 2 for r in results if r.group_id in (3, 4))
     messages = [r.getMessage() for r in caplog.records]
     timed_out, = [m for m in messages if "(episode 0 of group 0)" in m]
     assert "ran past workflow.agent_timeout_s=5s: its process group was killed" in timed_out
@@ -115,6 +116,8 @@ def test_programs_that_hang_or_fail_drop_their_groups_with_the_reason(setup, cap
     flooded, = [m for m in messages if "(episode 0 of group 2)" in m]
     assert "exited with code 3; its stderr ends:\n    xxx" in flooded
     assert len(flooded) < TAIL  # the tail's last line, cut to 300 characters
+    hog, = [m for m in messages if "(episode 0 of group 5)" in m]
+    assert "exited with code 1" in hog and hog.endswith("MemoryError")
     assert _gone(int(pid_file.read_text()))
     assert list(scratch.iterdir()) == []
 
@@ -133,18 +136,19 @@ def test_a_programs_reward_file_is_read_bounded_and_checked(setup, caplog):
     the episode, named."""
     eng, make = setup
     flow = make(agent_cmd=AGENT, agent_reward="file")
-    written = ['{"reward": 0.25, "steps": 3}', "0.5\n", "yes", "NaN"]
+    written = ['{"reward": 0.25, "steps": 3}', "0.5\n", "yes", "NaN", "1" * 70_000]
     with caplog.at_level(logging.ERROR):
         for g, text in enumerate(written):
             flow.start(item(g, size=1, mode="reward", reward_text=text))
-        flow.start(item(4, size=1, mode="reward", link="/etc/hostname"))
-        results, _ = drive(flow, eng, 5, timeout_s=120)
+        flow.start(item(5, size=1, mode="reward", link="/etc/hostname"))
+        results, _ = drive(flow, eng, 6, timeout_s=120)
     by = {r.group_id: r for r in results}
     assert [s.reward for s in by[0].samples] == [0.25] and by[0].counters["agent_extra_steps"] == 3
     assert [s.reward for s in by[1].samples] == [0.5]
-    assert [by[g].failed for g in (2, 3, 4)] == [1, 1, 1]
+    assert [by[g].failed for g in (2, 3, 4, 5)] == [1, 1, 1, 1]
     assert "its reward file holds b'yes', neither a number nor JSON" in caplog.text
     assert "its reward file holds b'NaN': write a finite number" in caplog.text
+    assert "its reward file is larger than 65536 bytes" in caplog.text
     assert "its reward file cannot be opened: Too many levels of symbolic links" in caplog.text
 
 
