@@ -127,6 +127,15 @@ class AgentCredit(StrEnum):
     last = "last"
 
 
+class AgentReward(StrEnum):
+    """workflow.agent_cmd: where a program's episode reward comes from: the task's reward on its
+    last reply | the file it writes (AREAL_REWARD_FILE) | workflow.agent_verifier_cmd's output."""
+
+    task = "task"
+    file = "file"
+    verifier = "verifier"
+
+
 class ToolFormat(StrEnum):
     """workflow=agent: the text format of the model's tool calls; template = chosen from the
     model's chat template when the rollout worker starts (a property of the model, not of the

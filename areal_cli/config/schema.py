@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from areal_cli.config.algorithm import AlgorithmConfig
 from areal_cli.config.choices import (
     AgentCredit,
+    AgentReward,
     Allocator,
     BatchOrder,
     CpuBatching,
@@ -120,13 +121,34 @@ class WorkflowConfig:
     feedback: str = "Your answer is wrong. Try again, and end with 'Answer: <number>'."
     """multi_turn: the user message after a wrong answer."""
     agent: str = ""
-    """agent: ``module:function``, an async ``run(client, problem) -> float | dict | None`` given an
-    ``openai.AsyncOpenAI`` client of the rollout worker's endpoint (docs/agents.md)."""
+    """agent: ``module:function``, ``run(client, problem) -> float | dict | None``: an ``async def``
+    given an ``openai.AsyncOpenAI`` client of the rollout worker's endpoint, run in its event loop;
+    a plain ``def`` (or an async one with ``run.blocking = True``) runs in a thread pool, given an
+    ``openai.OpenAI`` (docs/agents.md). Exclusive with agent_cmd."""
+    agent_cmd: str = ""
+    """agent: a shell command run once per episode, in a fresh scratch directory, with the episode's
+    endpoint in OPENAI_BASE_URL / OPENAI_API_KEY (and ANTHROPIC_*) and the problem as JSON on stdin:
+    an agent in any language. Exclusive with agent."""
     agent_concurrency: int = 64
-    """agent: episodes run at once per rollout worker (each group's G episodes count)."""
+    """agent: episodes run at once per rollout worker (each group's G episodes count); also the
+    threads of a synchronous agent's pool and the programs of agent_cmd running at once."""
     agent_timeout_s: float = 300.0
     """agent: an episode still running after this long is dropped and counted (its group is not
-    trained)."""
+    trained); a program's process group is killed, a thread cannot be (it is left to end)."""
+    agent_memory_mb: int = 4096
+    """agent_cmd: address space of each process of the program (RLIMIT_AS, MiB; 0 = no limit): a
+    program past it fails its allocations, and its episode."""
+    agent_sandbox: bool = False
+    """agent_cmd: run the program (and the verifier) under bubblewrap: a read-only system, its
+    scratch directory the only writable place, and the episode's endpoint its only network peer."""
+    agent_reward: AgentReward = AgentReward.task
+    """agent_cmd: the episode's reward: "task" (the task's reward on the last reply) | "file" (a
+    number, or JSON with "reward", that the program writes to AREAL_REWARD_FILE) | "verifier"
+    (agent_verifier_cmd's last line of output)."""
+    agent_verifier_cmd: str = ""
+    """agent_cmd with agent_reward=verifier: a shell command run in the program's scratch directory
+    after it exits 0, given the problem with its answer (and the last reply) as JSON on stdin; the
+    last line it prints is the reward (a number, or JSON with "reward")."""
     agent_max_connections: int = 1024
     """agent: connections the endpoint holds open at once per rollout worker; one past it is closed
     at once and counted (agent_refused_connections)."""

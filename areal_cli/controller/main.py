@@ -63,6 +63,7 @@ from areal_cli.transport.messages import (
     WorkItem,
     may_send,
 )
+from areal_cli.workflows.agent.checks import agent_label
 
 
 class Controller:
@@ -214,7 +215,7 @@ class Controller:
         c, w = self.rec.window, self.cfg.workflow
         if c["agent_episodes"] >= self.cfg.trainer.batch_size * self.cfg.rollout.group_size and \
                 c["agent_failed"] > w.max_failed_fraction * c["agent_episodes"]:
-            raise PeerStalled(f"workflow.agent={w.agent}: {c['agent_failed']:.0f} of "
+            raise PeerStalled(f"{agent_label(w)}: {c['agent_failed']:.0f} of "
                               f"{c['agent_episodes']:.0f} episodes failed since the last step "
                               "(more than "
                               f"workflow.max_failed_fraction={w.max_failed_fraction:g}); the "

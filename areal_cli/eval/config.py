@@ -25,6 +25,7 @@ from areal_cli.runconfig.compose import (
     split_task_params,
 )
 from areal_cli.workflows import workflow_spec
+from areal_cli.workflows.agent.checks import agent_problems
 
 
 @dataclass
@@ -126,9 +127,8 @@ class EvalRunConfig:
         workflow = workflow_spec(self.workflow.name)
         if not workflow.in_eval:
             problems.append(f"workflow={self.workflow.name}: areal eval runs single_turn or agent")
-        elif workflow.runs_agent and ":" not in self.workflow.agent:
-            problems.append("workflow=agent needs workflow.agent=module:function "
-                            "(examples/agents/)")
+        elif workflow.runs_agent and agent_problems(self.workflow, True):
+            problems += agent_problems(self.workflow, True)
         elif workflow.runs_agent and (self.temperature > 0 or self.data_parallel()):
             problems.append("workflow=agent is evaluated greedily in one process: drop "
                             "temperature, gpus and workers")

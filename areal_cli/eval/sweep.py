@@ -62,7 +62,7 @@ def evaluate_model(name: str, path: Path, cfgs: list[EvalRunConfig], problems: l
 
 def passes(cfg: EvalRunConfig) -> str:
     if workflow_spec(cfg.workflow.name).runs_agent:
-        return f"agent {cfg.workflow.agent}, greedy"
+        return f"agent {cfg.workflow.agent or cfg.workflow.agent_cmd}, greedy"
     sampled = (f"{cfg.n_samples} samples at temperature {cfg.temperature}"
                if cfg.temperature > 0 else "")
     greedy = "greedy" if cfg.greedy or cfg.temperature == 0 else ""

@@ -99,6 +99,10 @@ def _check_imports(cfg: RootConfig) -> list[str]:
             import_agent(cfg.workflow.agent)
         except ValueError as err:
             out.append(str(err))
+    if workflow_spec(cfg.workflow.name).runs_agent and cfg.workflow.agent_cmd:
+        from areal_cli.workflows.agent.checks import command_problems
+
+        out += command_problems(cfg.workflow)
     if ":" in cfg.workflow.name:
         from areal_cli.workflows.user import import_workflow
 

@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 ISOLATIONS = ("bwrap", "unsafe_none")
 UNSAFE = "UNSAFE: model-written code runs with NO isolation (reward.sandbox=unsafe_none)"
 SETUP_ERROR = 125
+FALLBACK = "or set reward.sandbox=unsafe_none to run model-written code without isolation (unsafe)"
+"""The way out that an unavailable sandbox's message names (a caller of its own swaps it)."""
 
 
 class SandboxUnavailable(ValueError):
@@ -109,14 +111,11 @@ def _probe() -> tuple[Bwrap | None, str]:
     """(how to run bubblewrap, "") when a trivial program runs under it here, else (None, why).
     Root tries its own-uid mode first, then a user namespace (a root that cannot switch uids)."""
     path = shutil.which("bwrap")
-    fallback = (
-        "or set reward.sandbox=unsafe_none to run model-written code without isolation (unsafe)"
-    )
     if path is None:
         return None, (
             "reward.sandbox=bwrap needs bubblewrap, which is not installed: install the package "
             "(Debian/Ubuntu: apt-get install bubblewrap; Fedora/RHEL: dnf install bubblewrap), "
-            f"{fallback}"
+            f"{FALLBACK}"
         )
     why = ""
     for own_uid in (True, False) if os.geteuid() == 0 else (False,):
@@ -137,7 +136,7 @@ def _probe() -> tuple[Bwrap | None, str]:
         f"bubblewrap ({path}) cannot create its sandbox here: {why!r}. "
         "It needs unprivileged user namespaces (sysctl user.max_user_namespaces > 0, "
         "kernel.unprivileged_userns_clone=1 where that exists; in a container: a seccomp "
-        f"profile that allows them, e.g. docker --security-opt seccomp=unconfined), {fallback}"
+        f"profile that allows them, e.g. docker --security-opt seccomp=unconfined), {FALLBACK}"
     )
 
 

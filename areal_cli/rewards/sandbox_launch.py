@@ -69,8 +69,9 @@ def interpreter() -> str:
     return os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 
 
-def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
-    """The bubblewrap command line; /tmp is a tmpfs of `tmp` MiB, or (a str) that host directory."""
+def bwrap_argv(bwrap: Bwrap, tmp: int | str, extra: tuple[str, ...] = ()) -> list[str]:
+    """The bubblewrap command line; /tmp is a tmpfs of `tmp` MiB, or (a str) that host directory;
+    `extra`: more bubblewrap options (binds) before the root is made read-only."""
     argv = [bwrap.path, "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             # fmt: skip
             "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -97,7 +98,7 @@ def bwrap_argv(bwrap: Bwrap, tmp: int | str) -> list[str]:
         if isinstance(tmp, str)
         else ["--size", str(tmp << 20), "--tmpfs", "/tmp"]
     )
-    return argv + ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/tmp", "--"]
+    return argv + [*extra, "--remount-ro", "/", "--remount-ro", "/dev", "--chdir", "/tmp", "--"]
 
 
 @functools.lru_cache(maxsize=4)

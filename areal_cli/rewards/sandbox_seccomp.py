@@ -45,12 +45,15 @@ EPERM, ENOSYS = 0x00050000 | 1, 0x00050000 | 38
 NR, ARCH, ARG0 = 0, 4, 16  # offsets in struct seccomp_data (arg 0's low half: little-endian)
 
 
-def program() -> bytes | None:
-    """The filter as struct sock_filter[], or None where this machine's numbers are unknown."""
+def program(sockets: bool = False) -> bytes | None:
+    """The filter as struct sock_filter[], or None where this machine's numbers are unknown;
+    ``sockets``: socket and socketpair allowed (an agent's program, whose network namespace holds
+    only the endpoint it calls)."""
     machine = platform.machine()
     if machine not in NUMBERS:
         return None
     nr = NUMBERS[machine]
+    denied = [n for n in DENIED if not (sockets and n in ("socket", "socketpair"))]
     ops = [(LD_ABS, 0, 0, ARCH), (JEQ, 1, 0, AUDIT_ARCH[machine]), (RET, 0, 0, KILL_PROCESS)]
     ops += [(LD_ABS, 0, 0, NR)]
     if machine == "x86_64":
@@ -58,7 +61,7 @@ def program() -> bytes | None:
     ops += [(JEQ, 0, 1, nr["clone3"]), (RET, 0, 0, ENOSYS)]
     ops += [(JEQ, 0, 4, nr["clone"]), (LD_ABS, 0, 0, ARG0), (JSET, 0, 1, CLONE_NEW)]
     ops += [(RET, 0, 0, EPERM), (RET, 0, 0, ALLOW)]
-    for name in DENIED:
+    for name in denied:
         ops += [(JEQ, 0, 1, nr[name]), (RET, 0, 0, EPERM)]
     ops += [(RET, 0, 0, ALLOW)]
     return b"".join(struct.pack("=HBBI", *op) for op in ops)

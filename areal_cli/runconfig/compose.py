@@ -14,6 +14,7 @@ from areal_cli.engines import unknown as unknown_engine
 from areal_cli.runconfig.bounds import run_bounds
 from areal_cli.rundir import RunDir
 from areal_cli.workflows import workflow_spec
+from areal_cli.workflows.agent.checks import agent_problems
 
 
 def conf_dir() -> Path:
@@ -228,7 +229,7 @@ def _cross_field(cfg: RootConfig) -> list[str]:
     if (cfg.eval.every or cfg.eval.at_end) and cfg.eval.size < 0:
         problems.append(f"eval.size={cfg.eval.size} must be >= 0 (0 = the whole eval split, "
                         "at most task.eval_size problems)")
-    problems += _agent_problems(cfg.workflow)
+    problems += agent_problems(cfg.workflow, workflow.runs_agent)
     if unknown_engine(cfg.engine.name):
         problems.append(unknown_engine(cfg.engine.name))
     if not 0 <= cfg.launcher.max_frame_mb <= 2047:
@@ -243,14 +244,6 @@ def _cross_field(cfg: RootConfig) -> list[str]:
 
 
 
-def _agent_problems(w) -> list[str]:
-    runs_agent = workflow_spec(w.name).runs_agent
-    if runs_agent and ":" not in w.agent:
-        return [f"workflow=agent needs workflow.agent=module:function (got {w.agent!r}): an async "
-                "run(client, problem) -> float | dict | None (examples/agents/)"]
-    if w.agent and not runs_agent:
-        return [f"workflow.agent={w.agent} is set but workflow={w.name}: add workflow=agent"]
-    return []
 def _served_reward_problems(cfg: RootConfig) -> list[str]:
     """A model or judge reward needs the local launcher; evaluation scores with the verifier
     part."""

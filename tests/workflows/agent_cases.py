@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 TOOLS = [{"type": "function",
           "function": {"name": "calculate", "description": "Evaluate arithmetic.",
@@ -144,3 +145,64 @@ async def anthropic_tool(client, problem):
         final = await stream.get_final_message()
     STREAMED.append(final)
     return {"reward": 1.0, "tool_use": 1}
+
+def three_calls_sync(client, problem):
+    """three_calls with a synchronous ``openai.OpenAI`` client, in the worker's agent threads."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    first = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS,
+                                           max_tokens=6)
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "Go on."}]
+    stream = client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                            stream=True)
+    text = "".join([c.choices[0].delta.content or "" for c in stream if c.choices])
+    messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Once more."}]
+    last = client.chat.completions.create(model="policy", messages=messages, max_tokens=6, n=2)
+    assert len(last.choices) == 2
+    return {"reward": 1.0, "choices": len(last.choices)}
+
+
+async def three_calls_blocking(client, problem):
+    """three_calls, marked blocking: run in a thread, in an event loop of its own."""
+    return await three_calls(client, problem)
+
+
+three_calls_blocking.blocking = True
+
+
+def _one_call(client, problem):
+    client.chat.completions.create(model="policy", max_tokens=2,
+                                   messages=[{"role": "user", "content": problem.prompt}])
+
+
+def sleeps_sync(client, problem):
+    """One call, then (a problem whose meta says so) a blocking sleep of meta["sleep"] seconds."""
+    _one_call(client, problem)
+    time.sleep(problem.meta.get("sleep", 0))
+    return 1.0
+
+
+async def sleeps_blocking(client, problem):
+    """sleeps_sync as an async agent marked blocking: time.sleep stalls only its own thread."""
+    await client.chat.completions.create(model="policy", max_tokens=2,
+                                         messages=[{"role": "user", "content": problem.prompt}])
+    time.sleep(problem.meta.get("sleep", 0))
+    return 1.0
+
+
+sleeps_blocking.blocking = True
+
+
+def raises_sync(client, problem):
+    _one_call(client, problem)
+    raise RuntimeError("the agent's own bug")
+
+
+def hangs_sync(client, problem):
+    _one_call(client, problem)
+    time.sleep(3600)
+
+
+async def sleeps_async_unmarked(client, problem):
+    """sleeps_blocking not marked: its time.sleep holds the endpoint's loop (what not to do)."""
+    return await sleeps_blocking(client, problem)

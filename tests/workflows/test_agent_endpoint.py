@@ -14,101 +14,47 @@ import time
 import numpy as np
 import openai
 import pytest
-import torch
-from conftest import hf_engine
+from agent_harness import PROGRAM, agent_setup, drive, holds, item, serve_while
 
-from areal_cli.config.schema import RootConfig, WorkflowConfig
-from areal_cli.rewards import RewardPool
 from areal_cli.runtime import SWITCH_INTERVAL_S
-from areal_cli.tasks import load_tokenizer
-from areal_cli.transport.messages import WorkItem
 from areal_cli.workflows.agent.bridge import CallId
 from areal_cli.workflows.agent.toolcalls import forced_text
-from areal_cli.workflows.agent.workflow import AgentWorkflow
 
-PROBLEM = {"id": "p0", "prompt": "What is 3 + 4?", "answer": "7", "meta": {}, "key": "3+4"}
+# the same three calls (chat with tools, a streamed follow-up, n=2) made each way an agent comes in
+THREE_CALLS = {"async": {"agent": "three_calls"}, "sync": {"agent": "three_calls_sync"},
+               "async_blocking": {"agent": "three_calls_blocking"},
+               "program": {"agent_cmd": f"python3 {PROGRAM}"},
+               "program_sandboxed": {"agent_cmd": f"python3 {PROGRAM}", "agent_sandbox": True}}
 
 
 @pytest.fixture
 def setup(tiny_model):
-    eng = hf_engine(tiny_model, sequences=16, kv_cache_tokens=8192)
-    pool = RewardPool(RootConfig().reward, 1)
-    made, interval = [], sys.getswitchinterval()  # the workflow lowers it for the whole process
-
-    def make(agent: str, **kw):
-        cfg = WorkflowConfig(name="agent", agent=f"agent_cases:{agent}", max_turns=4, **kw)
-        flow = AgentWorkflow(cfg, eng, pool, load_tokenizer(tiny_model), 0, model="tiny",
-                             max_new_tokens=8,
-                             context=1024)
-        made.append(flow)
-        return flow
-
-    yield eng, make
-    for f in made:
-        f.close()
-    eng.close()
-    pool.close()
-    sys.setswitchinterval(interval)
-
-
-def drive(flow, eng, groups: int, timeout_s: float = 120, update_at=None) -> tuple[list, list]:
-    """Run the worker's loop until ``groups`` results: (results, every finished engine sequence).
-    ``update_at(seqs)``: True once to load new weights (version 1) while sequences are in flight."""
-    results, seen, deadline = [], [], time.monotonic() + timeout_s
-    while len(results) < groups and time.monotonic() < deadline:
-        # until the update, one engine step per poll (a poll runs until a sequence finishes: a whole
-        # 8-token call can start and end inside one, and no state with a call in flight would be
-        # seen)
-        for s in eng.poll(0.02 if update_at is None else 0.0):
-            seen.append(s)
-            flow.on_generated(s)
-        results += flow.poll()
-        if update_at is not None and not eng.seqs:
-            time.sleep(0.0005)  # the next call is still on its way through the endpoint
-        if update_at is not None and update_at(seen):
-            update_at = None
-            with eng.paused(1), torch.no_grad():
-                for p in eng.model.parameters():
-                    p.mul_(1.5)
-    assert len(results) == groups, f"{len(results)} of {groups} groups finished in {timeout_s}s"
-    return results, seen
-
-
-def serve_while(flow, eng, client_calls, timeout_s: float = 30) -> None:
-    """Run ``client_calls`` in a thread while this thread serves as the worker's loop does: the
-    engine stepped, finished sequences handed to the endpoint, queued calls submitted."""
-    t = threading.Thread(target=client_calls)
-    t.start()
-    deadline = time.monotonic() + timeout_s
-    while t.is_alive() and time.monotonic() < deadline:
-        for s in eng.poll(0.02):
-            flow.on_generated(s)
-        flow.poll()
-    t.join(1)
-
-
-def item(group: int, size: int = 2) -> WorkItem:
-    return WorkItem(group, f"p{group}", np.zeros(1, np.int32), size, 8, PROBLEM, 0)
+    yield from agent_setup(tiny_model)
 
 
 def _in_flight_with_tokens(eng):
     return lambda seen: len(seen) >= 2 and any(len(s.output_ids) >= 2 for s in eng.seqs.values())
 
 
-def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup):
+@pytest.mark.parametrize("way", THREE_CALLS)
+def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup, way):
+    """Each way an agent comes in (an async function, a synchronous one, an async one marked
+    blocking, a program over plain HTTP, sandboxed or not) is recorded alike: token-exact, with each
+    token's version."""
     eng, make = setup
-    flow = make("three_calls")
+    flow = make(**THREE_CALLS[way])
     assert sys.getswitchinterval() <= SWITCH_INTERVAL_S  # the endpoint's thread gets the GIL soon
-    flow.start(item(0))
+    flow.start(item(0, mode="three_calls"))
     [g], seen = drive(flow, eng, 1, update_at=_in_flight_with_tokens(eng))
     assert not g.failed and g.counters["agent_calls"] == 6 and g.counters["agent_splits"] == 0
     # each episode: one trajectory through its three calls, and call 3's second choice on its own
     assert sorted(s.episode for s in g.samples) == [0, 0, 1, 1]
-    assert g.counters["agent_extra_choices"] == 4
+    if "program" not in way:  # a program's reward is the task's (agent_reward=task)
+        assert g.counters["agent_extra_choices"] == 4
     assert all(isinstance(s.rid, CallId) for s in seen) and len(seen) == 8
     # every sequence the engine produced is in a trajectory, exactly, with its versions
     for seq in seen:
-        assert any(_holds(s, seq) for s in g.samples), f"{seq.rid} is not recorded as generated"
+        assert any(holds(s, seq) for s in g.samples), f"{seq.rid} is not recorded as generated"
     versions = np.concatenate([s.versions[s.loss_mask.astype(bool)] for s in g.samples])
     assert set(versions.tolist()) == {0, 1}, "the update fell between tokens of the episodes"
     for s in g.samples:
@@ -116,28 +62,20 @@ def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup)
                                                                == 0).all()
 
 
-def test_every_episode_of_a_worker_calls_through_one_connection_pool(setup):
+@pytest.mark.parametrize("agent", ["three_calls", "three_calls_sync"])
+def test_every_episode_of_a_worker_calls_through_one_connection_pool(setup, agent):
     eng, make = setup
-    flow = make("three_calls")
+    flow = make(agent)
     for g in range(3):  # one group after the other: 2 episodes at once
         flow.start(item(g))
         [result], _ = drive(flow, eng, 1)
         assert not result.failed
     # 18 calls of 6 episodes: the 2 connections of the first group are kept and reused, where a
-    # client of its own per episode opened one at least (and read the system's certificates)
-    assert flow.endpoint.connections_opened <= 2
-    assert flow.http is not None and not flow.http.is_closed
-
-
-def _holds(sample, seq) -> bool:
-    ids = np.concatenate([sample.prompt_ids, sample.output_ids]).tolist()
-    k, n, p = len(seq.prompt_ids), len(seq.output_ids), len(sample.prompt_ids)
-    if ids[:k] != list(seq.prompt_ids) or ids[k:k + n] != list(seq.output_ids) or k < p:
-        return False
-    span = slice(k - p, k - p + n)
-    return (sample.loss_mask[span]
-            == 1).all() and sample.versions[span].tolist() == list(seq.versions) \
-        and np.allclose(sample.logprobs[span], seq.logprobs)
+    # client of its own per episode opened one at least (and read the system's certificates). The
+    # synchronous openai client closes a stream's connection when it reads [DONE] (before the
+    # chunked body's end): one more per episode's streamed call
+    assert flow.endpoint.connections_opened <= 2 + (6 if agent.endswith("sync") else 0)
+    assert flow.runner.http is not None and not flow.runner.http.is_closed
 
 
 def test_calls_that_do_not_extend_each_other_are_separate_trajectories_of_one_episode(setup):
@@ -338,20 +276,21 @@ def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name
     assert opening and len(g.samples) == 2 and g.counters["agent_calls"] == 2
     for s in g.samples:  # the call's opening is prompt (not trained on); the model's ids follow it
         assert s.prompt_ids[-len(opening):].tolist() == opening and s.reward == 1.0
-        assert any(_holds(s, seq) for seq in seen)
+        assert any(holds(s, seq) for seq in seen)
     # a random model does not close the JSON call in 6 tokens: counted, returned as content
     assert g.counters["tool_parse_errors"] == 2
 
 
 @pytest.mark.parametrize("agent, why",
                          [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),
-                                        ("no_call", "made no call"),
-                          ("bad_return", "return a float")])
+                          ("no_call", "made no call"), ("bad_return", "return a finite float"),
+                          ("raises_sync", "the agent's own bug"),
+                          ("hangs_sync", "agent_timeout_s=2s: its thread cannot be killed")])
 def test_a_failing_agent_drops_its_group_and_is_named_in_the_log(setup, caplog, agent, why):
     eng, make = setup
-    # only the hanging agent meets the clock; the others' model calls may take any time on a
+    # only the hanging agents meet the clock; the others' model calls may take any time on a
     # slow CPU
-    flow = make(agent, agent_timeout_s=2.0 if agent == "hangs" else 600.0)
+    flow = make(agent, agent_timeout_s=2.0 if agent.startswith("hangs") else 600.0)
     with caplog.at_level(logging.ERROR):
         flow.start(item(0))
         [g], _ = drive(flow, eng, 1, timeout_s=60)

@@ -15,6 +15,7 @@ Nothing is re-tokenised: every id of a trajectory is one the engine saw or produ
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from dataclasses import dataclass, field
@@ -93,12 +94,12 @@ class EpisodeLog:
 
 
 def import_agent(spec: str):
-    """``module:function`` → the agent's async function; a ValueError naming what is missing."""
+    """``module:function`` → the agent's function (async or not); a ValueError naming what is
+    missing."""
     # `areal` started from a project directory finds its agents there
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    return load_callable(spec, "workflow.agent", "(client, problem) -> float | dict | None",
-                         coroutine=True)
+    return load_callable(spec, "workflow.agent", "(client, problem) -> float | dict | None")
 
 
 def episode_reward(result) -> tuple[float | None, dict[str, float]]:
@@ -106,13 +107,22 @@ def episode_reward(result) -> tuple[float | None, dict[str, float]]:
     extra numbers to log). A ValueError for anything else."""
     if result is None:
         return None, {}
-    if isinstance(result, (int, float)) and not isinstance(result, bool):
+    if _number(result):
         return float(result), {}
     if isinstance(result, dict) and "reward" in result:
-        extras = {str(k): float(v) for k, v in result.items()
-                  if k != "reward" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        extras = {str(k): float(v) for k, v in result.items() if k != "reward" and _number(v)}
         reward = result["reward"]
-        if reward is None or isinstance(reward, (int, float)) and not isinstance(reward, bool):
+        if reward is None or _number(reward):
             return (None if reward is None else float(reward)), extras
     raise ValueError(f"the agent returned {type(result).__name__} {str(result)[:80]!r}: return a "
-                     "float, a dict with 'reward' (and numbers to log), or None")
+                     "finite float, a dict with 'reward' (and numbers to log), or None")
+
+
+def _number(v) -> bool:
+    """A finite int or float (not a bool: True is no reward)."""
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return False
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:  # an int past a float's range
+        return False

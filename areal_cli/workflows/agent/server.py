@@ -23,6 +23,7 @@ import contextlib
 import hmac
 import json
 import logging
+import os
 import secrets
 import socket
 import threading
@@ -499,15 +500,23 @@ def guarded_protocol(refuse, max_connections: int, connected=None, read_s: float
 class Server:
     """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a thread with its own event loop, which
     the agents' episodes share (``loop``); ``protocol``: its HTTP protocol class (uvicorn's own by
-    default), ``idle_s``: how long a connection may send nothing."""
+    default), ``idle_s``: how long a connection may send nothing; ``uds``: a Unix socket path to
+    serve on too (a sandboxed program's only way in: the path's directory keeps others out)."""
 
-    def __init__(self, app, protocol=None, idle_s: float = 5.0):
+    def __init__(self, app, protocol=None, idle_s: float = 5.0, uds: str | None = None):
         import uvicorn
 
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
+        self.sockets, self.uds = [self.sock], uds
+        if uds is not None:
+            unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            unix.bind(uds)
+            # any uid may connect (a sandbox's own, as root): the directory decides who reaches it
+            os.chmod(uds, 0o666)
+            self.sockets.append(unix)
         self.loop = asyncio.new_event_loop()
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
                                                     access_log=False, http=protocol or "h11",
@@ -526,12 +535,13 @@ class Server:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self.server.serve(sockets=[self.sock]))
+        self.loop.run_until_complete(self.server.serve(sockets=self.sockets))
 
     def close(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        self.sock.close()
+        for sock in self.sockets:
+            sock.close()
 
 
 def new_token() -> str:

@@ -1,18 +1,19 @@
 """workflow=agent: each prompt group's episodes are runs of the user's agent against the worker's
 OpenAI-compatible endpoint, and their recorded calls are the group's trajectories.
 
-The agent (``workflow.agent=module:function``, ``async def run(client, problem)``) gets an
-``openai.AsyncOpenAI`` client whose base URL names its episode, so every call it makes is recorded
-into that episode (``episode.py``); ``client.anthropic`` is an ``anthropic.AsyncAnthropic`` for the
-same episode (``clients.py``). Its return value is the reward (a float, or a dict with
-``reward`` and numbers to log), or None: the task's reward scores the last reply's text. Up to
-``workflow.agent_concurrency`` episodes run at once, in the endpoint's event loop.
+The agent is a Python function (``workflow.agent=module:function``, ``run(client, problem)``:
+async in the endpoint's event loop, or plain in a thread pool; ``runners.py``) or a program run per
+episode (``workflow.agent_cmd``; ``program.py``). Either calls a base URL that names its episode, so
+every call it makes is recorded into that episode (``episode.py``). Its reward: a function's return
+value (a float, or a dict with ``reward`` and numbers to log), a program's reward file or verifier,
+or None: the task's reward scores the last reply's text. Up to ``workflow.agent_concurrency``
+episodes run at once. A function's client also carries ``client.anthropic``, an
+``anthropic.AsyncAnthropic`` for the same episode (``clients.py``).
 
-An agent that raises, returns something else, makes no call, or runs past
-``workflow.agent_timeout_s`` fails its episode: the traceback goes to the worker log, the group is
+An agent that raises (a program that exits non-zero), returns something else, makes no call, or runs
+past ``workflow.agent_timeout_s`` fails its episode: the reason goes to the worker log, the group is
 returned as failed (not trained, its admission slot freed) and counted; the controller stops the run
-when more than
-``workflow.max_failed_fraction`` of a step's episodes fail.
+when more than ``workflow.max_failed_fraction`` of a step's episodes fail.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import concurrent.futures as cf
 import json
 import logging
 import secrets
+import tempfile
 import time
 import traceback
 from collections import Counter
@@ -38,7 +40,10 @@ from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer
+from areal_cli.workflows.agent.checks import agent_label
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
+from areal_cli.workflows.agent.program import ProgramAgent
+from areal_cli.workflows.agent.runners import AgentFailure, python_agent
 from areal_cli.workflows.agent.server import (
     Endpoint,
     Server,
@@ -79,7 +84,7 @@ class AgentWorkflow:
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
         self.cfg, self.engine, self.rewards = cfg, engine, rewards
         self.tok, self.worker = tokenizer, worker
-        self.agent = import_agent(cfg.agent)
+        self.label = agent_label(cfg)
         for name in ("httpx", "httpx2", "openai", "anthropic"):  # one INFO line per call otherwise
             logging.getLogger(name).setLevel(logging.WARNING)
         self.style = detect(tokenizer, cfg.tool_format)
@@ -94,16 +99,22 @@ class AgentWorkflow:
         # engine; at Python's default 5 ms switch interval an HTTP round trip queues there many
         # times over
         short_gil_switch()
+        # a sandboxed program reaches the endpoint only through this socket (program.py)
+        self.uds_dir = tempfile.TemporaryDirectory(prefix="areal-ep-") if cfg.agent_sandbox \
+            else None
         self.server = Server(build_app(self.endpoint),
                              guarded_protocol(self.endpoint.refuse, cfg.agent_max_connections,
                                               self.endpoint.connected, cfg.agent_idle_timeout_s),
-                             cfg.agent_idle_timeout_s)
+                             cfg.agent_idle_timeout_s,
+                             uds=f"{self.uds_dir.name}/endpoint.sock" if self.uds_dir else None)
         self.endpoint.bridge = self.bridge = EngineBridge(engine, self.server.loop)
         self.slots = asyncio.Semaphore(cfg.agent_concurrency)
-        # one HTTP connection pool for every episode's client, made in the endpoint's loop at the
-        # first episode: a client of its own per episode would build a TLS context (the system's
-        # certificates read and parsed) and open a connection for each call
-        self.http = None
+        if cfg.agent_cmd:
+            self.runner = ProgramAgent(cfg, self.server.url, self.endpoint.token,
+                                       self.server.uds)
+        else:
+            self.runner = python_agent(import_agent(cfg.agent), self.server.url,
+                                       self.endpoint.token, cfg)
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
         # readable by the run's user alone; a link there is replaced, not followed
@@ -111,8 +122,8 @@ class AgentWorkflow:
             atomic_write(Path(run_dir) / f"agent-{worker}.json",
                          json.dumps({"base_url": self.url, "api_key": self.endpoint.token}) + "\n",
                          mode=0o600)
-        log.info("agent %s: endpoint %s (key in agent-%d.json); %s", cfg.agent, self.url, worker,
-                 self.style.describe())
+        log.info("agent %s (%s): endpoint %s (key in agent-%d.json); %s", self.label,
+                 self.runner.describe(), self.url, worker, self.style.describe())
 
     @classmethod
     def from_run(cls, cfg: RootConfig, engine: Engine, rewards, tokenizer, worker: int,
@@ -166,37 +177,23 @@ class AgentWorkflow:
         return []
 
     def close(self) -> None:
-        if self.http is not None and self.server.thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self.http.aclose(), self.server.loop).result(5)
-            except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
-                log.warning("agent endpoint: closing its client pool: %r", err)
+        if self.server.thread.is_alive():
+            self.runner.close(self.server.loop)
         self.server.close()
         if self.endpoint.tokenize_pool is not None:
             self.endpoint.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        if self.uds_dir is not None:
+            self.uds_dir.cleanup()
 
     # ---- one episode ----
 
     async def _run(self, key: str, problem: Problem):
-        import openai
-
-        from areal_cli.workflows.agent.clients import EpisodeClient
-
         async with self.slots:
-            if self.http is None:
-                import httpx
-
-                n = self.cfg.agent_concurrency
-                self.http = openai.DefaultAsyncHttpxClient(
-                    limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
-            # the shared pool is closed with the workflow, never by an episode's client
-            client = EpisodeClient(base_url=f"{self.server.url}/episodes/{key}/v1",
-                                   api_key=self.endpoint.token, max_retries=0,
-                                   timeout=self.cfg.agent_timeout_s, http_client=self.http)
+            episode = self.endpoint.episodes[key]
             try:
-                return await asyncio.wait_for(self.agent(client, problem), self.cfg.agent_timeout_s)
+                return await self.runner.run(episode, problem)
             finally:
-                self.endpoint.episodes[key].closed = True
+                episode.closed = True
 
     def _advance(self, group: AgentGroup, run: EpisodeRun) -> None:
         if run.reward_future is not None:
@@ -207,9 +204,12 @@ class AgentWorkflow:
             return
         try:
             run.reward, run.extras = episode_reward(run.future.result())
-        except (asyncio.TimeoutError, TimeoutError):
+        except TimeoutError as err:
             return self._fail(group, run,
-                              f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s")
+                              f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s"
+                              + (f": {err}" if str(err) else ""))
+        except AgentFailure as err:
+            return self._fail(group, run, str(err))
         except Exception as err:  # noqa: BLE001 — the user's agent: any failure drops its episode, named
             return self._fail(group, run, "".join(traceback.format_exception(err)).rstrip())
         if not run.log.trajectories:
@@ -220,9 +220,8 @@ class AgentWorkflow:
         run.done = True
 
     def _fail(self, group: AgentGroup, run: EpisodeRun, why: str) -> None:
-        log.error("agent %s failed on %s (episode %d of group %d): %s", self.cfg.agent,
-                  group.problem.id,
-                  run.index, group.item.group_id, why)
+        log.error("agent %s failed on %s (episode %d of group %d): %s", self.label,
+                  group.problem.id, run.index, group.item.group_id, why)
         run.failed, run.done = why.splitlines()[-1][:200], True
 
     def _result(self, group: AgentGroup) -> GroupResult:

@@ -1,0 +1,191 @@
+"""How a Python agent's episode runs (a program's: ``program.py``). Each runner's ``run(episode,
+problem)`` is awaited in the endpoint's event loop and returns what the agent returned, or raises
+(``TimeoutError`` past ``workflow.agent_timeout_s``; ``AgentFailure`` for a failure its message
+describes in full).
+
+- ``AsyncAgent``: ``async def run(client, problem)``, awaited in the endpoint's loop with an
+  ``openai.AsyncOpenAI`` client; every episode's client shares one connection pool.
+- ``ThreadAgent``: a plain ``def run(client, problem)`` (or an async one marked
+  ``run.blocking = True``) in a pool of ``workflow.agent_concurrency`` threads, so a blocking call
+  never stalls the endpoint's loop. A plain function gets an ``openai.OpenAI`` client on one shared
+  synchronous pool; a blocking async one runs in an event loop of its own in its thread with an
+  ``openai.AsyncOpenAI`` client. A thread cannot be killed: one whose episode times out is reported
+  (its episode fails at once, its later calls are answered 404) and left to end; every client call
+  is bounded by the same timeout, so only the agent's own code can hold a thread longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures as cf
+import inspect
+import logging
+import queue
+import threading
+import time
+
+from areal_cli.config.schema import WorkflowConfig
+from areal_cli.tasks.base import Problem
+from areal_cli.workflows.agent.clients import EpisodeClient
+from areal_cli.workflows.agent.episode import EpisodeLog
+
+log = logging.getLogger(__name__)
+
+
+class AgentFailure(Exception):
+    """An episode's failure that its message describes in full (no traceback to log)."""
+
+
+def python_agent(fn, base: str, token: str, cfg: WorkflowConfig):
+    """The runner of ``fn``: in the endpoint's loop (``async def``) or in threads (``def``, or
+    ``async def`` with ``fn.blocking = True``). ``base``: the endpoint's URL (no ``/v1``)."""
+    if inspect.iscoroutinefunction(fn) and not getattr(fn, "blocking", False):
+        return AsyncAgent(fn, base, token, cfg)
+    return ThreadAgent(fn, base, token, cfg)
+
+
+def episode_url(base: str, episode: EpisodeLog) -> str:
+    """The OpenAI base URL whose calls are recorded into ``episode``."""
+    return f"{base}/episodes/{episode.key}/v1"
+
+
+class AsyncAgent:
+    def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
+        self.fn, self.base, self.token, self.cfg = fn, base, token, cfg
+        # one HTTP connection pool for every episode's client, made in the endpoint's loop at the
+        # first episode: a client of its own per episode would build a TLS context (the system's
+        # certificates read and parsed) and open a connection for each call
+        self.http = None
+
+    def describe(self) -> str:
+        return "async, in the endpoint's event loop"
+
+    async def run(self, episode: EpisodeLog, problem: Problem):
+        import openai
+
+        if self.http is None:
+            import httpx
+
+            n = self.cfg.agent_concurrency
+            self.http = openai.DefaultAsyncHttpxClient(
+                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+        # the shared pool is closed with the workflow, never by an episode's client
+        client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
+                               max_retries=0, timeout=self.cfg.agent_timeout_s,
+                               http_client=self.http)
+        return await asyncio.wait_for(self.fn(client, problem), self.cfg.agent_timeout_s)
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.http is not None:
+            try:
+                asyncio.run_coroutine_threadsafe(self.http.aclose(), loop).result(5)
+            except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
+                log.warning("agent endpoint: closing its client pool: %r", err)
+
+
+class ThreadAgent:
+    def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
+        import httpx
+        import openai
+
+        self.fn, self.base, self.token, self.cfg = fn, base, token, cfg
+        self.is_async = inspect.iscoroutinefunction(fn)
+        n = cfg.agent_concurrency
+        self.pool = DaemonPool(n, "agent")
+        # httpx.Client is thread-safe: one pool of connections for every thread's client
+        self.http = openai.DefaultHttpxClient(
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+        self.ssl = None
+        if self.is_async:  # each episode's own async pool shares these certificates, read once
+            import ssl
+
+            self.ssl = ssl.create_default_context()
+        self.overrunning = 0  # threads still running an agent whose episode timed out
+
+    def describe(self) -> str:
+        kind = "async, marked blocking" if self.is_async else "synchronous"
+        return f"{kind}, in a pool of {len(self.pool.threads)} threads"
+
+    async def run(self, episode: EpisodeLog, problem: Problem):
+        job = self.pool.submit(self._call, episode_url(self.base, episode), problem)
+        timeout = self.cfg.agent_timeout_s
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(job), timeout)
+        except TimeoutError:
+            if job.cancel():  # it waited for a thread all along and never ran
+                raise TimeoutError(
+                    f"it waited for a thread of the agent's pool: {self.overrunning} of "
+                    f"workflow.agent_concurrency={self.cfg.agent_concurrency} still run agents "
+                    "past their episode's timeout") from None
+            self.overrunning += 1
+            loop, t0 = asyncio.get_running_loop(), time.monotonic()
+            job.add_done_callback(
+                lambda _: loop.call_soon_threadsafe(self._ended, episode.key, t0))
+            raise TimeoutError("its thread cannot be killed and runs on until the agent returns "
+                               f"({self.overrunning} such now)") from None
+
+    def _ended(self, key: str, t0: float) -> None:
+        self.overrunning -= 1
+        log.warning("agent thread of episode %s ended %.1fs after its episode timed out", key,
+                    time.monotonic() - t0)
+
+    def _call(self, url: str, problem: Problem):
+        """The agent's run, in a thread of the pool."""
+        import openai
+
+        if self.is_async:
+            return asyncio.run(self._call_async(url, problem))
+        client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
+                               timeout=self.cfg.agent_timeout_s, http_client=self.http)
+        return self.fn(client, problem)
+
+    async def _call_async(self, url: str, problem: Problem):
+        import openai
+
+        async with openai.DefaultAsyncHttpxClient(verify=self.ssl) as http:
+            client = EpisodeClient(base_url=url, api_key=self.token, max_retries=0,
+                                   timeout=self.cfg.agent_timeout_s, http_client=http)
+            return await self.fn(client, problem)
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        # threads of agents that overran are not waited for: they end with the process
+        self.pool.shutdown()
+        self.http.close()
+
+
+class DaemonPool:
+    """``n`` daemon threads running submitted calls. Not a ThreadPoolExecutor: that joins its
+    threads when the interpreter exits, so one agent stuck in its own code would hold the worker's
+    exit forever."""
+
+    def __init__(self, n: int, name: str):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+                        for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def submit(self, fn, *args) -> cf.Future:
+        fut: cf.Future = cf.Future()
+        self.jobs.put((fut, fn, args))
+        return fut
+
+    def _work(self) -> None:
+        while (job := self.jobs.get()) is not None:
+            fut, fn, args = job
+            if not fut.set_running_or_notify_cancel():  # cancelled while it waited
+                continue
+            try:
+                fut.set_result(fn(*args))
+            except BaseException as err:  # noqa: BLE001 — the user's agent: handed to its episode
+                fut.set_exception(err)
+
+    def shutdown(self) -> None:
+        """Cancel the calls still waiting and stop each thread once its call ends."""
+        while True:
+            try:
+                self.jobs.get_nowait()[0].cancel()
+            except queue.Empty:
+                break
+        for _ in self.threads:
+            self.jobs.put(None)
