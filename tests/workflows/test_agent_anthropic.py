@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 from conftest import hf_engine
-from test_agent_endpoint import _holds, drive, item, serve_while
+from agent_harness import drive, holds, item, serve_while
 
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.model_source import resolve_model
@@ -68,7 +68,7 @@ def test_an_anthropic_agents_tool_use_and_tool_result_are_recorded_as_generated_
         first.output_ids[:k], skip_special_tokens=True).endswith("</tool_call>"))
     cut = dataclasses.replace(first, output_ids=first.output_ids[:kept],
                               logprobs=first.logprobs[:kept], versions=first.versions[:kept])
-    assert _holds(g.samples[0], cut) and _holds(g.samples[0], second)
+    assert holds(g.samples[0], cut) and holds(g.samples[0], second)
     asked, final = agent_cases.STREAMED
     # the tool_use reached the client's stream parser as input_json_delta: its input, an object
     [use] = [b for b in asked.content if b.type == "tool_use"]
