@@ -62,6 +62,8 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
     import importlib.util
     from pathlib import Path
 
+    if cfg.trainer.lora.rank <= 0 and not cfg.resume:
+        return []  # nothing to check (and areal_cli.lora would import torch: seconds)
     from areal_cli.checkpoint_dirs import latest_checkpoint
     from areal_cli.lora import check_model, saved_rank
 
