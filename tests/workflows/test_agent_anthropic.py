@@ -12,8 +12,8 @@ import agent_cases
 import anthropic
 import httpx
 import pytest
-from conftest import hf_engine
 from agent_harness import drive, holds, item, serve_while
+from conftest import hf_engine
 
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.model_source import resolve_model
