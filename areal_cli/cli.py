@@ -36,7 +36,13 @@ def _compose(overrides: list[str] | None, dry_run: bool = False):
 @app.command(context_settings={"allow_extra_args": True})
 def train(overrides: list[str] = OVERRIDES,
           dry_run: bool = typer.Option(
-              False, "--dry-run", help="Print config, device map and commands; start nothing."),
+              False, "--dry-run",
+              help="Print config, device map and commands, then run the start's checks (model, "
+                   "data, custom code); start nothing."),
+          no_checks: bool = typer.Option(
+              False, "--no-checks",
+              help="With --dry-run: the plan alone, without the start's checks (planning for "
+                   "another machine, whose data, model or engine need not be here)."),
           quiet: bool = typer.Option(False, "--quiet", help="No progress display.")):
     """Run asynchronous RL: controller + rollout workers + torchrun FSDP2 trainer."""
     cfg = _compose(overrides, dry_run)
@@ -54,7 +60,7 @@ def train(overrides: list[str] = OVERRIDES,
                 cfg = _compose([*(overrides or []), *extra], dry_run)
             for line in lines:
                 typer.echo(line)
-        run_train(cfg, quiet=quiet, lean=True)
+        run_train(cfg, quiet=quiet, lean=True, checks=not no_checks)
     except UserError as err:
         _fail(f"cannot start:\n{err}")
 

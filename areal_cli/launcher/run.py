@@ -62,11 +62,12 @@ def resume_config(resume: str, overrides: list[str]) -> RootConfig:
     return cfg
 
 
-def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
+def train(cfg: RootConfig, quiet: bool = False, lean: bool = False, checks: bool = True) -> Path:
     """Plan, check and run. ``lean`` (``areal train``): once the run is planned and checked, this
     process replaces itself (exec) with ``launcher/watch.py``, which starts and watches the run
     without the libraries planning needed (torch, transformers, reasoning-gym: ~300 MB that
-    would otherwise stay resident for the whole run)."""
+    would otherwise stay resident for the whole run). ``checks`` false (``--dry-run --no-checks``):
+    a dry run prints the plan alone."""
     from areal_cli.launcher.claim import RunLock, claim_run_dir, new_run_dir, taken_problems
     from areal_cli.launcher.plan import make_plan
 
@@ -91,8 +92,9 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False) -> Path:
             print(plan.describe())
             # every check of a real start (the model, the data, custom code, a resume's files),
             # downloading nothing
-            preflight(cfg, fetch=False)
-            print("# preflight: the model, the data, custom code and the engine check out")
+            if checks:
+                preflight(cfg, fetch=False)
+                print("# preflight: the model, the data, custom code and the engine check out")
             return plan.run_dir
         shown = ("model", "dtype", "weights", "lengths", "memory", "reward", "share")
         print("\n".join(f"{k}: {line}" for k in shown

@@ -110,7 +110,8 @@ def test_bad_input_is_a_clear_error(tmp_path, override, needle):
 
 
 def test_dry_run_prints_config_devices_commands(tmp_path):
-    proc = subprocess.run(AREAL + ["train", "--dry-run", f"run_dir={tmp_path}/r", "trainer.ranks=2",
+    proc = subprocess.run(AREAL + ["train", "--dry-run", "--no-checks", f"run_dir={tmp_path}/r",
+                                   "trainer.ranks=2",
                                    "trainer.batch_size=4"],
                           capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert proc.returncode == 0, proc.stderr

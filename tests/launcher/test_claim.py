@@ -85,3 +85,8 @@ def test_a_dry_run_checks_what_a_start_checks(tmp_path):
                         cwd=tmp_path, timeout=120)
     assert ok.returncode == 0 and "# preflight:" in ok.stdout, ok.stderr
     assert not list(tmp_path.glob("runs"))  # a dry run creates nothing
+    plan = subprocess.run(AREAL + ["train", "--dry-run", "--no-checks", "task=jsonl",
+                                   f"task.path={data}", "task.prompt_field=question",
+                                   "task.answer_field=answer"],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert plan.returncode == 0 and "# preflight:" not in plan.stdout  # the plan alone

@@ -128,6 +128,20 @@ def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):
     assert flow.endpoint.counters["agent_disconnected"] == 1
 
 
+def _still_serves(flow, eng) -> bool:
+    """A plain call through the endpoint is answered (2 tokens, finish_reason length)."""
+    out = {}
+
+    def call():
+        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
+        out["reply"] = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+        ).choices[0].finish_reason
+
+    serve_while(flow, eng, call)
+    return out == {"reply": "length"}
+
+
 def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving(setup, caplog):
     """Connections that send nothing: past workflow.agent_max_connections the oldest silent one is
     closed to make room, the others after workflow.agent_idle_timeout_s; calls go through as
@@ -147,16 +161,7 @@ def test_idle_connections_past_the_cap_are_closed_and_the_endpoint_keeps_serving
     assert all(s.recv(1) == b"" for s in idle[1:])  # then closed
     for s in idle:
         s.close()
-    out = {}
-
-    def call():
-        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
-        out["reply"] = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        ).choices[0].finish_reason
-
-    serve_while(flow, eng, call)
-    assert out == {"reply": "length"}
+    assert _still_serves(flow, eng)
     assert flow.endpoint.counters["agent_refused_connections"] == 1
     assert "agent_refused_connections (1 since the worker started" in caplog.text
 
@@ -183,16 +188,7 @@ def test_a_request_trickled_in_is_closed_at_the_read_deadline(setup, sent):
     assert 0.9 < time.monotonic() - t0 < 3
     slow.close()
     assert flow.endpoint.counters["agent_slow_requests"] == 1
-    out = {}
-
-    def call():  # a request that arrives whole is served, also past the deadline's length
-        client = openai.OpenAI(base_url=flow.url, api_key=flow.endpoint.token, max_retries=0)
-        out["reply"] = client.chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=2
-        ).choices[0].finish_reason
-
-    serve_while(flow, eng, call)
-    assert out == {"reply": "length"}
+    assert _still_serves(flow, eng)  # a request that arrives whole, also past the deadline
 
 
 def test_a_megabyte_prompt_is_tokenized_off_the_loop_while_small_calls_are_served(setup):
