@@ -92,7 +92,8 @@ def check_line(line: Line, tmp: Path, run: Path, makefile: Path) -> None:
     assert words[0] == "areal", f"{line}: a runnable block holds areal and make commands only"
     cmd, args = words[1], [PLACEHOLDER.sub(str(run), a) for a in words[2:]]
     if cmd == "train":
-        return _train([a for a in args if a not in ("--dry-run", "--quiet")], tmp, run)
+        return _train([a for a in args if a not in ("--dry-run", "--no-checks", "--quiet")], tmp,
+                      run)
     if cmd == "eval":
         from areal_cli.eval.cli import _models
         from areal_cli.eval.config import compose_eval
