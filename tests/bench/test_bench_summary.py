@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from areal_cli.bench.alone import pick_split
+from areal_cli.bench.report import plot, report
 from areal_cli.bench.summary import (
     merge,
     nearest_rank,
@@ -20,7 +21,7 @@ from areal_cli.bench.summary import (
     summarize_run,
     trailing_means,
 )
-from areal_cli.bench.sync_vs_async import compare, plot, report
+from areal_cli.bench.sync_vs_async import compare
 
 # generation alone, one CPU worker
 CPU_ALONE = {"generated_tokens_per_s": 100.0, "scale": 1, "gpus_per_worker": 0}

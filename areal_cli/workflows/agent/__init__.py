@@ -1,4 +1,5 @@
-"""workflow=agent: the rollout worker's OpenAI-compatible endpoint (``server.py``; Anthropic's
+"""workflow=agent: the rollout worker's OpenAI-compatible endpoint (``server.py``, served by
+``serving.py``; Anthropic's
 Messages API in ``anthropic_api.py``) that a user's agent calls with the client it is handed
 (``clients.py``), the engine behind it (``bridge.py``), chat rendering and tool calls (``chat.py``,
 ``toolcalls.py``), each episode's recorded calls (``episode.py``), how an agent runs — a Python

@@ -44,13 +44,8 @@ from areal_cli.workflows.agent.checks import agent_label
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
 from areal_cli.workflows.agent.program import ProgramAgent
 from areal_cli.workflows.agent.runners import AgentFailure, python_agent
-from areal_cli.workflows.agent.server import (
-    Endpoint,
-    Server,
-    build_app,
-    guarded_protocol,
-    new_token,
-)
+from areal_cli.workflows.agent.server import Endpoint, build_app
+from areal_cli.workflows.agent.serving import Server, guarded_protocol, new_token
 from areal_cli.workflows.agent.toolcalls import detect
 
 log = logging.getLogger(__name__)
