@@ -7,7 +7,7 @@
 #   stage3  carry .models/a                  model part 1
 #   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
 #                                            broadcast, compiled vs eager logprobs against float32,
-#                                            a short run of each engine on one GPU)
+#                                            a short run of each engine on one GPU; RUNS=0: no runs)
 #   staleness  carry .models/b               (after stage3, instead of check) the IPC test; the
 #                                            default engine on one GPU at rollout.max_staleness=1,
 #                                            8 and 16 groups a step
@@ -35,6 +35,7 @@ case $phase in
   check)
     TAIL=25 step gpu_ipc 150 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
     TAIL=8 step gpu_compiled 240 python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_compiled_logprobs.py
+    [ "${RUNS:-1}" = 0 ] && { cp -r $L $OUT/logs-$phase 2>/dev/null; cat $S; exit 0; }  # RUNS=0: the tests alone
     TAIL=40 step gpu_vllm_run 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k vllm
     TAIL=40 step gpu_hf_run 120 $TF python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k hf
     ;;
