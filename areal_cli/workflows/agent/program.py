@@ -179,8 +179,8 @@ class ProgramAgent:
         timed_out = ""
         try:
             await clock.bound(proc.wait())
-        except TimeoutError as err:
-            timed_out = str(err)
+        except TimeoutError as late:  # not `err`: that is the stderr tail, read below
+            timed_out = str(late)
         finally:
             # what it left running, or all of it past the clock or when the worker closes (a
             # sandbox's namespace ends with bubblewrap)
