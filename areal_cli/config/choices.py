@@ -127,6 +127,14 @@ class AgentCredit(StrEnum):
     last = "last"
 
 
+class FailedEpisode(StrEnum):
+    """workflow=agent: a group with a failed episode is dropped whole | trains, each failed
+    episode's recorded calls at reward 0."""
+
+    drop_group = "drop_group"
+    reward_zero = "reward_zero"
+
+
 class AgentReward(StrEnum):
     """workflow.agent_cmd: where a program's episode reward comes from: the task's reward on its
     last reply | the file it writes (AREAL_REWARD_FILE) | workflow.agent_verifier_cmd's output."""

@@ -109,6 +109,7 @@ RANGES: dict[str, dict[str, Range]] = {
     "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION,
                        "agent_concurrency": Range(1, 4096),
                        "agent_timeout_s": TIMEOUT, "max_failed_fraction": FRACTION,
+                       "agent_wall_timeout_s": Range(0, WAIT_MAX_S, note="seconds; 0 = none"),
                        "agent_memory_mb": Range(0, 1 << 30, note="MiB; 0 = no limit"),
                        # connections: a worker process holds ~20,000 file descriptors
                        "agent_max_connections": Range(1, 16384),

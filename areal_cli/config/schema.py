@@ -20,6 +20,7 @@ from areal_cli.config.choices import (
     BatchOrder,
     CpuBatching,
     Dtype,
+    FailedEpisode,
     LauncherName,
     LrDecay,
     OptimState,
@@ -133,8 +134,16 @@ class WorkflowConfig:
     """agent: episodes run at once per rollout worker (each group's G episodes count); also the
     threads of a synchronous agent's pool and the programs of agent_cmd running at once."""
     agent_timeout_s: float = 300.0
-    """agent: an episode still running after this long is dropped and counted (its group is not
-    trained); a program's process group is killed, a thread cannot be (it is left to end)."""
+    """agent: the agent's own time per episode: its wall time less the time its calls wait in the
+    engine (queued or generating). Past it the episode fails (agent_failed_episode); a program's
+    process group is killed, a thread cannot be (it is left to end)."""
+    agent_wall_timeout_s: float = 0.0
+    """agent: an episode's wall time, the engine's included, past which it fails as past
+    agent_timeout_s (0 = no such limit: a busy engine never fails an episode)."""
+    agent_failed_episode: FailedEpisode = FailedEpisode.drop_group
+    """agent: a group with a failed episode (it raised, timed out, made no call, ...): "drop_group"
+    (not trained, its slot freed) | "reward_zero" (trained, each failed episode's recorded calls at
+    reward 0; one that recorded no call still drops its group)."""
     agent_memory_mb: int = 4096
     """agent_cmd: address space of each process of the program (RLIMIT_AS, MiB; 0 = no limit): a
     program past it fails its allocations, and its episode."""
@@ -447,6 +456,9 @@ class LoggingConfig:
     """Log a table of sample completions every N steps (0 = never)."""
     samples: int = 8
     """Completions per sample table."""
+    trajectory_tokens: bool = False
+    """trajectories.jsonl rows also hold each trained sample's token ids (prompt_ids, output_ids),
+    behaviour logprobs, versions and loss_mask: what was trained, checkable token by token."""
     wandb_mode: WandbMode = WandbMode.auto
     """"online" | "offline" | "disabled" | "auto" (= WANDB_MODE if set, else online where a W&B API
     key is configured, else offline; decided where `areal train` runs)."""

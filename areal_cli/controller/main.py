@@ -181,8 +181,10 @@ class Controller:
                              g.group_id)
             return
         self.rec.on_counters(g.counters)
-        if g.failed:
+        if g.failed and not g.samples:
             return self._failed_group(g)
+        if g.failed:  # workflow.agent_failed_episode=reward_zero: trained, failures still counted
+            self._check_failures()
         if g.stale:
             return self._stopped_stale(g)
         expected = self.cfg.rollout.group_size
@@ -212,6 +214,11 @@ class Controller:
         self.log.warning("group %d (%s) from rollout-%d: %d episode(s) failed, not trained (see "
                          "logs/rollout-%d.log)",
                          g.group_id, g.prompt_id, g.worker, g.failed, g.worker)
+        self._check_failures()
+
+    def _check_failures(self) -> None:
+        """Stop the run when more than workflow.max_failed_fraction of the episodes finished since
+        the last step failed (counted once a step's worth has finished)."""
         c, w = self.rec.window, self.cfg.workflow
         if c["agent_episodes"] >= self.cfg.trainer.batch_size * self.cfg.rollout.group_size and \
                 c["agent_failed"] > w.max_failed_fraction * c["agent_episodes"]:

@@ -91,6 +91,14 @@ def zero_nonfinite_rewards(g: GroupResult) -> int:
     return n
 
 
+def sample_tokens(s) -> dict:
+    """A sample's tokens as trained (logging.trajectory_tokens): ids, behaviour logprobs, versions
+    and loss mask, one entry per output token."""
+    return {"prompt_ids": s.prompt_ids.tolist(), "output_ids": s.output_ids.tolist(),
+            "logprobs": [float(x) for x in s.logprobs], "versions": s.versions.tolist(),
+            "loss_mask": s.loss_mask.tolist()}
+
+
 AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajectories",
                 "agent_splits",
                 "agent_tool_calls", "tool_parse_errors", "agent_unauthorized", "agent_bad_requests",
@@ -169,6 +177,7 @@ class StepRecorder:
                     "completion": s.completion[-300:], "gen_time_s": g.gen_time_s,
                     "done_wall_s": self.arrived.get(g.group_id),
                     "reward_parts": dict(s.reward_parts),
+                    **(sample_tokens(s) if self.cfg.logging.trajectory_tokens else {}),
                 })
         for g in groups:
             self.arrived.pop(g.group_id, None)

@@ -94,6 +94,8 @@ class Sequence:
     finish_reason: str = ""  # "" while running; then "stop" | "length"
     segments: int = 1  # engine requests this sequence took (1 + interruptions)
     ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
+    top_logprobs: int = 0  # alternatives wanted per generated token (Engine.top_logprobs at most)
+    top: list = field(default_factory=list)  # per generated token: [(id, logprob)], best first
 
     def segment_id(self) -> str:
         """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an
@@ -107,6 +109,7 @@ class Engine(ABC):
     version: int = 0  # policy version of the weights now loaded
     seqs: dict  # rid → Sequence, for every sequence not finished yet
     receiver = None  # the receiving end of the weight transfer (None: the weights never change)
+    top_logprobs: int = 0  # alternatives per generated token it can return (0: the sampled one's)
 
     def submit(self, seq: Sequence) -> None:
         """Start generating ``seq`` (non-blocking)."""

@@ -228,3 +228,33 @@ def test_each_batch_tells_the_workers_which_groups_no_later_batch_can_take(ctl):
     assert heard == [None, 1]
     sub.close()
     trainer.close()
+
+
+def test_a_group_with_a_failed_episode_trains_when_it_comes_with_samples(ctl):
+    """workflow.agent_failed_episode=reward_zero sends a failed episode's calls at reward 0: such a
+    group is buffered for training, its failure still counted; a failed group without samples
+    (drop_group) is not."""
+    keys, ep = load_keys(ctl.run_dir), Endpoints.load(ctl.run_dir)
+    push = Channel(zmq.PUSH, ep.results, bind=False, name="results", keys=keys, max_frame=MIB)
+    worker = Channel(zmq.PULL, ep.work, bind=False, name="work", keys=keys, max_frame=MIB)
+    G = ctl.cfg.rollout.group_size
+
+    def sample(i: int, reward: float, status: str) -> Sample:
+        return Sample(i, np.arange(3, dtype=np.int32), np.arange(2, dtype=np.int32),
+                      np.zeros(2, np.float32), np.zeros(2, np.int32), np.ones(2, np.uint8), reward,
+                      status, "stop", 1, "2", episode=i)
+
+    deadline = time.monotonic() + 5
+    while len(ctl.groups) < 2 and time.monotonic() < deadline:
+        ctl._admit()
+        time.sleep(0.02)
+    dropped, zeroed = sorted(ctl.groups)[:2]
+    counts = {"agent_episodes": float(G), "agent_failed": 1.0}
+    push.send(GroupResult(dropped, "p", 0, [], 0.1, 2, failed=1, counters=counts))
+    samples = [sample(0, 0.0, "agent_failed")] + [sample(i, 1.0, "ok") for i in range(1, G)]
+    push.send(GroupResult(zeroed, "p", 0, samples, 0.1, 2, failed=1, counters=counts))
+    pump(ctl, lambda: ctl.buffer)
+    assert [g.group_id for g in ctl.buffer] == [zeroed] and dropped not in ctl.groups
+    assert ctl.rec.window["agent_failed"] == 2
+    push.close()
+    worker.close()

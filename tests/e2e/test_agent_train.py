@@ -9,12 +9,17 @@ import json
 import pytest
 from conftest import TINY_RUN, read_jsonl, run_train
 
+from areal_cli.tasks import load_tokenizer
+
 
 def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_model, tmp_path):
+    """With logging.trajectory_tokens, trajectories.jsonl holds what was trained: the answer's ids
+    decode to exactly the text the agent was answered, and the plan it was answered is in the
+    answer's prompt."""
     run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "trainer.ranks=2",
               "rollout.group_size=3", "workflow=agent",
               "workflow.agent=examples.agents.plan_then_answer:run",
-              timeout=300)
+              "logging.trajectory_tokens=true", timeout=300)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
     assert sum(r["agent_episodes"] for r in rows) >= 12 and all(r.get("agent_failed", 0) == 0
@@ -26,6 +31,16 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
     for t in trained:
         per_episode.setdefault((t["group_id"], t["episode"]), []).append(t)
     assert len(trained) == 2 * 2 * 3 * 2 and all(len(v) == 2 for v in per_episode.values())
+    tok = load_tokenizer(tiny_model)
+
+    def sampled(t) -> str:
+        return tok.decode([i for i, m in zip(t["output_ids"], t["loss_mask"], strict=True) if m],
+                          skip_special_tokens=True)
+
+    for plan, answer in (sorted(v, key=lambda t: t["sample_index"]) for v in per_episode.values()):
+        assert sampled(answer) == answer["completion"]  # the text the agent was answered
+        assert f"Your plan: {sampled(plan)}" in tok.decode(answer["prompt_ids"])
+        assert len(answer["logprobs"]) == len(answer["versions"]) == len(answer["output_ids"])
     key = json.loads((tmp_path / "agent-0.json").read_text())
     assert key["base_url"].startswith("http://127.0.0.1:")
     assert (tmp_path / "agent-0.json").stat().st_mode & 0o077 == 0

@@ -64,8 +64,8 @@ def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
     eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
-    eng._params = lambda n, ignore_eos=False: types.SimpleNamespace(max_tokens=n,
-                                                                    ignore_eos=ignore_eos)
+    eng._params = lambda n, ignore_eos=False, top=0: types.SimpleNamespace(
+        max_tokens=n, ignore_eos=ignore_eos, logprobs=top)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
     eng._weights_check, eng._probe, eng._probing = None, [], None
@@ -160,6 +160,20 @@ def test_a_delta_carrying_cumulative_logprobs_keeps_only_the_new_tokens_logprobs
                                                             -7.0] and seq.finish_reason == "length"
 
 
+def test_alternatives_asked_for_are_the_k_best_of_what_vllm_returns():
+    """A sequence asking top_logprobs=2: its request asks vLLM for 2, and of what vLLM returns per
+    token (the 2 best and the sampled token) it keeps the 2 best, best first."""
+    eng = fake_engine()
+    eng.submit(Sequence("t", [1], max_new_tokens=2, top_logprobs=2))
+    assert eng.core.params["t#1"].logprobs == 2
+    lp = {7: types.SimpleNamespace(logprob=-3.0), 4: types.SimpleNamespace(logprob=-0.5),
+          9: types.SimpleNamespace(logprob=-1.5)}
+    comp = types.SimpleNamespace(token_ids=[7], logprobs=[lp], finish_reason=None)
+    eng._apply(types.SimpleNamespace(request_id="t#1", outputs=[comp], finished=False))
+    seq = eng.seqs["t"]
+    assert seq.logprobs == [-3.0] and seq.top == [[(4, -0.5), (9, -1.5)]]
+
+
 def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     cfg = RootConfig()
     cfg.engine.name = "vllm"
@@ -234,12 +248,17 @@ def test_real_vllm_generates_with_logprobs(tiny_model):
 
     eng = make_engine(EngineSetup(cfg.engine, tiny_model, 2, Sampling(1.0), sequences=8))
     try:
-        eng.submit(Sequence("x", [1, 2, 3], max_new_tokens=8))
+        eng.submit(Sequence("x", [1, 2, 3], max_new_tokens=8, top_logprobs=3))
         done = []
         while not done:
             done = eng.poll(1.0)
         assert len(done[0].output_ids) == len(done[0].logprobs) == len(done[0].versions) > 0
         assert all(lp <= 0 for lp in done[0].logprobs)
+        # 3 alternatives per token, best first: the sampled token's logprob is at most the best
+        assert len(done[0].top) == len(done[0].output_ids)
+        for alts, lp in zip(done[0].top, done[0].logprobs, strict=True):
+            assert len(alts) == 3 and alts[0][1] >= alts[1][1] >= alts[2][1] >= -1e30
+            assert lp <= alts[0][1] + 1e-6
     finally:
         eng.close()
 

@@ -206,3 +206,95 @@ def hangs_sync(client, problem):
 async def sleeps_async_unmarked(client, problem):
     """sleeps_blocking not marked: its time.sleep holds the endpoint's loop (what not to do)."""
     return await sleeps_blocking(client, problem)
+
+
+# ---- logprobs, the Responses API's streams and chains, the episode's clock ----
+
+ANSWERED: list = []  # (kind, what the agent was answered, ...) of the agents below
+RESPONSES_INCLUDE = ["message.output_text.logprobs"]
+
+
+async def logprobs_everywhere(client, problem):
+    """Chat (n=2), a streamed chat and the Responses API, each asking for the sampled tokens'
+    logprobs; what each returned is kept in ANSWERED."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    chat = await client.chat.completions.create(model="policy", messages=messages, max_tokens=6,
+                                                n=2, logprobs=True)
+    for c in chat.choices:
+        ANSWERED.append(("chat", c.message.content, [t.logprob for t in c.logprobs.content]))
+    stream = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "Count."}], max_tokens=5,
+        logprobs=True, stream=True)
+    text, lps = "", []
+    async for chunk in stream:
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            lps += [t.logprob for t in (c.logprobs.content if c.logprobs else None) or []]
+    ANSWERED.append(("chat_stream", text, lps))
+    r = await client.responses.create(model="policy", input="Say hi.", max_output_tokens=5,
+                                      include=RESPONSES_INCLUDE)
+    part = r.output[0].content[0]
+    ANSWERED.append(("responses", part.text, [t.logprob for t in part.logprobs]))
+    return 1.0
+
+
+async def responses_chain(client, problem):
+    """Three Responses calls chained by previous_response_id (the same instructions on each): a
+    plain one, one streamed by ``responses.stream`` and one by ``create(stream=True)``."""
+    kw = {"model": "policy", "instructions": "Answer briefly.", "max_output_tokens": 5,
+          "include": RESPONSES_INCLUDE}
+    first = await client.responses.create(input=problem.prompt, **kw)
+    async with client.responses.stream(input="Go on.", previous_response_id=first.id,
+                                       **kw) as stream:
+        kinds = [e.type async for e in stream]
+        second = await stream.get_final_response()
+    events = await client.responses.create(input="Once more.", previous_response_id=second.id,
+                                           stream=True, **kw)
+    raw = [e async for e in events]
+    third = raw[-1].response
+    ANSWERED.append(("chain", [first, second, third], kinds, [e.type for e in raw]))
+    return 1.0
+
+
+async def responses_unknown_previous(client, problem):
+    """A previous_response_id of no response of this episode (made up, another episode's, or one
+    sent with store=false): 404 previous_response_not_found each time."""
+    import openai
+
+    kept = await client.responses.create(model="policy", input="hi", max_output_tokens=2)
+    unkept = await client.responses.create(model="policy", input="hi", max_output_tokens=2,
+                                           store=False)
+    answers = []
+    for rid in ("resp_made_up", unkept.id):
+        try:
+            await client.responses.create(model="policy", input="x", max_output_tokens=2,
+                                          previous_response_id=rid)
+            answers.append(None)
+        except openai.NotFoundError as err:
+            answers.append((err.status_code, err.code, err.param))
+    ANSWERED.append(("unknown", kept.id, answers))
+    return 1.0
+
+
+async def held_then_sleeps(client, problem):
+    """One call, then meta["sleep"] seconds of the agent's own time (asyncio.sleep)."""
+    await client.chat.completions.create(model="policy", max_tokens=2,
+                                         messages=[{"role": "user", "content": problem.prompt}])
+    await asyncio.sleep(problem.meta.get("sleep", 0))
+    return 1.0
+
+
+FAILED_ONCE = iter(range(1 << 30))
+
+
+async def first_of_each_pair_fails(client, problem):
+    """One call each; the first episode of every two to run raises after it (meta["no_call"]:
+    before it)."""
+    fails = next(FAILED_ONCE) % 2 == 0
+    if fails and problem.meta.get("no_call"):
+        raise RuntimeError("failed before its first call")
+    await client.chat.completions.create(model="policy", max_tokens=3,
+                                         messages=[{"role": "user", "content": problem.prompt}])
+    if fails:
+        raise RuntimeError("failed after its call")
+    return 1.0

@@ -166,7 +166,7 @@ def test_text_without_a_call_is_content():
 
 def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_one():
     from areal_cli.workflows.agent import requests as rq
-    tools = rq._tools([{"type": "function", "function": {"name": "calculate"}}])
+    tools = rq.function_tools([{"type": "function", "function": {"name": "calculate"}}])
     assert rq.tool_choice(None, tools) == ("auto", None)
     assert rq.tool_choice("none", tools) == ("none", None)
     assert rq.tool_choice({"type": "function", "function": {"name": "calculate"}},
@@ -183,7 +183,9 @@ def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_on
     body = {"input": "2 + 2?",
             "tools": [{"type": "function", "name": "calculate", "parameters": {}}],
             "tool_choice": {"type": "function", "name": "calculate"}}
-    assert rq.chat_request(rq.responses_request(body).as_chat()).tool_name == "calculate"
+    from areal_cli.workflows.agent import responses as rs
+
+    assert rq.chat_request(rs.responses_request(body).as_chat([])).tool_name == "calculate"
 
 
 @pytest.mark.parametrize("fmt", [ToolFormat.hermes, ToolFormat.llama3_json])

@@ -281,7 +281,7 @@ def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name
                          [("raises", "the agent's own bug"), ("hangs", "agent_timeout_s"),
                           ("no_call", "made no call"), ("bad_return", "return a finite float"),
                           ("raises_sync", "the agent's own bug"),
-                          ("hangs_sync", "agent_timeout_s=2s: its thread cannot be killed")])
+                          ("hangs_sync", "not counted): its thread cannot be killed")])
 def test_a_failing_agent_drops_its_group_and_is_named_in_the_log(setup, caplog, agent, why):
     eng, make = setup
     # only the hanging agents meet the clock; the others' model calls may take any time on a

@@ -108,7 +108,8 @@ def test_programs_that_hang_or_fail_drop_their_groups_with_the_reason(setup, cap
     assert all(len(r.samples) == 2 for r in results if r.group_id in (3, 4))
     messages = [r.getMessage() for r in caplog.records]
     timed_out, = [m for m in messages if "(episode 0 of group 0)" in m]
-    assert "ran past workflow.agent_timeout_s=5s: its process group was killed" in timed_out
+    assert "ran past workflow.agent_timeout_s=5s of its own time" in timed_out
+    assert "its process group was killed" in timed_out
     exited, = [m for m in messages if "(episode 0 of group 1)" in m]
     assert exited.endswith("exited with code 1; its stderr ends:\n    working on it\n"
                            "    Traceback: the program's own bug")

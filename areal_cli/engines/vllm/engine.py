@@ -119,6 +119,8 @@ def prompt_logprobs(ids: list[int], out):
 
 
 class VLLMEngine(Engine):
+    top_logprobs = 20  # vLLM's max_logprobs: alternatives per token a request may ask for
+
     def __init__(self, setup: EngineSetup, doing: Callable[[str], None]):
         vllm = import_vllm()
 
@@ -173,8 +175,8 @@ class VLLMEngine(Engine):
 
         temperature, top_p = (0.0, 1.0) if sampling.greedy else (sampling.temperature,
                                                                  sampling.top_p)
-        self._params = lambda n, ignore_eos=False: vllm.SamplingParams(
-            n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=0,
+        self._params = lambda n, ignore_eos=False, top=0: vllm.SamplingParams(
+            n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=top,
             detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
 
     def _submit_segment(self, seq: Sequence) -> None:
@@ -187,7 +189,8 @@ class VLLMEngine(Engine):
         req = seq.segment_id()
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
-        self.core.add_request(req, self._prompt(ids), self._params(remaining, seq.ignore_eos),
+        self.core.add_request(req, self._prompt(ids),
+                              self._params(remaining, seq.ignore_eos, seq.top_logprobs),
                               lora_request=self.lora_request)
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
@@ -273,6 +276,9 @@ class VLLMEngine(Engine):
             raise RuntimeError(f"vLLM returned {len(new)} tokens but {len(lps)} logprobs for {rid}")
         seq.output_ids += new
         seq.logprobs += [float(lp[t].logprob) for t, lp in zip(new, lps, strict=True)]
+        if seq.top_logprobs:  # vLLM gives the k best and the sampled token: the k best, best first
+            seq.top += [sorted(((a, float(x.logprob)) for a, x in lp.items()),
+                               key=lambda p: -p[1])[:seq.top_logprobs] for lp in lps]
         seq.versions += [self.version] * len(new)
         if not out.finished:
             return None

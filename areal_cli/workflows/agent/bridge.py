@@ -38,11 +38,14 @@ class EngineBridge:
         self.aborted = 0  # such requests stopped in (or before) the engine
         self.numbers = itertools.count()
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Sequence:
-        """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop)."""
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                       top_logprobs: int = 0) -> Sequence:
+        """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop), with
+        ``top_logprobs`` alternatives per token (an engine that returns them)."""
         fut = self.loop.create_future()
         rid = CallId(next(self.numbers))
-        self.pending.put((Sequence(rid, list(prompt_ids), max_new_tokens), fut))
+        seq = Sequence(rid, list(prompt_ids), max_new_tokens, top_logprobs=top_logprobs)
+        self.pending.put((seq, fut))
         try:
             return await fut
         except asyncio.CancelledError:

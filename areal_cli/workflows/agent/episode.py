@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 from areal_cli.user_code import load_callable
 from areal_cli.workflows.agent.chat import Reply
+from areal_cli.workflows.agent.clock import EpisodeClock
+from areal_cli.workflows.agent.responses import Kept
 
 
 @dataclass
@@ -34,6 +36,8 @@ class Choice:
     finish_reason: str  # "stop" | "length"
     reply: Reply | None = None  # what the agent can send back (chat calls), once built
     stop: str = ""  # the request's stop string that ended it ("" where none did)
+    # per sampled token, the engine's alternatives [(id, logprob)], best first (asked for: top > 0)
+    top: list = field(default_factory=list)
 
 
 @dataclass
@@ -61,8 +65,10 @@ class Trajectory:
 class EpisodeLog:
     """The calls of one episode, built into trajectories as they finish."""
 
-    def __init__(self, key: str, max_calls: int):
+    def __init__(self, key: str, max_calls: int, clock: EpisodeClock | None = None):
         self.key, self.max_calls = key, max_calls
+        self.clock = clock or EpisodeClock()  # the agent's own time, and the engine's
+        self.responses = Kept()  # the Responses API's responses, for previous_response_id
         self.trajectories: list[Trajectory] = []
         # every chat choice returned so far (chat.ChatRenderer's history)
         self.replies: list[Reply] = []

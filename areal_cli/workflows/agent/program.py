@@ -6,8 +6,10 @@ process group, with
   token), ``ANTHROPIC_BASE_URL`` (the same without ``/v1``) and ``ANTHROPIC_API_KEY``;
 - the problem as JSON (``id``, ``prompt``, ``meta``; never the answer) on stdin and in the file
   ``AREAL_PROBLEM_FILE``; with ``agent_reward=file``, ``AREAL_REWARD_FILE`` to write its reward to;
-- ``workflow.agent_timeout_s`` of wall time for the whole episode (its process group is then killed)
-  and ``workflow.agent_memory_mb`` of address space per process (RLIMIT_AS);
+- the episode's clock (``clock.py``: ``workflow.agent_timeout_s`` of its own time, the engine's
+  not counted; ``agent_wall_timeout_s`` of wall time) for the program and its verifier together
+  (its process group is then killed), and ``workflow.agent_memory_mb`` of address space per
+  process (RLIMIT_AS);
 - with ``workflow.agent_sandbox``, bubblewrap: a read-only system (``/usr``, the files its command
   names), the scratch directory as its only writable place (``/tmp``, also its home), no
   capabilities, the reward sandbox's seccomp filter with sockets allowed, and a network namespace of
@@ -42,6 +44,7 @@ from areal_cli.rewards.sandbox import require, signal_of
 from areal_cli.rewards.sandbox_launch import ENV, INSIDE, UID_BASE, bwrap_argv, interpreter
 from areal_cli.rewards.sandbox_seccomp import program as seccomp_program
 from areal_cli.tasks.base import Problem
+from areal_cli.workflows.agent.clock import EpisodeClock
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward
 from areal_cli.workflows.agent.runners import AgentFailure, episode_url
 
@@ -78,7 +81,7 @@ class ProgramAgent:
 
     async def run(self, episode: EpisodeLog, problem: Problem):
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.cfg.agent_timeout_s
+        clock = episode.clock
         scratch = Path(tempfile.mkdtemp(prefix="areal-agent-"))
         self.running.add(asyncio.current_task())
         try:
@@ -93,13 +96,13 @@ class ProgramAgent:
                    "AREAL_PROBLEM_FILE": self._seen(scratch, PROBLEM_FILE)}
             if self.cfg.agent_reward == AgentReward.file:
                 env["AREAL_REWARD_FILE"] = self._seen(scratch, REWARD_FILE)
-            code, _, err = await self._spawn(self.cmd, scratch, env, public.encode(), deadline)
+            code, _, err = await self._spawn(self.cmd, scratch, env, public.encode(), clock)
             if code != 0:
                 raise AgentFailure(f"{exited(code)}{stderr_tail(err)}")
             if self.cfg.agent_reward == AgentReward.file:
                 return reward_of(read_bounded(scratch / REWARD_FILE), "its reward file")
             if self.cfg.agent_reward == AgentReward.verifier:
-                return await self._verify(scratch, problem, episode, deadline)
+                return await self._verify(scratch, problem, episode)
             return None  # the task's reward scores the last reply
         finally:
             self.running.discard(asyncio.current_task())
@@ -117,9 +120,9 @@ class ProgramAgent:
         except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
             log.warning("agent programs: stopping those still running: %r", err)
 
-    async def _verify(self, scratch: Path, problem: Problem, episode: EpisodeLog, deadline: float):
+    async def _verify(self, scratch: Path, problem: Problem, episode: EpisodeLog):
         full = json.dumps(dict(problem.to_dict(), last_reply=episode.last_text), default=str)
-        code, out, err = await self._spawn(self.verifier, scratch, {}, full.encode(), deadline,
+        code, out, err = await self._spawn(self.verifier, scratch, {}, full.encode(), episode.clock,
                                            stdout=True)
         if code != 0:
             raise AgentFailure(f"the verifier (workflow.agent_verifier_cmd) {exited(code)}"
@@ -134,10 +137,11 @@ class ProgramAgent:
         """A path of the scratch directory as the program sees it."""
         return f"/tmp/{name}" if self.bwrap else str(scratch / name)
 
-    async def _spawn(self, cmd: str, scratch: Path, env: dict, stdin: bytes, deadline: float,
+    async def _spawn(self, cmd: str, scratch: Path, env: dict, stdin: bytes, clock: EpisodeClock,
                      stdout: bool = False) -> tuple[int, bytes | None, bytes]:
-        """Run ``cmd`` to its end or the deadline: (exit code, stdout — None past REWARD_BYTES —,
-        the tail of stderr). Its process group is killed when it ends, so nothing of it lives on."""
+        """Run ``cmd`` to its end or past the episode's ``clock``: (exit code, stdout — None
+        past REWARD_BYTES —, the tail of stderr). Its process group is killed when it ends, so
+        nothing of it lives on."""
         spec = {"cmd": cmd, "mem_mb": self.cfg.agent_memory_mb}
         fds: list[int] = []
         if self.bwrap:
@@ -172,13 +176,13 @@ class ProgramAgent:
                    asyncio.ensure_future(drain(proc.stderr, err.add))]
         if stdout:
             readers.append(asyncio.ensure_future(drain(proc.stdout, out.add)))
-        loop, timed_out = asyncio.get_running_loop(), False
+        timed_out = ""
         try:
-            await asyncio.wait_for(proc.wait(), max(0.0, deadline - loop.time()))
-        except TimeoutError:
-            timed_out = True
+            await clock.bound(proc.wait())
+        except TimeoutError as late:  # not `err`: that is the stderr tail, read below
+            timed_out = str(late)
         finally:
-            # what it left running, or all of it past the deadline or when the worker closes (a
+            # what it left running, or all of it past the clock or when the worker closes (a
             # sandbox's namespace ends with bubblewrap)
             kill_group(proc.pid)
             await proc.wait()
@@ -187,8 +191,8 @@ class ProgramAgent:
             for task in late:
                 task.cancel()
         if timed_out:
-            raise AgentFailure(f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s: "
-                               f"its process group was killed{stderr_tail(err.data)}")
+            raise AgentFailure(f"{timed_out}: its process group was killed"
+                               f"{stderr_tail(err.data)}")
         return proc.returncode, out.data if not out.over else None, err.data
 
 

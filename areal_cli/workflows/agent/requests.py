@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 16
+MAX_TOP = 20  # OpenAI's bound on chat's top_logprobs
+MAX_COMPLETION_TOP = 5  # and on /v1/completions' logprobs
 
 
 class ApiError(Exception):
@@ -32,17 +34,17 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def _bad(message: str, param: str) -> ApiError:
+def bad(message: str, param: str) -> ApiError:
     return ApiError(400, message, "invalid_request_error", None, param)
 
 
-def _opt_int(body: dict, *names: str, lo: int = 1, hi: int = 1 << 20) -> int | None:
+def opt_int(body: dict, *names: str, lo: int = 1, hi: int = 1 << 20) -> int | None:
     for name in names:
         v = body.get(name)
         if v is None:
             continue
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
-            raise _bad(f"{name} must be an integer in {lo}..{hi}", name)
+            raise bad(f"{name} must be an integer in {lo}..{hi}", name)
         return v
     return None
 
@@ -53,21 +55,21 @@ def _stop(body: dict) -> list[str]:
         return []
     v = [v] if isinstance(v, str) else v
     if not isinstance(v, list) or len(v) > 4 or not all(isinstance(s, str) and s for s in v):
-        raise _bad("stop must be a string or a list of up to 4 non-empty strings", "stop")
+        raise bad("stop must be a string or a list of up to 4 non-empty strings", "stop")
     return v
 
 
-def _tools(raw, param: str = "tools") -> list[dict] | None:
+def function_tools(raw, param: str = "tools") -> list[dict] | None:
     if raw is None:
         return None
     if not isinstance(raw, list):
-        raise _bad("tools must be a list of function tools", param)
+        raise bad("tools must be a list of function tools", param)
     out = []
     for t in raw:
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(fn, dict) \
                 or not isinstance(fn.get("name"), str):
-            raise _bad("each tool must be {type: function, function: {name, description?, "
+            raise bad("each tool must be {type: function, function: {name, description?, "
                        "parameters?}}", param)
         out.append({"type": "function",
                     "function": {k: fn[k] for k in ("name", "description", "parameters")
@@ -82,27 +84,27 @@ def _content(m: dict, i: int) -> str:
     if isinstance(c, list) and all(isinstance(p, dict) and isinstance(p.get("text", ""), str)
                                    for p in c):
         if any(p.get("type") not in ("text", "input_text", "output_text") for p in c):
-            raise _bad("only text content parts are supported", f"messages[{i}].content")
+            raise bad("only text content parts are supported", f"messages[{i}].content")
         return "".join(p.get("text", "") for p in c)
-    raise _bad("content must be a string or a list of text parts", f"messages[{i}].content")
+    raise bad("content must be a string or a list of text parts", f"messages[{i}].content")
 
 
 def _messages(raw) -> list[dict]:
     from areal_cli.workflows.agent.chat import normalise
 
     if not isinstance(raw, list) or not raw:
-        raise _bad("messages must be a non-empty list", "messages")
+        raise bad("messages must be a non-empty list", "messages")
     out = []
     for i, m in enumerate(raw):
         if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _bad(f"each message needs a role in {', '.join(ROLES)}", f"messages[{i}]")
+            raise bad(f"each message needs a role in {', '.join(ROLES)}", f"messages[{i}]")
         n = {"role": "system" if m["role"] == "developer" else m["role"], "content": _content(m, i)}
         calls = m.get("tool_calls")
         if calls:
             if not isinstance(calls, list) or not all(
                     isinstance(c, dict) and isinstance(c.get("function"), dict)
                     and isinstance(c["function"].get("name"), str) for c in calls):
-                raise _bad("tool_calls must be a list of {function: {name, arguments}}",
+                raise bad("tool_calls must be a list of {function: {name, arguments}}",
                            f"messages[{i}].tool_calls")
             n["tool_calls"] = calls
         for key in ("tool_call_id", "name"):
@@ -121,11 +123,13 @@ class ChatRequest:
     n: int
     stop: list[str]
     tool_name: str | None = None  # tool_choice named this function: the reply must call it
+    logprobs: bool = False  # return the sampled tokens' logprobs
+    top_logprobs: int = 0  # and this many alternatives per token
 
 
-def _body(body) -> dict:
+def body_dict(body) -> dict:
     if not isinstance(body, dict):
-        raise _bad("the body must be a JSON object", "body")
+        raise bad("the body must be a JSON object", "body")
     return body
 
 
@@ -141,27 +145,33 @@ def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
         fn = raw.get("function")
         name = fn.get("name") if isinstance(fn, dict) else raw.get("name")
         if not isinstance(name, str):
-            raise _bad("a named tool_choice is {type: function, function: {name}}", "tool_choice")
+            raise bad("a named tool_choice is {type: function, function: {name}}", "tool_choice")
         choice = "required"
     else:
-        raise _bad("tool_choice must be auto, none, required or a named function", "tool_choice")
+        raise bad("tool_choice must be auto, none, required or a named function", "tool_choice")
     names = [t["function"]["name"] for t in tools or []]
     if choice == "required" and not names:
-        raise _bad("tool_choice requires a tool call but the request offers no tools",
+        raise bad("tool_choice requires a tool call but the request offers no tools",
                    "tool_choice")
     if name is not None and name not in names:
-        raise _bad(f"tool_choice names {name!r}, which is not among the tools {names}",
+        raise bad(f"tool_choice names {name!r}, which is not among the tools {names}",
                    "tool_choice")
     return choice, name
 
 
 def chat_request(body) -> ChatRequest:
-    body = _body(body)
-    tools = _tools(body.get("tools"))
+    body = body_dict(body)
+    tools = function_tools(body.get("tools"))
     choice, name = tool_choice(body.get("tool_choice"), tools)
+    logprobs = body.get("logprobs")
+    if logprobs is not None and not isinstance(logprobs, bool):
+        raise bad("logprobs must be true or false", "logprobs")
+    top = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP) or 0
+    if top and not logprobs:
+        raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     return ChatRequest(_messages(body.get("messages")), tools, choice,
-                       _opt_int(body, "max_completion_tokens", "max_tokens"),
-                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name)
+                       opt_int(body, "max_completion_tokens", "max_tokens"),
+                       opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name, bool(logprobs), top)
 
 
 @dataclass
@@ -171,10 +181,11 @@ class CompletionRequest:
     max_tokens: int | None
     n: int
     stop: list[str]
+    logprobs: int | None = None  # return the sampled tokens' logprobs, with this many alternatives
 
 
 def completion_request(body) -> CompletionRequest:
-    body = _body(body)
+    body = body_dict(body)
     p = body.get("prompt")
     if isinstance(p, list) and len(p) == 1 and isinstance(p[0], str):
         p = p[0]
@@ -184,9 +195,10 @@ def completion_request(body) -> CompletionRequest:
                                          for x in p):
         ids = list(p)
     elif not isinstance(p, str) or not p:
-        raise _bad("prompt must be a non-empty string or a list of token ids", "prompt")
-    return CompletionRequest(p if ids is None else "", ids, _opt_int(body, "max_tokens") or 16,
-                             _opt_int(body, "n", hi=MAX_N) or 1, _stop(body))
+        raise bad("prompt must be a non-empty string or a list of token ids", "prompt")
+    return CompletionRequest(p if ids is None else "", ids, opt_int(body, "max_tokens") or 16,
+                             opt_int(body, "n", hi=MAX_N) or 1, _stop(body),
+                             opt_int(body, "logprobs", lo=0, hi=MAX_COMPLETION_TOP))
 
 
 def strings_in(value) -> list[str]:
@@ -210,74 +222,14 @@ def check_token_ids(ids: list[int], vocab: int) -> None:
     tokenizer's ids, or an attacker's, never reach the engine."""
     for i, x in enumerate(ids):
         if x >= vocab:
-            raise _bad(f"prompt[{i}] = {x} is not a token id of this model's tokenizer "
+            raise bad(f"prompt[{i}] = {x} is not a token id of this model's tokenizer "
                        f"(0..{vocab - 1})", f"prompt[{i}]")
-
-
-@dataclass
-class ResponsesRequest:
-    messages: list[dict]
-    tools: list[dict] | None
-    max_tokens: int | None
-    raw_tools: list = field(default_factory=list)
-    tool_choice: object = "auto"  # as sent (checked when the chat request is built)
-
-    def as_chat(self) -> dict:
-        choice = self.tool_choice
-        # Responses' named function
-        if isinstance(choice, dict) and isinstance(choice.get("name"), str):
-            choice = {"type": "function", "function": {"name": choice["name"]}}
-        return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens,
-                "tool_choice": choice}
-
-
-def responses_request(body) -> ResponsesRequest:
-    """A Responses API body as chat messages: instructions → system; input items → messages, a
-    function_call joining the assistant message before it, a function_call_output → a tool
-    message."""
-    body = _body(body)
-    if body.get("stream"):
-        raise _bad("streaming is not supported on /v1/responses: use stream=false", "stream")
-    items = body.get("input")
-    items = [{"role": "user", "content": items}] if isinstance(items, str) else items
-    if not isinstance(items, list) or not items:
-        raise _bad("input must be a string or a non-empty list of items", "input")
-    msgs = [{"role": "system",
-             "content": body["instructions"]}] if isinstance(body.get("instructions"), str) else []
-    for i, it in enumerate(items):
-        if not isinstance(it, dict):
-            raise _bad("each input item must be an object", f"input[{i}]")
-        kind = it.get("type", "message")
-        if kind == "message" and it.get("role") in ROLES:
-            msgs.append({"role": it["role"], "content": it.get("content")})
-        elif kind == "function_call" and isinstance(it.get("name"), str):
-            call = {"id": str(it.get("call_id", "")), "type": "function",
-                    "function": {"name": it["name"], "arguments": str(it.get("arguments", "{}"))}}
-            if msgs and msgs[-1]["role"] == "assistant":
-                msgs[-1].setdefault("tool_calls", []).append(call)
-            else:
-                msgs.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
-            out = it.get("output")
-            msgs.append({"role": "tool", "tool_call_id": str(it.get("call_id", "")),
-                         "content": out if isinstance(out, str) else json.dumps(out)})
-        elif kind != "reasoning":
-            raise _bad(f"input items of type {kind!r} are not supported", f"input[{i}]")
-    tools = body.get("tools") or []
-    if not isinstance(tools, list):
-        raise _bad("tools must be a list", "tools")
-    fns = [t for t in tools if isinstance(t, dict) and t.get("type") == "function"]
-    if len(fns) != len(tools):
-        raise _bad("only function tools are supported on this endpoint", "tools")
-    chat_tools = _tools([{"type": "function", "function": t} for t in fns])
-    return ResponsesRequest(_messages(msgs), chat_tools, _opt_int(body, "max_output_tokens"), fns,
-                            body.get("tool_choice", "auto"))
 
 
 # ---- responses ----
 
-def chat_choice(index: int, message: dict, reason: str) -> dict:
-    return {"index": index, "message": message, "finish_reason": reason, "logprobs": None}
+def chat_choice(index: int, message: dict, reason: str, logprobs: dict | None = None) -> dict:
+    return {"index": index, "message": message, "finish_reason": reason, "logprobs": logprobs}
 
 
 def _usage(prompt: int, completion: int) -> dict:
@@ -296,43 +248,15 @@ def chat_completion(model: str, choices: list[dict], prompt_tokens: int,
     }).model_dump(mode="json", exclude_none=True)
 
 
-def completion(model: str, texts: list[tuple[str, str]], prompt_tokens: int,
+def completion(model: str, texts: list[tuple[str, str, dict | None]], prompt_tokens: int,
                completion_tokens: int) -> dict:
     from openai.types import Completion
 
     return Completion.model_validate({
         "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
         "model": model, "usage": _usage(prompt_tokens, completion_tokens),
-        "choices": [{"index": i, "text": t, "finish_reason": r, "logprobs": None} for i,
-                    (t, r) in enumerate(texts)],
-    }).model_dump(mode="json", exclude_none=True)
-
-
-def response_from_chat(model: str, chat: dict, req: ResponsesRequest) -> dict:
-    """A chat completion's first choice as a Responses API ``Response``."""
-    from openai.types.responses import Response
-
-    msg, output = chat["choices"][0]["message"], []
-    if msg.get("content"):
-        output.append({"type": "message", "id": f"msg_{uuid.uuid4().hex}", "role": "assistant",
-                       "status": "completed",
-                       "content": [{"type": "output_text", "text": msg["content"],
-                                    "annotations": []}]})
-    for c in msg.get("tool_calls", []):
-        output.append({"type": "function_call", "id": f"fc_{uuid.uuid4().hex}", "call_id": c["id"],
-                       "name": c["function"]["name"], "arguments": c["function"]["arguments"],
-                       "status": "completed"})
-    u = chat["usage"]
-    return Response.model_validate({
-        "id": f"resp_{uuid.uuid4().hex}", "object": "response", "created_at": time.time(),
-        "model": model,
-        "status": "completed", "output": output, "parallel_tool_calls": True,
-        "tool_choice": req.tool_choice,
-        "tools": req.raw_tools,
-        "usage": {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-                  "total_tokens": u["total_tokens"],
-                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
-                  "output_tokens_details": {"reasoning_tokens": 0}},
+        "choices": [{"index": i, "text": t, "finish_reason": r, "logprobs": lp} for i,
+                    (t, r, lp) in enumerate(texts)],
     }).model_dump(mode="json", exclude_none=True)
 
 
@@ -344,11 +268,14 @@ def sse(result: dict):
             if ch["message"].get("tool_calls"):
                 delta["tool_calls"] = [{"index": j, **c} for j,
                                        c in enumerate(ch["message"]["tool_calls"])]
-            for d, reason in ((delta, None), ({}, ch["finish_reason"])):
+            for d, reason, lps in ((delta, None, ch.get("logprobs")),
+                                   ({}, ch["finish_reason"], None)):
+                choice = {"index": ch["index"], "delta": d, "finish_reason": reason}
+                if lps is not None:  # every token's, in the chunk that holds the whole text
+                    choice["logprobs"] = lps
                 chunk = {"id": result["id"], "object": "chat.completion.chunk",
-                         "created": result["created"],
-                         "model": result["model"],
-                         "choices": [{"index": ch["index"], "delta": d, "finish_reason": reason}]}
+                         "created": result["created"], "model": result["model"],
+                         "choices": [choice]}
                 yield f"data: {json.dumps(chunk)}\n\n"
     else:
         yield f"data: {json.dumps(result)}\n\n"

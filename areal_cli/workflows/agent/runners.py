@@ -1,6 +1,6 @@
 """How a Python agent's episode runs (a program's: ``program.py``). Each runner's ``run(episode,
 problem)`` is awaited in the endpoint's event loop and returns what the agent returned, or raises
-(``TimeoutError`` past ``workflow.agent_timeout_s``; ``AgentFailure`` for a failure its message
+(``TimeoutError`` past the episode's clock, ``clock.py``; ``AgentFailure`` for a failure its message
 describes in full).
 
 - ``AsyncAgent``: ``async def run(client, problem)``, awaited in the endpoint's loop with an
@@ -10,8 +10,11 @@ describes in full).
   never stalls the endpoint's loop. A plain function gets an ``openai.OpenAI`` client on one shared
   synchronous pool; a blocking async one runs in an event loop of its own in its thread with an
   ``openai.AsyncOpenAI`` client. A thread cannot be killed: one whose episode times out is reported
-  (its episode fails at once, its later calls are answered 404) and left to end; every client call
-  is bounded by the same timeout, so only the agent's own code can hold a thread longer.
+  (its episode fails at once, its later calls are answered 404) and left to end.
+
+A client's calls carry no timeout of their own unless ``workflow.agent_wall_timeout_s`` sets one: a
+call waiting in a busy engine is not the agent's time (``clock.py``), and the episode's clock, not
+the client, decides when it has run too long.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ def python_agent(fn, base: str, token: str, cfg: WorkflowConfig):
     return ThreadAgent(fn, base, token, cfg)
 
 
+def client_timeout(cfg: WorkflowConfig) -> float | None:
+    """An episode client's timeout per call: the wall limit where one is set, else none."""
+    return cfg.agent_wall_timeout_s or None
+
+
 def episode_url(base: str, episode: EpisodeLog) -> str:
     """The OpenAI base URL whose calls are recorded into ``episode``."""
     return f"{base}/episodes/{episode.key}/v1"
@@ -71,9 +79,9 @@ class AsyncAgent:
                 limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
         # the shared pool is closed with the workflow, never by an episode's client
         client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
-                               max_retries=0, timeout=self.cfg.agent_timeout_s,
+                               max_retries=0, timeout=client_timeout(self.cfg),
                                http_client=self.http)
-        return await asyncio.wait_for(self.fn(client, problem), self.cfg.agent_timeout_s)
+        return await episode.clock.bound(self.fn(client, problem))
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.http is not None:
@@ -108,21 +116,20 @@ class ThreadAgent:
 
     async def run(self, episode: EpisodeLog, problem: Problem):
         job = self.pool.submit(self._call, episode_url(self.base, episode), problem)
-        timeout = self.cfg.agent_timeout_s
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(job), timeout)
-        except TimeoutError:
+            return await episode.clock.bound(asyncio.wrap_future(job))
+        except TimeoutError as err:
             if job.cancel():  # it waited for a thread all along and never ran
                 raise TimeoutError(
-                    f"it waited for a thread of the agent's pool: {self.overrunning} of "
+                    f"{err}: it waited for a thread of the agent's pool: {self.overrunning} of "
                     f"workflow.agent_concurrency={self.cfg.agent_concurrency} still run agents "
                     "past their episode's timeout") from None
             self.overrunning += 1
             loop, t0 = asyncio.get_running_loop(), time.monotonic()
             job.add_done_callback(
                 lambda _: loop.call_soon_threadsafe(self._ended, episode.key, t0))
-            raise TimeoutError("its thread cannot be killed and runs on until the agent returns "
-                               f"({self.overrunning} such now)") from None
+            raise TimeoutError(f"{err}: its thread cannot be killed and runs on until the agent "
+                               f"returns ({self.overrunning} such now)") from None
 
     def _ended(self, key: str, t0: float) -> None:
         self.overrunning -= 1
@@ -136,7 +143,7 @@ class ThreadAgent:
         if self.is_async:
             return asyncio.run(self._call_async(url, problem))
         client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
-                               timeout=self.cfg.agent_timeout_s, http_client=self.http)
+                               timeout=client_timeout(self.cfg), http_client=self.http)
         return self.fn(client, problem)
 
     async def _call_async(self, url: str, problem: Problem):
@@ -144,7 +151,7 @@ class ThreadAgent:
 
         async with openai.DefaultAsyncHttpxClient(verify=self.ssl) as http:
             client = EpisodeClient(base_url=url, api_key=self.token, max_retries=0,
-                                   timeout=self.cfg.agent_timeout_s, http_client=http)
+                                   timeout=client_timeout(self.cfg), http_client=http)
             return await self.fn(client, problem)
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:

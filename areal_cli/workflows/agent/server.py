@@ -3,9 +3,10 @@
 Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
 gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
 /v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
-stream), ``POST /v1/responses`` (the Responses API: text and function tools, no streaming),
-``POST /v1/completions``, and Anthropic's ``POST /v1/messages`` (and ``/v1/messages/count_tokens``),
-served as the chat call it converts to (``anthropic_api.py``). Every request needs
+stream, logprobs), ``POST /v1/responses`` (the Responses API: text and function tools, streamed and
+chained by previous_response_id: ``responses.py``), ``POST /v1/completions``, and Anthropic's
+``POST /v1/messages`` (and ``/v1/messages/count_tokens``), served as the chat call it converts to
+(``anthropic_api.py``). Every request needs
 ``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or ``x-api-key: <token>``); a
 missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
 errors come back in the route's API's shape (``Dialect``; 400 ``context_length_exceeded`` for a
@@ -13,8 +14,9 @@ prompt beyond the context).
 
 Sampling is the run's: the trainer recomputes logprobs at ``rollout.temperature`` / ``top_p``, so a
 request's temperature, top_p and seed are not applied (an evaluation's engine is greedy). A stream
-sends the finished completion as one chunk (the engine hands back whole sequences).
-"""
+sends the finished completion as one chunk (the engine hands back whole sequences). Logprobs, where
+asked, are the engine's behaviour logprobs of the sampled tokens (``logprobs.py``). An episode's
+time with a call in the engine is measured on its clock (``clock.py``)."""
 
 from __future__ import annotations
 
@@ -33,10 +35,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from areal_cli.config.choices import ToolFormat
 from areal_cli.workflows.agent import anthropic_api as am
+from areal_cli.workflows.agent import logprobs as lp
 from areal_cli.workflows.agent import requests as rq
+from areal_cli.workflows.agent import responses as rs
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
+from areal_cli.workflows.agent.serving import (
+    DISCONNECTED,
+    api_key,
+    bearer,
+    read_body,
+    until_disconnected,
+)
 from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
 
 # metrics.jsonl names
@@ -69,6 +80,8 @@ class Endpoint:
         self.token_bytes = max((len(t.encode("utf-8", "surrogatepass"))
                                 for t in renderer.tok.get_vocab()), default=1)
         self.episodes: dict[str, EpisodeLog] = {}
+        self.text = lp.TokenText(renderer.tok)  # tokens as logprob entries show them
+        self.kept = rs.Kept(rs.KEPT_UNATTRIBUTED)  # plain /v1 calls' responses, for chains
         self.counters: Counter = Counter()  # unauthorized, bad_requests, unattributed_calls, ...
         # an encoding sets the tokenizer's truncation and padding where they differ from the call's
         # (a mutation the Rust tokenizer refuses while another thread encodes): settled here once,
@@ -113,9 +126,10 @@ class Endpoint:
     # ---- one call: generate, record, parse ----
 
     async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None,
-                        n: int,
-                        stop: list[str]) -> list[Choice]:
+                        n: int, stop: list[str], top: int = 0,
+                        top_param: str = "top_logprobs") -> list[Choice]:
         budget = min(max_tokens or self.max_new_tokens, self.max_new_tokens)
+        lp.check_top(top, getattr(self.bridge.engine, "top_logprobs", 0), top_param)
         if len(prompt_ids) + budget > self.context:
             raise rq.ApiError(400, f"this request has {len(prompt_ids)} prompt tokens and asks for "
                               f"{budget}; the context is {self.context} "
@@ -140,8 +154,9 @@ class Endpoint:
             self.counters["agent_unattributed_calls"] += 1
             self.unattributed += n
         try:
-            seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget)
-                                          for _ in range(n)))
+            with ep.clock.in_engine() if ep is not None else contextlib.nullcontext():
+                seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget, top)
+                                              for _ in range(n)))
         finally:
             if ep is None:
                 self.unattributed -= n
@@ -152,14 +167,15 @@ class Endpoint:
 
     def _choice(self, seq, stop: list[str]) -> Choice:
         ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
-        reason, hit = seq.finish_reason, ""
+        top, reason, hit = list(seq.top), seq.finish_reason, ""
         if stop:
             cut = self._stop_at(ids, stop)
             if cut is not None:
                 ids, logps, versions, reason = ids[:cut], logps[:cut], versions[:cut], "stop"
+                top = top[:cut]
                 text = self.renderer.tok.decode(ids, skip_special_tokens=True)
                 hit = next(s for s in stop if s in text)
-        return Choice(ids, logps, versions, reason or "stop", stop=hit)
+        return Choice(ids, logps, versions, reason or "stop", stop=hit, top=top)
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The fewest leading tokens whose text holds a stop string (None: none occurs)."""
@@ -203,10 +219,12 @@ class Endpoint:
         return size
 
     async def chat(self, body: dict, key: str | None) -> dict:
-        answers, prompt_tokens = await self._chat(rq.chat_request(body), key)
-        return rq.chat_completion(self.model,
-                                  [rq.chat_choice(i, m, r) for i, (m, r, _) in enumerate(answers)],
-                                  prompt_tokens, sum(len(c.output_ids) for *_, c in answers))
+        req = rq.chat_request(body)
+        answers, prompt_tokens = await self._chat(req, key)
+        return rq.chat_completion(self.model, [
+            rq.chat_choice(i, m, r, lp.chat_logprobs(self.text, c, req.top_logprobs)
+                           if req.logprobs else None) for i, (m, r, c) in enumerate(answers)],
+            prompt_tokens, sum(len(c.output_ids) for *_, c in answers))
 
     async def messages(self, body: dict, key: str | None) -> dict:
         """Anthropic's Messages API: the body as a chat request, its reply as a ``Message``."""
@@ -242,7 +260,8 @@ class Endpoint:
             ids = prompt.ids
         hermes = self.renderer.style.format == ToolFormat.hermes
         close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
-        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close,
+                                       req.top_logprobs)
         out = []
         for c in choices:
             text = forced + self._text(c, req.stop)
@@ -267,9 +286,18 @@ class Endpoint:
         return out, len(prompt.ids)
 
     async def responses(self, body: dict, key: str | None) -> dict:
-        req = rq.responses_request(body)
-        chat = await self.chat(req.as_chat(), key)
-        return rq.response_from_chat(self.model, chat, req)
+        """The Responses API: served as the chat call it converts to, after the conversation of
+        ``previous_response_id``; kept for a later call to continue (``responses.py``)."""
+        req = rs.responses_request(body)
+        ep = self.episode(key)
+        kept = ep.responses if ep is not None else self.kept
+        chat = rq.chat_request(req.as_chat(kept.get(req.previous)))
+        [(message, _, c)], prompt_tokens = await self._chat(chat, key)
+        out = rs.response(self.model, message, (prompt_tokens, len(c.output_ids)), req,
+                          lp.entries(self.text, c, req.top_logprobs) if req.logprobs else None)
+        if req.store:
+            kept.put(out["id"], rs.conversation(c.reply.messages, req))
+        return out
 
     async def completions(self, body: dict, key: str | None) -> dict:
         req = rq.completion_request(body)
@@ -279,14 +307,15 @@ class Endpoint:
             ids = req.prompt_ids
         else:
             ids = await self._tokenized(self._fits([req.prompt]), self.renderer.encode, req.prompt)
-        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop)
+        top = req.logprobs or 0
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop, top, "logprobs")
         texts = [self._text(c, req.stop) for c in choices]
         if ep is not None and texts:
             ep.last_text = texts[-1]
-        return rq.completion(self.model,
-                             [(t, c.finish_reason) for t, c in zip(texts, choices, strict=True)],
-                             len(ids),
-                             sum(len(c.output_ids) for c in choices))
+        return rq.completion(self.model, [
+            (t, c.finish_reason, lp.completion_logprobs(self.text, c, top)
+             if req.logprobs is not None else None) for t, c in zip(texts, choices, strict=True)],
+            len(ids), sum(len(c.output_ids) for c in choices))
 
     def _count(self, ep: EpisodeLog | None, what: str, n: int = 1) -> None:
         """Count ``what`` (an EpisodeLog counter) in its episode, or endpoint-wide for a plain /v1
@@ -295,51 +324,6 @@ class Endpoint:
             setattr(ep, what, getattr(ep, what) + n)
         else:
             self.counters[METRIC[what]] += n
-
-
-DISCONNECTED = object()
-DISCONNECT_POLL_S = 0.25
-
-
-async def until_disconnected(request: Request, work):
-    """``work``'s result, or ``DISCONNECTED`` once the client has gone away (``work`` is then
-    cancelled, and so its requests in the engine)."""
-    task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, rq.ApiError):
-                await task
-            return DISCONNECTED
-
-
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None as soon as it is known to pass ``limit`` bytes: from its
-    Content-Length, else while it streams in (what was read is dropped)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def bearer(headers) -> str | None:
-    """The key of an ``Authorization: Bearer <key>`` header (None without one)."""
-    value = headers.get("authorization") or ""
-    return value[7:] if value[:7].lower() == "bearer " else None
-
-
-def api_key(headers) -> str | None:
-    """Anthropic's clients: ``x-api-key: <key>``, else a bearer token."""
-    return headers.get("x-api-key") or bearer(headers)
 
 
 @dataclass(frozen=True)
@@ -352,6 +336,7 @@ class Dialect:
 
 
 OPENAI = Dialect(bearer, rq.ApiError.body, rq.sse)
+RESPONSES = Dialect(bearer, rq.ApiError.body, rs.sse)
 ANTHROPIC = Dialect(api_key, am.error_body, am.sse)
 
 
@@ -415,7 +400,7 @@ def build_app(endpoint: Endpoint):
 
         @app.post(prefix + "/responses")
         async def responses(request: Request, key: str | None = None):
-            return await serve(request, endpoint.responses, key)
+            return await serve(request, endpoint.responses, key, RESPONSES)
 
         @app.post(prefix + "/completions")
         async def completions(request: Request, key: str | None = None):

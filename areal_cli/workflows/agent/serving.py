@@ -1,16 +1,24 @@
 """How the agent endpoint is served: uvicorn on 127.0.0.1 (or a Unix socket) in a thread with its
 own event loop (``Server``), the HTTP protocol's guards against clients that hold connections
-without using them (``guarded_protocol``), and the worker's bearer token (``new_token``). The routes
-and what they do are ``server.py``'s."""
+without using them (``guarded_protocol``), a request's body, key and disconnection as the routes
+read them, and the worker's bearer token (``new_token``). The routes and what they do are
+``server.py``'s."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import socket
 import threading
 import time
+from typing import TYPE_CHECKING
+
+from areal_cli.workflows.agent.requests import ApiError
+
+if TYPE_CHECKING:
+    from fastapi import Request
 
 
 def guarded_protocol(refuse, max_connections: int, connected=None, read_s: float = 10.0):
@@ -119,6 +127,51 @@ class Server:
         self.thread.join(timeout=10)
         for sock in self.sockets:
             sock.close()
+
+
+DISCONNECTED = object()
+DISCONNECT_POLL_S = 0.25
+
+
+async def until_disconnected(request: Request, work):
+    """``work``'s result, or ``DISCONNECTED`` once the client has gone away (``work`` is then
+    cancelled, and so its requests in the engine)."""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ApiError):
+                await task
+            return DISCONNECTED
+
+
+async def read_body(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it is known to pass ``limit`` bytes: from its
+    Content-Length, else while it streams in (what was read is dropped)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def bearer(headers) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header (None without one)."""
+    value = headers.get("authorization") or ""
+    return value[7:] if value[:7].lower() == "bearer " else None
+
+
+def api_key(headers) -> str | None:
+    """Anthropic's clients: ``x-api-key: <key>``, else a bearer token."""
+    return headers.get("x-api-key") or bearer(headers)
 
 
 def new_token() -> str:

@@ -11,9 +11,12 @@ episodes run at once. A function's client also carries ``client.anthropic``, an
 ``anthropic.AsyncAnthropic`` for the same episode (``clients.py``).
 
 An agent that raises (a program that exits non-zero), returns something else, makes no call, or runs
-past ``workflow.agent_timeout_s`` fails its episode: the reason goes to the worker log, the group is
-returned as failed (not trained, its admission slot freed) and counted; the controller stops the run
-when more than ``workflow.max_failed_fraction`` of a step's episodes fail.
+past its clock (``workflow.agent_timeout_s`` of its own time, the engine's not counted:
+``clock.py``) fails its episode: the reason goes to the worker log and the failure is counted; its
+group is returned as failed (not trained, its admission slot freed), or with
+``workflow.agent_failed_episode=reward_zero`` trained with the failed episode's calls at reward 0.
+The controller stops the run when more than ``workflow.max_failed_fraction`` of a step's episodes
+fail.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from areal_cli.config.choices import FailedEpisode
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence
@@ -41,6 +45,7 @@ from areal_cli.transport.messages import GroupResult, Sample, WorkItem
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer
 from areal_cli.workflows.agent.checks import agent_label
+from areal_cli.workflows.agent.clock import EpisodeClock
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
 from areal_cli.workflows.agent.program import ProgramAgent
 from areal_cli.workflows.agent.runners import AgentFailure, python_agent
@@ -143,7 +148,8 @@ class AgentWorkflow:
             # unguessable: only the agent handed this episode's client can write calls into it
             # (the worker's key alone reaches no episode)
             key = f"{item.group_id}-{i}-{secrets.token_urlsafe(16)}"
-            ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns)
+            clock = EpisodeClock(self.cfg.agent_timeout_s, self.cfg.agent_wall_timeout_s)
+            ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns, clock)
             fut = asyncio.run_coroutine_threadsafe(self._run(key, problem), self.server.loop)
             runs.append(EpisodeRun(i, ep, fut))
         self.groups[item.group_id] = AgentGroup(item, problem, runs, time.monotonic())
@@ -185,6 +191,7 @@ class AgentWorkflow:
     async def _run(self, key: str, problem: Problem):
         async with self.slots:
             episode = self.endpoint.episodes[key]
+            episode.clock.start()  # waiting for a slot is nobody's time
             try:
                 return await self.runner.run(episode, problem)
             finally:
@@ -199,10 +206,8 @@ class AgentWorkflow:
             return
         try:
             run.reward, run.extras = episode_reward(run.future.result())
-        except TimeoutError as err:
-            return self._fail(group, run,
-                              f"ran past workflow.agent_timeout_s={self.cfg.agent_timeout_s:g}s"
-                              + (f": {err}" if str(err) else ""))
+        except TimeoutError as err:  # the episode's clock: the message names the limit
+            return self._fail(group, run, str(err) or "timed out")
         except AgentFailure as err:
             return self._fail(group, run, str(err))
         except Exception as err:  # noqa: BLE001 — the user's agent: any failure drops its episode, named
@@ -223,11 +228,15 @@ class AgentWorkflow:
         counters = self._counters(group)
         for run in group.episodes:
             self.endpoint.episodes.pop(run.log.key, None)
-        failed = sum(bool(r.failed) for r in group.episodes)
-        samples = [] if failed else self._samples(group)
+        failed = [r for r in group.episodes if r.failed]
+        # reward_zero trains a failed episode's recorded calls at 0; one without any drops its group
+        trains = not failed or (self.cfg.agent_failed_episode == FailedEpisode.reward_zero
+                                and all(r.log.trajectories for r in failed))
+        samples = self._samples(group) if trains else []
         gen = sum(sum(t.loss_mask) for r in group.episodes for t in r.log.trajectories)
         return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
-                           time.monotonic() - group.t0, int(gen), failed=failed, counters=counters)
+                           time.monotonic() - group.t0, int(gen), failed=len(failed),
+                           counters=counters)
 
     def _samples(self, group: AgentGroup) -> list[Sample]:
         out = []
@@ -239,7 +248,8 @@ class AgentWorkflow:
                     logprobs=np.asarray(t.logprobs, np.float32),
                     versions=np.asarray(t.versions, np.int32),
                     loss_mask=np.asarray(t.loss_mask, np.uint8),
-                    reward=float(run.reward), reward_status="ok",
+                    reward=0.0 if run.failed else float(run.reward),
+                    reward_status="agent_failed" if run.failed else "ok",
                     finish_reason=t.finish_reason or "stop",
                     num_turns=t.calls, completion=run.log.last_text, episode=run.index))
         return out
