@@ -45,7 +45,9 @@ A mode that finished is kept: ``<out>/<mode>.json`` records its summary with the
 options it ran with, and the same command run again uses it instead of running it again (remove
 ``<out>/<mode>/`` and ``<out>/<mode>.json`` to measure it anew). So the bench can run one mode per
 call (``bench.modes=sync``, then the same command with ``bench.modes=async``, which compares), and a
-bench stopped in its second mode loses only that one. A mode's run directory left unfinished is
+bench stopped in its second mode loses only that one. Generation alone is kept the same way
+(``generation_alone.json``, for the async run it measured), so a call stopped in the comparison
+loses only what it had not finished. A mode's run directory left unfinished is
 moved aside (``<mode>.unfinished-<time>``) before it runs again.
 """
 
@@ -193,18 +195,37 @@ def generation_alone(run_dir: Path, out: Path, groups: int, running: float | Non
 
     cfg = read_yaml(RunDir(run_dir).config)
     gpus = worker_gpus(cfg, device_map(cfg)["rollout"])[0]
-    env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
-    print(f"== generation alone: one worker's engine as in {run_dir.name}/ "
-          f"({'GPUs ' + str(gpus) if gpus else 'CPU'})",
-          flush=True)
     load = round(running / cfg.rollout.workers) if running else 0
-    subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out),
-                    str(groups), str(load)],
-                   env=env, check=True)
-    got = json.loads(out.read_text())
+    of = {"run_dir": str(run_dir), "groups": groups, "load": load,
+          "run_finished": (run_dir / "metrics.jsonl").stat().st_mtime}
+    got = _kept_alone(out, of)
+    if got is None:
+        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": physical_gpus(gpus)} if gpus else {}))
+        print(f"== generation alone: one worker's engine as in {run_dir.name}/ "
+              f"({'GPUs ' + str(gpus) if gpus else 'CPU'})",
+              flush=True)
+        subprocess.run([sys.executable, "-m", "areal_cli.bench.alone", str(run_dir), str(out),
+                        str(groups), str(load)],
+                       env=env, check=True)
+        got = json.loads(out.read_text())
+        out.write_text(json.dumps({**got, "of": of}, indent=1))
+    else:
+        print(f"== generation alone: measured already for {run_dir.name}/, kept (remove {out.name} "
+              "to measure it again)", flush=True)
     got["scale"] = cfg.rollout.workers if gpus else 1
     got["gpus_per_worker"] = len(gpus)
     return got
+
+
+def _kept_alone(path: Path, of: dict) -> dict | None:
+    """Generation alone measured by an earlier call for the same async run (``of``: its directory,
+    when it finished, the groups and load asked), else None: a bench whose comparison did not
+    finish measures only what it lacks."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return got if got.get("of") == of else None
 
 
 def heldout(model_path: Path, cfg, size: int) -> dict:

@@ -17,11 +17,12 @@
 #                                        the same under CUDA MPS where the machine has its control daemon
 #   agents  (nothing carried)                agent_throughput.py: workflow=agent (plan_then_answer) against
 #                                            single_turn on cluster.gpus=[0] with vLLM
-#   bench15 (nothing more; MODES=sync, then MODES=async in the next call) the random-weights
+#   bench15 (nothing more; MODES=async, then MODES=sync, then the same again) the random-weights
 #                                            Qwen2.5-1.5B layout (built here once) on cluster.gpus=[0]:
 #                                            areal bench sync-vs-async, arithmetic_long lengths <= 2048,
-#                                            32 steps a mode (30 measured), one mode per call; the
-#                                            second call compares and measures generation alone
+#                                            32 steps a mode (30 measured), one mode per call (a fresh
+#                                            machine's first start costs ~5 min, then ~45 s); the third
+#                                            call, both modes kept, measures generation alone and compares
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.

@@ -48,6 +48,21 @@ def test_a_finished_mode_is_kept_only_for_the_same_command(tmp_path):
     assert kept_mode(tmp_path, "async", ["trainer.steps=3"], 1, opts) is None  # never recorded
 
 
+def test_generation_alone_is_kept_only_for_the_run_it_measured(tmp_path):
+    from areal_cli.bench.sync_vs_async import _kept_alone
+
+    of = {"run_dir": str(tmp_path / "async"), "groups": 8, "load": 3, "run_finished": 1.5}
+    path = tmp_path / "generation_alone.json"
+    assert _kept_alone(path, of) is None  # none yet
+    path.write_text(json.dumps({"generated_tokens_per_s": 10.0, "of": of}))
+    assert _kept_alone(path, of)["generated_tokens_per_s"] == 10.0
+    # the async run measured again (it finished later), or other groups asked: measured anew
+    assert _kept_alone(path, {**of, "run_finished": 2.5}) is None
+    assert _kept_alone(path, {**of, "groups": 16}) is None
+    path.write_text("{not json")
+    assert _kept_alone(path, of) is None
+
+
 @pytest.mark.slow
 def test_bench_runs_one_mode_per_call_and_compares_when_both_are_done(tiny_model, tmp_path):
     from areal_cli.bench.sync_vs_async import run_bench
@@ -114,3 +129,11 @@ def test_bench_writes_both_modes(tiny_model, tmp_path):
             "response_length"} <= set(bench["definitions"])
     assert (out / "timeline.png").stat().st_size > 0 and (out / "reward.png").stat().st_size > 0
     assert (out / "curves.png").stat().st_size > 0
+    # the same command again: both modes and generation alone are kept, the comparison redone
+    kept = (out / "generation_alone.json").read_bytes()
+    run_bench([f"model={tiny_model}", *TINY_RUN, f"run_dir={tmp_path}", "trainer.steps=3",
+               "bench.warmup=1", "bench.eta=1", "eval.size=4", "task.eval_size=4",
+               "bench.heldout_size=6", "bench.alone_groups=8"])
+    assert (out / "generation_alone.json").read_bytes() == kept
+    again = json.loads((out / "bench.json").read_text())
+    assert again["ideal_trained_tokens_per_s"] == bench["ideal_trained_tokens_per_s"]
