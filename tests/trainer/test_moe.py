@@ -189,3 +189,16 @@ def test_mfu_counts_the_active_experts_only(tiny_moe_model):
     # top-2 of 8 experts of inner size 32 (gate, up, down), and the router's H·E
     assert body == 6 * 2 * (attention + 2 * 3 * h * 32 + h * 8)
     assert config().algorithm.routing_replay  # on by default
+
+
+def test_lora_on_an_moe_adapts_attention_and_leaves_the_experts_frozen(tiny_moe_model):
+    from areal_cli.lora import check_model
+
+    init_gloo()
+    cfg = config("trainer.lora.rank=4")
+    assert check_model(tiny_moe_model, cfg.trainer.lora) == []
+    runner = step_runner(tiny_moe_model, "trainer.lora.rank=4", "rollout.group_size=2")
+    trainable = {n for n, p in runner.model.named_parameters() if p.requires_grad}
+    assert trainable and all("self_attn" in n and "lora_" in n for n in trainable)
+    metrics = runner.train(make_batch(plain_model(tiny_moe_model), 2, 2), version=0)
+    assert np.isfinite(metrics["grad_norm"]) and "router_aux_loss" in metrics
