@@ -96,6 +96,10 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
               m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     out = []
     unknown = [t for t in lora.target_modules if t not in linear]
+    if getattr(config, "num_experts_per_tok", None):
+        # an MoE's experts are 3D parameters, not linear layers: the MLP names of the default
+        # targets are simply absent where no shared expert has them
+        unknown = [t for t in unknown if t not in ("gate_proj", "up_proj", "down_proj")]
     if unknown:
         out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; "
                    f"use some of {sorted(linear - {'lm_head'})}")
@@ -125,8 +129,11 @@ def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     unchanged."""
     import peft
 
+    # the linear layers by their full names: given the bare names, peft also wraps an MoE's 3D
+    # expert parameters, which the engines' adapter layout (``adapter_specs``) does not carry
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules=list(lora.target_modules), bias="none")
+                             target_modules=[n for n, _ in target_layers(model, lora)],
+                             bias="none")
     model = peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():
         p.requires_grad_(is_adapter(name))

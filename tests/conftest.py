@@ -101,6 +101,45 @@ def tiny_classifier(out: Path, num_labels: int) -> Path:
     return out
 
 
+MOE_CONFIGS = {"qwen3_moe": "Qwen3MoeConfig", "qwen2_moe": "Qwen2MoeConfig",
+               "olmoe": "OlmoeConfig", "mixtral": "MixtralConfig"}
+
+
+def tiny_moe(out: Path, kind: str = "qwen3_moe", experts: int = 8, seed: int = 0) -> Path:
+    """A mixture-of-experts causal LM of ``kind``'s real config class: 2 layers, hidden 64,
+    ``experts`` experts of inner size 32, top-2, SmolLM2's tokenizer, random weights."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from areal_cli.model_source import resolve_model
+
+    if (out / "config.json").is_file():
+        return out
+    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    n = {"num_local_experts" if kind == "mixtral" else "num_experts": experts}
+    extra = dict(shared_expert_intermediate_size=48) if kind == "qwen2_moe" else {}
+    cfg = getattr(transformers, MOE_CONFIGS[kind])(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=32, moe_intermediate_size=32,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        num_experts_per_tok=2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=True, **n, **extra)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():  # routers transformers starts at zero would tie every expert
+        for layer in model.model.layers:
+            layer.mlp.gate.weight.normal_(0, 0.5)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_model(tmp_path_factory) -> Path:
+    """The Qwen3-MoE layout of ``tiny_moe``."""
+    return tiny_moe(tmp_path_factory.mktemp("moe") / "tiny-qwen3-moe")
+
+
 @pytest.fixture(scope="session")
 def tiny_reward_model(tmp_path_factory) -> Path:
     """A one-output sequence-classification reward model with random weights."""
@@ -146,10 +185,11 @@ def drive_workflow(flow, engine, timeout_s: float) -> list:
 
 def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int = 8,
               context: int = 0,
-              weights=None, index: int = 0, **engine):
+              weights=None, index: int = 0, routing: bool = False, **engine):
     """An hf engine on the CPU from ``make_engine`` (the factory every caller uses): float32, 512
     tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise; its
-    ``auto`` values resolved once here, as a planned run's are."""
+    ``auto`` values resolved once here, as a planned run's are; ``routing``: an MoE's experts
+    recorded per token (``EngineSetup.routing``)."""
     from areal_cli.config.schema import EngineConfig
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine
@@ -160,7 +200,7 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)
     return make_engine(EngineSetup(e, path, eos_token_id, Sampling(temperature),
                                    sequences=sequences, context=context, index=index, device="cpu",
-                                   weights=weights))
+                                   weights=weights, routing=routing))
 
 
 def pytest_collection_modifyitems(items):

@@ -21,12 +21,14 @@ REPOS = {"Org/TinyLlama": "llama", "Org/TinyQwen2": "qwen2", "Org/TinyQwen3": "q
 
 @pytest.fixture(scope="session")
 def hub(tmp_path_factory):
-    """A Hub cache holding tiny models of every supported layout, and two unsupported ones."""
+    """A Hub cache holding tiny models of every supported dense layout, and two unsupported ones (an
+    MoE layout areal does not know, a vision model)."""
     cache = tmp_path_factory.mktemp("hf") / "hub"
     tok = resolve_model("smollm2-135m-instruct")
     snaps = {repo: add_model(cache, repo, kind, tok) for repo, kind in REPOS.items()}
     base = snaps["Org/TinyQwen2"]
-    moe = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 60}
+    moe = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"],
+           "n_routed_experts": 64}
     add_config_only(cache, "Org/TinyMoE", moe, base)
     vision = {"model_type": "qwen2_5_vl", "architectures": ["Qwen2_5_VLForConditionalGeneration"],
               "vision_config": {"depth": 2}}

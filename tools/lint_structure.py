@@ -5,7 +5,7 @@ lowest first):
 
 - ground: the config schema (``config/``), the wire (``transport/``) and the primitives every
   process shares: the run directory and its files, checkpoints, the model's source, LoRA's wire
-  format, the staleness rule, logging and faults, loading a user's ``module:function``;
+  format, MoE routing, the staleness rule, logging and faults, loading a user's ``module:function``;
 - components: the engines, the workflows, the rewards, the tasks, the trackers;
 - the run's config made whole against the components (``runconfig/``: compose, check, resolve);
 - scoring a model (``eval/``), which the trainer, the launcher and ``areal eval`` call;
@@ -41,7 +41,7 @@ from pathlib import Path
 # (layer, its top-level packages and modules, below the package's own name), lowest first
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ground", ("config", "transport", "rundir", "durable", "private", "checkpoint_dirs", "faults",
-                "runtime", "architectures", "hub", "model_source", "lora", "staleness",
+                "runtime", "architectures", "hub", "model_source", "lora", "moe", "staleness",
                 "user_code")),
     ("components", ("engines", "workflows", "rewards", "tasks", "tracking")),
     ("run config", ("runconfig",)),

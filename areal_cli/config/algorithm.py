@@ -76,6 +76,15 @@ class AlgorithmConfig:
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: the controller drops groups whose rewards are all equal."""
 
+    # --- mixture-of-experts models (no effect on dense ones) ---
+    router_aux_loss_coef: float = 0.001
+    """Weight of the routers' load-balancing loss (Switch's, as transformers computes it) added to
+    the policy loss, per response token; 0 = off (router_aux_loss is still logged)."""
+    routing_replay: bool = True
+    """The engine returns the experts it chose for every token, and the trainer forces the same
+    experts in every forward of those tokens, weighting them by its live router (docs/gpu.md
+    "Mixture-of-experts models")."""
+
     # --- critic (adv_estimator=gae) ---
     value_coef: float = 1.0
     """Weight of the value loss in the critic objective."""
@@ -149,7 +158,8 @@ class AlgorithmConfig:
             errors.append(
                 f"algorithm.behav_weight_cap={self.behav_weight_cap} must be >= 1 (default 5.0)"
             )
-        for key in ("kl_coef", "entropy_coef", "overlong_buffer", "overlong_penalty"):
+        for key in ("kl_coef", "entropy_coef", "overlong_buffer", "overlong_penalty",
+                    "router_aux_loss_coef"):
             if getattr(self, key) < 0:
                 errors.append(f"algorithm.{key}={getattr(self, key)} must be >= 0 (0 turns it off)")
         if self.ppo_epochs < 1:

@@ -20,6 +20,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from areal_cli.config.schema import EngineConfig, RootConfig
 
 
@@ -76,6 +78,8 @@ class EngineSetup:
     """hf: a torch device; "" = the current GPU if there is one, else the CPU."""
     weights: WeightSource | None = None
     """Where ``update_weights`` receives from; None = weights that never change (evaluation)."""
+    routing: bool = False
+    """MoE: record the experts each token was routed to (``Sequence.routing``; routing replay)."""
 
 
 @dataclass
@@ -96,6 +100,9 @@ class Sequence:
     ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
     top_logprobs: int = 0  # alternatives wanted per generated token (Engine.top_logprobs at most)
     top: list = field(default_factory=list)  # per generated token: [(id, logprob)], best first
+    # MoE, EngineSetup.routing: per context position the engine ran (prompt, then output), its
+    # experts [sparse layers, top-k] (numpy) from the last forward over it (areal_cli/moe.py)
+    routing: list = field(default_factory=list)
 
     def segment_id(self) -> str:
         """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an
@@ -185,3 +192,16 @@ class Engine(ABC):
 
     def in_flight(self) -> int:
         return len(self.seqs)
+
+
+def merge_routing(into: list, routing: list) -> None:
+    """A request's routing (``Sequence.routing``, from context position 0) over a trajectory's
+    (``into``, the same positions: the request's context is a prefix of the trajectory): its
+    positions are written again, the latest forward's experts winning."""
+    into[:len(routing)] = routing
+
+
+def routing_array(routing: list) -> np.ndarray:
+    """A trajectory's routing as ``Sample.routed_experts`` (an empty array when it has none)."""
+    return np.stack(routing) if routing else np.zeros(0, np.uint8)
+

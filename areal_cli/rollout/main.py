@@ -57,7 +57,8 @@ def engine_setup(cfg: RootConfig, index: int, tokenizer, ep: Endpoints) -> Engin
                        seed=cfg.seed,
                        index=index,
                        weights=WeightSource(cfg, ep.weights_host, ep.weights_port,
-                                            ep.weights_store))
+                                            ep.weights_store),
+                       routing=cfg.algorithm.routing_replay)
 
 
 def make_workflow(cfg: RootConfig, engine, pool, tok, index: int, run_dir: str | None) -> Workflow:

@@ -52,6 +52,8 @@ class Rollouts:
     # [N] int64: workflow=agent, the batch-wide episode of each row
     episodes: torch.Tensor | None = None
     # (several rows may share one; ``group_size`` episodes per group); None = one episode per row
+    # MoE with routing replay: each row's engine routing [positions, layers, k] (moe.py), or None
+    routing: list | None = None
 
     def last_of_episode(self) -> torch.Tensor:
         """``[N]`` bool: the rows that end their episode (every row when each is an episode)."""
@@ -81,7 +83,14 @@ def from_batch(batch: Batch) -> Rollouts:
         responses=[s.output_ids.tolist() for s in samples],
         behav_logp=behav, loss_mask=mask,
         rewards=torch.tensor([float(s.reward) for s in samples], dtype=torch.float32),
-        group_size=batch.groups[0].episodes(), versions=versions, episodes=_episode_rows(batch))
+        group_size=batch.groups[0].episodes(), versions=versions, episodes=_episode_rows(batch),
+        routing=_routing_rows(samples))
+
+
+def _routing_rows(samples) -> list | None:
+    """Each sample's ``routed_experts`` (None where it has none), or None when no sample has one."""
+    rows = [s.routed_experts if s.routed_experts.size else None for s in samples]
+    return rows if any(r is not None for r in rows) else None
 
 
 def _episode_rows(batch: Batch) -> torch.Tensor | None:
@@ -170,6 +179,10 @@ class Inputs:
     valid: torch.Tensor  # [n, width] bool: response token k of sequence j exists
     cu_seqlens: torch.Tensor | None = None  # varlen: segment offsets over the rows flattened
     max_seqlen: int = 0  # varlen: the longest segment
+    # [rows, T] bool: a token of a sequence (not padding); the MoE load-balancing loss counts these
+    real: torch.Tensor | None = None
+    # [rows, T, layers, k] int16 experts to force at each token (-1: routed live), or None
+    routing: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> Inputs:
         move = {k: (to_device(v, device) if torch.is_tensor(v) else v) for k,
@@ -189,20 +202,35 @@ class Inputs:
 
 def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
                  device: torch.device | None = None, row_tokens: int | None = None,
-                 buckets: int = 0, varlen: bool = False) -> Inputs:
+                 buckets: int = 0, varlen: bool = False, replay: bool = False) -> Inputs:
     """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
     ``device`` (the packed mask is built there, never on the host). Packed sequences go into
     rows of at most ``row_tokens`` tokens (None = one row), or one row kept apart by segment
     offsets instead of a mask with ``varlen`` (``trainer.varlen``); left-padded rows and columns
-    are rounded up to ``buckets`` (see ``bucket``)."""
+    are rounded up to ``buckets`` (see ``bucket``). ``replay``: ``routing`` laid out as the ids
+    from the rows' engine routings (``ro.routing``)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
+    routes = [ro.routing[i] for i in mb] if replay and ro.routing is not None else None
     if packed:
         return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device,
                     row_tokens=row_tokens,
-                    varlen=varlen)
-    x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad, buckets)
+                    varlen=varlen, routes=routes)
+    x = left_pad(prompts, resps, ro.loss_mask.shape[1], pad, buckets, routes=routes)
     return x if device is None else x.to(device)
+
+
+def lay_out_routing(routes: list, where: list[tuple[int, int]], shape: tuple[int, int]):
+    """``[rows, T, layers, k]`` int16 of the sequences' routings (``routes[j]``: ``[positions,
+    layers, k]`` or None) with sequence j's position 0 at ``where[j]`` = (row, column); -1 where a
+    token has none (padding, a position the engine never ran)."""
+    first = next(r for r in routes if r is not None)
+    out = torch.full((*shape, *first.shape[1:]), -1, dtype=torch.int16)
+    for (row, col), r in zip(where, routes, strict=True):
+        if r is not None:
+            n = min(len(r), shape[1] - col)
+            out[row, col:col + n] = torch.from_numpy(r[:n].astype("int16"))
+    return out
 
 
 def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
@@ -211,7 +239,7 @@ def _valid(resp_lens: list[int], width: int) -> torch.Tensor:
 
 def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
          device: torch.device | None = None, row_tokens: int | None = None,
-         varlen: bool = False) -> Inputs:
+         varlen: bool = False, routes: list | None = None) -> Inputs:
     """Sequence after sequence in a row, positions restarting at 0, attention only within a
     sequence (SDPA on CPU ignores packed ``position_ids`` alone, so the mask is explicit).
 
@@ -256,7 +284,9 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
         keep = torch.unique(keep_pos_t)
         cols = torch.searchsorted(keep, keep_pos_t)
     x = Inputs(ids=ids, attention_mask=seg, position_ids=pos, keep=keep, rows=rows_t, cols=cols,
-               targets=ids[rows_t, keep_pos_t + 1], valid=_valid([len(r) for r in resps], width))
+               targets=ids[rows_t, keep_pos_t + 1], valid=_valid([len(r) for r in resps], width),
+               real=seg >= 0,
+               routing=None if routes is None else lay_out_routing(routes, where, (R, T)))
     if device is not None:
         x = x.to(device)
     if varlen:
@@ -274,7 +304,7 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
 
 
 def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
-             buckets: int = 0) -> Inputs:
+             buckets: int = 0, routes: list | None = None) -> Inputs:
     """One row per sequence, left-padded so every row ends at the last column: the responses
     sit in the last columns and ``logits_to_keep = max response + 1`` covers them. With
     ``buckets``, the columns are rounded up (more left padding) and so are the rows: each
@@ -295,8 +325,12 @@ def left_pad(prompts: list[list[int]], resps: list[list[int]], width: int, pad: 
     row_idx = torch.arange(n)[:, None].expand(n, width)[valid]
     cols = ((K - lens - 1)[:, None] + k[None, :])[valid]  # logit column predicting token k
     targets = ids.gather(1, ((T - lens)[:, None] + k[None, :]).clamp(max=T - 1))[valid]
+    real = att.bool()
+    real[n:] = False  # the bucket's dummy rows
+    where = [(i, T - len(r)) for i, r in enumerate(rows)]
     return Inputs(ids=ids, attention_mask=att, position_ids=pos, keep=K, rows=row_idx, cols=cols,
-                  targets=targets, valid=valid)
+                  targets=targets, valid=valid, real=real,
+                  routing=None if routes is None else lay_out_routing(routes, where, ids.shape))
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
@@ -318,6 +352,10 @@ def dummy_forward(model, device: torch.device, dtype: torch.dtype, backward: boo
     """A two-token forward (and zero-weight backward) for a rank with an empty micro-batch, so
     every rank joins the same FSDP collectives."""
     ids = torch.zeros(1, 2, dtype=torch.long, device=device)
+    routers = getattr(model, "routers", None)
+    if routers is not None:  # MoE: routed live, nothing collected
+        routers.force(None)
+        routers.collect = False
     with autocast(device, dtype):
         out = model(input_ids=ids).logits
     if backward:

@@ -7,6 +7,8 @@ import resource
 import torch
 import torch.distributed as dist
 
+from areal_cli.moe import experts_of, sparse_layers, top_k
+
 PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
 """Dense bf16 peak FLOP/s per GPU (SXM parts), by a name that ``torch.cuda.get_device_name``
 contains."""
@@ -26,8 +28,8 @@ def peak_flops(device: torch.device, override: float) -> float | None:
 def flop_terms(config) -> tuple[float, float, float]:
     """``(body, attention, head)`` coefficients of ``sequence_flops`` from a Llama-style config.
 
-    body = 6 · L · P_layer, P_layer = the matmul weights of one decoder layer:
-    q and o ``H·a·d`` each, k and v ``H·k·d`` each, the gated MLP ``3·H·I``;
+    body = 6 · Σ_layers P_layer, P_layer = the matmul weights of one decoder layer a token passes
+    through: q and o ``H·a·d`` each, k and v ``H·k·d`` each, the MLP (``mlp_weights``);
     attention = 12 · L · a·d (PaLM's 12·L·H·S: QKᵀ and AV, 4·a·d·S per token per layer in the
     forward, ×3 with the backward, S keys: causal masking is not discounted);
     head = 6 · V · H (the output layer). Norms, rotary and the embedding lookup are not counted."""
@@ -35,9 +37,21 @@ def flop_terms(config) -> tuple[float, float, float]:
     heads = config.num_attention_heads
     kv = getattr(config, "num_key_value_heads", None) or heads
     d = getattr(config, "head_dim", None) or h // heads
-    inter = config.intermediate_size
-    per_layer = 2 * h * heads * d + 2 * h * kv * d + 3 * h * inter
-    return 6.0 * layers * per_layer, 12.0 * layers * heads * d, 6.0 * config.vocab_size * h
+    attention = 2 * h * heads * d + 2 * h * kv * d
+    body = layers * attention + sum(mlp_weights(config, i) for i in range(layers))
+    return 6.0 * body, 12.0 * layers * heads * d, 6.0 * config.vocab_size * h
+
+
+def mlp_weights(config, layer: int) -> float:
+    """The MLP weights a token meets in decoder layer ``layer``: the gated MLP ``3·H·I``; in a
+    sparse (mixture-of-experts) layer the *active* ones only: the top-k experts
+    ``k·3·H·I_expert``, a shared expert where the layout has one, and the router ``H·E``."""
+    h = config.hidden_size
+    if layer not in sparse_layers(config):
+        return 3.0 * h * config.intermediate_size
+    expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    shared = getattr(config, "shared_expert_intermediate_size", None) or 0
+    return top_k(config) * 3.0 * h * expert + 3.0 * h * shared + h * experts_of(config)
 
 
 def sequence_flops(terms: tuple[float, float, float], length: int, response: int) -> float:
@@ -53,7 +67,8 @@ class MFU:
 
     Only the policy's forward + backward passes count (one per PPO epoch, the rows that were
     not skipped); the proximal, reference and critic passes, activation recomputation and
-    padding are overhead, not model FLOPs."""
+    padding are overhead, not model FLOPs. A mixture-of-experts model counts its active parameters
+    (the experts a token is routed to, not all of them: ``mlp_weights``)."""
 
     def __init__(self, config, device: torch.device, override: float, world: int,
                  frozen: bool = False):

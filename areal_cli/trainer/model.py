@@ -29,6 +29,7 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
     of those names (``trainer.compile`` for the second; ``shard`` false: no FSDP, one rank only)."""
     from transformers import AutoModelForCausalLM
 
+    from areal_cli import moe
     from areal_cli.trainer import varlen as varlen_attention
 
     if device.type == "cuda":
@@ -45,7 +46,9 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
                                                                           torch.float16) \
         else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                 attn_implementation=attn).to(device)
+                                                 attn_implementation=attn,
+                                                 **moe.load_kwargs(model_path)).to(device)
+    moe.Routers.install(model)  # MoE: routing replay and the load-balancing loss (model.routers)
     zero_rows = zero_embedding_rows(model)
     if frozen != torch.float32:
         frozen_linear_to(model, frozen)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from areal_cli import faults
 from areal_cli.config.choices import OptimState
 from areal_cli.config.schema import RootConfig
+from areal_cli.moe import aux_loss
 from areal_cli.trainer import varlen as varlen_attention
 from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import (
@@ -84,6 +85,10 @@ class StepRunner:
         # parameters whose gradient held a NaN/inf at the last skipped step
         self.nonfinite: list[str] = []
         self.mfu = MFU(model.config, device, t.peak_flops, world, frozen=t.lora.rank > 0)
+        # MoE: the wrapped routers (moe.Routers); their experts forced from the engine's routing
+        self.routers = getattr(model, "routers", None)
+        self.replay = self.routers is not None and cfg.algorithm.routing_replay
+        self.real = None  # the last micro-batch's [rows, T] real tokens (Inputs.real)
         self.clock = StepClock(device)
 
     @classmethod
@@ -261,7 +266,8 @@ class StepRunner:
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
             loss_total += loss
             merge_stats(stats, st, STAT_REDUCTIONS)
-        for k in POLICY_STATS:  # no row forwarded on this rank: the same keys, as 0
+        # no row forwarded on this rank: the same keys, as 0
+        for k in POLICY_STATS + (("router_aux_loss",) if self.routers else ()):
             stats.setdefault(k, torch.zeros((), device=self.device))
         if faults.armed("grad", version):  # tests only: a NaN gradient, as an overflow leaves one
             next(p for p in self.model.parameters() if p.grad is not None).grad.fill_(float("nan"))
@@ -303,12 +309,38 @@ class StepRunner:
                                                          + len(ro.responses[i]) > row for i in mb)
         x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row,
                          buckets=t.shape_buckets,
-                         varlen=varlen)
+                         varlen=varlen, replay=self.replay)
+        self._route(x)
         if clock is not None:
             clock.mark("prepare")
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets,
                                 entropy_grad=self.cfg.algorithm.entropy_coef != 0, clock=clock)
+
+    def _route(self, x) -> None:
+        """MoE: force the micro-batch's engine routing (kept through the backward's recomputation,
+        until the next forward) and collect the router logits of a forward with gradients."""
+        if self.routers is None:
+            return
+        r = x.routing
+        self.routers.force(None if r is None else r.reshape(-1, *r.shape[2:]))
+        self.routers.collect = torch.is_grad_enabled()
+        self.routers.take_collected()  # nothing left over from another forward
+        self.real = x.real
+
+    def _router_aux(self, mask: torch.Tensor, global_tokens: float):
+        """The micro-batch's load-balancing loss weighted by its share of the batch's response
+        tokens (the shares sum to 1 over the step), and that as a stat; ``(None, {})`` for a dense
+        model."""
+        if self.routers is None:
+            return None, {}
+        logits, chosen = self.routers.take_collected()
+        self.routers.collect = False
+        aux = aux_loss(logits, chosen, self.routers.experts, self.real)
+        share = mask.sum() / max(1.0, global_tokens)
+        coef = self.cfg.algorithm.router_aux_loss_coef
+        term = coef * aux * share if coef > 0 else None
+        return term, {"router_aux_loss": aux.detach() * share}
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
@@ -351,13 +383,16 @@ class StepRunner:
                                global_tokens=global_tokens, global_seqs=float(ro.n),
                                max_len=max_len, entropy=ent,
                                ref_logp=None if ref is None else to_device(ref[mb], dev))
+        aux, aux_st = self._router_aux(mask, global_tokens)
+        st.update(aux_st)
         if version is not None and ro.versions is not None:
             fresh = mask & (to_device(ro.versions[mb], dev) == version)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
         self.clock.mark("loss")
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
-        (loss * (self.world * self.scale.value)).backward()
+        total = loss if aux is None else loss + aux  # the MoE load-balancing term
+        (total * (self.world * self.scale.value)).backward()
         self.clock.mark("backward")
         return loss.detach(), st
 

@@ -180,6 +180,9 @@ class Sample:
     # score, "<part>_status" → ok | timeout | error | nonfinite | parse_error, "<part>_batch" → the
     # size of the reward-model batch it was scored in, "<part>_batch_workers" → the rollout workers
     # in that batch
+    # MoE with routing replay: uint8/int16 [T, sparse layers, top-k] the experts the engine routed
+    # each token to, T <= P + R positions of prompt then output (areal_cli/moe.py); empty = none
+    routed_experts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint8))
 
     def invalid(self) -> str:
         """What makes this sample unusable ("" if nothing): the per-token arrays must agree."""
@@ -194,7 +197,21 @@ class Sample:
         if self.logprobs.dtype.kind != "f" or any(a.dtype.kind not in "iu" for a in arrays
                                                   if a is not self.logprobs):
             return "token ids, versions and loss_mask must be integers, logprobs floats"
+        return _routing_problem(self.routed_experts, len(self.prompt_ids) + len(self.output_ids))
+
+
+def _routing_problem(r: np.ndarray, tokens: int) -> str:
+    """What is wrong with a ``Sample.routed_experts`` of a ``tokens``-token trajectory ("" if
+    nothing; the trainer checks the ids against its model's experts)."""
+    if not r.size:
         return ""
+    if r.ndim != 3 or r.dtype.kind not in "iu":
+        return "routed_experts must be integers [positions, layers, top-k]"
+    if len(r) > tokens:
+        return f"routed_experts covers {len(r)} positions of a {tokens}-token trajectory"
+    if r.dtype.kind == "i" and bool((r < 0).any()):
+        return "routed_experts holds a negative expert id"
+    return ""
 
 
 @message

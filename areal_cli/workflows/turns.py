@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from areal_cli.config.schema import RootConfig, WorkflowConfig
-from areal_cli.engines.base import Engine, Sequence
+from areal_cli.engines.base import Engine, Sequence, merge_routing, routing_array
 from areal_cli.staleness import too_stale
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
@@ -50,6 +50,7 @@ class Episode:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    routing: list = field(default_factory=list)  # MoE: experts per position (engines.base)
     turns: int = 0
     text: str = ""  # the last model turn, decoded
     future: cf.Future | None = None  # reward or tool call in progress
@@ -132,6 +133,7 @@ class TurnWorkflow:
             return
         ep = group.episodes[rid.sample]
         group.gen_tokens += len(seq.output_ids)
+        merge_routing(ep.routing, seq.routing)  # the turn's context is the episode so far
         ep.out_ids += seq.output_ids
         ep.logprobs += seq.logprobs
         ep.versions += seq.versions
@@ -216,7 +218,8 @@ class TurnWorkflow:
             versions=np.asarray(ep.versions, np.int32),
             loss_mask=np.asarray(ep.loss_mask, np.uint8),
             reward=ep.reward, reward_status=ep.reward_status, finish_reason=ep.finish_reason,
-            num_turns=ep.turns, completion=ep.text, reward_parts=ep.reward_parts)
+            num_turns=ep.turns, completion=ep.text, reward_parts=ep.reward_parts,
+            routed_experts=routing_array(ep.routing))
                    for ep in group.episodes]
         return GroupResult(group.item.group_id, group.item.prompt_id, self.worker, samples,
                            time.monotonic() - group.t0, group.gen_tokens)

@@ -31,6 +31,7 @@ from collections.abc import Callable
 
 import torch
 
+from areal_cli import moe
 from areal_cli.config.resolve import bucket_bytes
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence, WeightSource
@@ -88,8 +89,12 @@ class HFEngine(Engine):
                                              e.gpu_memory_utilization)
                           if self.device.type == "cuda" else None)
         model = AutoModelForCausalLM.from_pretrained(setup.model_path, dtype=engine_dtype(e.dtype),
-                                                     attn_implementation="sdpa").to(self.device)
+                                                     attn_implementation="sdpa",
+                                                     **moe.load_kwargs(setup.model_path)
+                                                     ).to(self.device)
         model.requires_grad_(False)
+        # MoE: the routers wrapped; the slot loop records each token's experts (routing replay)
+        self.routers = moe.Routers.install(model)
         self._model, self.manager, self._running = model, None, None
         eos = setup.eos_token_id
         self.eos = set([eos] if isinstance(eos, int) else eos)

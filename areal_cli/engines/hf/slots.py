@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from areal_cli import moe
 from areal_cli.engines.base import Sampling, Sequence
 from areal_cli.engines.hf.engine import HFEngine, kv_cache_tokens
 
@@ -128,6 +129,10 @@ class SlotEngine(HFEngine):
         self.t = 0  # the write column of the next decode step
         self.steps = self.prefills = 0  # forwards run (benchmarks read them)
         self.manager, self._running = None, (sampling, kv_tokens)
+        # MoE with routing replay: each forward's experts go to the sequences (Sequence.routing)
+        self.record = self.routers is not None and self.setup.routing
+        if self.routers is not None:
+            self.routers.record = self.record
 
     def _submit_segment(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -186,6 +191,10 @@ class SlotEngine(HFEngine):
         self.cache.r0, self.cache.r1 = n0, n0 + m
         self.cache.w = self.cache.lo = self.t - width
         logits = self._forward(ids, mask, positions)
+        if self.record:  # a re-prefill writes every position again (the latest forward's experts)
+            routed = self._routed(m, width)
+            for j, seq in enumerate(batch):
+                seq.routing = list(routed[j, int(pad[j]):])
         self.rows += batch
         self.start += [self.t - len(x) for x in ctx]
         self.pos += [len(x) for x in ctx]
@@ -204,6 +213,9 @@ class SlotEngine(HFEngine):
         ids = torch.tensor([[s.output_ids[-1]] for s in self.rows])
         self.cache.r0, self.cache.r1, self.cache.w, self.cache.lo = 0, n, self.t, lo
         logits = self._forward(ids, mask, torch.tensor(self.pos)[:, None])
+        if self.record:  # the input token's experts: position pos of each row
+            for seq, r in zip(self.rows, self._routed(n, 1)[:, 0], strict=True):
+                seq.routing.append(r)
         self.t += 1
         self.pos = [p + 1 for p in self.pos]
         self._emit(range(n), logits)
@@ -216,6 +228,12 @@ class SlotEngine(HFEngine):
                                            position_ids=positions,
                                            cache=self.cache, use_cache=True).last_hidden_state
         return self._model.get_output_embeddings()(hidden[:, -1].contiguous()).float()
+
+    def _routed(self, rows: int, columns: int):
+        """The last forward's experts as numpy ``[rows, columns, sparse layers, top-k]``."""
+        r = self.routers
+        got = r.take_recorded().reshape(rows, columns, r.layers, r.k)
+        return got.numpy().astype(moe.routing_dtype(r.experts))
 
     def _emit(self, rows: range, logits: torch.Tensor) -> None:
         tok, logp = sample(logits, self.sampling)

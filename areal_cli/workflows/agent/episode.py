@@ -20,6 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
+from areal_cli.engines.base import merge_routing
 from areal_cli.user_code import load_callable
 from areal_cli.workflows.agent.chat import Reply
 from areal_cli.workflows.agent.clock import EpisodeClock
@@ -38,6 +39,7 @@ class Choice:
     stop: str = ""  # the request's stop string that ended it ("" where none did)
     # per sampled token, the engine's alternatives [(id, logprob)], best first (asked for: top > 0)
     top: list = field(default_factory=list)
+    routing: list = field(default_factory=list)  # MoE: experts per position of prompt + output
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Trajectory:
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
+    routing: list = field(default_factory=list)  # MoE: experts per position (engines.base)
     calls: int = 0
     finish_reason: str = ""
 
@@ -54,6 +57,7 @@ class Trajectory:
         return self.prompt_ids + self.out_ids
 
     def add(self, env: list[int], choice: Choice) -> None:
+        merge_routing(self.routing, choice.routing)  # the call's prompt is this trajectory so far
         self.out_ids += env + choice.output_ids
         self.logprobs += [0.0] * len(env) + choice.logprobs
         self.versions += [-1] * len(env) + choice.versions

@@ -167,15 +167,15 @@ class Endpoint:
 
     def _choice(self, seq, stop: list[str]) -> Choice:
         ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
-        top, reason, hit = list(seq.top), seq.finish_reason, ""
+        top, reason, hit, routing = list(seq.top), seq.finish_reason, "", list(seq.routing)
         if stop:
             cut = self._stop_at(ids, stop)
             if cut is not None:
                 ids, logps, versions, reason = ids[:cut], logps[:cut], versions[:cut], "stop"
-                top = top[:cut]
+                top, routing = top[:cut], routing[:len(seq.prompt_ids) + cut]
                 text = self.renderer.tok.decode(ids, skip_special_tokens=True)
                 hit = next(s for s in stop if s in text)
-        return Choice(ids, logps, versions, reason or "stop", stop=hit, top=top)
+        return Choice(ids, logps, versions, reason or "stop", stop=hit, top=top, routing=routing)
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The fewest leading tokens whose text holds a stop string (None: none occurs)."""

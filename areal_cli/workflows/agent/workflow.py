@@ -38,7 +38,7 @@ import numpy as np
 from areal_cli.config.choices import FailedEpisode
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
-from areal_cli.engines.base import Engine, Sequence
+from areal_cli.engines.base import Engine, Sequence, routing_array
 from areal_cli.runtime import short_gil_switch
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.messages import GroupResult, Sample, WorkItem
@@ -251,7 +251,8 @@ class AgentWorkflow:
                     reward=0.0 if run.failed else float(run.reward),
                     reward_status="agent_failed" if run.failed else "ok",
                     finish_reason=t.finish_reason or "stop",
-                    num_turns=t.calls, completion=run.log.last_text, episode=run.index))
+                    num_turns=t.calls, completion=run.log.last_text, episode=run.index,
+                    routed_experts=routing_array(t.routing)))
         return out
 
     def _counters(self, group: AgentGroup) -> dict:
