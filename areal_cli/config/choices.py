@@ -100,6 +100,14 @@ class PauseMode(StrEnum):
     keep = "keep"
 
 
+class Share(StrEnum):
+    """How the trainer and an engine on one device take turns: concurrent | alternate."""
+
+    auto = "auto"
+    concurrent = "concurrent"
+    alternate = "alternate"
+
+
 class BatchOrder(StrEnum):
     """Which groups make a batch: the oldest finished | the oldest admitted."""
 

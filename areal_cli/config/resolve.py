@@ -28,6 +28,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 | trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
 | trainer.shard | true for several ranks, and for one GPU rank with a model of at least 1B decoder-layer parameters (or one not known yet); false for one CPU rank |
 | trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
+| cluster.share | concurrent; the launcher's plan of a shared GPU turns it to alternate where the trainer fits only while the engine sleeps (launcher/share.py) |
 | launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
 | logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
 """

@@ -25,6 +25,7 @@ from areal_cli.config.choices import (
     LrDecay,
     OptimState,
     PauseMode,
+    Share,
     Switch,
     ToolFormat,
     WandbMode,
@@ -419,6 +420,12 @@ class LauncherConfig:
 class ClusterConfig:
     gpus: list = field(default_factory=list)
     """GPU ids this run may use; [] = all visible (none on a CPU machine)."""
+    share: Share = Share.auto
+    """Trainer rank 0 and a rollout worker on one device: "concurrent" (generation goes on while
+    the trainer steps; the only hold is the weight swap) | "alternate" (the workers stop and their
+    engines sleep while the trainer steps, vLLM freeing its KV cache and moving its weights to host
+    memory; they wake for each update) | "auto" (concurrent where the trainer's estimate fits beside
+    the engine's share, else alternate; concurrent on the CPU)."""
 
 
 @dataclass

@@ -39,6 +39,7 @@ from areal_cli.controller.records import (
     check_batch_rewards,
     zero_nonfinite_rewards,
 )
+from areal_cli.controller.sleeps import SleepOrders
 from areal_cli.controller.state import finish_checkpoint, last_step, restore
 from areal_cli.controller.weight_orders import WeightOrders
 from areal_cli.rundir import RunDir
@@ -49,6 +50,7 @@ from areal_cli.tracking.fanout import open_for_run
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import Channel, Router, max_frame_bytes, shutdown
 from areal_cli.transport.messages import (
+    Asleep,
     Batch,
     Bye,
     CheckpointWritten,
@@ -104,10 +106,13 @@ class Controller:
         self.done = False
         self.stopping = None  # monotonic time a stop signal arrived
         # what each status message does (who may send it: messages.SENDERS; when: _unexpected)
+        # cluster.share=alternate: the workers sleep while the trainer steps (controller/sleeps.py)
+        self.sleeps = SleepOrders() if cfg.cluster.share == "alternate" else None
         self.on = {Hello: self._on_hello, Heartbeat: self._on_heartbeat,
                    WeightsReady: self._on_weights_ready,
                    StepDone: self._on_step_done, CheckpointWritten: self._on_checkpoint_written,
-                   Bye: self._on_bye, WeightsLoaded: self._on_weights_loaded}
+                   Bye: self._on_bye, WeightsLoaded: self._on_weights_loaded,
+                   Asleep: self._on_asleep}
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         logged = last_step(self.run_dir)  # before a resume cuts metrics.jsonl to its checkpoint
@@ -248,6 +253,9 @@ class Controller:
         self.buffer.sort(key=self._seq)
         if self.cfg.rollout.batch_order == "admission" and not self._oldest_finished(B):
             return
+        if self.sleeps is not None and not self.sleeps.ready(self.step, self.control,
+                                                             self.cfg.rollout.workers):
+            return  # the batch goes once every worker sleeps
         batch, self.buffer = self.buffer[:B], self.buffer[B:]
         # before the trainer sees it
         check_batch_rewards(self.step, batch, self.cfg.reward.max_error_fraction)
@@ -350,6 +358,10 @@ class Controller:
         # culprits(): who a trainer stuck sending weights waits for
         self.peers.loaded[msg.sender] = msg.version
         self.rec.on_weights_loaded(msg.sender, msg.version, msg.timings)
+
+    def _on_asleep(self, msg: Asleep) -> None:
+        if self.sleeps is not None:
+            self.sleeps.on_asleep(msg)
 
     def _on_bye(self, msg: Bye) -> None:
         self.log.info("the trainer %s", "finished" if msg.finished else "stopped")

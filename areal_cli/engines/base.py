@@ -182,6 +182,18 @@ class Engine(ABC):
         """The update begun by ``begin_update``, applied: ``update_weights``' timings."""
         return self.update_weights(self._next_version)
 
+    def sleep(self) -> dict:
+        """Stop generating until ``wake`` (cluster.share=alternate: the trainer takes the device),
+        freeing what the engine can; unfinished sequences are kept and continue after the next
+        update. Returns timings (``sleep_s``, ``freed_bytes``). Here: nothing is freed; the worker
+        only stops stepping the engine."""
+        return {}
+
+    def wake(self) -> dict:
+        """Take back what ``sleep`` freed, before the update that follows it; timings
+        (``wake_s``)."""
+        return {}
+
     def weights_digest(self) -> str:
         """sha256 of the weights as received (weights.verify); "" where they cannot be read here."""
         return self.receiver.digest() if self.receiver is not None else ""

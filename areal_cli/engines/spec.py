@@ -37,6 +37,9 @@ class EngineSpec:
     gpu_only: bool = False
     """Computes on GPUs only: its ``engine.dtype=auto`` is bfloat16 wherever it is planned."""
     """How the engine applies a received LoRA adapter (the plan's note)."""
+    asleep_bytes: int = -1
+    """GPU memory the engine still holds while it sleeps (``cluster.share=alternate``): what its
+    device context and allocator keep; -1 = it cannot sleep (it keeps its whole share)."""
     module: str = "engine"
     """The module of its package that defines ``ENGINE`` and ``make_sender``."""
     package: str = ""

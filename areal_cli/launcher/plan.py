@@ -21,6 +21,7 @@ from areal_cli.config.schema import RootConfig
 from areal_cli.engines import spanning, spec
 from areal_cli.launcher.claim import claim_run_dir, taken_problems
 from areal_cli.launcher.reward_plan import reward_notes, reward_proc
+from areal_cli.launcher.share import choose_share, share_notes
 from areal_cli.private import make_private_dir
 from areal_cli.runconfig.autos import resolve
 from areal_cli.runconfig.bounds import kv_memory_problems
@@ -278,33 +279,6 @@ def shares_rank0_gpu(cfg: RootConfig, devices: dict) -> bool:
     return True
 
 
-def share_notes(cfg: RootConfig, placement: Placement, total: int, gpu: int) -> list[str]:
-    """How trainer rank 0 and the rollout worker on its GPU ``gpu`` of ``total`` bytes share it,
-    planned before anything starts; ValueError naming what to lower where the estimate does not
-    fit."""
-    gib = 1024 ** 3
-    engine_bytes = total - placement.gpu_memory_bytes  # its share and what it holds beside it
-    every, need = checkpointing(cfg, placement)
-    what = "no checkpointing" if every is None else f"checkpointing every {'' if every == 1 else f'{every}th '}layer"
-    lines = [f"GPU {gpu} ({total / gib:.0f} GiB) shared by trainer rank 0 and rollout-0 (engine={cfg.engine.name}), "
-             "concurrent: generation goes on while the trainer steps; the only hold is the weight swap",
-             f"  {cfg.engine.name}: {engine_bytes / gib:.1f} GiB ({spec(cfg.engine.name).share_why(cfg, placement.model_path)})"]
-    if not need:
-        return [*lines, f"  trainer rank 0: the rest, {placement.gpu_memory_bytes / gib:.1f} GiB (the model's layout "
-                        "is not known here to estimate its peak)"]
-    lines.append(f"  trainer rank 0: ~{need / gib:.1f} GiB estimated ({what}, micro_batch_tokens="
-                 f"{cfg.trainer.micro_batch_tokens}) of the {placement.gpu_memory_bytes / gib:.1f} GiB left")
-    if need > placement.gpu_memory_bytes:
-        raise ValueError("\n  ".join([f"trainer rank 0 and rollout-0 do not fit on GPU {gpu} together:", *lines,
-                                      "lower engine.gpu_memory_utilization (now "
-                                      f"{cfg.engine.gpu_memory_utilization:g}), trainer.micro_batch_tokens (now "
-                                      f"{cfg.trainer.micro_batch_tokens})"
-                                      + (", or train a LoRA adapter (trainer.lora.rank=16) instead of every "
-                                         "weight" if cfg.trainer.lora.rank <= 0 else
-                                         ", or use a GPU with more memory")]))
-    return lines
-
-
 def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     """The model's local directory and the lines that say where it comes from. A Hub id is fetched
     (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
@@ -417,6 +391,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
+    if shared and total:  # concurrent, or alternate where the trainer fits only while the engine sleeps
+        cfg, placement = choose_share(asked, cfg, placement, total)
     too_big = kv_memory_problems(cfg, model_path, placement.engine_gpu)
     if too_big:
         raise ValueError("\n  - ".join(too_big))

@@ -31,8 +31,10 @@ from areal_cli.tasks import load_tokenizer
 from areal_cli.transport.auth import load_keys
 from areal_cli.transport.channels import Channel, Endpoints, max_frame_bytes
 from areal_cli.transport.messages import (
+    Asleep,
     Hello,
     Phase,
+    Sleep,
     StaleBefore,
     Stop,
     UpdateWeights,
@@ -126,6 +128,12 @@ class Worker:
         self.updating: int | None = None  # the weight version on its way (begun, not yet applied)
         self.next_update: int | None = None  # a newer version ordered meanwhile
         self.update_t0 = 0.0
+        # cluster.share=alternate: the batch the controller asked this worker to sleep for, and the
+        # one it sleeps for (until the next update)
+        self.sleep_asked: int | None = None
+        self.asleep_for: int | None = None
+        self.last_slept = -1
+        self.asleep_t0, self.asleep_s = 0.0, None
         self.capacity = concurrency(self.cfg)
         self.hb.busy = lambda: self.flow.busy() + len(self.held)  # work held: progress is due
         self.speed = GenerationSpeed()
@@ -153,10 +161,22 @@ class Worker:
                 self._finish_update_before_stop()
                 break
             if isinstance(msg, UpdateWeights):
+                if self.asleep_for is not None and msg.version > self.engine.version:
+                    self._wake()
                 self._order(msg.version)
             if isinstance(msg, StaleBefore):
                 self._drop_stale(msg.version)
+            if isinstance(msg, Sleep):
+                self._asked_to_sleep(msg.step)
             self._continue_update()
+            if self.sleep_asked is not None and self.updating is None:
+                self._sleep()  # after the update on its way: the trainer's next step needs it
+            if self.asleep_for is not None:
+                self.hb.advance()  # waiting by design, not stuck
+                for result in self.flow.poll():
+                    self.results.send(result)
+                time.sleep(0.02)
+                continue
             if self.updating is None:
                 # said after an update too: a worker frozen in _take_work must not still claim to be
                 # receiving
@@ -230,6 +250,8 @@ class Worker:
         version, self.updating = self.updating, None
         timings = self.engine.finish_update()
         timings["update_total_s"] = time.perf_counter() - self.update_t0
+        if self.asleep_s is not None:  # the sleep this update ends (cluster.share=alternate)
+            timings["asleep_s"], self.asleep_s = self.asleep_s, None
         # an engine that generates meanwhile says
         timings.setdefault("pause_total_s", timings["update_total_s"])
         if self.cfg.weights.verify:
@@ -248,6 +270,34 @@ class Worker:
         if self.next_update is not None:
             later, self.next_update = self.next_update, None
             self._begin_update(later)
+
+    def _asked_to_sleep(self, step: int) -> None:
+        """``Sleep`` for batch ``step`` (cluster.share=alternate); repeated by the controller until
+        it hears ``Asleep``, which is said again for a repeat."""
+        if self.asleep_for is not None and step >= self.asleep_for:
+            self.asleep_for = step  # still asleep (a later batch: the order to wake was repeated)
+            self.hb.send(Asleep(self.name, step, {}))
+        elif self.asleep_for is None and step > self.last_slept:  # not a late repeat of an old one
+            self.sleep_asked = step
+
+    def _sleep(self) -> None:
+        step, self.sleep_asked = self.sleep_asked, None
+        timings = self.engine.sleep()
+        self.asleep_for = self.last_slept = step
+        self.asleep_t0 = time.perf_counter()
+        self.hb.send(Asleep(self.name, step, timings))
+        self.hb.doing = (f"asleep while the trainer steps batch {step} (cluster.share=alternate; "
+                         f"{self.flow.busy()} groups wait)")
+        self.log.info("asleep for batch %d: %d groups wait%s", step, self.flow.busy(),
+                      f"; {timings['freed_bytes'] / 2**30:.1f} GiB freed in "
+                      f"{timings['sleep_s']:.2f}s" if "freed_bytes" in timings else "")
+
+    def _wake(self) -> None:
+        timings = self.engine.wake()
+        self.asleep_s = time.perf_counter() - self.asleep_t0
+        self.log.info("awake after batch %d: asleep %.2fs, woke in %.2fs", self.asleep_for,
+                      self.asleep_s, timings.get("wake_s", 0.0))
+        self.asleep_for = None
 
     def _drop_stale(self, oldest: int) -> None:
         """The groups whose first model token is older than version ``oldest`` stop generating: no

@@ -15,6 +15,7 @@ from areal_cli.config.choices import (
     Allocator,
     Dtype,
     OptimState,
+    Share,
     Switch,
     WandbMode,
     WeightsBackend,
@@ -62,6 +63,8 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
         every, _ = checkpointing(out, where)
         t.activation_checkpointing = Switch.false if every is None else Switch.true
         t.checkpoint_every = every or t.checkpoint_every
+    # the launcher's plan turns it to alternate where the trainer does not fit beside the engine
+    out.cluster.share = _auto(Share, out.cluster.share, Share.concurrent)
     out.launcher.allocator = _auto(Allocator, out.launcher.allocator, _installed_allocator)
     out.logging.wandb_mode = _auto(WandbMode, out.logging.wandb_mode, _wandb_mode)
     return out

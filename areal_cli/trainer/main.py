@@ -344,6 +344,9 @@ class Trainer:
                 pass
             return {}
         out = self.sender.prepare(params)
+        if self.cfg.cluster.share == "alternate" and self.device.type == "cuda":
+            # the engine beside it wakes at this update: the step's cached blocks go back first
+            torch.cuda.empty_cache()
         self.status.send(WeightsReady(self.name, version))
         out.update(self.sender.broadcast(digest=self.cfg.weights.verify))
         out["weight_sync_s"] = out.get("weight_gather_s", 0.0) + out["weight_transfer_s"]

@@ -299,6 +299,14 @@ class StaleBefore:
 
 
 @message
+class Sleep:
+    """cluster.share=alternate: batch ``step`` is ready; stop generating and let the engine sleep
+    (free its memory) until the next weight update, then say ``Asleep``."""
+
+    step: int
+
+
+@message
 class Stop:
     """No more work. Control channel: a rollout worker exits. Ranks channel: every trainer rank
     writes its part of a checkpoint (a stop signal reached rank 0 while it waited) and exits."""
@@ -380,6 +388,19 @@ class WeightsLoaded:
         return _flat("timings", self.timings)
 
 
+@message
+class Asleep:
+    """This rollout worker stopped generating and its engine sleeps, for batch ``step``
+    (``Sleep``): the trainer may take the device."""
+
+    sender: str
+    step: int
+    timings: dict  # sleep_s, freed_bytes where the engine says
+
+    def invalid(self) -> str:
+        return _flat("timings", self.timings)
+
+
 def _flat(name: str, values: dict) -> str:
     if all(isinstance(k, str) and isinstance(v, (int, float, str, bool, type(None))) for k,
            v in values.items()):
@@ -397,6 +418,7 @@ SENDERS: dict[type, str] = {
     CheckpointWritten: "trainer-0",
     Bye: "trainer-0",
     WeightsLoaded: "rollout",
+    Asleep: "rollout",
 }
 
 
@@ -413,7 +435,7 @@ CHANNELS: dict[str, tuple[type, ...]] = {
     "work": (WorkItem,),  # controller PUSH → rollout PULL
     "results": (GroupResult,),  # rollout PUSH → controller PULL
     "batches": (Batch,),  # controller PUSH → trainer rank 0 PULL
-    "control": (UpdateWeights, StaleBefore, Stop),  # controller PUB → rollout SUB
+    "control": (UpdateWeights, StaleBefore, Sleep, Stop),  # controller PUB → rollout SUB
     "status": tuple(SENDERS),  # every process DEALER → controller ROUTER
     "ranks": (Batch, Stop),
     # rollout DEALER → reward-model ROUTER, and the replies back  # trainer rank 0 → the other ranks

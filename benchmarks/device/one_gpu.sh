@@ -23,6 +23,8 @@
 #                                            32 steps a mode (30 measured), one mode per call (a fresh
 #                                            machine's first start costs ~5 min, then ~45 s); the third
 #                                            call, both modes kept, measures generation alone and compares
+#   alternate (nothing carried)              the GPU test of cluster.share=alternate (vLLM sleeps
+#                                            while the trainer steps)
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -39,6 +41,10 @@ case $phase in
     [ "${RUNS:-1}" = 0 ] && { cp -r $L $OUT/logs-$phase 2>/dev/null; cat $S; exit 0; }  # RUNS=0: the tests alone
     TAIL=40 step gpu_vllm_run 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k vllm
     TAIL=40 step gpu_hf_run 120 $TF python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k hf
+    ;;
+  alternate)
+    # cluster.share=alternate on one GPU: vLLM sleeps through each step (the GPU test)
+    TAIL=30 step gpu_alternate 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k alternate
     ;;
   pair)
     # each engine with what a one-GPU run of it defaults to, unless B (groups a step) is given

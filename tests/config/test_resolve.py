@@ -175,7 +175,7 @@ def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_
         "engine.lm_head_fp32", "trainer.optim_state",
         "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile",
         "trainer.shard", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator",
-        "logging.wandb_mode"]
+        "cluster.share", "logging.wandb_mode"]
     assert (unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([]))))
             == [])
     plan = make_plan(compose([f"model={tiny_model}", f"run_dir={tmp_path / 'run'}", "engine=vllm"]),

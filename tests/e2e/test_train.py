@@ -144,3 +144,22 @@ def test_ctrl_c_stops_everything_within_10_seconds(tiny_model, tmp_path):
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
                           text=True).stdout.split()
     assert not left, f"processes of the run left behind: {left}"
+
+
+@pytest.mark.slow  # a whole run (30-60 s on 2 cores): `make test-slow`, which CI runs too
+def test_alternate_share_sleeps_the_workers_through_every_step(tiny_model, tmp_path):
+    """cluster.share=alternate: each batch goes to the trainer only once every worker sleeps, and
+    they wake at the update after the step: each update's sleep outlasts the step it made room
+    for, and no group generated while the trainer stepped."""
+    steps = 3
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, f"trainer.steps={steps}",
+              "rollout.workers=2", "cluster.share=alternate", "rollout.max_staleness=1")
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(steps))
+    updates = read_jsonl(tmp_path / "weight_updates.jsonl")
+    for m in metrics[:-1]:  # the last step's update may come after the workers' stop
+        slept = [u["asleep_s"] for u in updates if u["version"] == m["version"]]
+        assert len(slept) == 2, updates  # both workers, each once
+        assert min(slept) >= m["step_time_s"], (slept, m)
+    log = (tmp_path / "logs" / "rollout-0.log").read_text()
+    assert all(f"asleep for batch {s}:" in log for s in range(steps)), log

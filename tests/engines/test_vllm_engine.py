@@ -189,6 +189,8 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert "disable_log_stats" not in kw  # vllm.LLM's default: no stats
     cfg.engine.log_stats = True
     assert llm_kwargs(cfg.engine, cfg.seed, 1)["disable_log_stats"] is False
+    assert "enable_sleep_mode" not in llm_kwargs(cfg.engine, cfg.seed, 1)
+    assert llm_kwargs(cfg.engine, cfg.seed, 1, sleep_mode=True)["enable_sleep_mode"] is True
 
 
 def test_inplace_updates_use_areals_worker_extension_and_head_can_stay_bf16():

@@ -41,3 +41,24 @@ def test_the_hf_engine_and_the_trainer_share_one_gpu(tmp_path):
     assert cfg["weights"]["backend"] == "ipc"
     assert len(read_jsonl(RunDir(run).metrics)) == 4
     assert len(read_jsonl(RunDir(run).weight_updates)) >= 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
+def test_vllm_sleeps_while_the_trainer_steps_with_cluster_share_alternate(tmp_path):
+    """cluster.share=alternate: vLLM sleeps (KV cache freed, weights in host memory) for each
+    step, wakes at the update, takes it in through CUDA IPC and is verified as in concurrent."""
+    run = tmp_path / "alternate"
+    proc = run_train(run, *SHORT, "engine=vllm", "cluster.share=alternate", timeout=900)
+    assert "alternate: vllm sleeps while the trainer steps" in proc.stdout
+    cfg = yaml.safe_load(RunDir(run).config.read_text())
+    assert cfg["cluster"]["share"] == "alternate" and cfg["engine"]["staging"] is False
+    updates = read_jsonl(RunDir(run).weight_updates)
+    metrics = {m["version"]: m for m in read_jsonl(RunDir(run).metrics)}
+    assert len(updates) >= 3
+    for u in updates:  # each ended a sleep at least as long as the step it made room for
+        assert u["asleep_s"] >= metrics[u["version"]]["step_time_s"]
+    assert all(u.get("weights_unchanged") == 0 for u in updates)
+    verified = [u for u in updates if "probe_logp_change" in u]
+    assert verified and all(u["probe_logp_change"] > 0 for u in verified)
+    log = (RunDir(run).logs / "rollout-0.log").read_text()
+    assert "GiB freed in" in log  # vLLM's sleep gave memory back

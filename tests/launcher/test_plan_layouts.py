@@ -197,14 +197,28 @@ GIB = 1 << 30
 def shared_plan(model, tmp_path, card_gib, *overrides):
     """The share notes of a one-GPU vLLM plan on a card of ``card_gib`` GiB, for ``model``."""
     from areal_cli.engines import spec
-    from areal_cli.launcher.plan import share_notes
+    from areal_cli.launcher.share import choose_share, share_notes
     from areal_cli.runconfig.autos import resolve
 
     cfg = compose([f"model={model}", f"run_dir={tmp_path}", "engine=vllm", *overrides])
     card = spec("vllm").shared_card(cfg, card_gib * GIB, model)
     where = Placement(trainer_gpu=True, rollout_gpu=True, shared_gpu=True, gpu_memory_bytes=card,
                       model_path=model)
-    return share_notes(resolve(cfg, where), where, card_gib * GIB, 0)
+    out, where = choose_share(cfg, resolve(cfg, where), where, card_gib * GIB)
+    return share_notes(out, where, card_gib * GIB, 0)
+
+
+def test_auto_alternates_where_the_trainer_fits_only_while_the_engine_sleeps(tmp_path):
+    model = layout_dir(tmp_path, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)  # 7B
+    text = "\n".join(shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.5",
+                                 "trainer.optim_state=bfloat16"))
+    assert "alternate: vllm sleeps while the trainer steps" in text, text
+    assert "of the 136.0 GiB while it sleeps" in text and "staging" not in text
+    # the 1.5B layout fits beside it: concurrent, staged
+    small = layout_dir(tmp_path)
+    text = "\n".join(shared_plan(small, tmp_path, 140, "engine.gpu_memory_utilization=0.5"))
+    assert "concurrent" in text and "behind generation" in text
 
 
 def layout_dir(tmp_path, **sizes):
@@ -228,7 +242,7 @@ def test_the_shared_gpu_plan_prints_each_share_and_the_staging_copy(tmp_path):
     assert ("GPU 0 (140 GiB) shared by trainer rank 0 and rollout-0 (engine=vllm), concurrent"
             in text)
     # 0.4 of the card (56 GiB), and the staging copy in bfloat16 (~2.9 GiB) + two 1-GiB buckets
-    assert "vllm: 60.9 GiB (engine.gpu_memory_utilization=0.4" in text, text
+    assert "vllm: 60.9 GiB awake (engine.gpu_memory_utilization=0.4" in text, text
     assert "and 4.9 GiB beside it to receive each update behind generation" in text
     assert "trainer rank 0: ~" in text and "of the 79.1 GiB left" in text, text
 
@@ -236,13 +250,20 @@ def test_the_shared_gpu_plan_prints_each_share_and_the_staging_copy(tmp_path):
 def test_a_shared_gpu_plan_that_cannot_fit_names_what_to_lower(tmp_path):
     model = layout_dir(tmp_path, hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
                        num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)  # 7B
-    with pytest.raises(ValueError) as err:
-        shared_plan(model, tmp_path, 80, "engine.gpu_memory_utilization=0.5")
+    with pytest.raises(ValueError) as err:  # concurrent asked: its fixes, alternate among them
+        shared_plan(model, tmp_path, 80, "engine.gpu_memory_utilization=0.5",
+                    "cluster.share=concurrent")
     msg = str(err.value)
     assert "do not fit on GPU 0 together" in msg
     for fix in ("engine.gpu_memory_utilization (now 0.5)", "trainer.micro_batch_tokens",
-                "trainer.lora.rank=16"):
+                "cluster.share=alternate", "trainer.optim_state=bfloat16", "trainer.lora.rank=16"):
         assert fix in msg
+    with pytest.raises(ValueError) as err:  # auto: alternate tried too, and the 7B does not fit
+        shared_plan(model, tmp_path, 80, "engine.gpu_memory_utilization=0.5")
+    msg = str(err.value)
+    assert "alternate: vllm sleeps while the trainer steps" in msg
+    assert "of the 76.0 GiB while it sleeps" in msg
+    assert "engine.gpu_memory_utilization" not in msg.split("lower ")[1]  # asleep, it holds 4 GiB
     # a LoRA adapter on a 140-GiB card: the frozen weights, vLLM's share and both staging copies
     text = "\n".join(shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.3",
                                  "trainer.lora.rank=16"))

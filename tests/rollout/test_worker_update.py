@@ -35,6 +35,7 @@ def staged_worker():
     w.hb = types.SimpleNamespace(send=sent.append, set_doing=lambda what, phase, version: setattr(
         w.hb, "now", (what, phase, version)))
     w.updating, w.next_update, w.update_t0 = None, None, 0.0
+    w.asleep_s = None  # cluster.share=alternate: no sleep ended by these updates
     # no groups to judge after an update (Workflow.drop_stale: test_stale_stop)
     w.flow = types.SimpleNamespace()
     return w, sent, trainer, tx, rx

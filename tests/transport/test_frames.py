@@ -15,6 +15,7 @@ from areal_cli.transport.messages import (
     CHANNELS,
     REGISTRY,
     SENDERS,
+    Asleep,
     BadFrame,
     Batch,
     Bye,
@@ -26,6 +27,7 @@ from areal_cli.transport.messages import (
     RewardReply,
     RewardRequest,
     Sample,
+    Sleep,
     StaleBefore,
     StepDone,
     Stop,
@@ -96,6 +98,8 @@ EXAMPLES = {  # one well-formed message of every registered type
     Batch: Batch(0, [result(3)]),
     UpdateWeights: UpdateWeights(3),
     StaleBefore: StaleBefore(2),
+    Sleep: Sleep(4),
+    Asleep: Asleep("rollout-0", 4, {"sleep_s": 0.2, "freed_bytes": 1 << 30}),
     Stop: Stop(),
     Hello: Hello("rollout-0"),
     Heartbeat: Heartbeat("trainer-0", "sending weights of version 3", 7,
@@ -131,11 +135,11 @@ def test_the_channel_table():
     names = lambda ch: {c.__name__ for c in CHANNELS[ch]}  # noqa: E731
     assert (names("work") == {"WorkItem"} and names("results") == {"GroupResult"}
             and names("batches") == {"Batch"})
-    assert names("control") == {"UpdateWeights", "StaleBefore",
+    assert names("control") == {"UpdateWeights", "StaleBefore", "Sleep",
                                 "Stop"} and names("ranks") == {"Batch", "Stop"}
     assert names("status") == {"Hello", "Heartbeat", "WeightsReady", "StepDone",
                                "CheckpointWritten", "Bye",
-                               "WeightsLoaded"}
+                               "WeightsLoaded", "Asleep"}
     assert set(CHANNELS["status"]) == set(SENDERS)  # every status message says who may send it
     nested = {Sample}  # travels only inside a GroupResult
     assert set(REGISTRY.values()) == nested | {c for types in CHANNELS.values() for c in types}
@@ -146,7 +150,7 @@ def test_who_may_send_which_status_message():
     trainer = {WeightsReady, StepDone, CheckpointWritten, Bye}
     for cls in SENDERS:
         assert may_send(cls, "trainer-0") == (cls in everyone | trainer)
-        assert may_send(cls, "rollout-3") == (cls in everyone | {WeightsLoaded})
+        assert may_send(cls, "rollout-3") == (cls in everyone | {WeightsLoaded, Asleep})
         assert not may_send(cls, "trainer-1") or cls in everyone
     assert not may_send(WorkItem, "trainer-0")  # not a status message at all
 

@@ -79,11 +79,13 @@ def vllm_lora_rank(rank: int) -> int:
                      "engine.lora_merge=true to send merged weights")
 
 
-def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> dict:
+def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
+               sleep_mode: bool = False) -> dict:
     """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e``
     resolved);
     ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight
-    transfer engine (the base weights never change)."""
+    transfer engine (the base weights never change); ``sleep_mode``: vLLM's sleep mode
+    (cluster.share=alternate)."""
     if unresolved(e):
         raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
                          "(areal_cli.config.resolve)")
@@ -106,6 +108,8 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0) -> di
         kw["max_model_len"] = e.max_model_len
     if e.log_stats:
         kw["disable_log_stats"] = False
+    if sleep_mode:
+        kw["enable_sleep_mode"] = True
     return kw
 
 
@@ -132,8 +136,11 @@ class VLLMEngine(Engine):
         self.engine_cfg = setup.engine
         adapter = setup.weights is not None and lora.sends_adapter(setup.weights.cfg)
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
+        run = setup.weights.cfg if setup.weights is not None else None
+        self.sleep_mode = run is not None and run.cluster.share == "alternate"
         self.llm = vllm.LLM(model=str(setup.model_path),
-                            **llm_kwargs(setup.engine, setup.seed, setup.index, rank))
+                            **llm_kwargs(setup.engine, setup.seed, setup.index, rank,
+                                         sleep_mode=self.sleep_mode))
         # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
         self.lora_request = None
         # in-place updates' verification, from the first update on: the probe's ids, the probe
@@ -155,6 +162,7 @@ class VLLMEngine(Engine):
         self.segment: dict = {}  # engine request id (Sequence.segment_id) → rid
         self.version = 0
         self._done: list[Sequence] = []  # finished outside poll (at a resubmit)
+        self._slept = False  # asleep since the last update: its sequences wait to be resubmitted
         # time with requests in flight, since the last update
         self._busy_s, self._busy_since = 0.0, None
         if adapter:
@@ -308,14 +316,41 @@ class VLLMEngine(Engine):
         yield timings  # the caller loads the weights
         loaded = time.perf_counter()
         self.version = version  # the salt of every request from now on (``_prompt``)
-        if abort:
-            for seq in list(self.seqs.values()):
+        if abort or self._slept:  # each sequence without a request of its own continues
+            live = set(self.segment.values())
+            for seq in [s for s in self.seqs.values() if s.rid not in live]:
                 seq.segments += 1
                 self._submit_segment(seq)
+        self._slept = False
         timings.update(pause_s=time.perf_counter() - t0, pause_wait_s=paused - t0,
                        resume_s=time.perf_counter() - loaded, interrupted=len(self.seqs),
                        gen_busy_s=self._busy_s)
         self._busy_s = 0.0
+
+    def sleep(self) -> dict:
+        """vLLM's sleep, level 1: its KV cache freed, its weights copied to host memory. The
+        running requests are aborted first; their sequences continue after the next update
+        (``paused``)."""
+        import torch
+
+        t0 = time.perf_counter()
+        if not self.sleep_mode:
+            return {}  # built without it: the worker only stops stepping it
+        if self.segment:
+            self.core.abort_request(list(self.segment))
+            self.segment.clear()
+        self._mark_idle()
+        free = torch.cuda.mem_get_info()[0]
+        self.core.sleep(level=1)
+        self._slept = True
+        return {"sleep_s": time.perf_counter() - t0,
+                "freed_bytes": torch.cuda.mem_get_info()[0] - free}
+
+    def wake(self) -> dict:
+        t0 = time.perf_counter()
+        if self.sleep_mode and self.core.is_sleeping():
+            self.core.wake_up()
+        return {"wake_s": time.perf_counter() - t0}
 
     def update_weights(self, version: int) -> dict:
         """As ``Engine.update_weights``; a staged receiver takes the update in while this engine

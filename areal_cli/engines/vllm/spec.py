@@ -39,6 +39,9 @@ class VLLMSpec(EngineSpec):
                            "where the GPU has room)"),
                "reload": "layer-wise reload (vLLM nccl transfer in checkpoint format)",
                "auto": "inplace or reload"}[cfg.engine.weight_update]
+        if cfg.weights.backend == "ipc":
+            return [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
+                    "CUDA IPC: trainer rank 0 hands each bucket to rollout-0 on their shared GPU"]
         lines = [f"engine.weight_update={cfg.engine.weight_update}: {how}; {why}",
                  f"one NCCL group of {group_size(w, tp)} ranks: trainer rank 0 + {w} vLLM "
                  f"worker(s) × {tp} GPU rank(s)"]
@@ -98,8 +101,10 @@ def staging_bytes(cfg: RootConfig, model_path: Path | None) -> int:
     return wire + 2 * min((w.bucket_mb or 1024) << 20, wire)
 
 
+# asleep (sleep level 1: KV cache freed, weights in host memory) vLLM keeps its CUDA context, the
+# CUDA graphs' pool and what was allocated outside its sleep-mode allocator: 4 GiB, an estimate
 SPEC = VLLMSpec("vllm", loads_model=True, tensor_parallel=True, fp32_logits=True, merges_lora=True,
-                gpu_only=True,
+                gpu_only=True, asleep_bytes=4 * 1024**3,
                 lora_apply="each vLLM worker loads it through vLLM's LoRA API (a LoRARequest of a "
                            "tmpfs directory, load_inplace)",
                 package="vllm", install="pip install 'areal-cli[vllm]' (GPU machines only)")
