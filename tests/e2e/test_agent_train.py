@@ -75,3 +75,25 @@ def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model
     assert sum(r["agent_calls"] for r in rows) == sum(r["agent_episodes"] for r in rows) >= 8
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
     assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)
+
+
+@pytest.mark.slow  # ~50 s on 2 shared cores
+def test_an_agent_on_a_process_wide_client_trains_with_every_call_in_its_own_episode(tiny_model,
+                                                                                      tmp_path):
+    """examples/agents/default_client.py ignores the client it is handed: one module-level
+    AsyncOpenAI built from OPENAI_BASE_URL (the worker's plain /v1) serves 8 episodes at once
+    (2 groups of 4 admitted at a time), and each call is recorded into the episode making it: two
+    calls an episode, the second extending the first, no split, none outside an episode."""
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2",
+              "rollout.group_size=4", "rollout.max_staleness=0", "workflow=agent",
+              "workflow.max_turns=2", "workflow.agent=examples.agents.default_client:run",
+              timeout=300)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    episodes = sum(r["agent_episodes"] for r in rows)
+    assert episodes >= 16 and all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_calls"] for r in rows) == 2 * episodes
+    assert sum(r["agent_rerouted_calls"] for r in rows) == 2 * episodes
+    assert sum(r["agent_splits"] + r["agent_unattributed_calls"] for r in rows) == 0
+    trained = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(trained) == 2 * 2 * 4 and all(t["num_turns"] == 2 for t in trained)

@@ -6,6 +6,7 @@ and what they do are ``server.py``'s."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import secrets
 import socket
@@ -80,13 +81,16 @@ class Server:
     default), ``idle_s``: how long a connection may send nothing; ``uds``: a Unix socket path to
     serve on too (a sandboxed program's only way in: the path's directory keeps others out)."""
 
+    # the port of this process's first endpoint: a later one (areal eval's next model or task) is
+    # served on it again where it is free, so a client built from the environment still reaches it
+    first_port = 0
+
     def __init__(self, app, protocol=None, idle_s: float = 5.0, uds: str | None = None):
         import uvicorn
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = bind_loopback(Server.first_port)
         self.port = self.sock.getsockname()[1]
+        Server.first_port = Server.first_port or self.port
         self.sockets, self.uds = [self.sock], uds
         if uds is not None:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -121,6 +125,19 @@ class Server:
             sock.close()
 
 
+def bind_loopback(port: int) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1 at ``port`` where it is free, else at a free port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:  # taken: by another endpoint of this process, or another program
+        sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@functools.cache
 def new_token() -> str:
-    """A run's bearer token for its endpoint."""
+    """The bearer token of this process's endpoints: one for the process, so that a client built
+    from the environment keeps working when one endpoint follows another (as the port does)."""
     return secrets.token_urlsafe(32)
