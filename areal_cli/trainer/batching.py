@@ -53,13 +53,6 @@ class Rollouts:
     episodes: torch.Tensor | None = None
     # (several rows may share one; ``group_size`` episodes per group); None = one episode per row
 
-    def last_of_episode(self) -> torch.Tensor:
-        """``[N]`` bool: the rows that end their episode (every row when each is an episode)."""
-        if self.episodes is None:
-            return torch.ones(self.n, dtype=torch.bool)
-        nxt = torch.cat([self.episodes[1:], self.episodes.new_full((1,), -1)])
-        return nxt != self.episodes
-
     @property
     def n(self) -> int:
         return len(self.prompts)

@@ -97,3 +97,21 @@ def test_an_agent_on_a_process_wide_client_trains_with_every_call_in_its_own_epi
     assert sum(r["agent_splits"] + r["agent_unattributed_calls"] for r in rows) == 0
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
     assert len(trained) == 2 * 2 * 4 and all(t["num_turns"] == 2 for t in trained)
+
+
+@pytest.mark.slow  # ~45 s on 2 shared cores
+def test_an_agent_that_summarises_its_history_trains_only_its_answer_with_credit_last(tiny_model,
+                                                                                       tmp_path):
+    """examples/agents/summarise_then_answer.py: two trajectories an episode (work + summary, then
+    the answer in a fresh context); with workflow.agent_credit=last the answer's alone trains."""
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "workflow=agent",
+              "workflow.max_turns=3", "workflow.agent=examples.agents.summarise_then_answer:run",
+              "workflow.agent_credit=last", timeout=300)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    episodes = sum(r["agent_episodes"] for r in rows)
+    assert all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_trajectories"] for r in rows) == 2 * episodes
+    assert sum(r["agent_splits"] for r in rows) == episodes
+    trained = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)

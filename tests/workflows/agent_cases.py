@@ -291,6 +291,29 @@ async def sync_client_in_the_loop(client, problem):
     return 1.0
 
 
+# ---- agents that rewrite their history ----
+
+async def summarise_then_answer(client, problem):
+    """examples/agents/summarise_then_answer.py: work, its summary (extending it), then the answer
+    in a fresh context holding the summary alone."""
+    from examples.agents.summarise_then_answer import run
+
+    return await run(client, problem)
+
+
+async def with_a_subagent(client, problem):
+    """A call, a subagent's call in a fresh context of its own, then the parent's answer from the
+    subagent's report (extending the parent's call): the parent's trajectory makes the last call,
+    though the subagent's began after it."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    plan = await client.chat.completions.create(model="policy", max_tokens=4, messages=messages)
+    report = await client.chat.completions.create(model="policy", max_tokens=4, messages=[
+        {"role": "user", "content": "Check: 3 + 4"}])
+    messages += [{"role": "assistant", "content": plan.choices[0].message.content},
+                 {"role": "user", "content": f"A helper says: {report.choices[0].message.content}"}]
+    await client.chat.completions.create(model="policy", max_tokens=4, messages=messages)
+    return 1.0
+
 
 def anthropic_sync(client, problem):
     """examples/agents/anthropic_sync.py: a process-wide anthropic.Anthropic from the environment,

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from areal_cli.config.choices import AgentCredit
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence
@@ -245,9 +246,12 @@ class AgentWorkflow:
                            time.monotonic() - group.t0, int(gen), failed=failed, counters=counters)
 
     def _samples(self, group: AgentGroup) -> list[Sample]:
+        """Each episode's trajectories (agent_credit=shared), or its last alone (last: the others
+        are not trained, so not sent), each with the episode's reward."""
         out = []
+        last = self.cfg.agent_credit == AgentCredit.last
         for run in group.episodes:
-            for t in run.log.trajectories:
+            for t in [run.log.last] if last else run.log.trajectories:
                 out.append(Sample(
                     sample_index=len(out), prompt_ids=np.asarray(t.prompt_ids, np.int32),
                     output_ids=np.asarray(t.out_ids, np.int32),
