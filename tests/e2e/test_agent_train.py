@@ -63,15 +63,18 @@ def test_an_agent_on_the_anthropic_client_trains_the_default_model(tmp_path):
     assert sum(r["agent_trajectories"] for r in rows) == episodes
 
 @pytest.mark.slow
-def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model(tmp_path):
+@pytest.mark.parametrize("script", ["curl_agent.sh", "curl_anthropic.sh"])
+def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model(tmp_path, script):
     """workflow.agent_cmd: a shell script, one process per episode, calling the episode's endpoint
-    with curl from OPENAI_BASE_URL / OPENAI_API_KEY; two CPU steps of the default model."""
+    with curl, in OpenAI's dialect (OPENAI_BASE_URL / OPENAI_API_KEY, /v1/chat/completions) or
+    Anthropic's (ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY, /v1/messages); two CPU steps of the default
+    model."""
     run_train(tmp_path, "trainer.steps=2", "trainer.batch_size=2", "rollout.group_size=2",
               "rollout.max_new_tokens=16", "task.size=64", "reward.workers=1", "workflow=agent",
-              "workflow.agent_cmd=sh examples/agents/curl_agent.sh", timeout=900)
+              f"workflow.agent_cmd=sh examples/agents/{script}", timeout=900)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
-    assert all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert all(r.get("agent_failed", 0) == 0 and r["agent_bad_requests"] == 0 for r in rows)
     assert sum(r["agent_calls"] for r in rows) == sum(r["agent_episodes"] for r in rows) >= 8
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
     assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)
