@@ -127,7 +127,9 @@ class Server:
 
 def bind_loopback(port: int) -> socket.socket:
     """A TCP socket bound to 127.0.0.1 at ``port`` where it is free, else at a free port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio then turns Nagle off on each accepted connection (it skips a socket
+    # made with proto 0), else a response written in two parts waits for the client's delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", port))
