@@ -4,8 +4,9 @@
 Prints, on this machine:
 - the work added to each request by the tag (a context-variable read, a port lookup, a header),
   for a request to the endpoint and for one elsewhere;
-- a real HTTP round trip on loopback (uvicorn serving a route, ``httpx2.AsyncClient`` as the openai
-  client uses) without and with the tag, one call at a time and 16 at once;
+- a real HTTP round trip on loopback (uvicorn serving a route in a thread, as the worker serves its
+  endpoint; ``httpx2.AsyncClient`` as the openai client uses) without and with the tag, one call at
+  a time and 16 at once;
 - a fresh Python process that imports the clients and builds one (what one process per episode
   would pay at every episode before its first call).
 
@@ -24,6 +25,7 @@ import timeit
 import httpx2
 from fastapi import FastAPI
 
+from areal_cli.runtime import short_gil_switch
 from areal_cli.workflows.agent import context
 from areal_cli.workflows.agent.serving import Server
 
@@ -41,16 +43,27 @@ def tag_cost(port: int, n: int = 200_000) -> tuple[float, float]:
     return t_in * 1e6, t_out * 1e6
 
 
-async def round_trips(url: str, calls: int, at_once: int) -> float:
-    """Median microseconds per call, ``at_once`` calls in flight."""
+async def round_trips(url: str, calls: int, at_once: int) -> tuple[float, float]:
+    """Median microseconds per call, ``at_once`` calls in flight: outside every episode's context
+    (sent as before), and within one (tagged); batches of the two alternate, so that drift in a
+    shared machine's speed falls on both."""
     async with httpx2.AsyncClient() as client:
         await client.get(url)  # the connection opened
-        times = []
-        for _ in range(calls // at_once):
+
+        async def batch() -> float:
             t0 = time.perf_counter()
             await asyncio.gather(*(client.get(url) for _ in range(at_once)))
-            times.append((time.perf_counter() - t0) / at_once)
-    return statistics.median(times) * 1e6
+            return (time.perf_counter() - t0) / at_once
+
+        async def tagged() -> float:
+            context.CURRENT.set(context.AgentContext("0-0-secret"))  # this task's alone
+            return await batch()
+
+        plain, tag = [], []
+        for _ in range(calls // at_once // 2):
+            plain.append(await batch())
+            tag.append(await asyncio.create_task(tagged()))
+    return statistics.median(plain) * 1e6, statistics.median(tag) * 1e6
 
 
 def process_start(n: int = 5) -> float:
@@ -74,23 +87,18 @@ def main() -> None:
     async def models():
         return {"object": "list", "data": []}
 
+    short_gil_switch()  # as the rollout worker serving the endpoint does
     server = Server(app)
     url = f"{server.url}/v1/models"
     try:
         t_in, t_out = tag_cost(server.port)
         print(f"tag per request: {t_in:.2f} us to the endpoint, {t_out:.2f} us elsewhere "
               "(not registered: as before any agent)")
-        before = {k: asyncio.run(round_trips(url, calls, k)) for k in (1, 16)}
         context.register_endpoint(server.port, server.thread.ident)
-
-        async def tagged(k):
-            context.CURRENT.set(context.AgentContext("0-0-secret"))
-            return await round_trips(url, calls, k)
-
-        after = {k: asyncio.run(tagged(k)) for k in (1, 16)}
         for k in (1, 16):
-            print(f"loopback round trip, {k:2d} at once: {before[k]:7.1f} us untagged, "
-                  f"{after[k]:7.1f} us tagged ({after[k] - before[k]:+.1f} us)")
+            plain, tagged = asyncio.run(round_trips(url, calls, k))
+            print(f"loopback round trip, {k:2d} at once: {plain:7.1f} us untagged, "
+                  f"{tagged:7.1f} us tagged ({tagged - plain:+.1f} us)")
     finally:
         context.unregister_endpoint(server.port, server.thread.ident)
         server.close()
