@@ -80,7 +80,7 @@ def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model
     assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)
 
 
-@pytest.mark.slow  # ~50 s on 2 shared cores
+@pytest.mark.slow  # 50-75 s on 2 shared cores
 def test_an_agent_on_a_process_wide_client_trains_with_every_call_in_its_own_episode(tiny_model,
                                                                                       tmp_path):
     """examples/agents/default_client.py ignores the client it is handed: one module-level
@@ -102,7 +102,7 @@ def test_an_agent_on_a_process_wide_client_trains_with_every_call_in_its_own_epi
     assert len(trained) == 2 * 2 * 4 and all(t["num_turns"] == 2 for t in trained)
 
 
-@pytest.mark.slow  # ~45 s on 2 shared cores
+@pytest.mark.slow  # 45-70 s on 2 shared cores
 def test_an_agent_that_summarises_its_history_trains_only_its_answer_with_credit_last(tiny_model,
                                                                                        tmp_path):
     """examples/agents/summarise_then_answer.py: two trajectories an episode (work + summary, then
