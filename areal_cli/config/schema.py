@@ -173,8 +173,8 @@ class WorkflowConfig:
     """agent: the endpoint refuses a request body larger than this (413), before reading it whole or
     parsing it (a 128k-token conversation is ~1 MB of JSON)."""
     agent_credit: AgentCredit = AgentCredit.shared
-    """agent: an episode of several trajectories: "shared" (each trains with the episode's
-    advantage) | "last" (only its last trajectory does)."""
+    """agent: an episode of several trajectories (its agent rewrote its history): "shared" (each
+    trains with the episode's advantage) | "last" (only the one of its last call is trained)."""
     max_failed_fraction: float = 0.5
     """agent: more failed episodes than this fraction of those finished since the last step stops
     the run."""

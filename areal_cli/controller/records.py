@@ -103,7 +103,8 @@ AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajecto
                 "agent_splits",
                 "agent_tool_calls", "tool_parse_errors", "agent_unauthorized", "agent_bad_requests",
                 "agent_unattributed_calls", "agent_refused_large", "agent_disconnected",
-                "agent_refused_connections", "agent_refused_unattributed", "agent_slow_requests")
+                "agent_refused_connections", "agent_refused_unattributed", "agent_slow_requests",
+                "agent_rerouted_calls")
 
 
 def agent_row(c: Counter) -> dict:

@@ -95,10 +95,12 @@ def _check_imports(cfg: RootConfig) -> list[str]:
         except Exception as err:  # noqa: BLE001 — any import failure is the user's to fix
             out.append(f"reward.fn={cfg.reward.fn}: {err}")
     if workflow_spec(cfg.workflow.name).runs_agent and ":" in cfg.workflow.agent:
+        from areal_cli.workflows.agent.context import placeholder_environment
         from areal_cli.workflows.agent.episode import import_agent
 
         try:
-            import_agent(cfg.workflow.agent)
+            with placeholder_environment():  # a module-level client built from it imports
+                import_agent(cfg.workflow.agent)
         except ValueError as err:
             out.append(str(err))
     if workflow_spec(cfg.workflow.name).runs_agent and cfg.workflow.agent_cmd:

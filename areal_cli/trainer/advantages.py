@@ -131,7 +131,6 @@ def compute_advantages(
     values: Tensor | None = None,
     kl: Tensor | None = None,
     episodes: Tensor | None = None,
-    credit: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Per-token advantages ``[N, L]`` (and GAE returns, else None) for a whole batch.
 
@@ -143,9 +142,9 @@ def compute_advantages(
     enters as its discounted return-to-go added to the broadcast group advantage.
     episodes: ``[N]`` batch-wide episode of each row (workflow=agent: an episode may be several
     rows, consecutive, sharing its reward); the group estimators then compare episodes,
-    ``group_size`` per group, each taking the reward of its last row. credit: ``[N]`` factor of each
-    row's advantage (agent_credit=last: 1 on an episode's last row, 0 on the others). None: one
-    episode per row, all 1.
+    ``group_size`` per group, each taking the reward of its last row; None: one episode per row.
+    (workflow.agent_credit=last is applied before: the rollout worker sends an episode's last
+    trajectory alone.)
     """
     kl_rewards = None
     if cfg.kl_in_reward and cfg.kl_coef > 0:
@@ -156,8 +155,7 @@ def compute_advantages(
     if cfg.adv_estimator == "gae":
         if values is None:
             raise ValueError("adv_estimator=gae needs critic values")
-        credited = rewards if credit is None else rewards * credit.to(rewards.dtype)
-        token_rewards = outcome_token_rewards(credited, mask)
+        token_rewards = outcome_token_rewards(rewards, mask)
         if kl_rewards is not None:
             token_rewards = token_rewards + kl_rewards
         adv, returns = gae(token_rewards, values, mask, cfg.gamma, cfg.lam)
@@ -168,8 +166,6 @@ def compute_advantages(
                                    cfg.adv_estimator).reshape(-1)
         if episodes is not None:
             per_seq = per_seq[episodes]
-        if credit is not None:
-            per_seq = per_seq * credit.to(per_seq.dtype)
         adv = per_seq[:, None] * mask.to(per_seq.dtype)
         if kl_rewards is not None:
             zeros = torch.zeros_like(kl_rewards)

@@ -55,13 +55,6 @@ class Rollouts:
     # MoE with routing replay: each row's engine routing [positions, layers, k] (moe.py), or None
     routing: list | None = None
 
-    def last_of_episode(self) -> torch.Tensor:
-        """``[N]`` bool: the rows that end their episode (every row when each is an episode)."""
-        if self.episodes is None:
-            return torch.ones(self.n, dtype=torch.bool)
-        nxt = torch.cat([self.episodes[1:], self.episodes.new_full((1,), -1)])
-        return nxt != self.episodes
-
     @property
     def n(self) -> int:
         return len(self.prompts)

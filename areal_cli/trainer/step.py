@@ -249,9 +249,8 @@ class StepRunner:
             kl = kl_penalty(ro.behav_logp, ref, alg.kl_estimator) * ro.loss_mask
             # every rank holds all rows; reduce sums
             stats["kl_ref"] = kl.sum() / max(1, self.world)
-        credit = ro.last_of_episode().float() if self.cfg.workflow.agent_credit == "last" else None
         adv, returns = compute_advantages(rewards, ro.loss_mask, alg, group_size=ro.group_size,
-                                          values=values, kl=kl, episodes=ro.episodes, credit=credit)
+                                          values=values, kl=kl, episodes=ro.episodes)
         return adv, returns, stats
 
     def _optimizer_step(self, ro, adv, mbs, prox, ref, global_tokens, max_len, version=None):

@@ -78,15 +78,58 @@ def test_an_agent_on_the_anthropic_client_trains_the_default_model(tmp_path):
     assert sum(r["agent_trajectories"] for r in rows) == episodes
 
 @pytest.mark.slow
-def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model(tmp_path):
+@pytest.mark.parametrize("script", ["curl_agent.sh", "curl_anthropic.sh"])
+def test_a_program_agent_calling_the_endpoint_with_curl_trains_the_default_model(tmp_path, script):
     """workflow.agent_cmd: a shell script, one process per episode, calling the episode's endpoint
-    with curl from OPENAI_BASE_URL / OPENAI_API_KEY; two CPU steps of the default model."""
+    with curl, in OpenAI's dialect (OPENAI_BASE_URL / OPENAI_API_KEY, /v1/chat/completions) or
+    Anthropic's (ANTHROPIC_BASE_URL / ANTHROPIC_API_KEY, /v1/messages); two CPU steps of the default
+    model."""
     run_train(tmp_path, "trainer.steps=2", "trainer.batch_size=2", "rollout.group_size=2",
               "rollout.max_new_tokens=16", "task.size=64", "reward.workers=1", "workflow=agent",
-              "workflow.agent_cmd=sh examples/agents/curl_agent.sh", timeout=900)
+              f"workflow.agent_cmd=sh examples/agents/{script}", timeout=900)
     rows = read_jsonl(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [0, 1]
-    assert all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert all(r.get("agent_failed", 0) == 0 and r["agent_bad_requests"] == 0 for r in rows)
     assert sum(r["agent_calls"] for r in rows) == sum(r["agent_episodes"] for r in rows) >= 8
+    trained = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)
+
+
+@pytest.mark.slow  # 50-75 s on 2 shared cores
+def test_an_agent_on_a_process_wide_client_trains_with_every_call_in_its_own_episode(tiny_model,
+                                                                                      tmp_path):
+    """examples/agents/default_client.py ignores the client it is handed: one module-level
+    AsyncOpenAI built from OPENAI_BASE_URL (the worker's plain /v1) serves 8 episodes at once
+    (2 groups of 4 admitted at a time), and each call is recorded into the episode making it: two
+    calls an episode, the second extending the first, no split, none outside an episode."""
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2",
+              "rollout.group_size=4", "rollout.max_staleness=0", "workflow=agent",
+              "workflow.max_turns=2", "workflow.agent=examples.agents.default_client:run",
+              timeout=300)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    episodes = sum(r["agent_episodes"] for r in rows)
+    assert episodes >= 16 and all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_calls"] for r in rows) == 2 * episodes
+    assert sum(r["agent_rerouted_calls"] for r in rows) == 2 * episodes
+    assert sum(r["agent_splits"] + r["agent_unattributed_calls"] for r in rows) == 0
+    trained = read_jsonl(tmp_path / "trajectories.jsonl")
+    assert len(trained) == 2 * 2 * 4 and all(t["num_turns"] == 2 for t in trained)
+
+
+@pytest.mark.slow  # 45-70 s on 2 shared cores
+def test_an_agent_that_summarises_its_history_trains_only_its_answer_with_credit_last(tiny_model,
+                                                                                       tmp_path):
+    """examples/agents/summarise_then_answer.py: two trajectories an episode (work + summary, then
+    the answer in a fresh context); with workflow.agent_credit=last the answer's alone trains."""
+    run_train(tmp_path, f"model={tiny_model}", *TINY_RUN, "trainer.steps=2", "workflow=agent",
+              "workflow.max_turns=3", "workflow.agent=examples.agents.summarise_then_answer:run",
+              "workflow.agent_credit=last", timeout=300)
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1]
+    episodes = sum(r["agent_episodes"] for r in rows)
+    assert all(r.get("agent_failed", 0) == 0 for r in rows)
+    assert sum(r["agent_trajectories"] for r in rows) == 2 * episodes
+    assert sum(r["agent_splits"] for r in rows) == episodes
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
     assert len(trained) == 2 * 2 * 2 and all(t["num_turns"] == 1 for t in trained)

@@ -1,6 +1,5 @@
 """Advantages of agent episodes that span several trajectories (rows): the group estimators compare
-episodes, and each row takes its episode's advantage (agent_credit=shared) or only the episode's
-last row does (last). Expected numbers derived by hand."""
+episodes, and each row takes its episode's advantage. Expected numbers derived by hand."""
 
 from __future__ import annotations
 
@@ -11,14 +10,12 @@ from areal_cli.trainer.advantages import compute_advantages
 from areal_cli.trainer.batching import shard
 
 
-def _adv(rewards, episodes, credit=None, estimator="dr_grpo", group_size=2):
+def _adv(rewards, episodes, estimator="dr_grpo", group_size=2):
     r = torch.tensor(rewards, dtype=torch.float64)
     mask = torch.ones(len(rewards), 3, dtype=torch.bool)
     adv, _ = compute_advantages(r, mask, AlgorithmConfig(adv_estimator=estimator),
                                 group_size=group_size,
-                                episodes=None if episodes is None else torch.tensor(episodes),
-                                credit=None
-                                if credit is None else torch.tensor(credit, dtype=torch.float64))
+                                episodes=None if episodes is None else torch.tensor(episodes))
     return adv[:, 0].tolist()
 
 
@@ -30,10 +27,6 @@ def test_episodes_are_compared_not_rows():
     # two groups: (e0: rows 0-2, 1.0; e1: row 3, 0.0) and (e2: row 4, 0.0; e3: rows 5-6, 0.0)
     assert _adv([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [0, 0, 0, 1, 2, 3, 3]) == [0.5, 0.5, 0.5, -0.5,
                                                                                 0, 0, 0]
-
-
-def test_credit_last_trains_only_the_last_row_of_an_episode():
-    assert _adv([1.0, 1.0, 0.0], [0, 0, 1], credit=[0.0, 1.0, 1.0]) == [0.0, 0.5, -0.5]
 
 
 def test_grpo_over_episodes():

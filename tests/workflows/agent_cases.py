@@ -87,8 +87,12 @@ async def forced_call(client, problem):
 
 
 async def writes_into_its_sibling(client, problem):
-    """One call of its own, then a call into the episode beside it (the sibling's key guessed from
-    its own: group and index known, the secret not): the endpoint must refuse it."""
+    """One call of its own, then calls into the episode beside it (the sibling's key guessed from
+    its own: group and index known, the secret not). From outside every episode's context, as
+    another process would, the endpoint must refuse them; from the agent's own code, the call is
+    recorded into its own episode, never the URL's."""
+    import contextvars
+
     import openai
 
     await client.chat.completions.create(model="policy", max_tokens=3,
@@ -100,14 +104,19 @@ async def writes_into_its_sibling(client, problem):
     for guess in (sibling, "-".join([sibling, *secret])):
         other = openai.AsyncOpenAI(base_url=base.replace(key, guess), api_key=client.api_key,
                                    max_retries=0)
+        call = other.chat.completions.create(model="policy", max_tokens=3,
+                                             messages=[{"role": "user", "content": "x"}])
         try:
-            await other.chat.completions.create(model="policy", max_tokens=3,
-                                                messages=[{"role": "user", "content": "x"}])
+            await asyncio.create_task(call, context=contextvars.Context())  # no episode's
             return {"reward": 0.0, "wrote_into": guess}
         except openai.NotFoundError:
             pass
         finally:
             await other.close()
+    async with openai.AsyncOpenAI(base_url=base.replace(key, sibling), api_key=client.api_key,
+                                  max_retries=0) as other:
+        await other.chat.completions.create(model="policy", max_tokens=3,
+                                            messages=[{"role": "user", "content": "y"}])
     return 1.0
 
 
@@ -298,3 +307,108 @@ async def first_of_each_pair_fails(client, problem):
     if fails:
         raise RuntimeError("failed after its call")
     return 1.0
+
+# ---- process-wide clients: not the one the agent is handed ----
+
+SHARED: dict = {}  # what every episode of the process sees
+
+
+def _follow_up(messages, reply):
+    """The messages of a call extending the one that got ``reply``."""
+    return messages + [{"role": "assistant", "content": reply.choices[0].message.content},
+                       {"role": "user", "content": "Go on."}]
+
+
+def module_client_sync(client, problem):
+    """The openai module's own client, pointed at the episode of the first agent that ran: every
+    later episode calls through a URL naming another episode (ended, at times)."""
+    import openai
+
+    endpoint = str(client.base_url).split("/episodes/")[0]
+    if SHARED.get("module_client_of") != endpoint:  # the first episode of this endpoint
+        SHARED["module_client_of"] = endpoint
+        openai.base_url, openai.api_key, openai.max_retries = client.base_url, client.api_key, 0
+    messages = [{"role": "user", "content": problem.prompt}]
+    reply = openai.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    time.sleep(0.01)  # the other episodes' calls come between
+    openai.chat.completions.create(model="policy", messages=_follow_up(messages, reply),
+                                   max_tokens=4)
+    return 1.0
+
+
+async def environment_client(client, problem):
+    """A client built from the environment (OPENAI_BASE_URL: the worker's plain /v1), once per
+    endpoint of the process as a module-level one is once per worker."""
+    import os
+
+    import openai
+
+    shared = SHARED.setdefault(os.environ["OPENAI_BASE_URL"], openai.AsyncOpenAI(max_retries=0))
+    messages = [{"role": "user", "content": problem.prompt}]
+    reply = await shared.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+    await asyncio.sleep(0.01)
+    await shared.chat.completions.create(model="policy", messages=_follow_up(messages, reply),
+                                         max_tokens=4)
+    return 1.0
+
+
+async def default_set_by_each(client, problem):
+    """Each episode sets the process-wide default to its own client and calls through the default
+    (as with a framework's set_default_openai_client): the last setter's URL serves them all. The
+    second call from a thread started by asyncio.to_thread, with a synchronous client."""
+    import openai
+
+    SHARED["default"] = client
+    await asyncio.sleep(0.01)  # the other episodes set theirs meanwhile
+    messages = [{"role": "user", "content": problem.prompt}]
+    reply = await SHARED["default"].chat.completions.create(model="policy", messages=messages,
+                                                            max_tokens=4)
+    url = SHARED["default"].base_url
+    sync = openai.OpenAI(base_url=url, api_key=client.api_key, max_retries=0)
+    await asyncio.to_thread(sync.chat.completions.create, model="policy", max_tokens=4,
+                            messages=_follow_up(messages, reply))
+    sync.close()
+    return 1.0
+
+
+async def sync_client_in_the_loop(client, problem):
+    """The openai module's synchronous client called from an async agent: it would block the loop
+    that serves it."""
+    import openai
+
+    openai.base_url, openai.api_key, openai.max_retries = client.base_url, client.api_key, 0
+    openai.chat.completions.create(model="policy", max_tokens=2,
+                                   messages=[{"role": "user", "content": problem.prompt}])
+    return 1.0
+
+
+# ---- agents that rewrite their history ----
+
+async def summarise_then_answer(client, problem):
+    """examples/agents/summarise_then_answer.py: work, its summary (extending it), then the answer
+    in a fresh context holding the summary alone."""
+    from examples.agents.summarise_then_answer import run
+
+    return await run(client, problem)
+
+
+async def with_a_subagent(client, problem):
+    """A call, a subagent's call in a fresh context of its own, then the parent's answer from the
+    subagent's report (extending the parent's call): the parent's trajectory makes the last call,
+    though the subagent's began after it."""
+    messages = [{"role": "user", "content": problem.prompt}]
+    plan = await client.chat.completions.create(model="policy", max_tokens=4, messages=messages)
+    report = await client.chat.completions.create(model="policy", max_tokens=4, messages=[
+        {"role": "user", "content": "Check: 3 + 4"}])
+    messages += [{"role": "assistant", "content": plan.choices[0].message.content},
+                 {"role": "user", "content": f"A helper says: {report.choices[0].message.content}"}]
+    await client.chat.completions.create(model="policy", max_tokens=4, messages=messages)
+    return 1.0
+
+
+def anthropic_sync(client, problem):
+    """examples/agents/anthropic_sync.py: a process-wide anthropic.Anthropic from the environment,
+    in the worker's agent threads."""
+    from examples.agents.anthropic_sync import run
+
+    return run(client, problem)

@@ -89,13 +89,16 @@ def test_calls_that_do_not_extend_each_other_are_separate_trajectories_of_one_ep
 
 def test_an_episode_takes_calls_only_from_the_agent_given_its_client(setup):
     """The worker's key alone reaches no episode: a sibling's URL, guessed from the agent's own
-    (group and index known), is refused, with or without the agent's own secret."""
+    (group and index known), is refused, with or without the agent's own secret; from the agent's
+    own code, a call to it is recorded into the agent's own episode."""
     eng, make = setup
     flow = make("writes_into_its_sibling")
     flow.start(item(0, size=2))
     [g], _ = drive(flow, eng, 1)
     assert not g.failed and all(s.reward == 1.0 for s in g.samples)
-    assert g.counters["agent_calls"] == 2  # one call each: nothing written across
+    # two calls each, both its own: nothing written across
+    assert g.counters["agent_calls"] == 4 and g.counters["agent_rerouted_calls"] == 2
+    assert sorted(s.episode for s in g.samples) == [0, 0, 1, 1]
 
 
 def test_a_request_whose_client_goes_away_is_stopped_in_the_engine(setup):

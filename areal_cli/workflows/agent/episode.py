@@ -10,7 +10,10 @@ their behaviour logprobs and policy versions. Calls become trajectories by prefi
   call of an episode that is a split, counted. A call continuing an earlier point of a trajectory
   (a branch) and a call's other choices (``n`` > 1) also start their own, so no token is trained
   twice.
-Nothing is re-tokenised: every id of a trajectory is one the engine saw or produced.
+Nothing is re-tokenised: every id of a trajectory is one the engine saw or produced. An agent that
+rewrites its history (summarises or compacts it, or runs a subagent in a fresh context) so makes
+several trajectories; the one holding the first choice of the call that finished last is the
+episode's ``last`` (what ``workflow.agent_credit=last`` trains).
 """
 
 from __future__ import annotations
@@ -74,6 +77,7 @@ class EpisodeLog:
         self.clock = clock or EpisodeClock()  # the agent's own time, and the engine's
         self.responses = Kept()  # the Responses API's responses, for previous_response_id
         self.trajectories: list[Trajectory] = []
+        self.last: Trajectory | None = None  # the one holding the latest call's first choice
         # every chat choice returned so far (chat.ChatRenderer's history)
         self.replies: list[Reply] = []
         self.calls = 0  # finished calls
@@ -93,14 +97,16 @@ class EpisodeLog:
         if owner is None and self.calls:
             self.splits += 1
         self.calls += 1
-        for choice in choices:
+        for i, choice in enumerate(choices):
             if owner is not None:
                 owner.add(prompt_ids[len(owner.ids()):], choice)
-                owner = None
+                t, owner = owner, None
             else:
                 t = Trajectory(list(prompt_ids))
                 t.add([], choice)
                 self.trajectories.append(t)
+            if i == 0:
+                self.last = t
 
 
 def import_agent(spec: str):

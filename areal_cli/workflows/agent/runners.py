@@ -15,12 +15,17 @@ describes in full).
 A client's calls carry no timeout of their own unless ``workflow.agent_wall_timeout_s`` sets one: a
 call waiting in a busy engine is not the agent's time (``clock.py``), and the episode's clock, not
 the client, decides when it has run too long.
+
+Either runs the agent with its episode's ``AgentContext`` current (``context.py``), so that a
+client it was not handed records into the right episode too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import contextlib
+import contextvars
 import inspect
 import logging
 import queue
@@ -30,6 +35,7 @@ import time
 from areal_cli.config.schema import WorkflowConfig
 from areal_cli.tasks.base import Problem
 from areal_cli.workflows.agent.clients import EpisodeClient
+from areal_cli.workflows.agent.context import CURRENT, AgentContext
 from areal_cli.workflows.agent.episode import EpisodeLog
 
 log = logging.getLogger(__name__)
@@ -57,6 +63,22 @@ def episode_url(base: str, episode: EpisodeLog) -> str:
     return f"{base}/episodes/{episode.key}/v1"
 
 
+@contextlib.contextmanager
+def running_for(key: str):
+    """The agent's code within runs for episode ``key`` (``context.CURRENT``); an error after a call
+    of it was refused in this process is that refusal (an ``AgentFailure`` naming the fix)."""
+    ctx = AgentContext(key)
+    token = CURRENT.set(ctx)
+    try:
+        yield
+    except Exception:
+        if ctx.refused:
+            raise AgentFailure(ctx.refused) from None
+        raise
+    finally:
+        CURRENT.reset(token)
+
+
 class AsyncAgent:
     def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
         self.fn, self.base, self.token, self.cfg = fn, base, token, cfg
@@ -81,7 +103,8 @@ class AsyncAgent:
         client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
                                max_retries=0, timeout=client_timeout(self.cfg),
                                http_client=self.http)
-        return await episode.clock.bound(self.fn(client, problem))
+        with running_for(episode.key):  # the agent's task, made within, inherits it
+            return await episode.clock.bound(self.fn(client, problem))
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         if self.http is not None:
@@ -115,7 +138,7 @@ class ThreadAgent:
         return f"{kind}, in a pool of {len(self.pool.threads)} threads"
 
     async def run(self, episode: EpisodeLog, problem: Problem):
-        job = self.pool.submit(self._call, episode_url(self.base, episode), problem)
+        job = self.pool.submit(self._call, episode.key, episode_url(self.base, episode), problem)
         try:
             return await episode.clock.bound(asyncio.wrap_future(job))
         except TimeoutError as err:
@@ -136,15 +159,20 @@ class ThreadAgent:
         log.warning("agent thread of episode %s ended %.1fs after its episode timed out", key,
                     time.monotonic() - t0)
 
-    def _call(self, url: str, problem: Problem):
-        """The agent's run, in a thread of the pool."""
+    def _call(self, key: str, url: str, problem: Problem):
+        """The agent's run, in a thread of the pool (in a context of its own: the thread's outlives
+        the episode)."""
+        return contextvars.Context().run(self._call_in_context, key, url, problem)
+
+    def _call_in_context(self, key: str, url: str, problem: Problem):
         import openai
 
-        if self.is_async:
-            return asyncio.run(self._call_async(url, problem))
-        client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
-                               timeout=client_timeout(self.cfg), http_client=self.http)
-        return self.fn(client, problem)
+        with running_for(key):
+            if self.is_async:  # the loop's tasks inherit the context
+                return asyncio.run(self._call_async(url, problem))
+            client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
+                                   timeout=client_timeout(self.cfg), http_client=self.http)
+            return self.fn(client, problem)
 
     async def _call_async(self, url: str, problem: Problem):
         import openai

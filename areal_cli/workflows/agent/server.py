@@ -6,7 +6,8 @@ gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
 stream, logprobs), ``POST /v1/responses`` (the Responses API: text and function tools, streamed and
 chained by previous_response_id: ``responses.py``), ``POST /v1/completions``, and Anthropic's
 ``POST /v1/messages`` (and ``/v1/messages/count_tokens``), served as the chat call it converts to
-(``anthropic_api.py``). Every request needs
+(``anthropic_api.py``). A call from a Python agent's code carries its episode (``context.py``) and
+is recorded there, whatever its URL. Every request needs
 ``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or ``x-api-key: <token>``); a
 missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
 errors come back in the route's API's shape (``Dialect``; 400 ``context_length_exceeded`` for a
@@ -40,6 +41,7 @@ from areal_cli.workflows.agent import requests as rq
 from areal_cli.workflows.agent import responses as rs
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.context import HEADER
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
 from areal_cli.workflows.agent.serving import (
     DISCONNECTED,
@@ -113,6 +115,16 @@ class Endpoint:
         if not ok:
             self.refuse("agent_unauthorized")
         return ok
+
+    def caller(self, headers, key: str | None) -> str | None:
+        """The episode a call is recorded into: the one whose code made it (``context.HEADER``, sent
+        by a Python agent's clients, handed in or not), else the one its URL names (None: plain
+        ``/v1``). A call whose URL names another episode, or none, is counted as rerouted."""
+        made_by = headers.get(HEADER)
+        if made_by is None or made_by == key:
+            return key
+        self.counters["agent_rerouted_calls"] += 1
+        return made_by
 
     def episode(self, key: str | None) -> EpisodeLog | None:
         if key is None:
@@ -354,6 +366,7 @@ def build_app(endpoint: Endpoint):
     async def serve(request: Request, handler, key: str | None, dialect: Dialect = OPENAI):
         if not endpoint.authorized(dialect.key(request.headers)):
             return unauthorized(dialect)
+        key = endpoint.caller(request.headers, key)
         raw = await read_body(request, endpoint.max_body)
         if raw is None:
             endpoint.refuse("agent_refused_large")

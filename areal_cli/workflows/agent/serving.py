@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import secrets
 import socket
@@ -88,13 +89,16 @@ class Server:
     default), ``idle_s``: how long a connection may send nothing; ``uds``: a Unix socket path to
     serve on too (a sandboxed program's only way in: the path's directory keeps others out)."""
 
+    # the port of this process's first endpoint: a later one (areal eval's next model or task) is
+    # served on it again where it is free, so a client built from the environment still reaches it
+    first_port = 0
+
     def __init__(self, app, protocol=None, idle_s: float = 5.0, uds: str | None = None):
         import uvicorn
 
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock = bind_loopback(Server.first_port)
         self.port = self.sock.getsockname()[1]
+        Server.first_port = Server.first_port or self.port
         self.sockets, self.uds = [self.sock], uds
         if uds is not None:
             unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -174,6 +178,22 @@ def api_key(headers) -> str | None:
     return headers.get("x-api-key") or bearer(headers)
 
 
+
+def bind_loopback(port: int) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1 at ``port`` where it is free, else at a free port."""
+    # IPPROTO_TCP named: asyncio then turns Nagle off on each accepted connection (it skips a socket
+    # made with proto 0), else a response written in two parts waits for the client's delayed ACK
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:  # taken: by another endpoint of this process, or another program
+        sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@functools.cache
 def new_token() -> str:
-    """A run's bearer token for its endpoint."""
+    """The bearer token of this process's endpoints: one for the process, so that a client built
+    from the environment keeps working when one endpoint follows another (as the port does)."""
     return secrets.token_urlsafe(32)

@@ -6,7 +6,9 @@ async in the endpoint's event loop, or plain in a thread pool; ``runners.py``) o
 episode (``workflow.agent_cmd``; ``program.py``). Either calls a base URL that names its episode, so
 every call it makes is recorded into that episode (``episode.py``). Its reward: a function's return
 value (a float, or a dict with ``reward`` and numbers to log), a program's reward file or verifier,
-or None: the task's reward scores the last reply's text. Up to ``workflow.agent_concurrency``
+or None: the task's reward scores the last reply's text. A Python agent's calls through a client it
+was not handed (a process-wide default one) are recorded into the episode whose code makes them
+(``context.py``). Up to ``workflow.agent_concurrency``
 episodes run at once. A function's client also carries ``client.anthropic``, an
 ``anthropic.AsyncAnthropic`` for the same episode (``clients.py``).
 
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_cli.config.choices import FailedEpisode
+from areal_cli.config.choices import AgentCredit, FailedEpisode
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence, routing_array
@@ -46,6 +48,11 @@ from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer
 from areal_cli.workflows.agent.checks import agent_label
 from areal_cli.workflows.agent.clock import EpisodeClock
+from areal_cli.workflows.agent.context import (
+    export_environment,
+    register_endpoint,
+    unregister_endpoint,
+)
 from areal_cli.workflows.agent.episode import EpisodeLog, episode_reward, import_agent
 from areal_cli.workflows.agent.program import ProgramAgent
 from areal_cli.workflows.agent.runners import AgentFailure, python_agent
@@ -113,6 +120,9 @@ class AgentWorkflow:
             self.runner = ProgramAgent(cfg, self.server.url, self.endpoint.token,
                                        self.server.uds)
         else:
+            # the calls of a client the agent was not handed reach its episode too (context.py)
+            register_endpoint(self.server.port, self.server.thread.ident)
+            export_environment(self.server.url, self.endpoint.token)
             self.runner = python_agent(import_agent(cfg.agent), self.server.url,
                                        self.endpoint.token, cfg)
         self.groups: dict[int, AgentGroup] = {}
@@ -181,6 +191,7 @@ class AgentWorkflow:
         if self.server.thread.is_alive():
             self.runner.close(self.server.loop)
         self.server.close()
+        unregister_endpoint(self.server.port, self.server.thread.ident)
         if self.endpoint.tokenize_pool is not None:
             self.endpoint.tokenize_pool.shutdown(wait=False, cancel_futures=True)
         if self.uds_dir is not None:
@@ -213,7 +224,11 @@ class AgentWorkflow:
         except Exception as err:  # noqa: BLE001 — the user's agent: any failure drops its episode, named
             return self._fail(group, run, "".join(traceback.format_exception(err)).rstrip())
         if not run.log.trajectories:
-            return self._fail(group, run, "the agent made no call to its client")
+            outside = self.endpoint.counters["agent_unattributed_calls"]
+            return self._fail(group, run, "the agent made no call to its client" + (
+                f" ({outside:g} calls reached the endpoint outside every episode meanwhile: a "
+                "thread the agent starts carries its episode only when started with "
+                "asyncio.to_thread or contextvars.copy_context().run)" if outside else ""))
         if run.reward is None:
             run.reward_future = self.rewards.submit(run.log.last_text, group.problem)
             return
@@ -239,9 +254,12 @@ class AgentWorkflow:
                            counters=counters)
 
     def _samples(self, group: AgentGroup) -> list[Sample]:
+        """Each episode's trajectories (agent_credit=shared), or its last alone (last: the others
+        are not trained, so not sent), each with the episode's reward."""
         out = []
+        last = self.cfg.agent_credit == AgentCredit.last
         for run in group.episodes:
-            for t in run.log.trajectories:
+            for t in [run.log.last] if last else run.log.trajectories:
                 out.append(Sample(
                     sample_index=len(out), prompt_ids=np.asarray(t.prompt_ids, np.int32),
                     output_ids=np.asarray(t.out_ids, np.int32),
