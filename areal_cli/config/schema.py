@@ -131,9 +131,11 @@ class WorkflowConfig:
     """agent: a shell command run once per episode, in a fresh scratch directory, with the episode's
     endpoint in OPENAI_BASE_URL / OPENAI_API_KEY (and ANTHROPIC_*) and the problem as JSON on stdin:
     an agent in any language. Exclusive with agent."""
-    agent_concurrency: int = 64
+    agent_concurrency: int = 0
     """agent: episodes run at once per rollout worker (each group's G episodes count); also the
-    threads of a synchronous agent's pool and the programs of agent_cmd running at once."""
+    threads of a synchronous agent's pool and the programs of agent_cmd running at once. 0 = every
+    episode the worker's groups hold (its concurrent groups × group_size: as many sequences as a
+    single-turn worker keeps in its engine); 64 at most for agent_cmd programs."""
     agent_timeout_s: float = 300.0
     """agent: the agent's own time per episode: its wall time less the time its calls wait in the
     engine (queued or generating). Past it the episode fails (agent_failed_episode); a program's

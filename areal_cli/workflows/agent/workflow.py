@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures as cf
+import dataclasses
 import json
 import logging
 import secrets
@@ -38,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from areal_cli.config.choices import AgentCredit, FailedEpisode
-from areal_cli.config.schema import RootConfig, WorkflowConfig
+from areal_cli.config.schema import RootConfig, WorkflowConfig, worker_concurrency
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence, routing_array
 from areal_cli.runtime import short_gil_switch
@@ -84,11 +85,23 @@ class AgentGroup:
     t0: float
 
 
+PROGRAMS_AT_ONCE = 64
+"""workflow.agent_concurrency=0 with workflow.agent_cmd: programs one worker runs at once (each a
+process); also the episodes at once where the worker's groups are not known (``areal eval``)."""
+
+
 class AgentWorkflow:
     """The ``Workflow`` (workflows/base.py) of workflow=agent."""
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
-                 model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None):
+                 model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None,
+                 episodes: int = PROGRAMS_AT_ONCE):
+        # workflow.agent_concurrency=0: every episode the worker's groups hold (``episodes``) runs
+        # at once, as many sequences as a single-turn worker keeps in its engine; programs, each a
+        # process, at most PROGRAMS_AT_ONCE
+        n = cfg.agent_concurrency or (min(episodes, PROGRAMS_AT_ONCE) if cfg.agent_cmd
+                                      else max(1, episodes))
+        cfg = dataclasses.replace(cfg, agent_concurrency=n)
         self.cfg, self.engine, self.rewards = cfg, engine, rewards
         self.tok, self.worker = tokenizer, worker
         self.label = agent_label(cfg)
@@ -147,7 +160,8 @@ class AgentWorkflow:
         context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)),
                           "max_position_embeddings", 0) or 8192
         return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
-                   max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir)
+                   max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir,
+                   episodes=worker_concurrency(cfg) * cfg.rollout.group_size)
 
     # ---- the Workflow interface ----
 
