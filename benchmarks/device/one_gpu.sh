@@ -25,6 +25,9 @@
 #                                            call, both modes kept, measures generation alone and compares
 #   alternate (nothing carried)              the GPU test of cluster.share=alternate (vLLM sleeps
 #                                            while the trainer steps)
+#   seven   (nothing carried; MODE=lora, then MODE=full) the random-weights Qwen2.5-7B layout on
+#                                            cluster.gpus=[0]: LoRA rank 16 concurrent, 10 steps; full
+#                                            fine-tuning in the mode that fits, 5 steps; peak memory per process
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -45,6 +48,39 @@ case $phase in
   alternate)
     # cluster.share=alternate on one GPU: vLLM sleeps through each step (the GPU test)
     TAIL=30 step gpu_alternate 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k alternate
+    ;;
+  seven)
+    # the Qwen2.5-7B layout (random weights, built here once) on cluster.gpus=[0]: MODE=lora (rank 16,
+    # concurrent, 10 steps) or MODE=full (every weight, bfloat16 Adam moments, cluster.share auto:
+    # alternate where the trainer fits only while vLLM sleeps, 5 steps); each process's peak GPU
+    # memory from nvidia-smi every second
+    R=/tmp/rand/qwen2.5-7b
+    [ -f $R/random_weights.json ] || step build7 300 python3 benchmarks/random_model.py qwen2.5-7b-instruct $R \
+        --device cuda --tokenizer $MODEL
+    nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -l 1 \
+        > $OUT/seven_${MODE:-lora}_apps.csv 2>/dev/null &
+    smi=$!
+    case ${MODE:-lora} in
+      lora) M="trainer.lora.rank=16 trainer.steps=10" ;;
+      full) M="trainer.optim_state=bfloat16 trainer.steps=5" ;;
+    esac
+    TAIL=30 step seven_${MODE:-lora} ${LIMIT:-560} python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
+        engine=vllm trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
+        rollout.length_profile=arithmetic_long rollout.max_new_tokens=1024 engine.max_model_len=2048 \
+        trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 $M run_dir=/tmp/runs/seven_${MODE:-lora} ${EXTRA:-}
+    kill $smi 2>/dev/null
+    python3 - $OUT/seven_${MODE:-lora}_apps.csv <<'PY' | tee -a $S
+import collections, sys
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 3 and parts[2].isdigit():
+        peak[parts[1]] = max(peak[parts[1]], int(parts[2]))
+for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
+    print(f"peak GPU memory of pid {pid}: {mib / 1024:.1f} GiB")
+PY
+    step seven_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/seven_${MODE:-lora} 2
+    tar czf $OUT/seven_${MODE:-lora}.tgz -C /tmp/runs --exclude=checkpoints seven_${MODE:-lora} 2>/dev/null
     ;;
   pair)
     # each engine with what a one-GPU run of it defaults to, unless B (groups a step) is given
