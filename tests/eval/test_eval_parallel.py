@@ -73,6 +73,7 @@ def test_a_dead_worker_is_named_and_stops_the_run(tiny_model, tmp_path):
     assert not (tmp_path / "eval.json").exists() and time.monotonic() - t0 < 60
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: `make test-slow`, which CI runs too
 def test_a_stuck_worker_is_named_after_timeout_s(tiny_model, tmp_path):
     """Shard 1 freezes at start (fault injection, hang): the parent waited forever; now it stops
     the run after timeout_s, naming the shard, with the stuck worker's stacks in its log."""

@@ -121,6 +121,7 @@ def _swap_procs(run, marker, stop):
         time.sleep(0.001)
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: `make test-slow`, which CI runs too
 def test_the_commands_started_never_come_from_a_file(tiny_model, tmp_path):
     run, marker = tmp_path / "run", tmp_path / "started-by-swap"
     run.mkdir(mode=0o700)

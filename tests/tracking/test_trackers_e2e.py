@@ -17,6 +17,10 @@ ALL = "logging.backends=[jsonl,tensorboard,wandb,mlflow]"
 LR = "trainer.lr=3e-5"
 
 
+# a run and its resume (~45 s on 2 cores): `make test-slow`, which CI runs too
+pytestmark = pytest.mark.slow
+
+
 @pytest.fixture(scope="module")
 def resumed(tiny_model, tmp_path_factory):
     """Steps 0-3 with a checkpoint at 2; then resume with trainer.steps=6: steps 2 and 3 are

@@ -5,6 +5,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from areal_cli.transport.channels import Channel, free_ports
@@ -66,6 +67,7 @@ exit_now(0)  # as run_main ends every process
 """
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: `make test-slow`, which CI runs too
 def test_the_last_message_before_exit_is_delivered(keys, tmp_path):
     """The controller's last Stop to the rollout workers: sent, then the process exits at once.
     Without the linger and ``shutdown`` the message was lost in some of 10 tries (a race)."""
