@@ -1,6 +1,6 @@
-"""What every ``auto`` of the config becomes: the rules, and ``Placement``, their input. The step that
-applies them all at once, ``resolve(cfg, placement) -> cfg``, is ``runconfig/autos.py`` (the engine's
-values come from its spec, above config/).
+"""What every ``auto`` of the config becomes: the rules, and ``Placement``, their input. The step
+that applies them all at once, ``resolve(cfg, placement) -> cfg``, is ``runconfig/autos.py`` (the
+engine's values come from its spec, above config/).
 
 ``areal train`` calls it once, when it plans the run (``launcher/plan.py``), before config.yaml is
 written into the run directory; the trainer, the rollout workers and the controller read that file
@@ -10,27 +10,34 @@ build a config) calls the same step once at its entry. Resolving a resolved conf
 What each ``auto`` becomes (the concrete value depends on where the processes compute, the engine
 and the weight backend, so the inputs are a ``Placement``, which needs no GPU to build):
 
-| key | auto becomes |
-|---|---|
-| engine.dtype, trainer.dtype | bfloat16 where the process computes on a GPU; on the CPU bfloat16 only where the processor has it natively, else float32 (config/cpu_dtype.py) |
-| engine.lm_head_fp32 | true where the engine's logits are float32 (vllm), else false |
-| engine.weight_update | vllm: inplace for a known fused layout (any TP), else reload; hf: inplace |
-| engine.lora_merge | true with vllm (merged weights through its in-place update), false with hf (the adapter) |
-| reward.judge.engine | vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf |
-| weights.dtype | engine.dtype |
-| reward.dtype | bfloat16 on reward.gpus, else the CPU's rule as for engine.dtype |
-| weights.backend | nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU; ipc (CUDA IPC) when one does; gloo on the CPU |
-| weights.staged | true with nccl and ipc, false with gloo |
-| weights.bucket_mb (0) | 1024 with nccl and ipc, 32 with gloo |
-| trainer.optim_state | float32 on GPUs, bfloat16 on the CPU |
-| trainer.packing | true for the trainer on GPUs, false on the CPU |
-| trainer.activation_checkpointing | true on the CPU; on GPUs the least recomputation whose estimate fits the card (none, every other layer: checkpoint_every 2, every layer; config/memory_plan.py) |
-| trainer.compile | true for the trainer on GPUs with a model of at least 1B decoder-layer parameters |
-| trainer.shard | true for several ranks, and for one GPU rank with a model of at least 1B decoder-layer parameters (or one not known yet); false for one CPU rank |
-| trainer.logprob_chunk_tokens (0) | 2048 on GPUs, 256 on the CPU |
-| cluster.share | concurrent; the launcher's plan of a shared GPU turns it to alternate where the trainer fits only while the engine sleeps (launcher/share.py) |
-| launcher.allocator | tcmalloc, else jemalloc, else system: what is installed here |
-| logging.wandb_mode | WANDB_MODE if set, else online where a W&B API key is configured, else offline |
+- engine.dtype, trainer.dtype: bfloat16 where the process computes on a GPU; on the CPU bfloat16
+  only where the processor has it natively, else float32 (config/cpu_dtype.py)
+- engine.lm_head_fp32: true where the engine's logits are float32 (vllm), else false
+- engine.weight_update: vllm: inplace for a known fused layout (any TP), else reload; hf: inplace
+- engine.lora_merge: true with vllm (merged weights through its in-place update), false with hf
+  (the adapter)
+- reward.judge.engine: vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf
+- weights.dtype: engine.dtype
+- reward.dtype: bfloat16 on reward.gpus, else the CPU's rule as for engine.dtype
+- weights.backend: nccl when the trainer is on GPUs and no rollout worker shares rank 0's GPU; ipc
+  (CUDA IPC) when one does; gloo on the CPU
+- weights.staged: true with nccl and ipc, false with gloo
+- weights.bucket_mb (0): 1024 with nccl and ipc, 32 with gloo
+- trainer.optim_state: float32 on GPUs, bfloat16 on the CPU
+- trainer.packing: true for the trainer on GPUs, false on the CPU
+- trainer.activation_checkpointing: true on the CPU; on GPUs the least recomputation whose
+  estimate fits the card (none, every other layer: checkpoint_every 2, every layer;
+  config/memory_plan.py)
+- trainer.compile: true for the trainer on GPUs with a model of at least 1B decoder-layer
+  parameters
+- trainer.shard: true for several ranks, and for one GPU rank with a model of at least 1B
+  decoder-layer parameters (or one not known yet); false for one CPU rank
+- trainer.logprob_chunk_tokens (0): 2048 on GPUs, 256 on the CPU
+- cluster.share: concurrent; the launcher's plan of a shared GPU turns it to alternate where the
+  trainer fits only while the engine sleeps (launcher/share.py)
+- launcher.allocator: tcmalloc, else jemalloc, else system: what is installed here
+- logging.wandb_mode: WANDB_MODE if set, else online where a W&B API key is configured, else
+  offline
 """
 
 from __future__ import annotations
@@ -88,26 +95,28 @@ def unresolved(cfg) -> list[str]:
         v, t = getattr(cfg, f.name), hints[f.name]
         if is_dataclass(v):
             out += [f"{f.name}.{k}" for k in unresolved(v)]
-        elif isinstance(t, type) and issubclass(t, Enum) and str(v) == "auto":  # reward.fn's auto is no choice
-            out.append(f.name)
+        elif isinstance(t, type) and issubclass(t, Enum) and str(v) == "auto":
+            out.append(f.name)  # an Enum only: reward.fn's auto is no choice
     return out
 
 
 def require_resolved(cfg: RootConfig, source: str) -> RootConfig:
-    """``cfg`` if it holds no ``auto``; else ValueError naming the keys (a process reads only a planned
-    config; ``source`` says where it came from)."""
+    """``cfg`` if it holds no ``auto``; else ValueError naming the keys (a process reads only a
+    planned config; ``source`` says where it came from)."""
     left = unresolved(cfg)
     if left:
-        raise ValueError(f"{source}: {', '.join(left)} still auto: start the run with `areal train`, which "
-                         "resolves them when it plans the run (or call areal_cli.runconfig.autos.resolve)")
+        raise ValueError(f"{source}: {', '.join(left)} still auto: start the run with "
+                         "`areal train`, which resolves them when it plans the run (or call "
+                         "areal_cli.runconfig.autos.resolve)")
     return cfg
 
 
 def bucket_bytes(w: WeightsConfig) -> int:
-    """weights.bucket_mb of a resolved config in bytes (both ends of the broadcast must agree); ValueError
-    for bucket_mb=0 (auto), which ``resolve`` makes concrete."""
+    """weights.bucket_mb of a resolved config in bytes (both ends of the broadcast must agree);
+    ValueError for bucket_mb=0 (auto), which ``resolve`` makes concrete."""
     if w.bucket_mb <= 0:
-        raise ValueError(f"weights.bucket_mb={w.bucket_mb}: resolve the config first (areal_cli.config.resolve)")
+        raise ValueError(f"weights.bucket_mb={w.bucket_mb}: resolve the config first "
+                         "(areal_cli.config.resolve)")
     return w.bucket_mb << 20
 
 
@@ -166,8 +175,8 @@ def layer_params(model_path: Path) -> float:
 
     c = json.loads((Path(model_path) / "config.json").read_text())
     try:
-        h, heads, layers, inter = (c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"],
-                                   c["intermediate_size"])
+        h, heads, layers, inter = (c["hidden_size"], c["num_attention_heads"],
+                                   c["num_hidden_layers"], c["intermediate_size"])
     except KeyError:
         return 0.0
     d = c.get("head_dim") or h // heads
@@ -176,38 +185,39 @@ def layer_params(model_path: Path) -> float:
 
 
 def _judge_engine(cfg: RootConfig) -> JudgeEngine:
-    """reward.judge.engine=auto: on reward.gpus the run's own engine where it can serve the judge (with
-    engine=vllm, vLLM is installed), else hf."""
+    """reward.judge.engine=auto: on reward.gpus the run's own engine where it can serve the judge
+    (with engine=vllm, vLLM is installed), else hf."""
     if cfg.reward.gpus and cfg.engine.name in set(JudgeEngine):
         return JudgeEngine(cfg.engine.name)
     return JudgeEngine.hf
 
 
 def checkpointing(cfg: RootConfig, where: Placement) -> tuple[int | None, int]:
-    """``(every, estimated bytes)`` of ``trainer.activation_checkpointing=auto`` for a config whose other
-    keys are resolved: every layer (1) on the CPU and wherever the card or the model is not known here
-    (estimate 0); on GPUs ``memory_plan.choose``'s (None = no checkpointing)."""
+    """``(every, estimated bytes)`` of ``trainer.activation_checkpointing=auto`` for a config whose
+    other keys are resolved: every layer (1) on the CPU and wherever the card or the model is not
+    known here (estimate 0); on GPUs ``memory_plan.choose``'s (None = no checkpointing)."""
     t = cfg.trainer
     if not where.trainer_gpu or not where.gpu_memory_bytes or where.model_path is None:
         return t.checkpoint_every, 0
     try:
         lay = memory_plan.Layout.from_config(where.model_path)
-    except (OSError, KeyError, TypeError, ValueError):  # no config.json of a decoder-only layout: the safe choice
-        return t.checkpoint_every, 0
+    except (OSError, KeyError, TypeError, ValueError):
+        return t.checkpoint_every, 0  # no config.json of a decoder-only layout: the safe choice
     from areal_cli import lora
 
-    return memory_plan.choose(lay, where.gpu_memory_bytes, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens,
-                              moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8,
-                              lora=t.lora.rank > 0,
-                              staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg),
-                              chunk=t.logprob_chunk_tokens)
+    return memory_plan.choose(
+        lay, where.gpu_memory_bytes, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens,
+        moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8, lora=t.lora.rank > 0,
+        staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg),
+        chunk=t.logprob_chunk_tokens)
 
 
 def _switch(value, on: bool) -> Switch:
     return _auto(Switch, value, Switch.true if on else Switch.false)
 
 
-ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"), "jemalloc": ("jemalloc", "libjemalloc2")}
+ALLOCATORS = {"tcmalloc": ("tcmalloc_minimal", "libtcmalloc-minimal4"),
+              "jemalloc": ("jemalloc", "libjemalloc2")}
 """malloc name → (library name for ctypes.util.find_library, Debian package)."""
 
 
@@ -234,8 +244,9 @@ def _wandb_mode() -> str:
     if env:
         env = WANDB_ALIASES.get(env, env)
         if env not in {m.value for m in WandbMode} - {"auto"}:
-            raise ValueError(f"WANDB_MODE={os.environ['WANDB_MODE']} (logging.wandb_mode=auto follows it): "
-                             "set WANDB_MODE to online, offline or disabled, or unset it")
+            raise ValueError(f"WANDB_MODE={os.environ['WANDB_MODE']} (logging.wandb_mode=auto "
+                             "follows it): set WANDB_MODE to online, offline or disabled, or "
+                             "unset it")
         return env
     if os.environ.get("WANDB_API_KEY"):
         return "online"

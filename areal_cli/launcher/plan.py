@@ -1,6 +1,6 @@
-"""The run plan: run directory, device map, the resolved config and the exact commands — printed by
---dry-run. Planning is where every ``auto`` of the config is resolved (``config/resolve.py``): the
-plan's ``cfg`` is what config.yaml holds and what every process reads."""
+"""The run plan: run directory, device map, the resolved config and the exact commands — printed
+by --dry-run. Planning is where every ``auto`` of the config is resolved (``config/resolve.py``):
+the plan's ``cfg`` is what config.yaml holds and what every process reads."""
 
 from __future__ import annotations
 
@@ -34,7 +34,8 @@ from areal_cli.transport.channels import check_ports, free_ports, is_loopback
 
 @dataclass
 class Proc:
-    name: str  # "controller", "rollout-0", "trainer" (torchrun and all ranks; one CPU rank without torchrun)
+    # "controller", "rollout-0", "trainer" (torchrun and all ranks; one CPU rank without torchrun)
+    name: str
     argv: list[str]
     env: dict = field(default_factory=dict)  # extra environment (CUDA_VISIBLE_DEVICES, ...)
 
@@ -45,13 +46,16 @@ class Plan:
     run_dir: Path
     devices: dict  # role → list of GPU ids ([] = CPU); "idle": GPUs of the pool no process uses
     procs: list[Proc]
-    notes: dict = field(default_factory=dict)  # "model", "weights": lines printed at start and by --dry-run
+    # "model", "weights": lines printed at start and by --dry-run
+    notes: dict = field(default_factory=dict)
 
     def describe(self) -> str:
-        lines = ["# resolved config", to_yaml(self.cfg), "# model", *self.notes.get("model", []), "# device map"]
+        lines = ["# resolved config", to_yaml(self.cfg), "# model", *self.notes.get("model", []),
+                 "# device map"]
         for role, ids in self.devices.items():
             lines.append(f"{role}: {'GPU ' + ','.join(map(str, ids)) if ids else 'CPU'}"
-                         + ("  (raise trainer.ranks or rollout.workers to use them)" if role == "idle" else ""))
+                         + ("  (raise trainer.ranks or rollout.workers to use them)"
+                            if role == "idle" else ""))
         lines += ["# dtypes", *self.notes.get("dtype", [])]
         lines += ["# weight updates", *self.notes.get("weights", [])]
         if self.notes.get("reward"):
@@ -73,7 +77,8 @@ class Plan:
         through a file another process could swap, and nothing is read back from the run directory
         to be executed."""
         data = json.dumps({"config": to_yaml(self.cfg), "devices": self.devices,
-                           "procs": [{"name": p.name, "argv": p.argv, "env": p.env} for p in self.procs]}).encode()
+                           "procs": [{"name": p.name, "argv": p.argv, "env": p.env}
+                                     for p in self.procs]}).encode()
         fd = os.memfd_create("areal-plan", 0)
         view = memoryview(data)
         while view:
@@ -83,7 +88,8 @@ class Plan:
 
     @classmethod
     def from_fd(cls, run_dir: Path, fd: int) -> Plan:
-        """The plan ``to_fd`` wrote into ``fd`` (closed here); its config was validated when planned."""
+        """The plan ``to_fd`` wrote into ``fd`` (closed here); its config was validated when
+        planned."""
         from omegaconf import OmegaConf
 
         from areal_cli.runconfig.compose import from_dictconfig
@@ -98,12 +104,14 @@ class Plan:
     def write(self) -> None:
         """The run directory's config, keys and logs/ (the controller publishes endpoints.json)."""
         rd = RunDir(self.run_dir)
-        claim_run_dir(self.run_dir)  # created 0700, or the running user's alone (Slurm comes here first)
+        # created 0700, or the running user's alone (Slurm comes here first)
+        claim_run_dir(self.run_dir)
         taken = taken_problems(self.run_dir, self.cfg.resume)
         if taken:
             raise ValueError("\n  - ".join(taken))
         rd.logs.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(rd.stores, ignore_errors=True)  # an earlier start's stores: never joined by this one
+        # an earlier start's stores: never joined by this one
+        shutil.rmtree(rd.stores, ignore_errors=True)
         make_private_dir(rd.stores)
         make_keys(self.run_dir)  # this run's CURVE keys: only its processes can use its sockets
         save_yaml(self.cfg, rd.config)
@@ -112,8 +120,8 @@ class Plan:
 
 
 GPU_DEFAULTS = {"trainer.batch_size": 16, "trainer.steps": 50}
-"""conf/'s defaults fit a 2-core CPU (4 groups a step, 30 steps); a run on GPUs takes these where its
-overrides name none (BENCHMARKS.md "One GPU")."""
+"""conf/'s defaults fit a 2-core CPU (4 groups a step, 30 steps); a run on GPUs takes these where
+its overrides name none (BENCHMARKS.md "One GPU")."""
 
 
 def hardware_defaults(cfg: RootConfig, overrides: list[str]) -> tuple[list[str], list[str]]:
@@ -136,11 +144,11 @@ def hardware_defaults(cfg: RootConfig, overrides: list[str]) -> tuple[list[str],
             vllm.require()
             engine = "vllm"
             extra.append("engine=vllm")
-            lines.append(f"engine=vllm (auto: GPU(s) {gpus} here and vLLM installed; engine=hf for the "
-                         "embedded engine)")
+            lines.append(f"engine=vllm (auto: GPU(s) {gpus} here and vLLM installed; engine=hf "
+                         "for the embedded engine)")
         except ValueError:
-            lines.append(f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: {vllm.install} "
-                         "for ~10x the generation speed)")
+            lines.append(f"engine=hf (auto: GPU(s) {gpus} here but vLLM is not installed: "
+                         f"{vllm.install} for ~10x the generation speed)")
     for key, value in GPU_DEFAULTS.items():
         if key == "trainer.batch_size" and cfg.task.size:
             value = min(value, cfg.task.size)  # a step draws distinct prompts
@@ -151,8 +159,8 @@ def hardware_defaults(cfg: RootConfig, overrides: list[str]) -> tuple[list[str],
     # a serving engine (GPU only: vLLM) generates several times faster than the trainer trains
     if one and spec(engine).gpu_only and "rollout.max_staleness" not in named:
         extra.append("rollout.max_staleness=1")
-        lines.append("rollout.max_staleness=1 (auto on one GPU shared by vLLM and the trainer: generation "
-                     "outpaces training there and samples would reach the bound)")
+        lines.append("rollout.max_staleness=1 (auto on one GPU shared by vLLM and the trainer: "
+                     "generation outpaces training there and samples would reach the bound)")
     return extra, lines
 
 
@@ -167,7 +175,8 @@ def visible_gpus() -> list[int]:
 
 
 def gpu_memory(gpus: list[int]) -> int:
-    """Bytes of memory of the first of ``gpus`` (torch's device ids here); 0 where none is visible here."""
+    """Bytes of memory of the first of ``gpus`` (torch's device ids here); 0 where none is visible
+    here."""
     if not gpus or not visible_gpus():
         return 0
     import torch
@@ -185,12 +194,15 @@ def checkpointing_notes(asked: RootConfig, cfg: RootConfig, placement: Placement
     _, need = checkpointing(cfg, placement)
     what = ("none" if cfg.trainer.activation_checkpointing == "false" else
             "every layer" if cfg.trainer.checkpoint_every == 1 else
-            "every other layer" if cfg.trainer.checkpoint_every == 2 else f"every {cfg.trainer.checkpoint_every}th layer")
+            "every other layer" if cfg.trainer.checkpoint_every == 2 else
+            f"every {cfg.trainer.checkpoint_every}th layer")
     if not need:
-        return [f"trainer: activation checkpointing {what} (auto: the card or the model's layout is not known here)"]
+        return [f"trainer: activation checkpointing {what} (auto: the card or the model's layout "
+                "is not known here)"]
     gib = 1024 ** 3
-    return [f"trainer: activation checkpointing {what} (auto: ~{need / gib:.0f} GiB estimated per trainer GPU of "
-            f"{placement.gpu_memory_bytes / gib:.0f} GiB at micro_batch_tokens={cfg.trainer.micro_batch_tokens})"]
+    return [f"trainer: activation checkpointing {what} (auto: ~{need / gib:.0f} GiB estimated per "
+            f"trainer GPU of {placement.gpu_memory_bytes / gib:.0f} GiB at "
+            f"micro_batch_tokens={cfg.trainer.micro_batch_tokens})"]
 
 
 def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
@@ -214,24 +226,26 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
         trainer = [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]
     elif len(pool) == 1:
         if tp > 1:
-            raise ValueError(f"engine.tensor_parallel_size={tp} needs {tp} GPUs per rollout worker and "
-                             f"cluster.gpus has one; lower it to 1 or give more GPUs")
+            raise ValueError(f"engine.tensor_parallel_size={tp} needs {tp} GPUs per rollout worker "
+                             f"and cluster.gpus has one; lower it to 1 or give more GPUs")
         rollout, trainer = pool, pool  # colocated
     else:
         n_gen = w * tp if tp > 1 else (w if w < len(pool) else len(pool) // 2)
         if n_gen >= len(pool):
-            raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} = {n_gen} generation "
-                             f"GPUs leave none of the {len(pool)} GPUs {pool} to train: lower rollout.workers or "
-                             "engine.tensor_parallel_size, or add GPUs to cluster.gpus")
+            raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} = {n_gen} "
+                             f"generation GPUs leave none of the {len(pool)} GPUs {pool} to train: "
+                             "lower rollout.workers or engine.tensor_parallel_size, or add GPUs to "
+                             "cluster.gpus")
         rollout, trainer = pool[:n_gen], pool[n_gen:]
     if tp > 1 and len(rollout) < w * tp:
-        raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} needs {w * tp} generation "
-                         f"GPUs; rollout.gpus has {len(rollout)} ({rollout}): give it {w * tp} ids or lower "
-                         "rollout.workers")
+        raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} needs {w * tp} "
+                         f"generation GPUs; rollout.gpus has {len(rollout)} ({rollout}): give it "
+                         f"{w * tp} ids or lower rollout.workers")
     if ranks > len(trainer):
-        raise ValueError(f"trainer.ranks={ranks} but only {len(trainer)} GPU(s) {trainer} are left to train "
-                         f"(the first {len(rollout)} of {pool} generate): lower trainer.ranks, lower "
-                         "rollout.workers / engine.tensor_parallel_size, or add GPUs to cluster.gpus")
+        raise ValueError(f"trainer.ranks={ranks} but only {len(trainer)} GPU(s) {trainer} are left "
+                         f"to train (the first {len(rollout)} of {pool} generate): lower "
+                         "trainer.ranks, lower rollout.workers / engine.tensor_parallel_size, or "
+                         "add GPUs to cluster.gpus")
     used = {g for gs in worker_gpus(cfg, rollout) for g in gs} | set(trainer[:ranks])
     out = {"rollout": rollout[:w * tp] if tp > 1 else rollout, "trainer": trainer[:ranks]}
     idle = [g for g in dict.fromkeys(pool + rollout + trainer) if g not in used]
@@ -250,39 +264,43 @@ def worker_gpus(cfg: RootConfig, rollout: list[int]) -> list[list[int]]:
 
 
 def shares_rank0_gpu(cfg: RootConfig, devices: dict) -> bool:
-    """Whether a rollout worker runs on trainer rank 0's GPU. It cannot join an NCCL group with rank 0:
-    the update then goes device to device through CUDA IPC (weights.backend=ipc), which joins only
-    processes of one GPU; ValueError naming the fix where the config asks for a backend that cannot
-    serve the layout."""
+    """Whether a rollout worker runs on trainer rank 0's GPU. It cannot join an NCCL group with
+    rank 0: the update then goes device to device through CUDA IPC (weights.backend=ipc), which
+    joins only processes of one GPU; ValueError naming the fix where the config asks for a backend
+    that cannot serve the layout."""
     backend = str(cfg.weights.backend)
     workers = worker_gpus(cfg, devices["rollout"])
     if not devices["trainer"] or not devices["rollout"]:
         if backend == "ipc":
-            raise ValueError("weights.backend=ipc joins processes of one GPU: the trainer and the rollout "
-                             "workers must share it (cluster.gpus=[0]); use weights.backend=auto")
+            raise ValueError("weights.backend=ipc joins processes of one GPU: the trainer and the "
+                             "rollout workers must share it (cluster.gpus=[0]); use "
+                             "weights.backend=auto")
         return False
     rank0 = devices["trainer"][0]
     if not any(rank0 in gs for gs in workers):
         if backend == "ipc":
-            raise ValueError(f"weights.backend=ipc joins processes of one GPU, and no rollout worker is on "
-                             f"trainer rank 0's GPU {rank0}: use weights.backend=auto (NCCL between GPUs)")
+            raise ValueError(f"weights.backend=ipc joins processes of one GPU, and no rollout "
+                             f"worker is on trainer rank 0's GPU {rank0}: use weights.backend=auto "
+                             "(NCCL between GPUs)")
         return False
     if backend == "nccl":
-        raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and NCCL refuses "
-                         "two ranks on one GPU; use weights.backend=auto (CUDA IPC there)")
+        raise ValueError("weights.backend=nccl: a rollout worker shares trainer rank 0's GPU and "
+                         "NCCL refuses two ranks on one GPU; use weights.backend=auto (CUDA IPC "
+                         "there)")
     others = [i for i, gs in enumerate(workers) if rank0 not in gs]
     if backend in ("auto", "ipc") and others:
-        raise ValueError(f"rollout worker(s) {others} are on other GPUs than trainer rank 0's GPU {rank0}, which "
-                         "rollout-0 shares: one weight group cannot be CUDA IPC for one and NCCL for another. "
-                         "Give every rollout worker GPU(s) of its own (rollout.gpus / trainer.gpus), or use "
-                         "weights.backend=gloo")
+        raise ValueError(f"rollout worker(s) {others} are on other GPUs than trainer rank 0's GPU "
+                         f"{rank0}, which rollout-0 shares: one weight group cannot be CUDA IPC "
+                         "for one and NCCL for another. Give every rollout worker GPU(s) of its "
+                         "own (rollout.gpus / trainer.gpus), or use weights.backend=gloo")
     return True
 
 
 def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
     """The model's local directory and the lines that say where it comes from. A Hub id is fetched
-    (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its snapshot
-    path, which every process then loads; the architecture is checked wherever config.json is here."""
+    (or, with --dry-run, only looked up: None when not cached) and ``cfg.model`` becomes its
+    snapshot path, which every process then loads; the architecture is checked wherever
+    config.json is here."""
     from areal_cli.architectures import check_supported
     from areal_cli.model_source import hub_model, resolve_model
 
@@ -302,8 +320,8 @@ def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
 
 
 def dtype_notes(asked: RootConfig, cfg: RootConfig, placement: Placement) -> list[str]:
-    """The dtype of the trainer and the engine, and why; a warning where an explicit bfloat16 will be
-    emulated on a CPU without it (``asked``: the config before it was resolved)."""
+    """The dtype of the trainer and the engine, and why; a warning where an explicit bfloat16 will
+    be emulated on a CPU without it (``asked``: the config before it was resolved)."""
     # as resolve_engine decides it: an engine that computes on GPUs only is on one wherever planned
     engine_gpu = placement.engine_gpu or spec(cfg.engine.name).gpu_only
     cpu = None if placement.trainer_gpu and engine_gpu else cpu_dtype.choose()
@@ -330,8 +348,8 @@ def weight_notes(asked: RootConfig, cfg: RootConfig, model_path: Path | None) ->
     w, wt = cfg.rollout.workers, cfg.weights
     lora = lora_notes(cfg, model_path)
     if lora and cfg.engine.lora_merge != "true":
-        return lora + [f"one {wt.backend} group of {1 + w} ranks (trainer rank 0 + {w} rollout worker(s)), "
-                       f"{wt.bucket_mb} MiB buckets"]
+        return lora + [f"one {wt.backend} group of {1 + w} ranks (trainer rank 0 + {w} rollout "
+                       f"worker(s)), {wt.bucket_mb} MiB buckets"]
     return lora + spec(cfg.engine.name).weight_notes(asked, cfg, model_path)
 
 
@@ -342,15 +360,16 @@ def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
         return []
     what = f"LoRA rank {lo.rank}, alpha {lo.alpha:g}, on {','.join(lo.target_modules)}"
     if cfg.engine.lora_merge == "true":
-        return [f"{what}: engine.lora_merge=true: the trainer merges the adapter and sends full weights"]
+        return [f"{what}: engine.lora_merge=true: the trainer merges the adapter and sends full "
+                "weights"]
     size = ""
     if model_path is not None:
         from areal_cli.lora import adapter_size
 
         size = f" ({adapter_size(model_path, lo) / 2**20:.1f} MiB float32)"
     how = spec(cfg.engine.name).lora_apply
-    return [f"{what}: weight updates carry the adapter alone{size}; {how}; every update verified by a probe's "
-            "logprobs"]
+    return [f"{what}: weight updates carry the adapter alone{size}; {how}; every update verified "
+            "by a probe's logprobs"]
 
 
 def length_notes(cfg: RootConfig) -> list[str]:
@@ -361,22 +380,27 @@ def length_notes(cfg: RootConfig) -> list[str]:
     if profile is None:
         return []
     q = {p: max(1, min(cap, round(profile.fraction(p / 100) * cap))) for p in (10, 50, 90)}
-    return [f"rollout.length_profile={profile.name}: each request's max_new_tokens drawn (p10 {q[10]}, p50 "
-            f"{q[50]}, p90 {q[90]} of rollout.max_new_tokens={cap}), EOS ignored: synthetic lengths"]
+    return [f"rollout.length_profile={profile.name}: each request's max_new_tokens drawn (p10 "
+            f"{q[10]}, p50 {q[50]}, p90 {q[90]} of rollout.max_new_tokens={cap}), EOS ignored: "
+            "synthetic lengths"]
 
 
-def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placement | None = None) -> Plan:
-    """The plan of ``cfg`` on ``gpus`` (None = the GPUs visible here); its ``cfg`` is ``cfg`` resolved for
-    the device map, or for ``placement`` (its GPUs; the model is found here) where the processes run
-    elsewhere (Slurm's nodes)."""
+def make_plan(cfg: RootConfig, gpus: list[int] | None = None,
+              placement: Placement | None = None) -> Plan:
+    """The plan of ``cfg`` on ``gpus`` (None = the GPUs visible here); its ``cfg`` is ``cfg``
+    resolved for the device map, or for ``placement`` (its GPUs; the model is found here) where the
+    processes run elsewhere (Slurm's nodes)."""
     cfg = copy.deepcopy(cfg)  # the caller's stays as asked; the plan's is resolved
     # `areal train` creates a fresh directory before planning (rundir.new_run_dir); this name is
     # what --dry-run shows
-    run_dir = Path(cfg.run_dir or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
+    run_dir = Path(cfg.run_dir
+                   or f"runs/{_dt.datetime.now():%Y%m%d-%H%M%S}-{secrets.token_hex(2)}").resolve()
     cfg.run_dir = str(run_dir)
-    try:  # the ports the controller (and torchrun) will bind: in use → exit 2 before anything starts
+    # the ports the controller (and torchrun) will bind: in use → exit 2 before anything starts
+    try:
         if cfg.launcher.port_base:
-            check_ports(cfg.launcher.host, list(range(cfg.launcher.port_base, cfg.launcher.port_base + 6)))
+            check_ports(cfg.launcher.host,
+                        list(range(cfg.launcher.port_base, cfg.launcher.port_base + 6)))
     except OSError as err:
         raise ValueError(str(err)) from None
     devices = device_map(cfg, gpus)
@@ -387,11 +411,13 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         card = total = gpu_memory(devices["trainer"][:1])
         if shared:  # a rollout worker's engine on rank 0's GPU takes its share first
             card = spec(cfg.engine.name).shared_card(cfg, card, model_path)
-        placement = Placement(trainer_gpu=bool(devices["trainer"]), rollout_gpu=bool(devices["rollout"]),
+        placement = Placement(trainer_gpu=bool(devices["trainer"]),
+                              rollout_gpu=bool(devices["rollout"]),
                               shared_gpu=shared, gpu_memory_bytes=card)
     placement = dataclasses.replace(placement, model_path=model_path)
     asked, cfg = cfg, resolve(cfg, placement)
-    if shared and total:  # concurrent, or alternate where the trainer fits only while the engine sleeps
+    # concurrent, or alternate where the trainer fits only while the engine sleeps
+    if shared and total:
         cfg, placement = choose_share(asked, cfg, placement, total)
     too_big = kv_memory_problems(cfg, model_path, placement.engine_gpu)
     if too_big:
@@ -400,8 +426,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         spec(cfg.engine.name).check_shared_gpu(cfg, devices["trainer"][0])
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
     notes = {"model": model_lines, "dtype": dtype_notes(asked, cfg, placement),
-             "weights": weight_notes(asked, cfg, model_path),
-             "lengths": length_notes(cfg), "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
+             "weights": weight_notes(asked, cfg, model_path), "lengths": length_notes(cfg),
+             "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
     if shared and total:
         notes["share"] = share_notes(cfg, placement, total, devices["trainer"][0])
     py = sys.executable
@@ -414,47 +440,56 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None, placement: Placeme
         idle = [g for g in devices.pop("idle", []) if g not in devices["reward"]]
         devices.update({"idle": idle} if idle else {})
     for i, ids in enumerate(worker_gpus(cfg, devices["rollout"])):
-        env = {"CUDA_VISIBLE_DEVICES": physical_gpus(ids)} if ids else {**cpu_env, **ROLLOUT_CPU_ENV}
-        procs.append(Proc(f"rollout-{i}", [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
-    master_port = cfg.launcher.port_base + 6 if cfg.launcher.port_base else free_ports(cfg.launcher.host, 1)[0]
-    tenv = {"CUDA_VISIBLE_DEVICES": physical_gpus(devices["trainer"])} if devices["trainer"] else dict(cpu_env)
+        env = ({"CUDA_VISIBLE_DEVICES": physical_gpus(ids)} if ids
+               else {**cpu_env, **ROLLOUT_CPU_ENV})
+        procs.append(Proc(f"rollout-{i}",
+                          [py, "-m", "areal_cli.rollout.main", str(run_dir), str(i)], env))
+    master_port = (cfg.launcher.port_base + 6 if cfg.launcher.port_base
+                   else free_ports(cfg.launcher.host, 1)[0])
+    tenv = ({"CUDA_VISIBLE_DEVICES": physical_gpus(devices["trainer"])} if devices["trainer"]
+            else dict(cpu_env))
     if is_loopback(cfg.launcher.host) and "GLOO_SOCKET_IFNAME" not in os.environ:
         tenv["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks' gloo transport listens on loopback too
     if cfg.trainer.ranks == 1 and not devices["trainer"]:
-        # one CPU rank: nothing to rendezvous, and torchrun's agent would hold ~160 MB for the whole run;
-        # the rank makes its own single-member gloo group (no store listens on any port)
-        tenv.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", AREAL_SINGLE_RANK="1")
+        # one CPU rank: nothing to rendezvous, and torchrun's agent would hold ~160 MB for the
+        # whole run; the rank makes its own single-member gloo group (no store listens on any port)
+        tenv.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                    AREAL_SINGLE_RANK="1")
         procs.append(Proc("trainer", [py, "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
     else:  # the ranks' store: a file in the 0700 run directory (launcher/torchrun.py), no TCP store
         tenv["AREAL_RANKS_STORE"] = str(RunDir(run_dir).store(f"ranks-{secrets.token_hex(8)}"))
         procs.append(Proc("trainer", [
-            py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1", "--nproc-per-node", str(cfg.trainer.ranks),
+            py, "-m", "areal_cli.launcher.torchrun", "--nnodes", "1",
+            "--nproc-per-node", str(cfg.trainer.ranks),
             "--rdzv-backend", "areal", "--rdzv-endpoint", f"{cfg.launcher.host}:{master_port}",
             "--rdzv-conf", "rank=0", "-m", "areal_cli.trainer.main", str(run_dir)], tenv))
     return Plan(cfg, run_dir, devices, procs, notes)
 
 
-ROLLOUT_CPU_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")}
+ROLLOUT_CPU_ENV = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY":
+                   os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "16")}
 """A CPU rollout worker's oneDNN keeps at most 16 compiled matmuls (default 1024): every decode step
 and prefill chunk has a new token count, and the kept primitives grew the worker by ~150 MB in 3
 minutes of the default run; generation speed did not measurably change (2-core CPU)."""
 
 def allocator_env(choice: str, asked: str = "") -> tuple[dict, str]:
-    """The environment that gives CPU processes the resolved launcher.allocator ``choice`` (LD_PRELOAD),
-    and a note saying which (``asked``: the value before it was resolved). Torch on the CPU frees and
-    reallocates gigabytes a step; glibc's malloc keeps much of it."""
+    """The environment that gives CPU processes the resolved launcher.allocator ``choice``
+    (LD_PRELOAD), and a note saying which (``asked``: the value before it was resolved). Torch on
+    the CPU frees and reallocates gigabytes a step; glibc's malloc keeps much of it."""
     if choice == "system":
         if asked == "auto":
-            return {}, ("allocator: the system's malloc; apt-get install libtcmalloc-minimal4 for ~0.8 GB less "
-                        "trainer memory and faster CPU steps")
+            return {}, ("allocator: the system's malloc; apt-get install libtcmalloc-minimal4 for "
+                        "~0.8 GB less trainer memory and faster CPU steps")
         return {}, "allocator: the system's malloc (launcher.allocator=system)"
     found = find_allocator(choice)
     if not found:
-        raise ValueError(f"launcher.allocator={choice}: lib{ALLOCATORS[choice][0]} is not installed: "
-                         f"apt-get install {ALLOCATORS[choice][1]}, or use launcher.allocator=auto")
+        raise ValueError(f"launcher.allocator={choice}: lib{ALLOCATORS[choice][0]} is not "
+                         f"installed: apt-get install {ALLOCATORS[choice][1]}, or use "
+                         "launcher.allocator=auto")
     name, lib = found
     preload = " ".join(filter(None, [lib, os.environ.get("LD_PRELOAD", "")]))
-    return {"LD_PRELOAD": preload}, f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU"
+    return ({"LD_PRELOAD": preload},
+            f"allocator: {name} ({lib}) for the trainer and rollout workers on the CPU")
 
 
 def child_env(extra: dict) -> dict:

@@ -45,7 +45,8 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     out.engine = resolve_engine(out.engine, where.model_path, gpu=where.engine_gpu)
     if out.reward.dtype == "auto":
         out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))
-    out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine, lambda: _judge_engine(out))
+    out.reward.judge.engine = _auto(JudgeEngine, out.reward.judge.engine,
+                                    lambda: _judge_engine(out))
     t, w = out.trainer, out.weights
     t.dtype = _dtype(t.dtype, where.trainer_gpu)
     t.optim_state = _auto(OptimState, t.optim_state,
@@ -80,10 +81,10 @@ def _backend(where: Placement) -> WeightsBackend:
 
 def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates: bool = True,
                    gpu: bool | None = None) -> EngineConfig:
-    """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that never
-    receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default transfer).
-    ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here; always for
-    an engine that computes on GPUs only)."""
+    """A copy of ``engine`` with its ``auto`` values resolved. ``updates=False`` for an engine that
+    never receives weights (an evaluation): engine.weight_update auto = reload (vLLM's default
+    transfer). ``gpu``: the engine computes on a GPU (None = where a GPU driver is present here;
+    always for an engine that computes on GPUs only)."""
     e = copy.deepcopy(engine)
     if spec(e.name).gpu_only:
         gpu = True
@@ -92,8 +93,9 @@ def resolve_engine(engine: EngineConfig, model_path: Path | None = None, updates
     e.dtype = _dtype(e.dtype, gpu)
     e.lm_head_fp32 = _switch(e.lm_head_fp32, spec(e.name).fp32_logits)
     e.lora_merge = _switch(e.lora_merge, spec(e.name).merges_lora)
-    e.weight_update = _auto(WeightUpdate, e.weight_update,
-                            lambda: _weight_update(e, model_path) if updates else WeightUpdate.reload)
+    e.weight_update = _auto(
+        WeightUpdate, e.weight_update,
+        lambda: _weight_update(e, model_path) if updates else WeightUpdate.reload)
     return e
 
 
