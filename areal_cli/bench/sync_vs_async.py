@@ -190,7 +190,7 @@ def generation_alone(run_dir: Path, out: Path, groups: int, running: float | Non
     import sys
 
     from areal_cli.config.read import read_yaml
-    from areal_cli.launcher.plan import device_map, worker_gpus
+    from areal_cli.launcher.devices import device_map, worker_gpus
     from areal_cli.runtime import physical_gpus
 
     cfg = read_yaml(RunDir(run_dir).config)

@@ -125,7 +125,8 @@ def _make(args: list[str], tmp: Path, makefile: Path) -> None:
 
 
 def _train(args: list[str], tmp: Path, run: Path | None) -> None:
-    from areal_cli.launcher.plan import make_plan, visible_gpus
+    from areal_cli.launcher.devices import visible_gpus
+    from areal_cli.launcher.plan import make_plan
     from areal_cli.launcher.run import resume_config
     from areal_cli.runconfig.compose import compose
 

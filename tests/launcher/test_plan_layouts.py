@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from areal_cli.config.resolve import Placement
-from areal_cli.launcher.plan import device_map, make_plan
+from areal_cli.launcher.devices import device_map
+from areal_cli.launcher.plan import make_plan
 from areal_cli.runconfig.compose import compose
 
 

@@ -10,7 +10,7 @@ from conftest import free_port
 
 from areal_cli.config.resolve import Placement
 from areal_cli.config.schema import RootConfig
-from areal_cli.launcher.plan import device_map, shares_rank0_gpu
+from areal_cli.launcher.devices import device_map, shares_rank0_gpu
 from areal_cli.runconfig.autos import resolve, resolve_engine
 from areal_cli.transport.weights import WeightReceiver, WeightSender, param_specs
 
