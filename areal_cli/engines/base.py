@@ -94,6 +94,9 @@ class Sequence:
     finish_reason: str = ""  # "" while running; then "stop" | "length"
     segments: int = 1  # engine requests this sequence took (1 + interruptions)
     ignore_eos: bool = False  # generate max_new_tokens tokens whatever they are (length profiles)
+    # a Lark grammar (llguidance's dialect) the generated text must follow: each token is sampled
+    # from the tokens it allows (its logprob of that masked distribution); "" = unconstrained
+    grammar: str = ""
 
     def segment_id(self) -> str:
         """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an
