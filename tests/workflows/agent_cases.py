@@ -69,12 +69,20 @@ async def bad_return(client, problem):
     return "yes"
 
 
+SMALL = {"type": "object", "required": ["n", "ok"],
+         "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                        "ok": {"type": "boolean"}}}
+
+
 async def forced_call(client, problem):
-    """A call that tool_choice forces to `calculate`, then one naming a tool that is not offered."""
-    await client.chat.completions.create(
+    """A call that tool_choice forces to `calculate` (it must come back parsed), then one naming a
+    tool that is not offered."""
+    first = await client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
-        max_tokens=6,
+        max_tokens=40,
         tool_choice={"type": "function", "function": {"name": "calculate"}})
+    if first.choices[0].finish_reason != "tool_calls":
+        return 0.0
     try:
         await client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
@@ -128,7 +136,7 @@ async def anthropic_tool(client, problem):
     callable: it extends the first call)."""
     claude = client.anthropic
     messages = [{"role": "user", "content": problem.prompt}]
-    async with claude.messages.stream(model="policy", max_tokens=24, system=SYSTEM,
+    async with claude.messages.stream(model="policy", max_tokens=40, system=SYSTEM,
                                       tools=[CALCULATE], messages=messages,
                                       tool_choice={"type": "tool", "name": "calculate"}) as stream:
         first = await stream.get_final_message()
@@ -206,3 +214,25 @@ def hangs_sync(client, problem):
 async def sleeps_async_unmarked(client, problem):
     """sleeps_blocking not marked: its time.sleep holds the endpoint's loop (what not to do)."""
     return await sleeps_blocking(client, problem)
+
+
+async def constrained_replies(client, problem):
+    """A JSON reply by response_format (chat), by text.format (Responses), and a call Anthropic's
+    tool_choice any requires: each must come back as asked."""
+    import json
+
+    msgs = [{"role": "user", "content": problem.prompt}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "small", "schema": SMALL}}
+    chat = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=40,
+                                                response_format=fmt)
+    reply = json.loads(chat.choices[0].message.content)
+    r = await client.responses.create(model="policy", input=problem.prompt, max_output_tokens=40,
+                                      text={"format": {"type": "json_schema", "name": "small",
+                                                       "schema": SMALL}})
+    second = json.loads(r.output_text)
+    m = await client.anthropic.messages.create(
+        model="policy", max_tokens=40, messages=msgs, tool_choice={"type": "any"},
+        tools=[{"name": "calculate", "input_schema": {"type": "object", "properties": {}}}])
+    uses = [b for b in m.content if b.type == "tool_use"]
+    ok = all(set(x) == {"n", "ok"} and 0 <= x["n"] <= 9 for x in (reply, second))
+    return 1.0 if ok and len(uses) == 1 and m.stop_reason == "tool_use" else 0.0

@@ -20,7 +20,7 @@ from areal_cli.config.choices import ToolFormat
 from areal_cli.model_source import resolve_model
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
-from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, forced_text, parse
+from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, parse
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 TOOLS = [{"type": "function", "function": {
@@ -184,24 +184,3 @@ def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_on
             "tools": [{"type": "function", "name": "calculate", "parameters": {}}],
             "tool_choice": {"type": "function", "name": "calculate"}}
     assert rq.chat_request(rq.responses_request(body).as_chat()).tool_name == "calculate"
-
-
-@pytest.mark.parametrize("fmt", [ToolFormat.hermes, ToolFormat.llama3_json])
-def test_a_forced_call_opens_into_the_first_required_argument_and_its_completion_parses(fmt):
-    style = ToolStyle(fmt, native=False)
-    tools = [{"type": "function", "function": {"name": "calculate", "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string"}, "n": {"type": "integer"}},
-        "required": ["expression"]}}}]
-    opening = forced_text(style, "calculate", tools)
-    assert opening.endswith('"calculate", "%s": {"expression": "' % ("arguments" if fmt
-                                                                     == ToolFormat.hermes
-                                                                       else "parameters"))
-    rest = '49 - 5"}}\n</tool_call>' if fmt == ToolFormat.hermes else '49 - 5"}}'
-    [call] = parse(style, opening + rest).tool_calls
-    assert call["function"]["name"] == "calculate"
-    assert json.loads(call["function"]["arguments"]) == {"expression": "49 - 5"}
-    # required: the model picks the tool
-    assert forced_text(style, None, tools).endswith('{"name": "')
-    # no schema: up to the arguments object
-    assert forced_text(style, "calculate", None).endswith(': ')

@@ -38,11 +38,13 @@ class EngineBridge:
         self.aborted = 0  # such requests stopped in (or before) the engine
         self.numbers = itertools.count()
 
-    async def generate(self, prompt_ids: list[int], max_new_tokens: int) -> Sequence:
-        """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop)."""
+    async def generate(self, prompt_ids: list[int], max_new_tokens: int,
+                       grammar: str = "") -> Sequence:
+        """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop), under
+        ``grammar`` when one is given (``Sequence.grammar``)."""
         fut = self.loop.create_future()
         rid = CallId(next(self.numbers))
-        self.pending.put((Sequence(rid, list(prompt_ids), max_new_tokens), fut))
+        self.pending.put((Sequence(rid, list(prompt_ids), max_new_tokens, grammar=grammar), fut))
         try:
             return await fut
         except asyncio.CancelledError:

@@ -121,6 +121,8 @@ class ChatRequest:
     n: int
     stop: list[str]
     tool_name: str | None = None  # tool_choice named this function: the reply must call it
+    # response_format's JSON schema (json_object: any object); None = free text
+    response_schema: dict | None = None
 
 
 def _body(body) -> dict:
@@ -155,13 +157,35 @@ def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
     return choice, name
 
 
+def response_schema(raw, param: str = "response_format") -> dict | None:
+    """``response_format`` (chat: ``{type: json_schema, json_schema: {name, schema, strict}}``) or
+    ``text.format`` (Responses: ``{type: json_schema, name, schema, strict}``) → the JSON schema the
+    reply must follow; ``json_object`` → any object; ``text`` or none → None."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise _bad(f"{param} must be {{type: text}}, {{type: json_object}} or {{type: "
+                   "json_schema, ...}}", param)
+    inner = raw.get("json_schema", raw)
+    schema = inner.get("schema", {"type": "object"}) if isinstance(inner, dict) else None
+    if not isinstance(schema, dict):
+        raise _bad(f"{param}'s schema must be a JSON schema (an object)", param)
+    return schema
+
+
 def chat_request(body) -> ChatRequest:
     body = _body(body)
     tools = _tools(body.get("tools"))
     choice, name = tool_choice(body.get("tool_choice"), tools)
     return ChatRequest(_messages(body.get("messages")), tools, choice,
                        _opt_int(body, "max_completion_tokens", "max_tokens"),
-                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name)
+                       _opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name,
+                       response_schema(body.get("response_format")))
 
 
 @dataclass
@@ -221,14 +245,17 @@ class ResponsesRequest:
     max_tokens: int | None
     raw_tools: list = field(default_factory=list)
     tool_choice: object = "auto"  # as sent (checked when the chat request is built)
+    text: dict | None = None  # the body's text field as sent (its format: text.format)
 
     def as_chat(self) -> dict:
         choice = self.tool_choice
         # Responses' named function
         if isinstance(choice, dict) and isinstance(choice.get("name"), str):
             choice = {"type": "function", "function": {"name": choice["name"]}}
+        schema = response_schema(self.text.get("format"), "text.format") if self.text else None
         return {"messages": self.messages, "tools": self.tools, "max_tokens": self.max_tokens,
-                "tool_choice": choice}
+                "tool_choice": choice, "response_format": None if schema is None else {
+                    "type": "json_schema", "json_schema": {"schema": schema}}}
 
 
 def responses_request(body) -> ResponsesRequest:
@@ -270,8 +297,12 @@ def responses_request(body) -> ResponsesRequest:
     if len(fns) != len(tools):
         raise _bad("only function tools are supported on this endpoint", "tools")
     chat_tools = _tools([{"type": "function", "function": t} for t in fns])
+    text = body.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise _bad("text must be an object ({format: {type: text | json_object | json_schema}})",
+                   "text")
     return ResponsesRequest(_messages(msgs), chat_tools, _opt_int(body, "max_output_tokens"), fns,
-                            body.get("tool_choice", "auto"))
+                            body.get("tool_choice", "auto"), text)
 
 
 # ---- responses ----

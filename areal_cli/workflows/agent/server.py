@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from areal_cli.config.choices import ToolFormat
 from areal_cli.workflows.agent import anthropic_api as am
 from areal_cli.workflows.agent import requests as rq
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.constraints import reply_grammar
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
-from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
+from areal_cli.workflows.agent.toolcalls import parse
 
 # metrics.jsonl names
 log = logging.getLogger(__name__)
@@ -113,8 +113,7 @@ class Endpoint:
     # ---- one call: generate, record, parse ----
 
     async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None,
-                        n: int,
-                        stop: list[str]) -> list[Choice]:
+                        n: int, stop: list[str], grammar: str = "") -> list[Choice]:
         budget = min(max_tokens or self.max_new_tokens, self.max_new_tokens)
         if len(prompt_ids) + budget > self.context:
             raise rq.ApiError(400, f"this request has {len(prompt_ids)} prompt tokens and asks for "
@@ -140,17 +139,17 @@ class Endpoint:
             self.counters["agent_unattributed_calls"] += 1
             self.unattributed += n
         try:
-            seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget)
+            seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget, grammar)
                                           for _ in range(n)))
         finally:
             if ep is None:
                 self.unattributed -= n
-        choices = [self._choice(s, stop) for s in seqs]
+        choices = [self._choice(s, stop, bool(grammar)) for s in seqs]
         if ep is not None and not ep.closed:
             ep.record(list(prompt_ids), choices)
         return choices
 
-    def _choice(self, seq, stop: list[str]) -> Choice:
+    def _choice(self, seq, stop: list[str], constrained: bool) -> Choice:
         ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
         reason, hit = seq.finish_reason, ""
         if stop:
@@ -159,7 +158,7 @@ class Endpoint:
                 ids, logps, versions, reason = ids[:cut], logps[:cut], versions[:cut], "stop"
                 text = self.renderer.tok.decode(ids, skip_special_tokens=True)
                 hit = next(s for s in stop if s in text)
-        return Choice(ids, logps, versions, reason or "stop", stop=hit)
+        return Choice(ids, logps, versions, reason or "stop", stop=hit, constrained=constrained)
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The fewest leading tokens whose text holds a stop string (None: none occurs)."""
@@ -233,19 +232,13 @@ class Endpoint:
         size = self._fits(rq.strings_in([req.messages, req.tools]))
         prompt = await self._tokenized(size, self.renderer.prompt, req.messages, req.tools,
                                        ep.replies if ep else [])
-        forced = forced_text(self.renderer.style, req.tool_name,
-                             req.tools) if req.tool_choice == "required" else ""
-        # forced: prompt, not trained
-        if forced:
-            ids = prompt.ids + await self._tokenized(len(forced), self.renderer.encode, forced)
-        else:
-            ids = prompt.ids
-        hermes = self.renderer.style.format == ToolFormat.hermes
-        close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
-        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close)
+        # a required call or a response format: decoded under its grammar (constraints.py)
+        grammar = reply_grammar(self.renderer.style, req)
+        ids = prompt.ids
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop, grammar)
         out = []
         for c in choices:
-            text = forced + self._text(c, req.stop)
+            text = self._text(c, req.stop)
             parsed = parse(self.renderer.style,
                            text) if req.tools and req.tool_choice != "none" else None
             message = {"role": "assistant", "content": text}

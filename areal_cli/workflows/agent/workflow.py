@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from areal_cli.config.choices import ConstrainedTokens
 from areal_cli.config.schema import RootConfig, WorkflowConfig
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence
@@ -143,7 +144,8 @@ class AgentWorkflow:
             # unguessable: only the agent handed this episode's client can write calls into it
             # (the worker's key alone reaches no episode)
             key = f"{item.group_id}-{i}-{secrets.token_urlsafe(16)}"
-            ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns)
+            ep = self.endpoint.episodes[key] = EpisodeLog(
+                key, self.cfg.max_turns, self.cfg.constrained_tokens == ConstrainedTokens.train)
             fut = asyncio.run_coroutine_threadsafe(self._run(key, problem), self.server.loop)
             runs.append(EpisodeRun(i, ep, fut))
         self.groups[item.group_id] = AgentGroup(item, problem, runs, time.monotonic())
