@@ -94,15 +94,38 @@ def test_logprobs_are_of_the_masked_distribution_and_free_rows_are_untouched(tin
         with torch.no_grad():
             logits = model(ids).logits[0, len(PROMPT) - 1: -1].float()
         want = []
-        for t, row in zip(seq.output_ids, logits, strict=True):
+        for k, (t, row) in enumerate(zip(seq.output_ids, logits, strict=True)):
             if seq.grammar:
-                row = row.masked_fill(~replay.allowed("c", row.shape[0]), float("-inf"))
+                allowed = replay.allowed("c", row.shape[0], seq.max_new_tokens - k)
+                row = row.masked_fill(~allowed, float("-inf"))
                 replay.consume("c", t)
             want.append(torch.log_softmax(row, -1)[t].item())
         assert torch.allclose(torch.tensor(seq.logprobs), torch.tensor(want), atol=1e-4)
     assert llguidance and llguidance.hf  # the replay's matcher is llguidance's
     masked_mass = [lp for lp in c.logprobs if lp > -1e-6]
     assert masked_mass, "some constrained tokens are forced (probability 1 under the mask)"
+
+
+def test_a_free_string_is_steered_to_close_before_the_budget_ends(tiny_model):
+    """A random model inside a JSON string writes on (a closing quote is one token of 49k): near
+    the end of its budget the engine keeps only the tokens that close, and every reply is whole."""
+    from transformers import AutoTokenizer
+
+    from areal_cli.engines.hf.grammar import CLOSE_AT
+
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    eng = hf_engine(tiny_model, sequences=4)
+    try:
+        grammar = json_grammar({"type": "object", "properties": {"s": {"type": "string"}},
+                                "required": ["s"]})
+        seqs = [Sequence(i, PROMPT + [i + 5], CLOSE_AT + 12, grammar=grammar) for i in range(4)]
+        _run(eng, seqs)
+    finally:
+        eng.close()
+    for s in seqs:
+        assert s.finish_reason == "stop", tok.decode(s.output_ids)
+        assert set(json.loads(tok.decode(s.output_ids[:-1]))) == {"s"}
+        assert len(s.output_ids) > 12  # the string ran on until the budget drew near
 
 
 def test_a_grammar_that_does_not_compile_is_refused_at_submit(tiny_model):

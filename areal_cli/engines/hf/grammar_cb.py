@@ -45,9 +45,10 @@ class CBGrammar(ContinuousBatchingLogitsProcessor):
                 continue
             # the tokens of the sequence so far: those before this segment (stable while it runs),
             # then the segment's own
-            self.grammars.catch_up(seq.rid, list(seq.output_ids[:entry[1]])
-                                   + list(state.generated_tokens))
-            allowed = self.grammars.allowed(seq.rid, self.bank.shape[1])
+            made = list(seq.output_ids[:entry[1]]) + list(state.generated_tokens)
+            self.grammars.catch_up(seq.rid, made)
+            allowed = self.grammars.allowed(seq.rid, self.bank.shape[1],
+                                            seq.max_new_tokens - len(made))
             n = sum(r >= 0 for r in rows)
             if n >= len(self.bank):  # grows before any step reads it
                 self.bank = torch.ones((2 * n, self.bank.shape[1]), dtype=torch.bool,

@@ -220,7 +220,9 @@ class SlotEngine(HFEngine):
 
     def _emit(self, rows: range, logits: torch.Tensor) -> None:
         # a constrained row samples from the tokens its grammar allows (grammar.py)
-        self.grammars.apply([self.rows[i].rid for i in rows], logits)
+        seqs = [self.rows[i] for i in rows]
+        self.grammars.apply([s.rid for s in seqs], logits,
+                            [s.max_new_tokens - len(s.output_ids) for s in seqs])
         tok, logp = sample(logits, self.sampling)
         for i, t, lp in zip(rows, tok.tolist(), logp.tolist(), strict=True):
             seq = self.rows[i]
