@@ -236,3 +236,48 @@ async def constrained_replies(client, problem):
     uses = [b for b in m.content if b.type == "tool_use"]
     ok = all(set(x) == {"n", "ok"} and 0 <= x["n"] <= 9 for x in (reply, second))
     return 1.0 if ok and len(uses) == 1 and m.stop_reason == "tool_use" else 0.0
+
+
+QUESTIONS = ["What is 17 * 3 - 5?", "What is 24 * 4 - 7?", "What is 31 + 12 * 2?"]
+ANSWER = {"type": "object", "required": ["answer", "confidence"],
+          "properties": {"answer": {"type": "integer"}, "confidence": {"enum": ["low", "high"]}}}
+ASK_JSON = 'Reply with JSON only: {"answer": <integer>, "confidence": "low" or "high"}.'
+
+
+def _is_answer(text) -> bool:
+    import json
+
+    try:
+        obj = json.loads(text or "")
+    except ValueError:
+        return False
+    return (isinstance(obj, dict) and set(obj) == {"answer", "confidence"}
+            and isinstance(obj["answer"], int) and obj["confidence"] in ("low", "high"))
+
+
+async def constrained_or_not(client, problem):
+    """Per question, 4 samples each of: a call tool_choice requires and the same with tool_choice
+    auto; a reply response_format holds to a schema and the same JSON only asked for in the
+    prompt. Returns how many of each came back as asked (a parsed calculate call, JSON of the
+    schema)."""
+    import json
+
+    tools = [{"type": "function", "function": {
+        "name": CALCULATE["name"], "description": CALCULATE["description"],
+        "parameters": CALCULATE["input_schema"]}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    out = {"reward": 0.0, "calls": 0, "free_calls": 0, "json": 0, "free_json": 0}
+    for q in QUESTIONS:
+        msgs = [{"role": "user", "content": q}]
+        for key, choice in (("calls", "required"), ("free_calls", "auto")):
+            r = await client.chat.completions.create(model="policy", messages=msgs, tools=tools,
+                                                     tool_choice=choice, max_tokens=96, n=4)
+            out[key] += sum(len(c.message.tool_calls or []) == 1 and isinstance(json.loads(
+                c.message.tool_calls[0].function.arguments).get("expression"), str)
+                for c in r.choices)
+        asked = [{"role": "user", "content": f"{q} {ASK_JSON}"}]
+        for key, extra in (("json", {"response_format": fmt}), ("free_json", {})):
+            r = await client.chat.completions.create(model="policy", messages=asked,
+                                                     max_tokens=96, n=4, **extra)
+            out[key] += sum(_is_answer(c.message.content) for c in r.choices)
+    return out
