@@ -115,6 +115,16 @@ def test_a_schema_that_cannot_be_enforced_is_refused_naming_the_field(body, para
     assert err.value.status == 400 and err.value.param == param
 
 
+def test_a_schema_nested_past_the_stack_is_a_400_not_a_crash():
+    deep: dict = {"type": "object"}
+    for _ in range(900):  # within what the body's JSON parser takes
+        deep = {"type": "object", "properties": {"a": deep}}
+    with pytest.raises(rq.ApiError, match="nested too deep") as err:
+        reply_grammar(HERMES, _chat(response_format={"type": "json_schema",
+                                                     "json_schema": {"schema": deep}}))
+    assert err.value.param == "response_format"
+
+
 def test_closed_closes_every_object_that_lists_properties_and_keeps_what_a_schema_says():
     s = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {}}},
                                           "c": {"type": "array", "items": {

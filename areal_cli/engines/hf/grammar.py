@@ -101,8 +101,11 @@ class Grammars:
             entry = self.matchers.get(key)
         if entry is None:
             return None
+        t0 = time.perf_counter()
         row = np.zeros(vocab, dtype=bool)
         self._fill(entry[0], row, left)
+        self.masked += 1
+        self.mask_s += time.perf_counter() - t0
         return torch.from_numpy(row)
 
     def apply(self, keys: list[Hashable], logits: torch.Tensor, left: list[int]) -> None:

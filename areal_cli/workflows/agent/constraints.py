@@ -89,6 +89,15 @@ def reply_grammar(style: ToolStyle, req: ChatRequest) -> str:
     call = req.tools and req.tool_choice == "required"
     if not call and req.response_schema is None:
         return ""
+    try:
+        return _grammar(style, req, call)
+    except RecursionError as err:  # copying or writing a schema nested past Python's stack
+        raise ApiError(400, "a JSON schema of this request is nested too deep to enforce",
+                       "invalid_request_error", None,
+                       "tools" if call else "response_format") from err
+
+
+def _grammar(style: ToolStyle, req: ChatRequest, call: bool) -> str:
     if call:
         grammar, param = f"start: {call_rule(style, req.tools, req.tool_name)}", "tools"
     else:
