@@ -131,7 +131,11 @@ def main() -> None:
             r["masked"] = r.get("masked", 0) + eng.grammars.masked - before[1]
             for s in seqs:
                 text = tok.decode(s.output_ids, skip_special_tokens=True)
-                r["ok"] += parsed(kind, style, text)
+                ok = parsed(kind, style, text)
+                r["ok"] += ok
+                if constrained and not ok:
+                    print(f"not parsed ({s.finish_reason}, {len(s.output_ids)} tokens): "
+                          f"{text[:300]!r}", flush=True)
                 r["n"] += 1
                 r["tokens"] += len(s.output_ids)
                 if constrained:

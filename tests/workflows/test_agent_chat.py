@@ -150,12 +150,24 @@ def test_a_written_tool_call_parses_back_to_the_same_call(fmt):
     (ToolFormat.hermes, '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}'),
     (ToolFormat.hermes, "<tool_call>\nnot json\n</tool_call>"),
     (ToolFormat.hermes, '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+    (ToolFormat.hermes, '<tool_call>\n{"name": "f", "arguments": {}} and more\n</tool_call>'),
     (ToolFormat.llama3_json, '{"name": "calculate", "parameters": '),
     (ToolFormat.llama3_json, '{"parameters": {"x": 1}}'),
 ])
 def test_a_malformed_tool_call_is_plain_content_with_an_error(fmt, text):
     parsed = parse(ToolStyle(fmt, True), text)
     assert parsed.error and parsed.content == text and parsed.tool_calls == []
+
+
+def test_a_call_whose_string_holds_the_closing_tag_is_read_as_json():
+    """A sampled argument may hold "</tool_call>" (the grammar allows any string there): the call
+    is its JSON object, not the text up to the first closing tag."""
+    text = ('Let me.\n<tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>b"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+    parsed = parse(ToolStyle(ToolFormat.hermes, False), text)
+    assert not parsed.error and parsed.content == "Let me."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in parsed.tool_calls] == [("f", {"s": "a</tool_call>b"}), ("g", {})]
 
 
 def test_text_without_a_call_is_content():

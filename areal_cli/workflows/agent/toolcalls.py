@@ -17,14 +17,12 @@ that tool_choice requires is decoded under a grammar of this format (constraints
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 
 from areal_cli.config.choices import ToolFormat
 
 PROBE = "areal_probe_tool"
-HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 @dataclass
@@ -139,20 +137,26 @@ def _call(name, arguments) -> dict | None:
 
 
 def _parse_hermes(text: str) -> Parsed:
+    """Each ``<tool_call>`` holds one JSON object and then ``</tool_call>``: the object is read as
+    JSON (a string in it may hold ``</tool_call>``), not cut at the first closing tag."""
     if "<tool_call>" not in text:
         return Parsed(text)
-    calls = []
-    for block in HERMES_CALL.findall(text):
+    calls, at, decoder = [], text.index("<tool_call>"), json.JSONDecoder()
+    while at >= 0:
+        start = at + len("<tool_call>")
+        start += len(text[start:]) - len(text[start:].lstrip())
         try:
-            obj = json.loads(block)
+            obj, end = decoder.raw_decode(text, start)
         except ValueError as err:
             return Parsed(text, error=f"a <tool_call> that is not JSON ({err})")
         call = _call(obj.get("name"), obj.get("arguments", {})) if isinstance(obj, dict) else None
         if call is None:
             return Parsed(text, error="a <tool_call> without a name and an arguments object")
+        if not text[end:].lstrip().startswith("</tool_call>"):
+            return Parsed(text, error="a <tool_call> that is not closed")
         calls.append(call)
-    if not calls or text.count("<tool_call>") != len(calls):
-        return Parsed(text, error="a <tool_call> that is not closed")
+        close = text.index("</tool_call>", end) + len("</tool_call>")
+        at = text.find("<tool_call>", close)
     content = text[: text.index("<tool_call>")].strip()
     return Parsed(content or None, calls)
 
