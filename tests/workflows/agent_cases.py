@@ -266,18 +266,23 @@ async def constrained_or_not(client, problem):
         "name": CALCULATE["name"], "description": CALCULATE["description"],
         "parameters": CALCULATE["input_schema"]}}]
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
-    out = {"reward": 0.0, "calls": 0, "free_calls": 0, "json": 0, "free_json": 0}
-    for q in QUESTIONS:
-        msgs = [{"role": "user", "content": q}]
-        for key, choice in (("calls", "required"), ("free_calls", "auto")):
-            r = await client.chat.completions.create(model="policy", messages=msgs, tools=tools,
-                                                     tool_choice=choice, max_tokens=96, n=4)
+    calls, out = [], {"reward": 0.0, "calls": 0, "free_calls": 0, "json": 0, "free_json": 0}
+
+    async def call(key, **body):  # 4 samples of one request; how many came back as asked
+        r = await client.chat.completions.create(model="policy", max_tokens=96, n=4, **body)
+        if key.endswith("calls"):
             out[key] += sum(len(c.message.tool_calls or []) == 1 and isinstance(json.loads(
                 c.message.tool_calls[0].function.arguments).get("expression"), str)
                 for c in r.choices)
-        asked = [{"role": "user", "content": f"{q} {ASK_JSON}"}]
-        for key, extra in (("json", {"response_format": fmt}), ("free_json", {})):
-            r = await client.chat.completions.create(model="policy", messages=asked,
-                                                     max_tokens=96, n=4, **extra)
+        else:
             out[key] += sum(_is_answer(c.message.content) for c in r.choices)
+
+    for q in QUESTIONS:
+        msgs = [{"role": "user", "content": q}]
+        asked = [{"role": "user", "content": f"{q} {ASK_JSON}"}]
+        calls += [call("calls", messages=msgs, tools=tools, tool_choice="required"),
+                  call("free_calls", messages=msgs, tools=tools, tool_choice="auto"),
+                  call("json", messages=asked, response_format=fmt),
+                  call("free_json", messages=asked)]
+    await asyncio.gather(*calls)  # at once: the engine batches them
     return out

@@ -172,7 +172,8 @@ def test_the_default_model_always_returns_a_parsed_call_and_json_of_the_schema(s
     from areal_cli.model_source import resolve_model
 
     torch.manual_seed(seed)
-    flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "constrained_or_not", 96)
+    flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "constrained_or_not", 96,
+                            agent_timeout_s=1800.0)
     try:
         flow.start(item(0, size=1))
         [g], _ = drive(flow, eng, 1, timeout_s=900)
