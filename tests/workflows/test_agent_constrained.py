@@ -167,20 +167,18 @@ def test_the_default_model_always_returns_a_parsed_call_and_json_of_the_schema(s
     its schema, where the same model unconstrained (tool_choice auto; the JSON asked for in the
     prompt) fails on some of the same requests."""
     import torch
-    from test_agent_anthropic import _flow
 
     from areal_cli.model_source import resolve_model
 
     torch.manual_seed(seed)
-    flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "constrained_or_not", 96,
-                            agent_timeout_s=1800.0)
+    setup = agent_setup(resolve_model("smollm2-135m-instruct"))
+    eng, make = next(setup)
     try:
+        flow = make("constrained_or_not", max_new_tokens=96, max_turns=12, agent_timeout_s=1800.0)
         flow.start(item(0, size=1))
-        [g], _ = drive(flow, eng, 1, timeout_s=900)
+        [g], _ = drive(flow, eng, 1, timeout_s=1800)
     finally:
-        flow.close()
-        eng.close()
-        pool.close()
+        next(setup, None)  # the harness's teardown: the workflows, the engine, the reward pool
     c = {k.removeprefix("agent_extra_"): v for k, v in g.counters.items()}
     assert not g.failed and c["calls"] == 12 and c["json"] == 12, c
     assert c["free_calls"] < 12 and c["free_json"] < 12, c
