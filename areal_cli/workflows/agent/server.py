@@ -2,14 +2,15 @@
 
 Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
 gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
-/v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
-stream), ``POST /v1/responses`` (the Responses API: text and function tools, no streaming),
-``POST /v1/completions``, and Anthropic's ``POST /v1/messages`` (and ``/v1/messages/count_tokens``),
-served as the chat call it converts to (``anthropic_api.py``). Every request needs
-``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or ``x-api-key: <token>``); a
-missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
-errors come back in the route's API's shape (``Dialect``; 400 ``context_length_exceeded`` for a
-prompt beyond the context).
+/v1/chat/completions`` (messages, tools / tool_choice, response_format, max_tokens /
+max_completion_tokens, n, stop, stream; a required call or a response format is decoded under a
+grammar, constraints.py), ``POST /v1/responses`` (the Responses API: text and function tools,
+text.format, no streaming), ``POST /v1/completions``, and Anthropic's ``POST /v1/messages`` (and
+``/v1/messages/count_tokens``), served as the chat call it converts to (``anthropic_api.py``).
+Every request needs ``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or
+``x-api-key: <token>``); a missing or wrong one is answered 401 and counted. Bodies are checked
+here (``requests.py``) and errors come back in the route's API's shape (``Dialect``; 400
+``context_length_exceeded`` for a prompt beyond the context).
 
 Sampling is the run's: the trainer recomputes logprobs at ``rollout.temperature`` / ``top_p``, so a
 request's temperature, top_p and seed are not applied (an evaluation's engine is greedy). A stream
