@@ -143,6 +143,14 @@ class FailedEpisode(StrEnum):
     reward_zero = "reward_zero"
 
 
+class ConstrainedTokens(StrEnum):
+    """workflow=agent: the tokens of a reply decoded under a grammar (a required tool call, a
+    response format): trained with their masked behaviour logprobs | kept out of the loss."""
+
+    train = "train"
+    mask = "mask"
+
+
 class AgentReward(StrEnum):
     """workflow.agent_cmd: where a program's episode reward comes from: the task's reward on its
     last reply | the file it writes (AREAL_REWARD_FILE) | workflow.agent_verifier_cmd's output."""

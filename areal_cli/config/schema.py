@@ -18,6 +18,7 @@ from areal_cli.config.choices import (
     AgentReward,
     Allocator,
     BatchOrder,
+    ConstrainedTokens,
     CpuBatching,
     Dtype,
     FailedEpisode,
@@ -184,6 +185,10 @@ class WorkflowConfig:
     """agent: how the model writes tool calls: "template" (chosen from the chat template when the
     worker starts, and logged) | "hermes" (<tool_call>{json}</tool_call>) | "llama3_json" ({"name":
     ..., "parameters": ...})."""
+    constrained_tokens: ConstrainedTokens = ConstrainedTokens.train
+    """agent: the tokens of a reply decoded under a grammar (tool_choice required or named,
+    response_format): "train" (their behaviour logprobs are of the masked distribution) | "mask"
+    (kept out of the loss, like the environment's tokens)."""
 
 
 @dataclass

@@ -103,6 +103,9 @@ class Sequence:
     # MoE, EngineSetup.routing: per context position the engine ran (prompt, then output), its
     # experts [sparse layers, top-k] (numpy) from the last forward over it (areal_cli/moe.py)
     routing: list = field(default_factory=list)
+    # a Lark grammar (llguidance's dialect) the generated text must follow: each token is sampled
+    # from the tokens it allows (its logprob of that masked distribution); "" = unconstrained
+    grammar: str = ""
 
     def segment_id(self) -> str:
         """The engine's request id of this sequence's current segment (``<rid>#<segment>``): an

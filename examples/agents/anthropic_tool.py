@@ -10,8 +10,8 @@ are recorded like chat calls), sharing the worker's connection pool. An agent th
 gets the same episode with `anthropic.AsyncAnthropic(base_url=str(client.base_url).rstrip("/")
 .removesuffix("/v1"), api_key=client.api_key)`, at the cost of its own connections.
 
-Reward: 1 for a correct final answer, 0 otherwise (also when the model did not finish a well-formed
-call); `called_tool` is logged as `agent_extra_called_tool`.
+Reward: 1 for a correct final answer, 0 otherwise (also when the call ran out of tokens before it
+was finished); `called_tool` is logged as `agent_extra_called_tool`.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ TOOLS = [{"name": "calculate",
 
 
 async def run(client, problem) -> dict:
-    """Call 1 must use `calculate` (tool_choice names it: the endpoint opens the call, the model
-    writes the expression); call 2 sends each tool_use's result as a tool_result and gets the answer
-    with the tool still offered but not callable (tool_choice none), so it extends call 1 as one
-    trajectory."""
+    """Call 1 must use `calculate` (tool_choice names it: decoded under the call's grammar); call 2
+    sends each tool_use's result as a tool_result and gets the answer with the tool still offered
+    but not callable (tool_choice none), so it extends call 1 as one trajectory."""
     claude = client.anthropic
     messages = [{"role": "user", "content": problem.prompt}]
     reply = await claude.messages.create(model="policy", system=SYSTEM, messages=messages,
                                          tools=TOOLS, max_tokens=48,
                                          tool_choice={"type": "tool", "name": "calculate"})
     uses = [b for b in reply.content if b.type == "tool_use"]
-    if not uses:  # the model did not finish a well-formed call: nothing to answer from
+    if not uses:  # the call ran out of tokens before it was finished: nothing to answer from
         return {"reward": 0.0, "called_tool": 0}
     results = [{"type": "tool_result", "tool_use_id": u.id,
                 "content": calculate(str(u.input.get("expression", "")))} for u in uses]

@@ -4,9 +4,10 @@ OpenAI-compatible server would.
 
     areal train workflow=agent workflow.agent=examples.agents.calculator:run workflow.max_turns=3
 
-The first call names the tool in `tool_choice`, so the endpoint writes the opening of the call and
-the model writes the expression; the second call answers from the tool's result. Reward: 1 for a
-correct final answer, 0 otherwise (also when the model did not finish a well-formed call).
+The first call names the tool in `tool_choice`, so the endpoint decodes it under the call's grammar
+(the model writes the call, its arguments held to the tool's schema); the second call answers from
+the tool's result. Reward: 1 for a correct final answer, 0 otherwise (also when the call ran out of
+tokens before it was finished).
 `called_tool` is logged as `agent_extra_called_tool` in metrics.jsonl: the share of episodes whose
 call parsed.
 """
@@ -57,15 +58,15 @@ def final_number(text: str) -> str | None:
 
 
 async def run(client, problem) -> dict:
-    """Call 1 must call `calculate` (tool_choice names it: the endpoint opens the call, the model
-    writes the expression); call 2 sees the tool's result and answers with the tools still offered
-    but not callable (tool_choice="none"), so it extends call 1 as one trajectory."""
+    """Call 1 must call `calculate` (tool_choice names it: decoded under the call's grammar); call
+    2 sees the tool's result and answers with the tools still offered but not callable
+    (tool_choice="none"), so it extends call 1 as one trajectory."""
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": problem.prompt}]
     reply = await client.chat.completions.create(
         model="policy", messages=messages, tools=TOOLS, max_tokens=48,
         tool_choice={"type": "function", "function": {"name": "calculate"}})
     message = reply.choices[0].message
-    # the model did not finish a well-formed call: nothing to answer from
+    # the call ran out of tokens before it was finished: nothing to answer from
     if not message.tool_calls:
         return {"reward": 0.0, "called_tool": 0}
     messages.append(message.model_dump(exclude_none=True))

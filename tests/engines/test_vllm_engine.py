@@ -64,8 +64,8 @@ def fake_engine() -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
     eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
-    eng._params = lambda n, ignore_eos=False, top=0: types.SimpleNamespace(
-        max_tokens=n, ignore_eos=ignore_eos, logprobs=top)
+    eng._params = lambda n, ignore_eos=False, top=0, grammar="": types.SimpleNamespace(
+        max_tokens=n, ignore_eos=ignore_eos, logprobs=top, grammar=grammar)
     eng.eos, eng.seqs, eng.segment, eng.version, eng._done = {0}, {}, {}, 0, []
     eng._busy_s, eng._busy_since, eng.lora_request = 0.0, None, None
     eng._weights_check, eng._probe, eng._probing = None, [], None
@@ -99,6 +99,24 @@ def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
     assert seq.versions == [0] * made + [1] * (5 - made)
     assert seq.logprobs == [0.0] * made + [-0.1] * (5 - made)
     assert seq.segments == 2 and seq.finish_reason == "length" and eng.in_flight() == 0
+
+
+def test_an_interrupted_sequence_under_a_grammar_starts_again_from_its_prompt():
+    """vLLM's grammar state begins at a request's first token: a constrained sequence is not
+    continued from its tokens (they would be prompt to a grammar at its start) but restarted."""
+    eng = fake_engine()
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5, grammar="start: \"x\""))
+    for out in eng.core.step():
+        eng._apply(out)
+    assert len(eng.seqs["a"].output_ids) == 1
+    with eng.paused(1):
+        eng.core.version = 1
+    ids, budget, _ = eng.core.requests["a#2"]
+    assert ids == [1, 2] and budget == 5 and eng.core.params["a#2"].grammar == "start: \"x\""
+    done = []
+    while not done:
+        done = eng.poll(0.01)
+    assert done[0].versions == [1] * 5 and len(done[0].output_ids) == 5
 
 
 def test_an_aborted_sequence_leaves_vllm_and_its_late_outputs_are_dropped():
@@ -187,6 +205,8 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert kw["weight_transfer_config"] == {"backend": "nccl"} and kw["dtype"] == "bfloat16"
     assert kw["hf_overrides"] == {"head_dtype": "float32"}  # lm_head_fp32=auto is on with vllm
     assert "disable_log_stats" not in kw  # vllm.LLM's default: no stats
+    # Sequence.grammar is llguidance's Lark: vLLM's guidance backend compiles it
+    assert kw["structured_outputs_config"] == {"backend": "guidance"}
     cfg.engine.log_stats = True
     assert llm_kwargs(cfg.engine, cfg.seed, 1)["disable_log_stats"] is False
     assert "enable_sleep_mode" not in llm_kwargs(cfg.engine, cfg.seed, 1)

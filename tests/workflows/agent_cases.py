@@ -69,12 +69,20 @@ async def bad_return(client, problem):
     return "yes"
 
 
+SMALL = {"type": "object", "required": ["n", "ok"],
+         "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9},
+                        "ok": {"type": "boolean"}}}
+
+
 async def forced_call(client, problem):
-    """A call that tool_choice forces to `calculate`, then one naming a tool that is not offered."""
-    await client.chat.completions.create(
+    """A call that tool_choice forces to `calculate` (it must come back parsed), then one naming a
+    tool that is not offered."""
+    first = await client.chat.completions.create(
         model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
-        max_tokens=6,
+        max_tokens=40,
         tool_choice={"type": "function", "function": {"name": "calculate"}})
+    if first.choices[0].finish_reason != "tool_calls":
+        return 0.0
     try:
         await client.chat.completions.create(
             model="policy", messages=[{"role": "user", "content": problem.prompt}], tools=TOOLS,
@@ -137,7 +145,7 @@ async def anthropic_tool(client, problem):
     callable: it extends the first call)."""
     claude = client.anthropic
     messages = [{"role": "user", "content": problem.prompt}]
-    async with claude.messages.stream(model="policy", max_tokens=24, system=SYSTEM,
+    async with claude.messages.stream(model="policy", max_tokens=40, system=SYSTEM,
                                       tools=[CALCULATE], messages=messages,
                                       tool_choice={"type": "tool", "name": "calculate"}) as stream:
         first = await stream.get_final_message()
@@ -412,3 +420,75 @@ def anthropic_sync(client, problem):
     from examples.agents.anthropic_sync import run
 
     return run(client, problem)
+
+
+async def constrained_replies(client, problem):
+    """A JSON reply by response_format (chat), by text.format (Responses), and a call Anthropic's
+    tool_choice any requires: each must come back as asked."""
+    import json
+
+    msgs = [{"role": "user", "content": problem.prompt}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "small", "schema": SMALL}}
+    chat = await client.chat.completions.create(model="policy", messages=msgs, max_tokens=40,
+                                                response_format=fmt)
+    reply = json.loads(chat.choices[0].message.content)
+    r = await client.responses.create(model="policy", input=problem.prompt, max_output_tokens=40,
+                                      text={"format": {"type": "json_schema", "name": "small",
+                                                       "schema": SMALL}})
+    second = json.loads(r.output_text)
+    m = await client.anthropic.messages.create(
+        model="policy", max_tokens=40, messages=msgs, tool_choice={"type": "any"},
+        tools=[{"name": "calculate", "input_schema": {"type": "object", "properties": {}}}])
+    uses = [b for b in m.content if b.type == "tool_use"]
+    ok = all(set(x) == {"n", "ok"} and 0 <= x["n"] <= 9 for x in (reply, second))
+    return 1.0 if ok and len(uses) == 1 and m.stop_reason == "tool_use" else 0.0
+
+
+QUESTIONS = ["What is 17 * 3 - 5?", "What is 24 * 4 - 7?", "What is 31 + 12 * 2?"]
+ANSWER = {"type": "object", "required": ["answer", "confidence"],
+          "properties": {"answer": {"type": "integer"}, "confidence": {"enum": ["low", "high"]}}}
+ASK_JSON = 'Reply with JSON only: {"answer": <integer>, "confidence": "low" or "high"}.'
+
+
+def _is_answer(text) -> bool:
+    import json
+
+    try:
+        obj = json.loads(text or "")
+    except ValueError:
+        return False
+    return (isinstance(obj, dict) and set(obj) == {"answer", "confidence"}
+            and isinstance(obj["answer"], int) and obj["confidence"] in ("low", "high"))
+
+
+async def constrained_or_not(client, problem):
+    """Per question, 4 samples each of: a call tool_choice requires and the same with tool_choice
+    auto; a reply response_format holds to a schema and the same JSON only asked for in the
+    prompt. Returns how many of each came back as asked (a parsed calculate call, JSON of the
+    schema)."""
+    import json
+
+    tools = [{"type": "function", "function": {
+        "name": CALCULATE["name"], "description": CALCULATE["description"],
+        "parameters": CALCULATE["input_schema"]}}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER}}
+    calls, out = [], {"reward": 0.0, "calls": 0, "free_calls": 0, "json": 0, "free_json": 0}
+
+    async def call(key, **body):  # 4 samples of one request; how many came back as asked
+        r = await client.chat.completions.create(model="policy", max_tokens=96, n=4, **body)
+        if key.endswith("calls"):
+            out[key] += sum(len(c.message.tool_calls or []) == 1 and isinstance(json.loads(
+                c.message.tool_calls[0].function.arguments).get("expression"), str)
+                for c in r.choices)
+        else:
+            out[key] += sum(_is_answer(c.message.content) for c in r.choices)
+
+    for q in QUESTIONS:
+        msgs = [{"role": "user", "content": q}]
+        asked = [{"role": "user", "content": f"{q} {ASK_JSON}"}]
+        calls += [call("calls", messages=msgs, tools=tools, tool_choice="required"),
+                  call("free_calls", messages=msgs, tools=tools, tool_choice="auto"),
+                  call("json", messages=asked, response_format=fmt),
+                  call("free_json", messages=asked)]
+    await asyncio.gather(*calls)  # at once: the engine batches them
+    return out

@@ -30,12 +30,12 @@ def agent_setup(tiny_model):
     pool = RewardPool(RootConfig().reward, 1)
     made, interval = [], sys.getswitchinterval()  # the workflow lowers it for the whole process
 
-    def make(agent: str = "", **kw):
+    def make(agent: str = "", max_new_tokens: int = 8, **kw):
         """A workflow of agent_cases:<agent>, or of the program ``agent_cmd=`` names."""
         kw.setdefault("max_turns", 4)
         cfg = WorkflowConfig(name="agent", agent=f"agent_cases:{agent}" if agent else "", **kw)
         flow = AgentWorkflow(cfg, eng, pool, load_tokenizer(tiny_model), 0, model="tiny",
-                             max_new_tokens=8,
+                             max_new_tokens=max_new_tokens,
                              context=1024)
         made.append(flow)
         return flow

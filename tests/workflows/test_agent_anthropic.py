@@ -5,7 +5,6 @@ every way a request can be wrong."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import agent_cases
@@ -43,13 +42,13 @@ def tiny(tiny_model):
 
 
 def test_an_anthropic_agents_tool_use_and_tool_result_are_recorded_as_generated_and_streamed():
-    """The default model, greedy: the first call must use `calculate` (the endpoint opens the call,
-    the model writes the expression and closes it); the agent answers the tool_use with a
+    """The default model, greedy: the first call must use `calculate` (decoded under the call's
+    grammar, which ends it after </tool_call>); the agent answers the tool_use with a
     tool_result in a second call, which extends the first: one trajectory holding both calls'
     sampled ids exactly. Both calls are streamed, and the client's parser builds the tool_use and
     the recorded tokens' text from the events."""
     agent_cases.STREAMED.clear()
-    flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "anthropic_tool", 32,
+    flow, eng, pool = _flow(resolve_model("smollm2-135m-instruct"), "anthropic_tool", 48,
                             temperature=0.0)
     try:
         flow.start(item(0, size=1))
@@ -62,13 +61,10 @@ def test_an_anthropic_agents_tool_use_and_tool_result_are_recorded_as_generated_
     assert g.counters["agent_calls"] == 2 and g.counters["agent_tool_calls"] == 1
     assert g.counters["agent_splits"] == 0 and len(g.samples) == 1  # the second extends the first
     first, second = sorted(seen, key=lambda s: len(s.prompt_ids))
-    # the first call's reply ends at its </tool_call> (a forced Hermes call's stop): its ids up to
-    # there are recorded, what the engine wrote after them is not trained on
-    kept = next(k for k in range(1, len(first.output_ids) + 1) if flow.tok.decode(
-        first.output_ids[:k], skip_special_tokens=True).endswith("</tool_call>"))
-    cut = dataclasses.replace(first, output_ids=first.output_ids[:kept],
-                              logprobs=first.logprobs[:kept], versions=first.versions[:kept])
-    assert holds(g.samples[0], cut) and holds(g.samples[0], second)
+    # the first call's reply is the whole call, then the end of sequence the grammar leaves
+    assert flow.tok.decode(first.output_ids).endswith("</tool_call><|im_end|>") and first.grammar
+    kept = len(first.output_ids)
+    assert holds(g.samples[0], first) and holds(g.samples[0], second)
     asked, final = agent_cases.STREAMED
     # the tool_use reached the client's stream parser as input_json_delta: its input, an object
     [use] = [b for b in asked.content if b.type == "tool_use"]

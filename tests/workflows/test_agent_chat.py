@@ -20,7 +20,7 @@ from areal_cli.config.choices import ToolFormat
 from areal_cli.model_source import resolve_model
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
-from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, forced_text, parse
+from areal_cli.workflows.agent.toolcalls import ToolStyle, call_text, detect, parse
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "data" / "chat_templates"
 TOOLS = [{"type": "function", "function": {
@@ -150,12 +150,24 @@ def test_a_written_tool_call_parses_back_to_the_same_call(fmt):
     (ToolFormat.hermes, '<tool_call>\n{"name": "calculate", "arguments": {"expression": "1+1"}'),
     (ToolFormat.hermes, "<tool_call>\nnot json\n</tool_call>"),
     (ToolFormat.hermes, '<tool_call>\n{"arguments": {}}\n</tool_call>'),  # no name
+    (ToolFormat.hermes, '<tool_call>\n{"name": "f", "arguments": {}} and more\n</tool_call>'),
     (ToolFormat.llama3_json, '{"name": "calculate", "parameters": '),
     (ToolFormat.llama3_json, '{"parameters": {"x": 1}}'),
 ])
 def test_a_malformed_tool_call_is_plain_content_with_an_error(fmt, text):
     parsed = parse(ToolStyle(fmt, True), text)
     assert parsed.error and parsed.content == text and parsed.tool_calls == []
+
+
+def test_a_call_whose_string_holds_the_closing_tag_is_read_as_json():
+    """A sampled argument may hold "</tool_call>" (the grammar allows any string there): the call
+    is its JSON object, not the text up to the first closing tag."""
+    text = ('Let me.\n<tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>b"}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>')
+    parsed = parse(ToolStyle(ToolFormat.hermes, False), text)
+    assert not parsed.error and parsed.content == "Let me."
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in parsed.tool_calls] == [("f", {"s": "a</tool_call>b"}), ("g", {})]
 
 
 def test_text_without_a_call_is_content():
@@ -186,24 +198,3 @@ def test_tool_choice_names_a_function_in_either_api_shape_and_only_an_offered_on
     from areal_cli.workflows.agent import responses as rs
 
     assert rq.chat_request(rs.responses_request(body).as_chat([])).tool_name == "calculate"
-
-
-@pytest.mark.parametrize("fmt", [ToolFormat.hermes, ToolFormat.llama3_json])
-def test_a_forced_call_opens_into_the_first_required_argument_and_its_completion_parses(fmt):
-    style = ToolStyle(fmt, native=False)
-    tools = [{"type": "function", "function": {"name": "calculate", "parameters": {
-        "type": "object",
-        "properties": {"expression": {"type": "string"}, "n": {"type": "integer"}},
-        "required": ["expression"]}}}]
-    opening = forced_text(style, "calculate", tools)
-    assert opening.endswith('"calculate", "%s": {"expression": "' % ("arguments" if fmt
-                                                                     == ToolFormat.hermes
-                                                                       else "parameters"))
-    rest = '49 - 5"}}\n</tool_call>' if fmt == ToolFormat.hermes else '49 - 5"}}'
-    [call] = parse(style, opening + rest).tool_calls
-    assert call["function"]["name"] == "calculate"
-    assert json.loads(call["function"]["arguments"]) == {"expression": "49 - 5"}
-    # required: the model picks the tool
-    assert forced_text(style, None, tools).endswith('{"name": "')
-    # no schema: up to the arguments object
-    assert forced_text(style, "calculate", None).endswith(': ')

@@ -18,7 +18,6 @@ from agent_harness import PROGRAM, agent_setup, drive, holds, item, serve_while
 
 from areal_cli.runtime import SWITCH_INTERVAL_S
 from areal_cli.workflows.agent.bridge import CallId
-from areal_cli.workflows.agent.toolcalls import forced_text
 
 # the same three calls (chat with tools, a streamed follow-up, n=2) made each way an agent comes in
 THREE_CALLS = {"async": {"agent": "three_calls"}, "sync": {"agent": "three_calls_sync"},
@@ -266,18 +265,18 @@ def test_responses_api_and_completions_and_the_task_reward(setup):
     assert all(s.reward_status == "ok" and s.reward in (0.0, 1.0) for s in g.samples)
 
 
-def test_a_forced_tool_choice_opens_the_call_in_the_prompt_and_an_unoffered_name_is_refused(setup):
+def test_a_forced_tool_choice_is_decoded_as_a_call_and_an_unoffered_name_is_refused(setup):
+    """A random model, which never writes a call by itself, returns a parsed call when tool_choice
+    names the tool (decoded under the call's grammar); its tokens are the model's, trained."""
     eng, make = setup
-    flow = make("forced_call")
+    flow = make("forced_call", max_new_tokens=40)
     flow.start(item(0))
     [g], seen = drive(flow, eng, 1)
-    opening = flow.endpoint.renderer.encode(forced_text(flow.endpoint.renderer.style, "calculate"))
-    assert opening and len(g.samples) == 2 and g.counters["agent_calls"] == 2
-    for s in g.samples:  # the call's opening is prompt (not trained on); the model's ids follow it
-        assert s.prompt_ids[-len(opening):].tolist() == opening and s.reward == 1.0
-        assert any(holds(s, seq) for seq in seen)
-    # a random model does not close the JSON call in 6 tokens: counted, returned as content
-    assert g.counters["tool_parse_errors"] == 2
+    assert len(g.samples) == 2 and g.counters["agent_calls"] == 2
+    for s in g.samples:
+        assert s.reward == 1.0 and any(holds(s, seq) for seq in seen)
+    assert g.counters["tool_parse_errors"] == 0 and g.counters["agent_tool_calls"] == 2
+    assert all(seq.grammar and seq.output_ids[-1] == 2 for seq in seen)  # ended by the grammar
 
 
 @pytest.mark.parametrize("agent, why",

@@ -17,6 +17,9 @@ when it offloads a request under cache pressure, cleared only when some request 
 cleared: with no active request left nothing would ever clear it and the resubmitted requests would
 wait forever.
 
+A sequence with a grammar (``Sequence.grammar``) samples from the logits its grammar allows
+(grammar.py; a logits processor of the loop here, grammar_cb.py).
+
 The KV cache is sized here (``kv_cache_tokens``): transformers fixes it, and the sampling, when
 its batching loop starts, so ``configure`` starts a new loop on the same model when either changes.
 """
@@ -35,6 +38,7 @@ from areal_cli import moe
 from areal_cli.config.resolve import bucket_bytes
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence, WeightSource
+from areal_cli.engines.hf.grammar import Grammars
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +106,8 @@ class HFEngine(Engine):
         # engine request id (Sequence.segment_id) → (rid, output length at start)
         self.segment: dict[str, tuple] = {}
         self.version = 0
+        # the matchers of sequences generated under a grammar (Sequence.grammar)
+        self.grammars = Grammars(setup.model_path, self.eos)
         self._finished_during_pause: list[Sequence] = []
         self._failed: str | None = None  # why generation was stopped (non-finite weights)
         self._start(setup.sampling,
@@ -140,11 +146,29 @@ class HFEngine(Engine):
         gen = GenerationConfig(**params, eos_token_id=eos, pad_token_id=eos, max_new_tokens=1 << 20)
         cb = ContinuousBatchingConfig(
             num_blocks=max(16, math.ceil(kv_tokens / e.page_size)), page_size=e.page_size,
-            max_batch_tokens=e.max_batch_tokens, return_logprobs=True, allow_block_sharing=False)
+            max_batch_tokens=e.max_batch_tokens, return_logprobs=True, allow_block_sharing=False,
+            # a grammar's mask of the next step needs this step's tokens (grammar_cb.py)
+            use_async_batching=False)
         self.manager = self._model.init_continuous_batching(generation_config=gen,
                                                             continuous_batching_config=cb)
+        from areal_cli.engines.hf.grammar_cb import CBGrammar, install
+
+        install(self.manager, CBGrammar(self.grammars, self.segment, self.seqs,
+                                        self._model.config.get_text_config().vocab_size,
+                                        self.device))
         self.manager.start()
         self._running = (sampling, kv_tokens)
+
+    def submit(self, seq: Sequence) -> None:
+        if seq.grammar:
+            self.grammars.start(seq.rid, seq.grammar)
+        super().submit(seq)
+
+    def abort(self, rids) -> list[Sequence]:
+        out = super().abort(rids)
+        for seq in out:
+            self.grammars.forget(seq.rid)
+        return out
 
     def _submit_segment(self, seq: Sequence) -> None:
         req = seq.segment_id()
@@ -198,6 +222,7 @@ class HFEngine(Engine):
 
     def _finish(self, seq: Sequence) -> Sequence:
         del self.seqs[seq.rid]
+        self.grammars.forget(seq.rid)
         last = seq.output_ids[-1] if seq.output_ids else None
         seq.finish_reason = "stop" if last in self.eos and not seq.ignore_eos else "length"
         return seq

@@ -14,7 +14,8 @@ stay ``[0, n)``; when the write column reaches the end, the live window moves to
 The loop runs inside ``poll`` on the caller's thread: a weight update (``paused``) never meets a
 step in flight. Interruption is the paged engine's: every unfinished sequence is re-prefilled
 from its prompt and the tokens it has, under the new version. Behaviour logprobs are those the
-paged engine returns: log-softmax of the logits (at the temperature, after top-p), float32.
+paged engine returns: log-softmax of the logits (at the temperature, after top-p), float32; a
+sequence with a grammar samples from its masked logits (grammar.py).
 """
 
 from __future__ import annotations
@@ -236,9 +237,14 @@ class SlotEngine(HFEngine):
         return got.numpy().astype(moe.routing_dtype(r.experts))
 
     def _emit(self, rows: range, logits: torch.Tensor) -> None:
+        # a constrained row samples from the tokens its grammar allows (grammar.py)
+        seqs = [self.rows[i] for i in rows]
+        self.grammars.apply([s.rid for s in seqs], logits,
+                            [s.max_new_tokens - len(s.output_ids) for s in seqs])
         tok, logp = sample(logits, self.sampling)
         for i, t, lp in zip(rows, tok.tolist(), logp.tolist(), strict=True):
             seq = self.rows[i]
+            self.grammars.consume(seq.rid, t)
             seq.output_ids.append(t)
             seq.logprobs.append(lp)
             seq.versions.append(self.version)

@@ -13,7 +13,9 @@ Interruptible: on a weight update every unfinished request is aborted, the new w
 swapped in (``engine.weight_update=inplace``: received behind generation into a staging copy through
 areal's bucketed broadcast, ``engines/vllm/inplace.py``; ``reload``: vLLM's own NCCL transfer and
 layer-wise reload, ``engines/vllm/weights.py``), and each sequence is resubmitted as prompt + the
-tokens it has so far — re-prefilled under the new version, exactly as the hf engine does. Every
+tokens it has so far — re-prefilled under the new version, exactly as the hf engine does. A sequence
+under a grammar (``Sequence.grammar``: vLLM's structured outputs, its llguidance backend) starts
+again from its prompt instead, since vLLM's grammar state begins at a request's first token. Every
 request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
 other weights to it (requests of one version still share their prompts' blocks) and is never reset
 (a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
@@ -102,6 +104,8 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
         kw["weight_transfer_config"] = dict(backend="nccl")
     if e.lm_head_fp32 == Switch.true:
         kw["hf_overrides"] = {"head_dtype": "float32"}
+    # a request's grammar (Sequence.grammar) is Lark of llguidance: vLLM's guidance backend
+    kw["structured_outputs_config"] = dict(backend="guidance")
     if e.max_num_seqs:
         kw["max_num_seqs"] = e.max_num_seqs
     if e.max_model_len:
@@ -120,6 +124,16 @@ def prompt_logprobs(ids: list[int], out):
 
     return torch.tensor([lp[t].logprob for t,
                          lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
+
+
+def structured_outputs(grammar: str):
+    """vLLM's structured-output parameters of a request under ``grammar`` (Lark, llguidance's
+    dialect: ``Sequence.grammar``); None for an unconstrained one."""
+    if not grammar:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    return StructuredOutputsParams(grammar=grammar)
 
 
 class VLLMEngine(Engine):
@@ -183,9 +197,10 @@ class VLLMEngine(Engine):
 
         temperature, top_p = (0.0, 1.0) if sampling.greedy else (sampling.temperature,
                                                                  sampling.top_p)
-        self._params = lambda n, ignore_eos=False, top=0: vllm.SamplingParams(
+        self._params = lambda n, ignore_eos=False, top=0, grammar="": vllm.SamplingParams(
             n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=n, logprobs=top,
-            detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos)
+            detokenize=False, output_kind=RequestOutputKind.DELTA, ignore_eos=ignore_eos,
+            structured_outputs=structured_outputs(grammar))
 
     def _submit_segment(self, seq: Sequence) -> None:
         remaining = seq.max_new_tokens - len(seq.output_ids)
@@ -194,11 +209,15 @@ class VLLMEngine(Engine):
             self._finish(seq, "stop" if stopped else "length")
             self._done.append(seq)
             return
+        if seq.grammar and seq.output_ids:  # vLLM's grammar starts at the request's first token
+            del seq.output_ids[:], seq.logprobs[:], seq.versions[:]
+            remaining = seq.max_new_tokens
         req = seq.segment_id()
         self.segment[req] = seq.rid
         ids = list(seq.prompt_ids) + list(seq.output_ids)
         self.core.add_request(req, self._prompt(ids),
-                              self._params(remaining, seq.ignore_eos, seq.top_logprobs),
+                              self._params(remaining, seq.ignore_eos, seq.top_logprobs,
+                                           seq.grammar),
                               lora_request=self.lora_request)
         if self._busy_since is None:
             self._busy_since = time.perf_counter()

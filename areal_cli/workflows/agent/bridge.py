@@ -39,12 +39,14 @@ class EngineBridge:
         self.numbers = itertools.count()
 
     async def generate(self, prompt_ids: list[int], max_new_tokens: int,
-                       top_logprobs: int = 0) -> Sequence:
+                       top_logprobs: int = 0, grammar: str = "") -> Sequence:
         """Generate one continuation of ``prompt_ids`` (called in the endpoint's loop), with
-        ``top_logprobs`` alternatives per token (an engine that returns them)."""
+        ``top_logprobs`` alternatives per token (an engine that returns them), under ``grammar``
+        when one is given (``Sequence.grammar``)."""
         fut = self.loop.create_future()
         rid = CallId(next(self.numbers))
-        seq = Sequence(rid, list(prompt_ids), max_new_tokens, top_logprobs=top_logprobs)
+        seq = Sequence(rid, list(prompt_ids), max_new_tokens, top_logprobs=top_logprobs,
+                       grammar=grammar)
         self.pending.put((seq, fut))
         try:
             return await fut

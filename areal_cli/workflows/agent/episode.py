@@ -5,7 +5,8 @@ A call is recorded as the prompt ids the engine was given and, per choice, the s
 their behaviour logprobs and policy versions. Calls become trajectories by prefix:
 - a call whose prompt ids start with all of a trajectory's ids appends to it (the longest such):
   the tokens between the two (tool results, user turns, template glue) as environment tokens (loss
-  mask 0, version -1), then its first choice's sampled tokens;
+  mask 0, version -1), then its first choice's sampled tokens (loss mask 0 too for a choice sampled
+  under a grammar with workflow.constrained_tokens=mask);
 - any other call starts a trajectory of its own (its whole prompt is the prompt); after the first
   call of an episode that is a split, counted. A call continuing an earlier point of a trajectory
   (a branch) and a call's other choices (``n`` > 1) also start their own, so no token is trained
@@ -43,6 +44,7 @@ class Choice:
     # per sampled token, the engine's alternatives [(id, logprob)], best first (asked for: top > 0)
     top: list = field(default_factory=list)
     routing: list = field(default_factory=list)  # MoE: experts per position of prompt + output
+    constrained: bool = False  # sampled under a grammar's mask (a required call, a JSON reply)
 
 
 @dataclass
@@ -59,12 +61,14 @@ class Trajectory:
     def ids(self) -> list[int]:
         return self.prompt_ids + self.out_ids
 
-    def add(self, env: list[int], choice: Choice) -> None:
+    def add(self, env: list[int], choice: Choice, train: bool = True) -> None:
+        """Append the environment's tokens ``env`` (never trained) and ``choice``'s (trained unless
+        ``train`` is False)."""
         merge_routing(self.routing, choice.routing)  # the call's prompt is this trajectory so far
         self.out_ids += env + choice.output_ids
         self.logprobs += [0.0] * len(env) + choice.logprobs
         self.versions += [-1] * len(env) + choice.versions
-        self.loss_mask += [0] * len(env) + [1] * len(choice.output_ids)
+        self.loss_mask += [0] * len(env) + [int(train)] * len(choice.output_ids)
         self.calls += 1
         self.finish_reason = choice.finish_reason
 
@@ -72,10 +76,13 @@ class Trajectory:
 class EpisodeLog:
     """The calls of one episode, built into trajectories as they finish."""
 
-    def __init__(self, key: str, max_calls: int, clock: EpisodeClock | None = None):
+    def __init__(self, key: str, max_calls: int, clock: EpisodeClock | None = None,
+                 train_constrained: bool = True):
         self.key, self.max_calls = key, max_calls
         self.clock = clock or EpisodeClock()  # the agent's own time, and the engine's
         self.responses = Kept()  # the Responses API's responses, for previous_response_id
+        # workflow.constrained_tokens=train: a choice sampled under a grammar is trained
+        self.train_constrained = train_constrained
         self.trajectories: list[Trajectory] = []
         self.last: Trajectory | None = None  # the one holding the latest call's first choice
         # every chat choice returned so far (chat.ChatRenderer's history)
@@ -98,12 +105,13 @@ class EpisodeLog:
             self.splits += 1
         self.calls += 1
         for i, choice in enumerate(choices):
+            train = self.train_constrained or not choice.constrained
             if owner is not None:
-                owner.add(prompt_ids[len(owner.ids()):], choice)
+                owner.add(prompt_ids[len(owner.ids()):], choice, train)
                 t, owner = owner, None
             else:
                 t = Trajectory(list(prompt_ids))
-                t.add([], choice)
+                t.add([], choice, train)
                 self.trajectories.append(t)
             if i == 0:
                 self.last = t

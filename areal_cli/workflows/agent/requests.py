@@ -125,6 +125,8 @@ class ChatRequest:
     tool_name: str | None = None  # tool_choice named this function: the reply must call it
     logprobs: bool = False  # return the sampled tokens' logprobs
     top_logprobs: int = 0  # and this many alternatives per token
+    # response_format's JSON schema (json_object: any object); None = free text
+    response_schema: dict | None = None
 
 
 def body_dict(body) -> dict:
@@ -159,6 +161,27 @@ def tool_choice(raw, tools: list[dict] | None) -> tuple[str, str | None]:
     return choice, name
 
 
+def response_schema(raw, param: str = "response_format") -> dict | None:
+    """``response_format`` (chat: ``{type: json_schema, json_schema: {name, schema, strict}}``) or
+    ``text.format`` (Responses: ``{type: json_schema, name, schema, strict}``) → the JSON schema the
+    reply must follow; ``json_object`` → any object; ``text`` or none → None."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind != "json_schema":
+        raise bad(f"{param} must be {{type: text}}, {{type: json_object}} or {{type: "
+                   "json_schema, ...}}", param)
+    inner = raw.get("json_schema", raw)
+    schema = inner.get("schema", {"type": "object"}) if isinstance(inner, dict) else None
+    if not isinstance(schema, dict):
+        raise bad(f"{param}'s schema must be a JSON schema (an object)", param)
+    return schema
+
+
 def chat_request(body) -> ChatRequest:
     body = body_dict(body)
     tools = function_tools(body.get("tools"))
@@ -171,7 +194,8 @@ def chat_request(body) -> ChatRequest:
         raise bad("top_logprobs needs logprobs: true", "top_logprobs")
     return ChatRequest(_messages(body.get("messages")), tools, choice,
                        opt_int(body, "max_completion_tokens", "max_tokens"),
-                       opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name, bool(logprobs), top)
+                       opt_int(body, "n", hi=MAX_N) or 1, _stop(body), name, bool(logprobs), top,
+                       response_schema(body.get("response_format")))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from areal_cli.workflows.agent.requests import (
     body_dict,
     function_tools,
     opt_int,
+    response_schema,
 )
 
 INCLUDE = "message.output_text.logprobs"  # the include that asks for the output text's logprobs
@@ -47,6 +48,7 @@ class ResponsesRequest:
     stream: bool = False
     top_logprobs: int = 0
     logprobs: bool = False  # include names message.output_text.logprobs (or top_logprobs > 0)
+    text: dict | None = None  # the body's text field as sent (its format: text.format)
 
     def as_chat(self, history: list[dict]) -> dict:
         """The chat body of this request after ``history`` (the previous response's conversation,
@@ -55,9 +57,12 @@ class ResponsesRequest:
         if isinstance(choice, dict) and isinstance(choice.get("name"), str):  # a named function
             choice = {"type": "function", "function": {"name": choice["name"]}}
         system = [{"role": "system", "content": self.instructions}] if self.instructions else []
+        schema = response_schema(self.text.get("format"), "text.format") if self.text else None
         return {"messages": system + history + self.items, "tools": self.tools,
                 "max_tokens": self.max_tokens, "tool_choice": choice,
-                "logprobs": self.logprobs, "top_logprobs": self.top_logprobs}
+                "logprobs": self.logprobs, "top_logprobs": self.top_logprobs,
+                "response_format": None if schema is None else {
+                    "type": "json_schema", "json_schema": {"schema": schema}}}
 
 
 def _items(raw) -> list[dict]:
@@ -108,12 +113,16 @@ def responses_request(body) -> ResponsesRequest:
     if instructions is not None and not isinstance(instructions, str):
         raise bad("instructions must be a string", "instructions")
     top = opt_int(body, "top_logprobs", lo=0, hi=MAX_TOP) or 0
+    text = body.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise bad("text must be an object ({format: {type: text | json_object | json_schema}})",
+                  "text")
     return ResponsesRequest(_items(body.get("input")),
                             function_tools([{"type": "function", "function": t} for t in fns]),
                             opt_int(body, "max_output_tokens"), fns,
                             body.get("tool_choice", "auto"), instructions or None, prev,
                             body.get("store") is not False, bool(body.get("stream")), top,
-                            INCLUDE in include or top > 0)
+                            INCLUDE in include or top > 0, text)
 
 
 class Kept:

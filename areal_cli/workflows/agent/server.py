@@ -2,12 +2,14 @@
 
 Routes, each also under ``/episodes/<key>/v1/...`` (the base URL a workflow=agent episode's client
 gets, so its calls are recorded into that episode): ``GET /v1/models``, ``POST
-/v1/chat/completions`` (messages, tools / tool_choice, max_tokens / max_completion_tokens, n, stop,
-stream, logprobs), ``POST /v1/responses`` (the Responses API: text and function tools, streamed and
-chained by previous_response_id: ``responses.py``), ``POST /v1/completions``, and Anthropic's
-``POST /v1/messages`` (and ``/v1/messages/count_tokens``), served as the chat call it converts to
-(``anthropic_api.py``). A call from a Python agent's code carries its episode (``context.py``) and
-is recorded there, whatever its URL. Every request needs
+/v1/chat/completions`` (messages, tools / tool_choice, response_format, max_tokens /
+max_completion_tokens, n, stop, stream, logprobs; a required call or a response format is decoded
+under a grammar, constraints.py), ``POST /v1/responses`` (the Responses API: text and function
+tools, text.format, streamed and chained by previous_response_id: ``responses.py``),
+``POST /v1/completions``, and Anthropic's ``POST /v1/messages`` (and
+``/v1/messages/count_tokens``), served as the chat call it converts to (``anthropic_api.py``). A
+call from a Python agent's code carries its episode (``context.py``) and is recorded there,
+whatever its URL. Every request needs
 ``Authorization: Bearer <the worker's token>`` (Anthropic's routes: or ``x-api-key: <token>``); a
 missing or wrong one is answered 401 and counted. Bodies are checked here (``requests.py``) and
 errors come back in the route's API's shape (``Dialect``; 400 ``context_length_exceeded`` for a
@@ -34,13 +36,13 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from areal_cli.config.choices import ToolFormat
 from areal_cli.workflows.agent import anthropic_api as am
 from areal_cli.workflows.agent import logprobs as lp
 from areal_cli.workflows.agent import requests as rq
 from areal_cli.workflows.agent import responses as rs
 from areal_cli.workflows.agent.bridge import EngineBridge
 from areal_cli.workflows.agent.chat import ChatRenderer, Reply, normalise
+from areal_cli.workflows.agent.constraints import reply_grammar
 from areal_cli.workflows.agent.context import HEADER
 from areal_cli.workflows.agent.episode import Choice, EpisodeLog
 from areal_cli.workflows.agent.serving import (
@@ -50,7 +52,7 @@ from areal_cli.workflows.agent.serving import (
     read_body,
     until_disconnected,
 )
-from areal_cli.workflows.agent.toolcalls import CALL_CLOSE, forced_text, parse
+from areal_cli.workflows.agent.toolcalls import parse
 
 # metrics.jsonl names
 log = logging.getLogger(__name__)
@@ -139,7 +141,7 @@ class Endpoint:
 
     async def _generate(self, ep: EpisodeLog | None, prompt_ids: list[int], max_tokens: int | None,
                         n: int, stop: list[str], top: int = 0,
-                        top_param: str = "top_logprobs") -> list[Choice]:
+                        top_param: str = "top_logprobs", grammar: str = "") -> list[Choice]:
         budget = min(max_tokens or self.max_new_tokens, self.max_new_tokens)
         lp.check_top(top, getattr(self.bridge.engine, "top_logprobs", 0), top_param)
         if len(prompt_ids) + budget > self.context:
@@ -167,17 +169,18 @@ class Endpoint:
             self.unattributed += n
         try:
             with ep.clock.in_engine() if ep is not None else contextlib.nullcontext():
-                seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget, top)
+                seqs = await asyncio.gather(*(self.bridge.generate(prompt_ids, budget, top,
+                                                                   grammar)
                                               for _ in range(n)))
         finally:
             if ep is None:
                 self.unattributed -= n
-        choices = [self._choice(s, stop) for s in seqs]
+        choices = [self._choice(s, stop, bool(grammar)) for s in seqs]
         if ep is not None and not ep.closed:
             ep.record(list(prompt_ids), choices)
         return choices
 
-    def _choice(self, seq, stop: list[str]) -> Choice:
+    def _choice(self, seq, stop: list[str], constrained: bool) -> Choice:
         ids, logps, versions = list(seq.output_ids), list(seq.logprobs), list(seq.versions)
         top, reason, hit, routing = list(seq.top), seq.finish_reason, "", list(seq.routing)
         if stop:
@@ -187,7 +190,8 @@ class Endpoint:
                 top, routing = top[:cut], routing[:len(seq.prompt_ids) + cut]
                 text = self.renderer.tok.decode(ids, skip_special_tokens=True)
                 hit = next(s for s in stop if s in text)
-        return Choice(ids, logps, versions, reason or "stop", stop=hit, top=top, routing=routing)
+        return Choice(ids, logps, versions, reason or "stop", stop=hit, top=top, routing=routing,
+                      constrained=constrained)
 
     def _stop_at(self, ids: list[int], stop: list[str]) -> int | None:
         """The fewest leading tokens whose text holds a stop string (None: none occurs)."""
@@ -263,20 +267,14 @@ class Endpoint:
         size = self._fits(rq.strings_in([req.messages, req.tools]))
         prompt = await self._tokenized(size, self.renderer.prompt, req.messages, req.tools,
                                        ep.replies if ep else [])
-        forced = forced_text(self.renderer.style, req.tool_name,
-                             req.tools) if req.tool_choice == "required" else ""
-        # forced: prompt, not trained
-        if forced:
-            ids = prompt.ids + await self._tokenized(len(forced), self.renderer.encode, forced)
-        else:
-            ids = prompt.ids
-        hermes = self.renderer.style.format == ToolFormat.hermes
-        close = [CALL_CLOSE] if forced and hermes else []  # a forced Hermes call ends the reply
-        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop + close,
-                                       req.top_logprobs)
+        # a required call or a response format: decoded under its grammar (constraints.py)
+        grammar = reply_grammar(self.renderer.style, req)
+        ids = prompt.ids
+        choices = await self._generate(ep, ids, req.max_tokens, req.n, req.stop,
+                                       req.top_logprobs, grammar=grammar)
         out = []
         for c in choices:
-            text = forced + self._text(c, req.stop)
+            text = self._text(c, req.stop)
             parsed = parse(self.renderer.style,
                            text) if req.tools and req.tool_choice != "none" else None
             message = {"role": "assistant", "content": text}

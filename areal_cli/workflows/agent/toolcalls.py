@@ -10,21 +10,19 @@ Two formats:
 A template that renders no tools (the default SmolLM2's) gets the schemas in its system message,
 written in the Hermes format, and its assistant tool calls and tool results are written as Hermes
 text too, so every request of an episode renders the same way. A reply that starts a call but does
-not finish one well-formed is returned as plain content (finish_reason "stop") and counted.
+not finish one well-formed is returned as plain content (finish_reason "stop") and counted; a call
+that tool_choice requires is decoded under a grammar of this format (constraints.py).
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 
 from areal_cli.config.choices import ToolFormat
 
 PROBE = "areal_probe_tool"
-CALL_CLOSE = "</tool_call>"
-HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
 
 
 @dataclass
@@ -96,39 +94,6 @@ def call_text(style: ToolStyle, calls: list[dict]) -> str:
                      for o in objs)
 
 
-def forced_text(style: ToolStyle, name: str | None, tools: list[dict] | None = None) -> str:
-    """The opening of a call that ``tool_choice`` requires, written into the prompt so that the
-    model continues it: up to the name for "required"; for a named function, up to its arguments
-    object, and on into the value of the first argument its schema requires (after the opening quote
-    when that is a string), as schema-guided decoding would force the same characters."""
-    if not name:
-        return '{"name": "' if style.format == ToolFormat.llama3_json else '<tool_call>\n{"name": "'
-    key = "parameters" if style.format == ToolFormat.llama3_json else "arguments"
-    text = f'{{"name": {json.dumps(name, ensure_ascii=False)}, "{key}": '
-    first = _first_required(tools or [], name)
-    if first is not None:
-        arg, kind = first
-        text += f'{{{json.dumps(arg, ensure_ascii=False)}: ' + ('"' if kind == "string" else "")
-    return text if style.format == ToolFormat.llama3_json else f"<tool_call>\n{text}"
-
-
-def _first_required(tools: list[dict], name: str) -> tuple[str, str] | None:
-    """(name, JSON type) of the first required argument of tool ``name``, if its schema declares
-    one."""
-    for t in tools:
-        fn = t.get("function", {})
-        if fn.get("name") != name:
-            continue
-        params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-        props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
-        required = params.get("required") if isinstance(params.get("required"), list) else []
-        for arg in required:
-            if isinstance(arg, str) and isinstance(props.get(arg), dict):
-                kind = props[arg].get("type")
-                return arg, kind if isinstance(kind, str) else ""
-    return None
-
-
 def arguments_value(raw):
     """A call's arguments as sent (a JSON text, or already an object) → the decoded value; text that
     is not JSON stays as it is."""
@@ -172,20 +137,26 @@ def _call(name, arguments) -> dict | None:
 
 
 def _parse_hermes(text: str) -> Parsed:
+    """Each ``<tool_call>`` holds one JSON object and then ``</tool_call>``: the object is read as
+    JSON (a string in it may hold ``</tool_call>``), not cut at the first closing tag."""
     if "<tool_call>" not in text:
         return Parsed(text)
-    calls = []
-    for block in HERMES_CALL.findall(text):
+    calls, at, decoder = [], text.index("<tool_call>"), json.JSONDecoder()
+    while at >= 0:
+        start = at + len("<tool_call>")
+        start += len(text[start:]) - len(text[start:].lstrip())
         try:
-            obj = json.loads(block)
+            obj, end = decoder.raw_decode(text, start)
         except ValueError as err:
             return Parsed(text, error=f"a <tool_call> that is not JSON ({err})")
         call = _call(obj.get("name"), obj.get("arguments", {})) if isinstance(obj, dict) else None
         if call is None:
             return Parsed(text, error="a <tool_call> without a name and an arguments object")
+        if not text[end:].lstrip().startswith("</tool_call>"):
+            return Parsed(text, error="a <tool_call> that is not closed")
         calls.append(call)
-    if not calls or text.count("<tool_call>") != len(calls):
-        return Parsed(text, error="a <tool_call> that is not closed")
+        close = text.index("</tool_call>", end) + len("</tool_call>")
+        at = text.find("<tool_call>", close)
     content = text[: text.index("<tool_call>")].strip()
     return Parsed(content or None, calls)
 

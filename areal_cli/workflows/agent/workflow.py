@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from areal_cli.config.choices import AgentCredit, FailedEpisode
+from areal_cli.config.choices import AgentCredit, ConstrainedTokens, FailedEpisode
 from areal_cli.config.schema import RootConfig, WorkflowConfig, worker_concurrency
 from areal_cli.durable import atomic_write
 from areal_cli.engines.base import Engine, Sequence, routing_array
@@ -173,7 +173,9 @@ class AgentWorkflow:
             # (the worker's key alone reaches no episode)
             key = f"{item.group_id}-{i}-{secrets.token_urlsafe(16)}"
             clock = EpisodeClock(self.cfg.agent_timeout_s, self.cfg.agent_wall_timeout_s)
-            ep = self.endpoint.episodes[key] = EpisodeLog(key, self.cfg.max_turns, clock)
+            ep = self.endpoint.episodes[key] = EpisodeLog(
+                key, self.cfg.max_turns, clock,
+                self.cfg.constrained_tokens == ConstrainedTokens.train)
             fut = asyncio.run_coroutine_threadsafe(self._run(key, problem), self.server.loop)
             runs.append(EpisodeRun(i, ep, fut))
         self.groups[item.group_id] = AgentGroup(item, problem, runs, time.monotonic())
