@@ -33,7 +33,8 @@
 #   moe     (after stage_moe and the model; nothing carried) a random-weights MoE of a real layout
 #           (ARCH: olmoe-1b-7b-0924 or qwen3-30b-a3b, LAYERS of its decoder layers, 4 by default; built
 #           here once) on cluster.gpus=[0] with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
-#           (auto); MFU, the router's loss and each update's pause; TFRUN=1: under transformers 5.24
+#           (auto); MFU, the router's loss and each update's pause; TFRUN=1: under transformers 5.24;
+#           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -91,6 +92,9 @@ PY
   moe)
     A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N; RUN=moe_$A-$N
     [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
+    # the in-place MoE loading against vLLM's own loader, and the routed experts (TESTS=0: skipped)
+    [ "${TESTS:-1}" = 1 ] && TAIL=30 step gpu_moe 300 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/gpu/test_vllm_moe.py
     [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
         --device cuda --tokenizer $MODEL --layers $N
     P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
