@@ -132,6 +132,8 @@ def moe_backends(model: torch.nn.Module) -> dict[str, str]:
     out = {}
     for name, module in model.named_modules():
         if isinstance(getattr(module, "w13_weight", None), torch.Tensor):
-            backend = getattr(getattr(module, "quant_method", None), "unquantized_backend", None)
+            method = getattr(module, "quant_method", None)
+            method = getattr(method, "old_quant_method", method)  # wrapped for all2all (EP)
+            backend = getattr(method, "unquantized_backend", None)
             out[name] = getattr(backend, "name", str(backend))
     return out
