@@ -32,9 +32,10 @@ MODELS = Path(__file__).resolve().parent / "models"
 
 
 def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cpu", seed: int = 0,
-          keep_zero_pad_row: bool = False) -> dict:
+          keep_zero_pad_row: bool = False, layers: int = 0) -> dict:
     """Write the checkpoint (unless there already); returns its description (also in
-    OUT/random_weights.json)."""
+    OUT/random_weights.json). ``layers`` > 0: only that many decoder layers, every other field of
+    the layout as it is (a small model of a real layout)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -42,7 +43,7 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     if marker.is_file():
         return json.loads(marker.read_text())
     src = MODELS / name if (MODELS / name / "config.json").is_file() else Path(name)
-    config = AutoConfig.from_pretrained(src)
+    config = AutoConfig.from_pretrained(src, **({"num_hidden_layers": layers} if layers else {}))
     if tokenizer is None:
         from areal_cli.model_source import resolve_model
 
@@ -64,7 +65,8 @@ def build(name: str, out: Path, tokenizer: Path | None = None, device: str = "cp
     model.save_pretrained(tmp, max_shard_size="5GB")
     tok.save_pretrained(tmp)
     info = {"architecture": name, "config_from": str(src), "params": params, "dtype": "bfloat16",
-            "seed": seed, "vocab_size": config.vocab_size, "tokenizer_ids": len(tok),
+            "seed": seed, "layers": config.num_hidden_layers, "vocab_size": config.vocab_size,
+            "tokenizer_ids": len(tok),
             "weights": "random (transformers from_config initialisation)",
             "zero_rows_filled": filled,
             "build_s": time.perf_counter() - t0}
@@ -101,12 +103,14 @@ def main() -> None:
     ap.add_argument("--device", default="cpu",
                     help="where to initialise (cuda is much faster at 7B)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="keep only this many decoder layers (0: the layout's own count)")
     ap.add_argument("--keep-zero-pad-row", action="store_true",
                     help="keep the all-zero embedding row transformers gives the pad token "
                          "(checkpoints built before)")
     args = ap.parse_args()
     print(json.dumps(build(args.name, args.out, args.tokenizer, args.device, args.seed,
-                           args.keep_zero_pad_row),
+                           args.keep_zero_pad_row, args.layers),
                      indent=1))
 
 

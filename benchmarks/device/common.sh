@@ -4,20 +4,25 @@
 #   stage2  carry .vllm/b .whl .tf    vLLM part 2, wheels, transformers 5.24 (-> /tmp/tf524, for engine=hf);
 #                                     .tf optional; .extwhl (optional) more wheels into /tmp/site
 #   stage3  carry .models/a           model part 1
+#   stage_moe carry .vllm/moe .tf     (after stage1-2) vLLM's MoE kernels into the overlay (stage_moe.sh);
+#                                     .tf optional (stage2 may lack the room for it beside .vllm/b)
 # The stage phases exit here. Any other phase gets the staged environment, $OUT, $S (summary),
 # $L (logs), $TF (a prefix that runs a command with transformers 5.24) and `step NAME LIMIT CMD…`,
 # which runs CMD in its own process group within LIMIT and the time left of BUDGET (default 570 s)
 # (an existing run_dir=/tmp/runs/X among CMD's words is moved aside first).
 OUT=${OUT:-/tmp/areal_out}; mkdir -p "$OUT"
 T0=$(date +%s); BUDGET=${BUDGET:-570}
+tf_install() {  # transformers 5.24 from a carried .tf, for engine=hf ($TF)
+  [ -d .tf ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; }
+  return 0; }
 case $phase in
   stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u; exit 0 ;;
-  stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh
-          [ -d .tf ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; }
+  stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh; tf_install
           # wheels the image lacks beyond .whl's (peft for LoRA, pytest for the GPU tests), from .extwhl
           [ -d .extwhl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .extwhl/*.whl
           exit 0 ;;
   stage3) source benchmarks/device/on_device.sh; exit 0 ;;
+  stage_moe) source benchmarks/device/stage_moe.sh; tf_install; exit 0 ;;
 esac
 source benchmarks/device/on_device.sh
 G=/tmp/models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -28,6 +28,13 @@
 #   seven   (nothing carried; MODE=lora, then MODE=full) the random-weights Qwen2.5-7B layout on
 #                                            cluster.gpus=[0]: LoRA rank 16 concurrent, 10 steps; full
 #                                            fine-tuning in the mode that fits, 5 steps; peak memory per process
+#   stage_moe  carry .vllm/moe .tf           (after stage1-2) vLLM's MoE kernels into the overlay
+#                                            (benchmarks/device/build_moe_kernels.sh builds .vllm/moe)
+#   moe     (after stage_moe and the model; nothing carried) a random-weights MoE of a real layout
+#           (ARCH: olmoe-1b-7b-0924 or qwen3-30b-a3b, LAYERS of its decoder layers, 4 by default; built
+#           here once) on cluster.gpus=[0] with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
+#           (auto); MFU, the router's loss and each update's pause; TFRUN=1: under transformers 5.24;
+#           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 # Results: $OUT/summary.txt, the runs' summaries and logs.
@@ -81,6 +88,36 @@ for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
 PY
     step seven_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/seven_${MODE:-lora} 2
     tar czf $OUT/seven_${MODE:-lora}.tgz -C /tmp/runs --exclude=checkpoints seven_${MODE:-lora} 2>/dev/null
+    ;;
+  moe)
+    A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N; RUN=moe_$A-$N
+    [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
+    # the in-place MoE loading against vLLM's own loader, and the routed experts (TESTS=0: skipped)
+    [ "${TESTS:-1}" = 1 ] && TAIL=30 step gpu_moe 300 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/gpu/test_vllm_moe.py
+    [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
+        --device cuda --tokenizer $MODEL --layers $N
+    P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
+    TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
+        engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} \
+        trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
+        rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.max_model_len=1024 \
+        trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/$RUN ${EXTRA:-}
+    grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
+    python3 - /tmp/runs/$RUN <<'PY' | tee -a $S
+import json, pathlib, statistics, sys
+run = pathlib.Path(sys.argv[1])
+rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+ups = [json.loads(x) for p in run.glob("**/weight_updates*.jsonl") for x in p.read_text().splitlines() if x.strip()]
+med = lambda xs: statistics.median(xs) if xs else None
+print("steps", len(rows), "mfu median (after 2)", med([r["mfu"] for r in rows[2:] if "mfu" in r]),
+      "router_aux_loss last", rows[-1].get("router_aux_loss") if rows else None)
+print("update pause_total_s median", med([u["pause_total_s"] for u in ups if "pause_total_s" in u]),
+      "pause_s median", med([u["pause_s"] for u in ups if "pause_s" in u]),
+      "weight_sync_s median", med([r["weight_sync_s"] for r in rows if "weight_sync_s" in r]))
+PY
+    step ${RUN}_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/$RUN 2
+    tar czf $OUT/$RUN.tgz -C /tmp/runs --exclude=checkpoints $RUN 2>/dev/null
     ;;
   pair)
     # each engine with what a one-GPU run of it defaults to, unless B (groups a step) is given

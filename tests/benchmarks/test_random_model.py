@@ -21,6 +21,15 @@ def dense_params(vocab, d, ff, layers, heads, kv_heads, tied, qkv_bias):
     return vocab * d * (1 if tied else 2) + layers * layer + d
 
 
+def moe_params(vocab, d, experts, moe_ff, layers, heads, kv_heads, head_dim, qk_norm):
+    """Untied embedding and head + per layer: q, k, v, o, the q/k norms (OLMoE's over all heads,
+    Qwen3's per head), every expert's gate/up/down, the router, two norms; final norm."""
+    attn = d * heads * head_dim * 2 + 2 * d * kv_heads * head_dim
+    norms = {"all_heads": (heads + kv_heads) * head_dim, "per_head": 2 * head_dim}[qk_norm]
+    layer = attn + norms + experts * 3 * d * moe_ff + experts * d + 2 * d
+    return 2 * vocab * d + layers * layer + d
+
+
 @pytest.mark.parametrize("name,want", [
     # 1,543,714,304 = Qwen2.5-1.5B's published 1.54B
     ("qwen2.5-1.5b-instruct", dense_params(151936, 1536, 8960, 28, 12, 2, True, True)),
@@ -28,6 +37,10 @@ def dense_params(vocab, d, ff, layers, heads, kv_heads, tied, qkv_bias):
     ("qwen2.5-7b-instruct", dense_params(152064, 3584, 18944, 28, 28, 4, False, True)),
     # 8,030,261,248 = Llama-3.1-8B's published 8.03B
     ("llama-3.1-8b-instruct", dense_params(128256, 4096, 14336, 32, 32, 8, False, False)),
+    # 6,919,161,856 = OLMoE-1B-7B's published 6.9B (64 experts of 1024, top-8)
+    ("olmoe-1b-7b-0924", moe_params(50304, 2048, 64, 1024, 16, 16, 16, 128, "all_heads")),
+    # 30,532,122,624 = Qwen3-30B-A3B's published 30.5B (128 experts of 768, top-8)
+    ("qwen3-30b-a3b", moe_params(151936, 2048, 128, 768, 48, 32, 4, 128, "per_head")),
 ])
 def test_shipped_configs_have_the_published_sizes(name, want):
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -37,6 +50,19 @@ def test_shipped_configs_have_the_published_sizes(name, want):
         model = AutoModelForCausalLM.from_config(config)
     assert sum(p.numel() for p in model.parameters()) == want
     check_supported(MODELS / name, name)  # a layout the trainer and the weight update handle
+
+
+def test_layers_keeps_the_layout_with_fewer_decoder_layers(tmp_path, tiny_model):
+    from transformers import AutoConfig
+
+    small = dict(json.loads((MODELS / "olmoe-1b-7b-0924" / "config.json").read_text()),
+                 hidden_size=32, intermediate_size=16, num_attention_heads=4, num_key_value_heads=4)
+    (tmp_path / "arch").mkdir()
+    (tmp_path / "arch" / "config.json").write_text(json.dumps(small))
+    info = build(str(tmp_path / "arch"), tmp_path / "rand", tokenizer=tiny_model, layers=2)
+    config = AutoConfig.from_pretrained(tmp_path / "rand")
+    assert info["layers"] == config.num_hidden_layers == 2
+    assert (config.num_experts, config.num_experts_per_tok) == (64, 8)  # the layout's own
 
 
 def test_random_checkpoint_keeps_the_real_vocab_and_loads(tmp_path, tiny_model):

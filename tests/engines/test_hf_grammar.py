@@ -109,11 +109,10 @@ def test_logprobs_are_of_the_masked_distribution_and_free_rows_are_untouched(tin
 def test_a_free_string_is_steered_to_close_before_the_budget_ends(tiny_model):
     """A random model inside a JSON string writes on (a closing quote is one token of 49k): near
     the end of its budget the engine keeps only the tokens that close, and every reply is whole."""
+    import torch
     from transformers import AutoTokenizer
 
     from areal_cli.engines.hf.grammar import CLOSE_AT
-
-    import torch
 
     torch.manual_seed(0)  # the samples, not the property: a string may also close by chance
     tok = AutoTokenizer.from_pretrained(tiny_model)

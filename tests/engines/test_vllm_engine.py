@@ -448,3 +448,44 @@ def test_a_probe_that_vllm_has_no_room_for_is_withdrawn_at_the_next_update_and_n
             and "probe_logp_change" not in got)
     assert "areal-probe-v1" in eng.core.aborted and eng._probing[0] == "areal-probe-v2"
     rx.close()
+
+
+def test_a_finished_moe_request_takes_vllms_routed_experts_of_its_sparse_layers(tmp_path):
+    """vLLM returns ``[prompt + output - 1, decoder layers, top-k]`` at the end of a request (here
+    layer 0 dense: Qwen2-MoE's decoder_sparse_step=2); the sequence keeps the sparse layers' rows
+    in the wire dtype, and a re-prefilled segment's rows replace the whole context's."""
+    import numpy as np
+    from transformers import Qwen2MoeConfig
+
+    from areal_cli.engines.vllm.routing import Routing
+
+    cfg = Qwen2MoeConfig(num_hidden_layers=4, decoder_sparse_step=2, num_experts=8,
+                         num_experts_per_tok=2)
+    eng = fake_engine()
+    eng.routing = Routing.of_model(cfg)
+    assert eng.routing.sparse == [1, 3] and Routing.of_model(Qwen2MoeConfig(num_experts=0)) is None
+    eng.submit(Sequence("r", [1, 2, 3], max_new_tokens=2))
+    routed = np.arange(4 * 4 * 2, dtype=np.uint8).reshape(4, 4, 2)  # 3 prompt + 2 output - 1
+    comp = types.SimpleNamespace(token_ids=[7], logprobs=[{7: types.SimpleNamespace(logprob=-1.)}],
+                                 finish_reason=None)
+    eng._apply(types.SimpleNamespace(request_id="r#1", outputs=[comp], finished=False))
+    assert eng.seqs["r"].routing == []  # vLLM hands them over at the end only
+    comp = types.SimpleNamespace(token_ids=[8], logprobs=[{8: types.SimpleNamespace(logprob=-1.)}],
+                                 finish_reason="length", routed_experts=routed)
+    seq = eng._apply(types.SimpleNamespace(request_id="r#1", outputs=[comp], finished=True))
+    assert len(seq.routing) == 4 and all(r.shape == (2, 2) for r in seq.routing)
+    assert np.array_equal(np.stack(seq.routing), routed[:, [1, 3]])
+    assert seq.routing[0].dtype == np.uint8  # 8 experts: one byte on the wire
+    short = Routing.of_model(cfg)
+    with pytest.raises(RuntimeError,
+                       match="shape \\[3, 4, 2\\].*4 positions.*routing_replay=false"):
+        short.of(routed[:3], 4)
+    assert short.of(None, 4) == []  # none returned: the trainer routes those tokens itself
+
+
+def test_routed_experts_are_asked_of_vllm_only_with_routing():
+    cfg = RootConfig()
+    cfg.engine.name = "vllm"
+    cfg.engine = resolve_engine(cfg.engine, updates=False)
+    assert "enable_return_routed_experts" not in llm_kwargs(cfg.engine, cfg.seed, 1)
+    assert llm_kwargs(cfg.engine, cfg.seed, 1, routing=True)["enable_return_routed_experts"]

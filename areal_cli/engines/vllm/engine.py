@@ -39,11 +39,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from areal_cli import lora
+from areal_cli import lora, moe
 from areal_cli.config.choices import Switch, WeightUpdate
 from areal_cli.config.resolve import unresolved
 from areal_cli.config.schema import EngineConfig
 from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence
+from areal_cli.engines.vllm.routing import Routing
 from areal_cli.engines.vllm.spec import SPEC
 from areal_cli.engines.vllm.updates import VLLMAdapter, make_sender, weight_receiver
 from areal_cli.runtime import short_gil_switch
@@ -82,12 +83,13 @@ def vllm_lora_rank(rank: int) -> int:
 
 
 def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
-               sleep_mode: bool = False) -> dict:
+               sleep_mode: bool = False, routing: bool = False) -> dict:
     """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e``
     resolved);
     ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight
     transfer engine (the base weights never change); ``sleep_mode``: vLLM's sleep mode
-    (cluster.share=alternate)."""
+    (cluster.share=alternate); ``routing``: MoE, each request's routed experts returned
+    (``routing.py``)."""
     if unresolved(e):
         raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
                          "(areal_cli.config.resolve)")
@@ -114,6 +116,8 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
         kw["disable_log_stats"] = False
     if sleep_mode:
         kw["enable_sleep_mode"] = True
+    if routing:
+        kw["enable_return_routed_experts"] = True
     return kw
 
 
@@ -138,6 +142,7 @@ def structured_outputs(grammar: str):
 
 class VLLMEngine(Engine):
     top_logprobs = 20  # vLLM's max_logprobs: alternatives per token a request may ask for
+    routing: Routing | None = None  # MoE with routing replay: the layout of vLLM's routed experts
 
     def __init__(self, setup: EngineSetup, doing: Callable[[str], None]):
         vllm = import_vllm()
@@ -152,9 +157,12 @@ class VLLMEngine(Engine):
         rank = setup.weights.cfg.trainer.lora.rank if adapter else 0
         run = setup.weights.cfg if setup.weights is not None else None
         self.sleep_mode = run is not None and run.cluster.share == "alternate"
+        routing = setup.routing and moe.is_moe(setup.model_path)
         self.llm = vllm.LLM(model=str(setup.model_path),
                             **llm_kwargs(setup.engine, setup.seed, setup.index, rank,
-                                         sleep_mode=self.sleep_mode))
+                                         sleep_mode=self.sleep_mode, routing=routing))
+        self.routing = (Routing.of_model(self.llm.llm_engine.model_config.hf_config)
+                        if routing else None)
         # the policy's adapter once one was loaded (VLLMAdapter); None = the base model
         self.lora_request = None
         # in-place updates' verification, from the first update on: the probe's ids, the probe
@@ -310,6 +318,9 @@ class VLLMEngine(Engine):
         if not out.finished:
             return None
         del self.segment[out.request_id]
+        if self.routing is not None:  # this request ran the whole context: every position's rows
+            seq.routing = self.routing.of(getattr(c, "routed_experts", None),
+                                          len(seq.prompt_ids) + len(seq.output_ids) - 1)
         self._finish(seq, "stop" if c.finish_reason == "stop" else "length")
         return seq
 

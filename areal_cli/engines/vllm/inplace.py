@@ -7,6 +7,7 @@ before the workers are told, one NCCL broadcast per bucket). On the receiving si
 of a vLLM worker (rank ``rank_offset + its TP rank`` in the weight group) receives every bucket and
 writes each tensor through the engine's own weight loaders, which fuse q/k/v and gate/up and keep
 this TP rank's slice — so any tensor parallel size loads in place, and no layer-wise reload runs.
+An MoE layer's expert tensors go through its FusedMoE loader, expert by expert (``experts.py``).
 
 Two ways to receive, chosen when the worker joins and logged:
 
@@ -35,6 +36,15 @@ from collections.abc import Callable
 
 import torch
 
+from areal_cli.engines.vllm.experts import (
+    Experts,
+    check_backends,
+    check_shape,
+    expert_route,
+    find,
+    load_experts,
+    moe_backends,
+)
 from areal_cli.transport.weights import ParamSpec, _broadcast, _views, on_device, plan_buckets
 
 log = logging.getLogger(__name__)
@@ -60,11 +70,20 @@ def route(name: str) -> tuple[str, str | int | None]:
 
 
 def routes(specs: list[ParamSpec], params: dict[str, torch.Tensor]
-           ) -> dict[str, tuple[str, str | int | None]]:
-    """``route`` of every checkpoint tensor, checked against the engine's parameters (name →
-    tensor): ValueError naming engine.weight_update=reload where a tensor has no parameter or a
-    parameter receives nothing (a layout this module does not know)."""
-    out = {s.name: route(s.name) for s in specs}
+           ) -> dict[str, tuple[str, str | int | Experts | None]]:
+    """``route`` of every checkpoint tensor (an MoE expert tensor: ``experts.expert_route``),
+    checked against the engine's parameters (name → tensor): ValueError naming
+    engine.weight_update=reload where a tensor has no parameter or a parameter receives nothing (a
+    layout this module does not know)."""
+    out: dict[str, tuple[str, str | int | Experts | None]] = {}
+    for s in specs:
+        hit = expert_route(s.name, params)
+        if hit is not None:
+            check_shape(s.name, s.shape, hit[1], params[hit[0]].shape)
+            out[s.name] = hit
+        else:
+            target, shard = route(s.name)
+            out[s.name] = (find(target, params) or target, shard)
     missing = sorted(n for n, (p, _) in out.items() if p not in params)
     fed = {p for p, _ in out.values()}
     unfed = sorted(p for p in params if p not in fed)
@@ -113,11 +132,14 @@ def fingerprint(tensors) -> torch.Tensor:
     return torch.stack(sums) if sums else torch.zeros(0, dtype=torch.int32)
 
 
-def load_into(param: torch.nn.Parameter, tensor: torch.Tensor, shard: str | int | None) -> None:
+def load_into(param: torch.nn.Parameter, tensor: torch.Tensor,
+              shard: str | int | Experts | None) -> None:
     """``tensor`` written into ``param`` by the engine's weight loader for it (a plain copy where it
-    has none)."""
+    has none; a FusedMoE parameter's loader once per expert and shard)."""
     loader: Callable | None = getattr(param, "weight_loader", None)
-    if loader is None:
+    if isinstance(shard, Experts):
+        load_experts(param, tensor, shard)
+    elif loader is None:
         if param.shape != tensor.shape:
             raise RuntimeError(f"weight of shape {list(tensor.shape)} for a parameter of shape "
                                f"{list(param.shape)}")
@@ -333,6 +355,7 @@ class InplaceWorker:
         from areal_cli.transport.weights import new_group
 
         live = dict(self.get_model().named_parameters())
+        check_backends(moe_backends(self.get_model()))  # MoE: experts kept as the loaders write
         device = next(iter(live.values())).device  # the engine's GPU (this rank's)
         staged, why = staging_choice(self.vllm_config.parallel_config.world_size, plan,
                                      lambda: room_for_staging(live, plan["bucket_bytes"], device))

@@ -4,7 +4,8 @@
   path as the hf engine's) into the engine's live parameters through its own weight loaders, staged
   behind generation at TP 1 where the GPU has room (``inplace.py``). Any tensor parallel size: every
   GPU rank of a worker receives every bucket and its loaders keep its slice.
-  Llama/Mistral/Qwen2/Qwen3 layouts.
+  Llama/Mistral/Qwen2/Qwen3 layouts and the MoE ones (Qwen3-MoE, Qwen2-MoE, OLMoE, Mixtral: their
+  experts through vLLM's FusedMoE loaders, ``experts.py``).
 * ``reload``: vLLM's own ``nccl`` weight transfer, checkpoint-format tensors, packed; the engine
   loads them with its layer-wise reload (``start_weight_update`` → ``update_weights`` →
   ``finish_weight_update``). Works for any model vLLM loads; the fallback.
@@ -47,9 +48,11 @@ class WireSpec:
 
 
 # architectures whose vLLM implementation fuses exactly q/k/v into qkv_proj and gate/up into
-# gate_up_proj and keeps every other checkpoint name (what ``inplace.route`` assumes)
+# gate_up_proj and keeps every other checkpoint name (what ``inplace.route`` assumes); the MoE ones
+# hold their experts in FusedMoE parameters (``experts.expert_route``)
 INPLACE_ARCHITECTURES = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                         "Qwen3ForCausalLM"}
+                         "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM",
+                         "OlmoeForCausalLM", "MixtralForCausalLM"}
 
 
 def choose_weight_update(mode: str, model_path, tensor_parallel_size: int) -> tuple[str, str]:
