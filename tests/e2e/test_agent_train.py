@@ -12,6 +12,7 @@ from conftest import TINY_RUN, read_jsonl, run_train
 from areal_cli.tasks import load_tokenizer
 
 
+@pytest.mark.slow  # a whole run (~25 s on 2 cores): `make test-slow`, which CI runs too
 def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_model, tmp_path):
     """With logging.trajectory_tokens, trajectories.jsonl holds what was trained: the answer's ids
     decode to exactly the text the agent was answered, and the plan it was answered is in the

@@ -131,6 +131,7 @@ def test_multi_turn_workflows_train(tiny_model, tmp_path, workflow):
         assert any(t["num_turns"] == 2 for t in traj)
 
 
+@pytest.mark.slow  # a whole run (~25 s on 2 cores): `make test-slow`, which CI runs too
 def test_ctrl_c_stops_everything_within_10_seconds(tiny_model, tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
                    "trainer.steps=50"]
