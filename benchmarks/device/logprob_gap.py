@@ -85,7 +85,7 @@ def _gen_vllm(model_dir, fams, variant, max_tokens):
     import vllm
 
     from areal_cli.config.schema import RootConfig
-    from areal_cli.engines.vllm.engine import llm_kwargs
+    from areal_cli.engines.vllm.args import llm_kwargs
     from areal_cli.runconfig.autos import resolve_engine
 
     cfg = RootConfig()

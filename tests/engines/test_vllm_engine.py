@@ -9,7 +9,8 @@ import pytest
 
 from areal_cli.config.schema import EngineConfig, RootConfig
 from areal_cli.engines.base import Sequence
-from areal_cli.engines.vllm.engine import VLLMEngine, llm_kwargs
+from areal_cli.engines.vllm.args import llm_kwargs
+from areal_cli.engines.vllm.engine import VLLMEngine
 from areal_cli.runconfig.autos import resolve_engine
 
 

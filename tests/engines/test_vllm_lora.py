@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from areal_cli.config.schema import RootConfig
-from areal_cli.engines.vllm.engine import llm_kwargs, vllm_lora_rank
+from areal_cli.engines.vllm.args import llm_kwargs, vllm_lora_rank
 from areal_cli.engines.vllm.updates import engine_dtype, sender_specs
 from areal_cli.runconfig.autos import resolve_engine
 from tests.engines.test_hf_lora import update_in_thread

@@ -40,10 +40,8 @@ import time
 from collections.abc import Callable
 
 from areal_cli import lora, moe
-from areal_cli.config.choices import Switch, WeightUpdate
-from areal_cli.config.resolve import unresolved
-from areal_cli.config.schema import EngineConfig
 from areal_cli.engines.base import Engine, EngineSetup, Sampling, Sequence
+from areal_cli.engines.vllm.args import llm_kwargs, structured_outputs
 from areal_cli.engines.vllm.routing import Routing
 from areal_cli.engines.vllm.spec import SPEC
 from areal_cli.engines.vllm.updates import VLLMAdapter, make_sender, weight_receiver
@@ -67,60 +65,6 @@ PROBE_WAIT_S = 10.0
 behind the requests vLLM could not yet schedule); past it the first version goes uncompared. Later
 probes are never waited for."""
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-"""The values vLLM 0.26 accepts for max_lora_rank."""
-
-
-def vllm_lora_rank(rank: int) -> int:
-    """The smallest max_lora_rank vLLM accepts that holds ``rank``; ValueError naming the fix above
-    512."""
-    for r in VLLM_LORA_RANKS:
-        if r >= rank:
-            return r
-    raise ValueError(f"trainer.lora.rank={rank}: vLLM serves adapters of rank <= "
-                     f"{VLLM_LORA_RANKS[-1]}; lower trainer.lora.rank, or set "
-                     "engine.lora_merge=true to send merged weights")
-
-
-def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
-               sleep_mode: bool = False, routing: bool = False) -> dict:
-    """Arguments of ``vllm.LLM`` for rollout worker ``index`` of a run seeded ``seed`` (``e``
-    resolved);
-    ``lora_rank`` > 0: LoRA enabled for one adapter of that rank (the policy's), and no weight
-    transfer engine (the base weights never change); ``sleep_mode``: vLLM's sleep mode
-    (cluster.share=alternate); ``routing``: MoE, each request's routed experts returned
-    (``routing.py``)."""
-    if unresolved(e):
-        raise ValueError(f"engine.{', engine.'.join(unresolved(e))}=auto: resolve the config first "
-                         "(areal_cli.config.resolve)")
-    kw = dict(dtype=str(e.dtype), seed=seed * 1000 + index,
-              gpu_memory_utilization=e.gpu_memory_utilization,
-              tensor_parallel_size=e.tensor_parallel_size,
-              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs",
-              enable_prefix_caching=True)
-    if lora_rank > 0:
-        kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
-    elif e.weight_update == WeightUpdate.inplace:
-        kw["worker_extension_cls"] = "areal_cli.engines.vllm.inplace.InplaceWorker"
-    else:
-        kw["weight_transfer_config"] = dict(backend="nccl")
-    if e.lm_head_fp32 == Switch.true:
-        kw["hf_overrides"] = {"head_dtype": "float32"}
-    # a request's grammar (Sequence.grammar) is Lark of llguidance: vLLM's guidance backend
-    kw["structured_outputs_config"] = dict(backend="guidance")
-    if e.max_num_seqs:
-        kw["max_num_seqs"] = e.max_num_seqs
-    if e.max_model_len:
-        kw["max_model_len"] = e.max_model_len
-    if e.log_stats:
-        kw["disable_log_stats"] = False
-    if sleep_mode:
-        kw["enable_sleep_mode"] = True
-    if routing:
-        kw["enable_return_routed_experts"] = True
-    return kw
-
-
 def prompt_logprobs(ids: list[int], out):
     """log π(ids[t] | ids[:t]) for t ≥ 1 from the finished output ``out`` of a request for the
     prompt ``ids`` with prompt logprobs (the first prompt token has none)."""
@@ -128,16 +72,6 @@ def prompt_logprobs(ids: list[int], out):
 
     return torch.tensor([lp[t].logprob for t,
                          lp in zip(ids[1:], out.prompt_logprobs[1:], strict=True)])
-
-
-def structured_outputs(grammar: str):
-    """vLLM's structured-output parameters of a request under ``grammar`` (Lark, llguidance's
-    dialect: ``Sequence.grammar``); None for an unconstrained one."""
-    if not grammar:
-        return None
-    from vllm.sampling_params import StructuredOutputsParams
-
-    return StructuredOutputsParams(grammar=grammar)
 
 
 class VLLMEngine(Engine):
@@ -337,9 +271,8 @@ class VLLMEngine(Engine):
     def paused(self, version: int):
         t0 = time.perf_counter()
         abort = self.engine_cfg.pause_mode == "abort"
-        if abort and self.segment:
-            self.core.abort_request(list(self.segment))
-            self.segment.clear()
+        if abort:
+            self._abort_running()
         self._mark_idle()
         paused = time.perf_counter()
         timings: dict = {}
@@ -357,6 +290,12 @@ class VLLMEngine(Engine):
                        gen_busy_s=self._busy_s)
         self._busy_s = 0.0
 
+    def _abort_running(self) -> None:
+        """Abort every running request; their sequences stay in ``seqs``, to be resubmitted."""
+        if self.segment:
+            self.core.abort_request(list(self.segment))
+            self.segment.clear()
+
     def sleep(self) -> dict:
         """vLLM's sleep, level 1: its KV cache freed, its weights copied to host memory. The
         running requests are aborted first; their sequences continue after the next update
@@ -366,9 +305,7 @@ class VLLMEngine(Engine):
         t0 = time.perf_counter()
         if not self.sleep_mode:
             return {}  # built without it: the worker only stops stepping it
-        if self.segment:
-            self.core.abort_request(list(self.segment))
-            self.segment.clear()
+        self._abort_running()
         self._mark_idle()
         free = torch.cuda.mem_get_info()[0]
         self.core.sleep(level=1)
