@@ -183,6 +183,16 @@ def drive_workflow(flow, engine, timeout_s: float) -> list:
     return results
 
 
+def perturb(model, scale: float) -> None:
+    """Add gaussian noise of ``scale`` to every parameter of ``model`` in place (torch's global
+    generator: seed it first for a repeatable copy): new weights for an update."""
+    import torch
+
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * scale)
+
+
 def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int = 8,
               context: int = 0,
               weights=None, index: int = 0, routing: bool = False, **engine):

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 import torch
+from conftest import perturb
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from areal_cli.config.schema import EngineConfig, RootConfig
@@ -116,9 +117,7 @@ def test_sender_broadcasts_into_the_rollout_engines_own_update_weights(tiny_mode
         assert isinstance(sender, WeightSenderBase) and engine.receiver is not None
         sampling = engine._running[0]  # rollout.temperature / top_p, as the config says
         assert not sampling.greedy and sampling.temperature == 0.7 and sampling.top_p == 0.9
-        with torch.no_grad():
-            for p in trainer.parameters():
-                p.add_(torch.randn_like(p) * 0.1)
+        perturb(trainer, 0.1)
         assert not torch.equal(trainer.model.embed_tokens.weight,
                                engine.model.model.embed_tokens.weight)
         sender.prepare(iter(trainer.named_parameters()))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import hf_engine
+from conftest import hf_engine, perturb
 
 from areal_cli.engines.base import Sequence
 
@@ -32,9 +32,7 @@ def test_weight_update_interrupts_and_continues_under_new_weights(tiny_model, ba
     old = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
     torch.manual_seed(123)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturb(new, 0.05)
     eng = _engine(tiny_model, batching)
     prompts = [[1, 9690, 198, 504 + i, 30, 28] for i in range(4)]
     for i, p in enumerate(prompts):

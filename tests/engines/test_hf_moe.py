@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import torch
-from conftest import drive_workflow, hf_engine
+from conftest import drive_workflow, hf_engine, perturb
 from test_factory import endpoints, free_port, in_thread, run_cfg
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -34,9 +34,7 @@ def test_recorded_routing_is_the_teacher_forced_one_across_a_weight_update(tiny_
     old = AutoModelForCausalLM.from_pretrained(tiny_moe_model, dtype=torch.float32)
     new = AutoModelForCausalLM.from_pretrained(tiny_moe_model, dtype=torch.float32)
     torch.manual_seed(3)
-    with torch.no_grad():
-        for p in new.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+    perturb(new, 0.05)
     eng = hf_engine(tiny_moe_model, sequences=4, routing=True)
     for i in range(3):
         eng.submit(Sequence(f"s{i}", [1, 9690, 198, 504 + i, 30][: 3 + i], max_new_tokens=24,
@@ -103,9 +101,7 @@ def test_weight_update_carries_the_experts_into_the_engine(tiny_moe_model):
     engine = make_engine(setup)
     sender = join()
     try:
-        with torch.no_grad():
-            for p in trainer.parameters():
-                p.add_(torch.randn_like(p) * 0.1)
+        perturb(trainer, 0.1)
         sender.prepare(iter(trainer.named_parameters()))
         broadcast = in_thread(lambda: sender.broadcast(digest=True))
         engine.update_weights(1)

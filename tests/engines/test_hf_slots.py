@@ -10,7 +10,7 @@ import random
 
 import pytest
 import torch
-from conftest import hf_engine
+from conftest import hf_engine, perturb
 
 from areal_cli.engines.base import Sampling, Sequence
 from areal_cli.engines.hf.slots import SlotEngine, sample
@@ -41,10 +41,8 @@ def test_arrivals_departures_and_updates_keep_every_logprob_exact(tiny_model):
     models = [AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
               for _ in range(3)]
     torch.manual_seed(5)
-    with torch.no_grad():
-        for m in models[1:]:
-            for p in m.parameters():
-                p.add_(torch.randn_like(p) * 0.05)
+    for m in models[1:]:
+        perturb(m, 0.05)
     eng = hf_engine(tiny_model, sequences=6, kv_cache_tokens=6 * 32, max_batch_tokens=64)
     assert isinstance(eng, SlotEngine) and eng.cache.columns == 128
     rng = random.Random(0)

@@ -16,7 +16,7 @@ import importlib.util
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_moe
+from conftest import perturb, tiny_moe
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
 
@@ -29,9 +29,7 @@ def perturbed(src, out):
 
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
     torch.manual_seed(1)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.3)
+    perturb(model, 0.3)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(src).save_pretrained(out)
     return out
