@@ -173,29 +173,32 @@ class Worker:
                 self._sleep()  # after the update on its way: the trainer's next step needs it
             if self.asleep_for is not None:
                 self.hb.advance()  # waiting by design, not stuck
-                for result in self.flow.poll():
-                    self.results.send(result)
                 time.sleep(0.02)
-                continue
-            if self.updating is None:
-                # said after an update too: a worker frozen in _take_work must not still claim to be
-                # receiving
-                self.hb.doing = (f"generating ({self.flow.busy()} groups, version "
-                                 f"{self.engine.version})")
-            if not self.stopping:
-                self._take_work()
-            in_engine = self.engine.in_flight()
-            # while an update arrives the loop comes back soon to see it ready
-            for seq in self.engine.poll(0.01 if self.updating is not None else 0.02
-                                        if self.flow.busy() else 0.1):
-                self.flow.on_generated(seq)
-                self.hb.advance()
-                self.speed.tokens += len(seq.output_ids)
-            self.speed.add(in_engine, self.log)
+            else:
+                self._step_engine()
             for result in self.flow.poll():
                 self.results.send(result)
                 self.hb.advance()
         self.log.info("stop received")
+
+    def _step_engine(self) -> None:
+        """Take work while there is room, step the engine once and hand what finished to the
+        workflow."""
+        if self.updating is None:
+            # said after an update too: a worker frozen in _take_work must not still claim to be
+            # receiving
+            self.hb.doing = (f"generating ({self.flow.busy()} groups, version "
+                             f"{self.engine.version})")
+        if not self.stopping:
+            self._take_work()
+        in_engine = self.engine.in_flight()
+        # while an update arrives the loop comes back soon to see it ready
+        for seq in self.engine.poll(0.01 if self.updating is not None else 0.02
+                                    if self.flow.busy() else 0.1):
+            self.flow.on_generated(seq)
+            self.hb.advance()
+            self.speed.tokens += len(seq.output_ids)
+        self.speed.add(in_engine, self.log)
 
     def _take_work(self) -> None:
         while self.flow.busy() + len(self.held) < self.capacity:
