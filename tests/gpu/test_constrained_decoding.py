@@ -65,9 +65,11 @@ def _requests(tok):
 
 
 @pytest.mark.parametrize("name", ["vllm", "hf"])
-def test_every_constrained_reply_is_whole_across_an_update(name):
+def test_every_constrained_reply_is_whole_across_an_update(name, monkeypatch):
     if name == "vllm" and importlib.util.find_spec("vllm") is None:
         pytest.skip("needs vLLM")
+    # pytest's process has touched CUDA by now: vLLM's engine core must not be a fork of it
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     eng, tok = _engine(name)
     try:
         seqs, checks = [], {}
