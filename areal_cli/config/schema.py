@@ -190,6 +190,13 @@ class TrainerConfig:
     """Pack sequences into micro-batches without padding ("false" = pad each micro-batch); "auto":
     true for a trainer on GPUs, false on the CPU (a packed row needs a dense block mask there, which
     CPU SDPA runs at O(T²))."""
+    shared_prompts: Switch = Switch.auto
+    """Lay out the samples of a group once per prompt: one row holds the prompt then each of its
+    responses, every response attending to the prompt and to itself (the same logprobs and
+    gradients as a row per sample), so a group of G samples runs its prompt's tokens once instead of
+    G times. "auto": true on the CPU (where the prompt is most of a row's tokens and the step is
+    bound by the arithmetic), false on GPUs (packed rows there); off with packing and with MoE
+    routing replay."""
     varlen: bool = True
     """Packed micro-batches on CUDA: FlashAttention over each sequence (torch's varlen_attn) instead
     of SDPA with a dense block mask (which rules FlashAttention out); no effect on the CPU or

@@ -52,6 +52,7 @@ def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     t.optim_state = _auto(OptimState, t.optim_state,
                           OptimState.float32 if where.trainer_gpu else OptimState.bfloat16)
     t.packing = _switch(t.packing, where.trainer_gpu)
+    t.shared_prompts = _switch(t.shared_prompts, not where.trainer_gpu)
     t.compile = _switch(t.compile, _compile(where))
     t.shard = _switch(t.shard, sharding(t.ranks, where))
     t.logprob_chunk_tokens = t.logprob_chunk_tokens or (2048 if where.trainer_gpu else 256)

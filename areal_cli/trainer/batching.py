@@ -7,6 +7,12 @@ Either way only the positions that predict response tokens reach the LM head
 (``logits_to_keep``), and every response token lands at ``[row, k]`` of an ``[n, width]``
 tensor aligned at the response start.
 
+A third, for samples that share a prompt (``trainer.shared_prompts``): one row per prompt, the
+prompt once and then each of its responses, with positions continuing from the prompt's end for
+every response and a mask that lets each response see the prompt and itself only. Every token
+attends to what it would in a row of its own, so logprobs and gradients are those of the padded
+layout, for the prompt's tokens once per group instead of once per sample.
+
 Shape buckets (``trainer.shape_buckets``): a left-padded micro-batch's rows and columns are
 rounded up to a few sizes per doubling (``bucket``), with one-token dummy rows and more left
 padding, so the CPU's oneDNN primitive cache and the allocator see a few recurring shapes
@@ -195,16 +201,20 @@ class Inputs:
 
 def model_inputs(ro: Rollouts, mb: list[int], packed: bool, pad: int = 0,
                  device: torch.device | None = None, row_tokens: int | None = None,
-                 buckets: int = 0, varlen: bool = False, replay: bool = False) -> Inputs:
-    """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed or left-padded, on
-    ``device`` (the packed mask is built there, never on the host). Packed sequences go into
-    rows of at most ``row_tokens`` tokens (None = one row), or one row kept apart by segment
-    offsets instead of a mask with ``varlen`` (``trainer.varlen``); left-padded rows and columns
-    are rounded up to ``buckets`` (see ``bucket``). ``replay``: ``routing`` laid out as the ids
-    from the rows' engine routings (``ro.routing``)."""
+                 buckets: int = 0, varlen: bool = False, replay: bool = False,
+                 shared: bool = False) -> Inputs:
+    """The inputs of micro-batch ``mb`` (row indices of ``ro``), packed, left-padded or one row
+    per prompt (``shared``: see ``share_prompts``), on ``device`` (a mask is built there, never
+    on the host). Packed sequences go into rows of at most ``row_tokens`` tokens (None = one
+    row), or one row kept apart by segment offsets instead of a mask with ``varlen``
+    (``trainer.varlen``); left-padded and shared rows and columns are rounded up to ``buckets``
+    (see ``bucket``). ``replay``: ``routing`` laid out as the ids from the rows' engine routings
+    (``ro.routing``)."""
     prompts = [ro.prompts[i] for i in mb]
     resps = [ro.responses[i] for i in mb]
     routes = [ro.routing[i] for i in mb] if replay and ro.routing is not None else None
+    if shared and routes is None and not packed:
+        return share_prompts(prompts, resps, ro.loss_mask.shape[1], pad, buckets, device)
     if packed:
         return pack(prompts, resps, ro.loss_mask.shape[1], pad, device=device,
                     row_tokens=row_tokens,
@@ -293,6 +303,64 @@ def pack(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int 
     mask = torch.ones(T, T, dtype=torch.bool, device=seg_t.device).tril_()[None]
     mask = mask & (seg_t[:, :, None] == seg_t[:, None, :])
     x.attention_mask = mask[:, None]
+    return x
+
+
+def prompt_units(prompts: list[list[int]]) -> list[list[int]]:
+    """Runs of consecutive indices of ``prompts`` whose prompts are the same tokens (a group's
+    samples come one after another): the rows ``share_prompts`` lays out."""
+    units: list[list[int]] = []
+    for i, p in enumerate(prompts):
+        if units and prompts[units[-1][0]] == p:
+            units[-1].append(i)
+        else:
+            units.append([i])
+    return units
+
+
+def share_prompts(prompts: list[list[int]], resps: list[list[int]], width: int, pad: int = 0,
+                  buckets: int = 0, device: torch.device | None = None) -> Inputs:
+    """One row per run of samples with the same prompt (``prompt_units``): the prompt, then each
+    response, right-padded. A response's positions continue from its prompt's end and it attends
+    to the prompt and to its own earlier tokens, never to a sibling, so each of its logits is the
+    one its own row would give; its first token is predicted by the prompt's last position, which
+    every sibling shares. Response tokens come out in (sequence, position) order, as ``valid``
+    expects. Rows and columns are rounded up to ``buckets``, as ``left_pad``'s are (padding
+    attends only to padding and no output reads it)."""
+    units = prompt_units(prompts)
+    lens = [len(prompts[u[0]]) + sum(len(resps[i]) for i in u) for u in units]
+    R, T = bucket(len(units), buckets), bucket(max(lens), buckets)
+    ids = torch.full((R, T), pad, dtype=torch.long)
+    pos = torch.zeros(R, T, dtype=torch.long)
+    part = torch.full((R, T), -2, dtype=torch.long)  # -1 the prompt, k response k, -2 padding
+    rows, keep_pos, targets = [], [], []
+    for r, u in enumerate(units):
+        p = prompts[u[0]]
+        ids[r, :len(p)] = torch.tensor(p)
+        pos[r, :len(p)] = torch.arange(len(p))
+        part[r, :len(p)] = -1
+        start = len(p)
+        for k, i in enumerate(u):
+            n = len(resps[i])
+            ids[r, start:start + n] = torch.tensor(resps[i])
+            pos[r, start:start + n] = torch.arange(len(p), len(p) + n)
+            part[r, start:start + n] = k
+            rows += [r] * n
+            keep_pos += [len(p) - 1, *range(start, start + n - 1)][:n]
+            targets += resps[i]
+            start += n
+    rows_t = torch.tensor(rows, dtype=torch.long)
+    keep_pos_t = torch.tensor(keep_pos, dtype=torch.long)
+    keep = torch.unique(keep_pos_t)  # every row keeps the union of the positions any row needs
+    x = Inputs(ids=ids, attention_mask=part, position_ids=pos, keep=keep, rows=rows_t,
+               cols=torch.searchsorted(keep, keep_pos_t),
+               targets=torch.tensor(targets, dtype=torch.long),
+               valid=_valid([len(r) for r in resps], width), real=part != -2)
+    if device is not None:
+        x = x.to(device)
+    q, k = x.attention_mask[:, :, None], x.attention_mask[:, None, :]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril_()[None]
+    x.attention_mask = (causal & ((q == k) | ((k == -1) & (q >= 0))))[:, None]
     return x
 
 

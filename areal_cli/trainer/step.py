@@ -30,6 +30,7 @@ from areal_cli.trainer.batching import (
     micro_batches,
     model_inputs,
     packed_row_tokens,
+    prompt_units,
     reduce_stats,
     shard,
     to_device,
@@ -88,6 +89,8 @@ class StepRunner:
         # MoE: the wrapped routers (moe.Routers); their experts forced from the engine's routing
         self.routers = getattr(model, "routers", None)
         self.replay = self.routers is not None and cfg.algorithm.routing_replay
+        # one row per prompt, its samples' responses after it (batching.share_prompts)
+        self.share = t.shared_prompts == "true" and not self.packing and not self.replay
         self.real = None  # the last micro-batch's [rows, T] real tokens (Inputs.real)
         self.clock = StepClock(device)
 
@@ -223,13 +226,18 @@ class StepRunner:
             # (on GPU the micro-batch is split into rows instead: see _forward)
             budget = min(budget, PACKED_ROW_TOKENS_CPU)
         rows = [i for i in shard(ro.n, self.rank, self.world) if keep is None or keep[i]]
-        lens = [len(ro.prompts[i]) + len(ro.responses[i]) for i in rows]
+        # the units of a micro-batch: a row each, or the rows of one prompt (self.share), whose
+        # laid-out row is the prompt once and then each response
+        units = (prompt_units([ro.prompts[i] for i in rows]) if self.share
+                 else [[j] for j in range(len(rows))])
+        lens = [len(ro.prompts[rows[u[0]]]) + sum(len(ro.responses[rows[j]]) for j in u)
+                for u in units]
         b = self.cfg.trainer.shape_buckets
         count = torch.tensor(max(1,
                                  len(micro_batches(lens, budget, packed=self.packing, buckets=b))),
                              device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        return [[rows[j] for j in mb]
+        return [[rows[j] for u in mb for j in units[u]]
                 for mb in micro_batches(lens, budget, int(count), self.packing, b)]
 
     def _all_rows(self, mine: torch.Tensor) -> torch.Tensor:
@@ -308,7 +316,7 @@ class StepRunner:
                                                          + len(ro.responses[i]) > row for i in mb)
         x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row,
                          buckets=t.shape_buckets,
-                         varlen=varlen, replay=self.replay)
+                         varlen=varlen, replay=self.replay, shared=self.share)
         self._route(x)
         if clock is not None:
             clock.mark("prepare")

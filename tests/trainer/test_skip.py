@@ -19,13 +19,12 @@ def _runner(path, *overrides: str):
                        *overrides)
 
 
-def _count_rows(model) -> list[int]:
-    """Rows of every input that reaches the model's forward (packed: one per sequence)."""
+def _count_rows(model, packed: bool = False) -> list[int]:
+    """Rows of every input that reaches the model's forward (packed: one per sequence; shared
+    prompts: one per group)."""
     seen: list[int] = []
 
     def hook(_module, _args, kwargs):
-        mask = kwargs.get("attention_mask")
-        packed = mask is not None and mask.dim() == 4
         seen.append(int(kwargs["position_ids"].eq(0).sum())
                     if packed else kwargs["input_ids"].shape[0])
 
@@ -33,9 +32,9 @@ def _count_rows(model) -> list[int]:
     return seen
 
 
-@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("layout", ["padded", "packed", "shared"])
 @pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_mean"])
-def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing, agg):
+def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, layout, agg):
     # 3 groups of 2: group 1 got reward 1 twice, so its GRPO advantages are 0 at every token;
     # its 2 rows never reach the forward, and the loss (whose denominators still count its
     # tokens and sequences) and every gradient equal the unskipped step's
@@ -45,12 +44,15 @@ def test_zero_advantage_group_is_skipped_and_changes_nothing(tiny_model, packing
     # off-policy: behaviour weights ≠ 1, loss ≠ 0
     for s in (s for g in batch.groups for s in g.samples):
         s.logprobs += 0.3 * torch.rand(len(s.logprobs), generator=gen).numpy()
-    over = (f"trainer.packing={packing}", f"algorithm.loss_agg={agg}")
+    over = (f"trainer.packing={layout == 'packed'}",
+            f"trainer.shared_prompts={layout == 'shared'}", f"algorithm.loss_agg={agg}")
     skip, full = _runner(tiny_model, *over), _runner(tiny_model, *over,
                                                      "trainer.skip_zero_advantage=false")
-    rows_skip, rows_full = _count_rows(skip.model), _count_rows(full.model)
+    packed = layout == "packed"
+    rows_skip, rows_full = _count_rows(skip.model, packed), _count_rows(full.model, packed)
     got, want = skip.train(batch), full.train(batch)
-    assert sum(rows_skip) == 4 and sum(rows_full) == 6
+    # a row per sequence (4 of 6 forwarded), or per group with shared prompts (2 of 3)
+    assert (sum(rows_skip), sum(rows_full)) == ((2, 3) if layout == "shared" else (4, 6))
     group1_tokens = sum(len(s.output_ids) for s in batch.groups[1].samples)
     assert (got["skipped_rows"], got["skipped_tokens"]) == (2, group1_tokens)
     assert (want["skipped_rows"], want["skipped_tokens"]) == (0, 0)
