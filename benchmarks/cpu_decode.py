@@ -10,9 +10,9 @@ prompts of the default task (~50 tokens). Prints one line per measurement and a 
   (transformers' DynamicCache), split into the model up to its last hidden state, the lm head, and
   sampling (softmax, multinomial, the sampled token's logprob) over the 49k vocabulary;
 - ``engine``: the engine through its interface (submit, poll), B sequences of ``--tokens`` tokens
-  (EOS ignored), ``engine.cpu_batching=slots`` and ``paged`` interleaved, ``--rounds`` times each,
-  in tokens/s, with the load average next to each figure: the 2-core machine is often shared, so
-  compare the two of one round, not figures of different runs.
+  (EOS ignored), ``engine.hf.cpu_batching=slots`` and ``paged`` interleaved, ``--rounds`` times
+  each, in tokens/s, with the load average next to each figure: the 2-core machine is often shared,
+  so compare the two of one round, not figures of different runs.
 """
 
 from __future__ import annotations

@@ -199,15 +199,17 @@ def hf_engine(path, *, temperature: float = 1.0, eos_token_id=2, sequences: int 
     """An hf engine on the CPU from ``make_engine`` (the factory every caller uses): float32, 512
     tokens a forward, a 4096-token KV cache of 32-token pages unless ``engine`` says otherwise; its
     ``auto`` values resolved once here, as a planned run's are; ``routing``: an MoE's experts
-    recorded per token (``EngineSetup.routing``)."""
+    recorded per token (``EngineSetup.routing``); ``cpu_batching`` goes to ``engine.hf``."""
+    from areal_cli.config.engine import HFConfig
     from areal_cli.config.schema import EngineConfig
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine
     from areal_cli.runconfig.autos import resolve_engine
 
+    hf = HFConfig(**{k: engine.pop(k) for k in ("cpu_batching",) if k in engine})
     fields = dict(dtype="float32", max_batch_tokens=512, kv_cache_tokens=4096,
                   page_size=32) | engine
-    e = resolve_engine(EngineConfig(name="hf", **fields), updates=weights is not None)
+    e = resolve_engine(EngineConfig(name="hf", hf=hf, **fields), updates=weights is not None)
     return make_engine(EngineSetup(e, path, eos_token_id, Sampling(temperature),
                                    sequences=sequences, context=context, index=index, device="cpu",
                                    weights=weights, routing=routing))

@@ -360,7 +360,7 @@ def gpu_split(sides: dict, alone: dict, cfg) -> dict | None:
         return None
     gpus = gen_gpus + cfg.trainer.ranks
     best = pick_split(sides["generation"] / gen_gpus, sides["training"] / cfg.trainer.ranks, gpus,
-                      cfg.engine.tensor_parallel_size)
+                      cfg.engine.vllm.tensor_parallel_size)
     return {**best,
             "now": {"generation_gpus": gen_gpus,
                     "trainer_gpus": cfg.trainer.ranks}} if best else None

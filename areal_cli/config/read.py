@@ -11,6 +11,7 @@ from enum import Enum
 from pathlib import Path
 
 from areal_cli.config.choices import listed
+from areal_cli.config.engine import moved_key_problem, moved_key_problems
 from areal_cli.config.schema import RootConfig
 
 
@@ -50,12 +51,26 @@ def choice_message(err: BaseException | None) -> str:
     return ""
 
 
+def moved_message(err: BaseException | None) -> str:
+    """"engine.max_model_len moved to engine.vllm.max_model_len" where ``err``'s chain is about a
+    key that moved (``config/engine.py``, ``MOVED_KEYS``); "" if none."""
+    while err is not None:
+        found = moved_key_problem(getattr(err, "full_key", None) or "")
+        if found:
+            return found
+        err = err.__cause__ or err.__context__
+    return ""
+
+
 def to_root(cfg) -> RootConfig:
     """An OmegaConf config merged into the schema: unknown keys and wrong types are a
-    ``ConfigError``."""
+    ``ConfigError``; a key that moved (``engine.max_model_len``) is one naming its new place."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    moved = moved_key_problems(cfg)
+    if moved:
+        raise ConfigError(moved)
     schema = OmegaConf.structured(RootConfig)
     try:
         merged = OmegaConf.merge(schema, cfg)
@@ -65,8 +80,8 @@ def to_root(cfg) -> RootConfig:
 
 
 def _schema_message(err: Exception) -> str:
-    if choice_message(err):
-        return choice_message(err)
+    if choice_message(err) or moved_message(err):
+        return choice_message(err) or moved_message(err)
     key = getattr(err, "full_key", None) or ""
     msg = getattr(err, "msg", None) or str(err).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:

@@ -16,93 +16,18 @@ from areal_cli.config.algorithm import AlgorithmConfig
 from areal_cli.config.choices import (
     Allocator,
     BatchOrder,
-    CpuBatching,
     Dtype,
     LauncherName,
     LrDecay,
     OptimState,
-    PauseMode,
     Share,
     Switch,
     WandbMode,
     WeightsBackend,
-    WeightUpdate,
 )
+from areal_cli.config.engine import EngineConfig
 from areal_cli.config.task import RewardConfig, TaskConfig
 from areal_cli.config.workflow import WorkflowConfig
-
-
-@dataclass
-class EngineConfig:
-    """The generation engine of every rollout worker."""
-
-    name: str = "hf"
-    """"hf" (embedded: the slot loop on the CPU, transformers continuous batching on a GPU) | "vllm"
-    (GPU; `pip install 'areal-cli[vllm]'`)."""
-    dtype: Dtype = Dtype.auto
-    """Weights of the engine: "auto" (= bfloat16) | "bfloat16" | "float16" | "float32". float16 with
-    trainer.dtype=float16 brings the behaviour and trainer logprobs closer than bfloat16
-    (docs/gpu.md)."""
-    max_batch_tokens: int = 2048
-    """Tokens per engine forward (prefill chunks + decodes)."""
-    kv_cache_tokens: int = 0
-    """KV cache size in tokens; 0 = what the run needs, resolved before the run starts (groups
-    generating at once × group_size × pages for the longest prompt + max_new_tokens per turn); on a
-    GPU at most what fits in engine.gpu_memory_utilization of its free memory."""
-    page_size: int = 64
-    """KV cache page (block) size in tokens."""
-    threads: int = 0
-    """torch CPU threads of a rollout worker; 0 = half the cores (at least 1)."""
-    cpu_batching: CpuBatching = CpuBatching.slots
-    """hf on the CPU: "slots" (one batched forward of every live sequence over a contiguous KV
-    cache, 2-4x the tokens/s of "paged" at 32-64 sequences on one core: docs/cpu.md) | "paged"
-    (transformers' continuous batching, always used on a GPU)."""
-    gpu_memory_utilization: float = 0.5
-    """Fraction of the GPU the engine may use (vLLM: of the whole GPU; hf: of its free memory, for
-    the KV cache)."""
-    tensor_parallel_size: int = 1
-    """vLLM: GPUs per rollout worker."""
-    pause_mode: PauseMode = PauseMode.abort
-    """vLLM pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their
-    KV)."""
-    enforce_eager: bool = False
-    """vLLM: no torch.compile / CUDA graphs (starts sooner, decodes slower)."""
-    max_model_len: int = 0
-    """vLLM: longest prompt + response in tokens; 0 = the model's own limit."""
-    max_num_seqs: int = 0
-    """vLLM: most sequences decoded at once; 0 = vLLM's default (raise it for asynchronous runs,
-    where up to (max_staleness + 1) × batch_size groups are in flight)."""
-    weight_update: WeightUpdate = WeightUpdate.auto
-    """vLLM: how new weights load. "reload" = vLLM's NCCL transfer in checkpoint format with its
-    layer-wise reload (any model); "inplace" = areal's bucketed broadcast through the engine's
-    weight loaders into its parameters (Llama/Mistral/Qwen2/Qwen3 layouts, any
-    tensor_parallel_size), received into a staging copy while generation goes on at TP 1 (and at TP
-    > 1 with engine.staged_tp) where the GPU has room (the pause is the swap), else during the
-    pause; "auto" = inplace where it applies, else reload (hf: inplace, its only way)."""
-    staging: bool = True
-    """vLLM, engine.weight_update=inplace: receive each update behind generation into a staging copy
-    of the weights where the GPU has room for it (the pause is then the swap). false: every update
-    is received during the pause, straight into the engine's weights (no copy: its memory stays the
-    engine's; the trainer's broadcast runs on GPUs that are not generating)."""
-    staged_tp: bool = False
-    """vLLM, engine.weight_update=inplace at tensor_parallel_size > 1: receive each update behind
-    generation into a staging copy as at TP 1 (the pause is the swap) instead of during the pause.
-    Off by default: the receiving thread's broadcasts then run beside the engine's own TP
-    collectives on a second NCCL communicator, not yet measured not to hang."""
-    lora_merge: Switch = Switch.auto
-    """trainer.lora.rank > 0: the trainer merges W0 + (alpha/rank)·B·A and sends full weights
-    through the weight broadcast, instead of the adapter alone (the engine then runs without LoRA).
-    "auto" = true with vllm (its merged in-place updates hold generation far shorter than loading
-    the adapter through vLLM's LoRA API: BENCHMARKS.md "LoRA"), false with hf (its merge of the
-    received adapter is in place)."""
-    lm_head_fp32: Switch = Switch.auto
-    """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer,
-    so behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16).
-    "auto" = on with engine=vllm (vLLM's head_dtype=float32), off with hf; "true" | "false"."""
-    log_stats: bool = False
-    """vLLM: its own counters every 10 s in the rollout worker's log (requests running and waiting,
-    prompt and generation tokens/s, KV cache use), beside the worker's "generation:" line of what it
-    saw finish."""
 
 
 @dataclass

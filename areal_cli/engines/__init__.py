@@ -51,5 +51,5 @@ def spec(name: str) -> EngineSpec:
 
 
 def spanning() -> list[str]:
-    """The engines one of which can span several GPUs (``engine.tensor_parallel_size`` > 1)."""
+    """The engines one of which can span several GPUs (``engine.vllm.tensor_parallel_size`` > 1)."""
     return [n for n, s in engines().items() if s.tensor_parallel]

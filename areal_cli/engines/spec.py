@@ -26,7 +26,7 @@ class EngineSpec:
     """Builds its model from the checkpoint path itself (vllm.LLM, in its own workers); else it
     runs a torch model that its caller loads (HFEngine)."""
     tensor_parallel: bool
-    """One engine spans ``engine.tensor_parallel_size`` GPUs; else it takes one device."""
+    """One engine spans ``engine.vllm.tensor_parallel_size`` GPUs; else it takes one device."""
     fp32_logits: bool
     """``engine.lm_head_fp32=auto`` means on: the engine's logprobs come from a float32 head, so
     the trainer's must too."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from areal_cli.config.engine import moved_override_problems
 from areal_cli.config.ranges import check_ranges, drop_repeats
 from areal_cli.config.read import ConfigError, _schema_message
 from areal_cli.config.schema import EngineConfig, WorkflowConfig
@@ -64,8 +65,8 @@ class EvalRunConfig:
     gpus: list = field(default_factory=list)
     """GPU ids for data-parallel evaluation: the problems of every task are split into one
     contiguous shard per worker process, each process sees only its GPU(s) (CUDA_VISIBLE_DEVICES;
-    with engine=vllm engine.tensor_parallel_size GPUs each), and the samples are merged into one
-    eval.json. [] = one process on the default device."""
+    with engine=vllm engine.vllm.tensor_parallel_size GPUs each), and the samples are merged into
+    one eval.json. [] = one process on the default device."""
     workers: int = 0
     """Evaluation processes, one shard each; 0 = one per GPU of `gpus` (1 without gpus). More
     workers than GPUs share them round-robin; workers > 1 without gpus = processes on the default
@@ -144,14 +145,15 @@ class EvalRunConfig:
             out.append(f"gpus={gpus}: must be distinct GPU ids >= 0")
         tp = self.gpus_per_worker()
         if gpus and len(gpus) % tp:
-            out.append(f"gpus={gpus} with engine.tensor_parallel_size={tp}: give a multiple of "
-                       f"{tp} GPUs (each worker takes tensor_parallel_size of them)")
+            out.append(f"gpus={gpus} with engine.vllm.tensor_parallel_size={tp}: give a multiple "
+                       f"of {tp} GPUs (each worker takes tensor_parallel_size of them)")
         return out
 
     def gpus_per_worker(self) -> int:
         """GPUs of one worker process: vLLM's tensor-parallel size, else 1."""
         engine = engines().get(self.engine.name)
-        return max(1, self.engine.tensor_parallel_size) if engine and engine.tensor_parallel else 1
+        tp = self.engine.vllm.tensor_parallel_size
+        return max(1, tp) if engine and engine.tensor_parallel else 1
 
     def worker_count(self) -> int:
         """Data-parallel worker processes: ``workers``, else one per GPU slot, else 1."""
@@ -187,6 +189,8 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    if moved_override_problems(overrides):  # engine.max_model_len=...: the key's new place
+        raise ConfigError(moved_override_problems(overrides))
     rest, params = split_task_params(quote_choices(list(overrides), EvalRunConfig))
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):

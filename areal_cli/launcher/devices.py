@@ -36,45 +36,45 @@ def gpu_memory(gpus: list[int]) -> int:
 
 def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
     """Which GPUs generate and which train: generation takes the first rollout.workers ×
-    engine.tensor_parallel_size GPUs of the pool, the trainer the next trainer.ranks; one GPU is
-    shared (colocated); none = CPU. Raises ValueError when the counts do not add up."""
+    engine.vllm.tensor_parallel_size GPUs of the pool, the trainer the next trainer.ranks; one GPU
+    is shared (colocated); none = CPU. Raises ValueError when the counts do not add up."""
     avail = visible_gpus() if gpus is None else gpus
     pool = [int(g) for g in cfg.cluster.gpus] or avail
     missing = [g for g in pool + list(cfg.rollout.gpus) + list(cfg.trainer.gpus) if g not in avail]
     if missing:
         raise ValueError(f"GPU id(s) {missing} do not exist here (visible: {avail or 'none'}); "
                          "fix cluster.gpus / rollout.gpus / trainer.gpus")
-    w, tp, ranks = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
+    w, tp, ranks = cfg.rollout.workers, cfg.engine.vllm.tensor_parallel_size, cfg.trainer.ranks
     if not pool:  # the CPU (or Slurm, whose job script places the processes)
         return {"rollout": [], "trainer": []}
     if tp < 1 or tp > 1 and not spec(cfg.engine.name).tensor_parallel:
-        raise ValueError(f"engine.tensor_parallel_size={tp}: must be >= 1, and > 1 only with "
+        raise ValueError(f"engine.vllm.tensor_parallel_size={tp}: must be >= 1, and > 1 only with "
                          + " or ".join(f"engine={n}" for n in spanning()))
     if cfg.rollout.gpus or cfg.trainer.gpus:
         rollout = [int(g) for g in cfg.rollout.gpus] or pool[:w * tp if tp > 1 else 1]
         trainer = [int(g) for g in cfg.trainer.gpus] or pool[len(cfg.rollout.gpus):]
     elif len(pool) == 1:
         if tp > 1:
-            raise ValueError(f"engine.tensor_parallel_size={tp} needs {tp} GPUs per rollout worker "
-                             f"and cluster.gpus has one; lower it to 1 or give more GPUs")
+            raise ValueError(f"engine.vllm.tensor_parallel_size={tp} needs {tp} GPUs per rollout "
+                             f"worker and cluster.gpus has one; lower it to 1 or give more GPUs")
         rollout, trainer = pool, pool  # colocated
     else:
         n_gen = w * tp if tp > 1 else (w if w < len(pool) else len(pool) // 2)
         if n_gen >= len(pool):
-            raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} = {n_gen} "
-                             f"generation GPUs leave none of the {len(pool)} GPUs {pool} to train: "
-                             "lower rollout.workers or engine.tensor_parallel_size, or add GPUs to "
-                             "cluster.gpus")
+            raise ValueError(f"rollout.workers={w} × engine.vllm.tensor_parallel_size={tp} = "
+                             f"{n_gen} generation GPUs leave none of the {len(pool)} GPUs {pool} "
+                             "to train: lower rollout.workers or engine.vllm.tensor_parallel_size, "
+                             "or add GPUs to cluster.gpus")
         rollout, trainer = pool[:n_gen], pool[n_gen:]
     if tp > 1 and len(rollout) < w * tp:
-        raise ValueError(f"rollout.workers={w} × engine.tensor_parallel_size={tp} needs {w * tp} "
-                         f"generation GPUs; rollout.gpus has {len(rollout)} ({rollout}): give it "
-                         f"{w * tp} ids or lower rollout.workers")
+        raise ValueError(f"rollout.workers={w} × engine.vllm.tensor_parallel_size={tp} needs "
+                         f"{w * tp} generation GPUs; rollout.gpus has {len(rollout)} ({rollout}): "
+                         f"give it {w * tp} ids or lower rollout.workers")
     if ranks > len(trainer):
         raise ValueError(f"trainer.ranks={ranks} but only {len(trainer)} GPU(s) {trainer} are left "
                          f"to train (the first {len(rollout)} of {pool} generate): lower "
-                         "trainer.ranks, lower rollout.workers / engine.tensor_parallel_size, or "
-                         "add GPUs to cluster.gpus")
+                         "trainer.ranks, lower rollout.workers / "
+                         "engine.vllm.tensor_parallel_size, or add GPUs to cluster.gpus")
     used = {g for gs in worker_gpus(cfg, rollout) for g in gs} | set(trainer[:ranks])
     out = {"rollout": rollout[:w * tp] if tp > 1 else rollout, "trainer": trainer[:ranks]}
     idle = [g for g in dict.fromkeys(pool + rollout + trainer) if g not in used]
@@ -84,7 +84,7 @@ def device_map(cfg: RootConfig, gpus: list[int] | None = None) -> dict:
 def worker_gpus(cfg: RootConfig, rollout: list[int]) -> list[list[int]]:
     """Each rollout worker's GPUs: tensor_parallel_size consecutive ids of ``rollout``, or, at TP 1,
     one id each, round-robin (several workers may share a GPU); [] on the CPU."""
-    w, tp = cfg.rollout.workers, cfg.engine.tensor_parallel_size
+    w, tp = cfg.rollout.workers, cfg.engine.vllm.tensor_parallel_size
     if not rollout:
         return [[] for _ in range(w)]
     if tp > 1:

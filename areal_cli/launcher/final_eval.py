@@ -52,8 +52,9 @@ def evaluate_run(cfg: RootConfig, run_dir: Path, say=print, gpus: str | None = N
     # every step. vLLM starts without compilation and CUDA graphs for a small evaluation: its start
     # with them (~45 s, one GPU) outweighs the decode of a few thousand greedy tokens
     small = len(problems) * cfg.rollout.max_new_tokens <= EAGER_EVAL_TOKENS
-    engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0,
-                                 enforce_eager=cfg.engine.enforce_eager or small)
+    eager = cfg.engine.vllm.enforce_eager or small
+    vllm = dataclasses.replace(cfg.engine.vllm, enforce_eager=eager)
+    engine = dataclasses.replace(cfg.engine, kv_cache_tokens=0, vllm=vllm)
     options = dict(n_samples=1, temperature=0.0, max_new_tokens=cfg.rollout.max_new_tokens,
                    engine_cfg=engine, threads=usable_cores(), problems=problems)
     base_path = resolve_model(cfg.model)

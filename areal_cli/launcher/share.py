@@ -37,7 +37,8 @@ def choose_share(asked: RootConfig, cfg: RootConfig, placement: Placement,
             return cfg, placement  # fits beside it (or not known here, or nothing to gain)
     wide = dataclasses.replace(placement, gpu_memory_bytes=total - engine.asleep_bytes)
     asked = copy.deepcopy(asked)
-    asked.engine.staging = False  # no generation while an update arrives: nothing to stage behind
+    # no generation while an update arrives: nothing to stage behind
+    asked.engine.vllm.staging = False
     out = resolve(asked, wide)
     out.cluster.share = Share.alternate
     return out, wide

@@ -44,7 +44,7 @@ def slurm_layout(cfg: RootConfig) -> SlurmLayout:
 
 
 def _one_node(cfg: RootConfig) -> SlurmLayout:
-    g, tp = cfg.launcher.gpus_per_node, max(1, cfg.engine.tensor_parallel_size)
+    g, tp = cfg.launcher.gpus_per_node, max(1, cfg.engine.vllm.tensor_parallel_size)
     if g == 0:
         return SlurmLayout(1, (0, 1), (0, 1), cfg.rollout.workers, cfg.rollout.workers, 0,
                            cfg.trainer.ranks, 0)
@@ -55,13 +55,13 @@ def _one_node(cfg: RootConfig) -> SlurmLayout:
     gen_gpus = cfg.rollout.workers * tp if cfg.rollout.workers * tp < g else g // 2
     workers = gen_gpus // tp
     if workers < 1:
-        raise ValueError(f"engine.tensor_parallel_size={tp} leaves no GPU for training on a "
+        raise ValueError(f"engine.vllm.tensor_parallel_size={tp} leaves no GPU for training on a "
                          f"{g}-GPU node; lower it or use launcher.nodes=2")
     return SlurmLayout(1, (0, 1), (0, 1), workers, workers, tp, g - workers * tp, g - workers * tp)
 
 
 def _many_nodes(cfg: RootConfig) -> SlurmLayout:
-    lc, tp = cfg.launcher, max(1, cfg.engine.tensor_parallel_size)
+    lc, tp = cfg.launcher, max(1, cfg.engine.vllm.tensor_parallel_size)
     n_gen = lc.gen_nodes or lc.nodes // 2
     if not 1 <= n_gen < lc.nodes:
         raise ValueError(f"launcher.gen_nodes={lc.gen_nodes} with launcher.nodes={lc.nodes}: "
@@ -76,8 +76,9 @@ def _many_nodes(cfg: RootConfig) -> SlurmLayout:
                              "evenly")
         return SlurmLayout(lc.nodes, gen, train, w, w // n_gen, 0, r // n_train, 0)
     if lc.gpus_per_node % tp:
-        raise ValueError(f"engine.tensor_parallel_size={tp} does not divide launcher.gpus_per_node="
-                         f"{lc.gpus_per_node}: a rollout worker's GPUs stay on one node")
+        raise ValueError(f"engine.vllm.tensor_parallel_size={tp} does not divide "
+                         f"launcher.gpus_per_node={lc.gpus_per_node}: a rollout worker's GPUs "
+                         "stay on one node")
     per_node = lc.gpus_per_node // tp
     return SlurmLayout(lc.nodes, gen, train, per_node * n_gen, per_node, tp,
                        lc.gpus_per_node, lc.gpus_per_node)

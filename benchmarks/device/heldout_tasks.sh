@@ -27,7 +27,7 @@ one() {  # spec gpus: train, then base vs trained on the held-out split
        cluster.gpus=$gpus run_dir=/tmp/runs/$name trainer.steps=$STEPS
   python3 benchmarks/device/run_summary.py /tmp/runs/$name 2 > $OUT/${name}_run.json 2>&1
   step eval_$name 200 python3 -m areal_cli.cli eval models=[$MODEL,/tmp/runs/$name] $args size=200 \
-       max_new_tokens=128 engine=vllm engine.enforce_eager=true gpus=$gpus max_concurrent=256 \
+       max_new_tokens=128 engine=vllm engine.vllm.enforce_eager=true gpus=$gpus max_concurrent=256 \
        out_dir=/tmp/runs/eval_$name
   mkdir -p $OUT/$name; cp /tmp/runs/eval_$name/eval.md /tmp/runs/eval_$name/eval.json $OUT/$name/ 2>/dev/null
   cp /tmp/runs/$name/splits.json /tmp/runs/$name/config.yaml $OUT/$name/ 2>/dev/null

@@ -38,11 +38,11 @@
 #   update7b carry .models/b          build7, then benchmarks/device/vllm_update.py: raw NCCL vs the in-place path into
 #                                     a real vLLM engine (GPU 1) for the 7B bytes, pause while generating, logits check
 #   update7btp2 carry .models/b       the same with the engine at tensor_parallel_size=2 (GPUs 1, 2): needs 3 GPUs;
-#                                     STAGED_TP=1: engine.staged_tp (received behind generation at TP 2);
-#                                     PAUSE_MODE=keep: engine.pause_mode=keep (no abort and resubmit in the pause)
+#                                     STAGED_TP=1: engine.vllm.staged_tp (received behind generation at TP 2);
+#                                     PAUSE_MODE=keep: engine.vllm.pause_mode=keep (no abort and resubmit in the pause)
 #   update7bdp2 carry .models/b       the same with two vLLM workers at TP 1 (GPUs 1, 2; data parallel) updated by one
 #                                     broadcast: needs 3 GPUs; raw NCCL from GPU 0 to both in the same call;
-#                                     UNSTAGED=1: engine.staging=false (every update received in the pause);
+#                                     UNSTAGED=1: engine.vllm.staging=false (every update received in the pause);
 #                                     NORMAL_PRIO=1: weights.high_priority=false (streams of normal priority)
 #   inplace11 carry nothing new       SIZE=1.5b|7b: `areal train` with 1 vLLM worker (GPU 0) + 1 trainer rank (GPU 1),
 #                                     engine.weight_update=inplace, long-tail lengths <= 2048: update and pause figures
@@ -147,7 +147,7 @@ lora7() {  # PHASE MERGE STEPS LIMIT [OVERRIDES...]: the 7B layout with LoRA, 1 
   [ -n "${R7:-}" ] && run=${run/model=$R\/qwen2.5-7b /model=$R7 }
   sized ${ph}_$((len / 1024))k "$t" 1 $run rollout.workers=1 trainer.ranks=1 trainer.lora.rank=${RANK:-16} \
       engine.lora_merge=$merge rollout.length_profile=fixed rollout.max_new_tokens=$len \
-      engine.max_model_len=$((len + 1024)) trainer.batch_size=2 rollout.group_size=4 trainer.steps=$n "$@"
+      engine.vllm.max_model_len=$((len + 1024)) trainer.batch_size=2 rollout.group_size=4 trainer.steps=$n "$@"
 }
 
 # the 7B layout on 4 GPUs (generation takes the first GPUs, the trainer the rest); activation checkpointing
@@ -157,7 +157,7 @@ RUN7="model=$R/qwen2.5-7b engine=vllm cluster.gpus=[0,1,2,3] task=arithmetic_lon
       engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600
       launcher.startup_timeout_s=900 eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-}"
 # tp2 and dp2: one workload, 16 samples per step, long-tail lengths up to 4096 tokens
-LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.max_model_len=5120
+LONGTAIL="rollout.length_profile=arithmetic_long rollout.max_new_tokens=4096 engine.vllm.max_model_len=5120
           trainer.batch_size=4 rollout.group_size=4 trainer.steps=${STEPS:-6}"
 
 case $phase in
@@ -177,7 +177,7 @@ case $phase in
     ckpt qwen2.5-$size-instruct qwen2.5-$size || exit 1
     fit=""; [ "$size" = 7b ] && fit="trainer.optim_state=bfloat16"
     sized inplace11_$size 540 1 model=$R/qwen2.5-$size engine=vllm cluster.gpus=[0,1] rollout.workers=1 trainer.ranks=1 \
-        task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=2048 engine.max_model_len=3072 \
+        task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=2048 engine.vllm.max_model_len=3072 \
         trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-8} trainer.packing=true \
         trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 engine.gpu_memory_utilization=0.55 \
         engine.weight_update=inplace rollout.max_concurrent=0 launcher.peer_timeout_s=600 launcher.startup_timeout_s=900 \
@@ -196,21 +196,21 @@ case $phase in
     fit=""; [ "$mib" -lt 102400 ] && fit="trainer.optim_state=bfloat16"
     echo "card memory ${mib} MiB; trainer memory option: ${fit:-none (fp32 AdamW moments)}" | tee -a $S
     sized train7b_8k 560 1 $RUN7 $fit rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
-        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
+        rollout.max_new_tokens=8192 engine.vllm.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
         trainer.steps=${STEPS:-10} ;;
   train7b)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized train7b_8k 560 1 $RUN7 rollout.workers=2 trainer.ranks=2 rollout.length_profile=fixed \
-        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
+        rollout.max_new_tokens=8192 engine.vllm.max_model_len=9216 trainer.batch_size=2 rollout.group_size=4 \
         trainer.steps=${STEPS:-10} ;;
   train7b31)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized train7b31_8k 560 1 $RUN7 rollout.workers=1 trainer.ranks=3 rollout.length_profile=fixed \
-        rollout.max_new_tokens=8192 engine.max_model_len=9216 trainer.batch_size=${B:-3} rollout.group_size=4 \
+        rollout.max_new_tokens=8192 engine.vllm.max_model_len=9216 trainer.batch_size=${B:-3} rollout.group_size=4 \
         trainer.steps=${STEPS:-10} ;;
   tp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
-    sized tp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 ;;
+    sized tp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.vllm.tensor_parallel_size=2 ;;
   dp2)
     ckpt qwen2.5-7b-instruct qwen2.5-7b || exit 1
     sized dp2_7b 560 1 $RUN7 $LONGTAIL rollout.workers=2 trainer.ranks=2 ;;
@@ -220,12 +220,12 @@ case $phase in
         trainer.packing=true trainer.activation_checkpointing=true trainer.micro_batch_tokens=16384 \
         engine.gpu_memory_utilization=0.75 rollout.max_concurrent=0 launcher.peer_timeout_s=600 \
         launcher.startup_timeout_s=900 rollout.length_profile=fixed rollout.max_new_tokens=2048 \
-        engine.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
+        engine.vllm.max_model_len=3072 trainer.batch_size=8 rollout.group_size=8 trainer.steps=${STEPS:-6} \
         eval.at_end=false trainer.skip_zero_advantage=false ${EXTRA:-} ;;
   layouts15)  # tp2 then dp2 at the 1.5B size (quicker to build), 5 steps each
     ckpt qwen2.5-1.5b-instruct qwen2.5-1.5b || exit 1
     RUN15=${RUN7/qwen2.5-7b/qwen2.5-1.5b}
-    sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.tensor_parallel_size=2 trainer.steps=5
+    sized tp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=1 trainer.ranks=2 engine.vllm.tensor_parallel_size=2 trainer.steps=5
     sized dp2_1.5b 240 1 $RUN15 $LONGTAIL rollout.workers=2 trainer.ranks=2 trainer.steps=5 ;;
   bench|bench7|bench2)  # 2 + 2 GPUs; bench7: the 7B checkpoint (trainer.optim_state=bfloat16 on cards under
     # 100 GiB); bench2: 1.5B on 2 GPUs (1 + 1), 8 groups per step
@@ -250,10 +250,10 @@ case $phase in
     step bench_$size ${BENCH_LIMIT:-560} env TORCH_LOGS=recompiles python3 -m areal_cli.cli bench sync-vs-async run_dir=/tmp/runs/bench_$size \
         model=$R/qwen2.5-$size engine=vllm $layout \
         task=arithmetic_long rollout.length_profile=arithmetic_long rollout.max_new_tokens=$M \
-        engine.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
-        engine.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.pause_mode=keep trainer.packing=true \
+        engine.vllm.max_model_len=$((M + 1024)) rollout.group_size=8 rollout.max_concurrent=0 \
+        engine.vllm.max_num_seqs=1024 engine.gpu_memory_utilization=0.7 engine.vllm.pause_mode=keep trainer.packing=true \
         trainer.micro_batch_tokens=32768 trainer.steps=${STEPS:-32} bench.warmup=2 bench.eta=4 bench.heldout=false \
-        trainer.skip_zero_advantage=false engine.log_stats=true $fit ${EXTRA:-}
+        trainer.skip_zero_advantage=false engine.vllm.log_stats=true $fit ${EXTRA:-}
     kill $smi $cpuw 2>/dev/null
     cp /tmp/runs/bench_$size/bench.json /tmp/runs/bench_$size/*.png "$OUT"/ 2>/dev/null
     python3 - "$OUT/bench.json" <<'PY' | tee -a $S

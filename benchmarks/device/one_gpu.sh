@@ -75,7 +75,7 @@ case $phase in
     esac
     TAIL=30 step seven_${MODE:-lora} ${LIMIT:-560} python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
         engine=vllm trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
-        rollout.length_profile=arithmetic_long rollout.max_new_tokens=1024 engine.max_model_len=2048 \
+        rollout.length_profile=arithmetic_long rollout.max_new_tokens=1024 engine.vllm.max_model_len=2048 \
         trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 $M run_dir=/tmp/runs/seven_${MODE:-lora} ${EXTRA:-}
     kill $smi 2>/dev/null
     python3 - $OUT/seven_${MODE:-lora}_apps.csv <<'PY' | tee -a $S
@@ -103,7 +103,7 @@ PY
     TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
         engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} \
         trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
-        rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.max_model_len=1024 \
+        rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 \
         trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/$RUN ${EXTRA:-}
     grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
     python3 - /tmp/runs/$RUN <<'PY' | tee -a $S
@@ -203,7 +203,7 @@ for x in r.get('rows', r if isinstance(r, list) else []):
     TAIL=40 step bench15_${MODES:-sync} ${LIMIT:-570} python3 -m areal_cli.cli bench sync-vs-async \
         run_dir=/tmp/bench15 model=$R engine=vllm cluster.gpus=[0] trainer.batch_size=8 \
         rollout.group_size=8 task=arithmetic_long rollout.length_profile=arithmetic_long \
-        rollout.max_new_tokens=2048 engine.max_model_len=3072 rollout.max_concurrent=0 trainer.steps=32 \
+        rollout.max_new_tokens=2048 engine.vllm.max_model_len=3072 rollout.max_concurrent=0 trainer.steps=32 \
         bench.warmup=2 bench.eta=4 bench.heldout=false bench.modes=${MODES:-sync} \
         trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 ${EXTRA:-}
     kill $smi 2>/dev/null

@@ -41,7 +41,7 @@ PY
 SHORT="task=basic_arithmetic trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=128 rollout.max_concurrent=0
        trainer.micro_batch_tokens=16384 trainer.packing=true launcher.peer_timeout_s=300 task.eval_size=200"
 LONG="task=arithmetic_long trainer.batch_size=32 rollout.group_size=8 rollout.max_new_tokens=512 rollout.max_concurrent=0
-      trainer.micro_batch_tokens=32768 trainer.packing=true launcher.peer_timeout_s=300 eval.size=200 engine.max_num_seqs=1024"
+      trainer.micro_batch_tokens=32768 trainer.packing=true launcher.peer_timeout_s=300 eval.size=200 engine.vllm.max_num_seqs=1024"
 
 if [ "$phase" = main ]; then
   ( step weight_broadcast 110 env CUDA_VISIBLE_DEVICES=2,3 python3 benchmarks/weight_broadcast.py --models 1.5b 135m \
@@ -54,7 +54,7 @@ if [ "$phase" = main ]; then
         run_dir=/tmp/runs/vllm100 trainer.steps=100
     summ vllm100
     step eval 200 python3 -m areal_cli.cli eval models=[$MODEL,/tmp/runs/vllm100/checkpoints/final] task=basic_arithmetic \
-        task.eval_size=200 size=200 max_new_tokens=128 engine=vllm engine.enforce_eager=true gpus=[0,1] \
+        task.eval_size=200 size=200 max_new_tokens=128 engine=vllm engine.vllm.enforce_eager=true gpus=[0,1] \
         max_concurrent=256 out_dir=/tmp/runs/eval100 \
       || step heldout_after 60 python3 benchmarks/device/heldout.py /tmp/runs/vllm100/checkpoints/final task.eval_size=200 eval.size=200 rollout.max_new_tokens=128
     cp /tmp/runs/eval100/eval.md /tmp/runs/eval100/eval.json $OUT/ 2>/dev/null ) &
@@ -78,15 +78,15 @@ bench() {  # name gpus extra...
        run_dir=/tmp/runs/$name trainer.steps=${STEPS:-20} bench.warmup=3 bench.eta=4 "$@"
   mkdir -p $OUT/$name; cp /tmp/runs/$name/bench.json /tmp/runs/$name/*.png $OUT/$name/ 2>/dev/null; }
 if [ "$phase" = bench2 ]; then
-  ( bench bench2_reload_abort [0,1] engine.weight_update=reload engine.pause_mode=abort ) &
+  ( bench bench2_reload_abort [0,1] engine.weight_update=reload engine.vllm.pause_mode=abort ) &
   W=$(test -f /tmp/inplace_ok && echo inplace || echo reload)
-  bench bench2_${W}_keep [2,3] engine.weight_update=$W engine.pause_mode=keep
+  bench bench2_${W}_keep [2,3] engine.weight_update=$W engine.vllm.pause_mode=keep
   wait
   (cd /tmp && tar czf $OUT/bench2.tgz --exclude=checkpoints runs/bench2_* s3logs/bench2) 2>/dev/null
 fi
 if [ "$phase" = bench4 ]; then
   W=$(test -f /tmp/inplace_ok && echo inplace || echo reload)
-  bench bench4 [0,1,2,3] engine.weight_update=$W engine.pause_mode=${PAUSE:-keep} rollout.workers=${GEN:-2} \
+  bench bench4 [0,1,2,3] engine.weight_update=$W engine.vllm.pause_mode=${PAUSE:-keep} rollout.workers=${GEN:-2} \
         trainer.ranks=${TRAIN:-2} rollout.gpus=${RGPUS:-[0,1]} trainer.gpus=${TGPUS:-[2,3]}
   tar czf $OUT/bench4.tgz --exclude=checkpoints -C /tmp runs/bench4 s3logs/bench4 2>/dev/null
 fi

@@ -113,7 +113,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.gpu_memory_utilization = "vllm", 0.5
-    cfg.engine.weight_update, cfg.engine.pause_mode = args.weight_update, args.pause_mode
+    cfg.engine.weight_update, cfg.engine.vllm.pause_mode = args.weight_update, args.pause_mode
     cfg.engine.lm_head_fp32, cfg.engine.dtype = args.lm_head_fp32, args.dtype
     # one engine: weight group ranks 0 and 1
     cfg.rollout.workers, cfg.launcher.peer_timeout_s = 1, 600

@@ -151,19 +151,18 @@ def rollout(args, ports: dict, stores: str, barrier, q, index: int = 0) -> None:
     torch.cuda.empty_cache()
     cfg = RootConfig()
     cfg.engine.name, cfg.engine.weight_update = "vllm", "inplace"
-    cfg.engine.gpu_memory_utilization, cfg.engine.max_model_len = (args.gpu_memory_utilization,
-                                                                   args.prompt + args.max_new + 64)
-    cfg.engine.max_num_seqs, cfg.engine.tensor_parallel_size = max(args.seqs, 16), args.tp
-    cfg.engine.pause_mode, cfg.engine.staged_tp, cfg.engine.staging = (args.pause_mode,
-                                                                       args.staged_tp,
-                                                                       not args.unstaged)
+    v = cfg.engine.vllm
+    cfg.engine.gpu_memory_utilization = args.gpu_memory_utilization
+    v.max_model_len = args.prompt + args.max_new + 64
+    v.max_num_seqs, v.tensor_parallel_size = max(args.seqs, 16), args.tp
+    v.pause_mode, v.staged_tp, v.staging = args.pause_mode, args.staged_tp, not args.unstaged
     cfg.weights.high_priority = not args.normal_priority
     cfg.engine = resolve_engine(cfg.engine, args.checkpoint)
     cfg.weights.dtype, cfg.weights.bucket_mb = "bfloat16", args.bucket_mb
     cfg.weights.backend, cfg.weights.staged = "nccl", "true"
     cfg.launcher.peer_timeout_s, cfg.rollout.workers = 300, args.engines
     setup = EngineSetup(cfg.engine, args.checkpoint, 0, Sampling(1.0), args.seqs,
-                        cfg.engine.max_model_len,
+                        cfg.engine.vllm.max_model_len,
                         index=index,
                         weights=WeightSource(cfg, "127.0.0.1", ports["weights"],
                                              f"{stores}/weights"))
@@ -266,14 +265,14 @@ def main() -> None:
     ap.add_argument("--max-new", type=int, default=4096)
     ap.add_argument("--between-s", type=float, default=2.0)
     ap.add_argument("--pause-mode", default="abort", choices=["abort", "keep"],
-                    help="engine.pause_mode")
+                    help="engine.vllm.pause_mode")
     ap.add_argument("--unstaged", action="store_true",
-                    help="engine.staging=false: every update received in the pause")
+                    help="engine.vllm.staging=false: every update received in the pause")
     ap.add_argument("--normal-priority", action="store_true",
                     help="weights.high_priority=false: the broadcast and the receive's copies on "
                          "streams of normal priority")
     ap.add_argument("--staged-tp", action="store_true",
-                    help="engine.staged_tp: at TP > 1 receive behind generation")
+                    help="engine.vllm.staged_tp: at TP > 1 receive behind generation")
     ap.add_argument("--bucket-mb", type=int, default=1024)
     ap.add_argument("--gpu-memory-utilization", type=float, default=0.55)
     ap.add_argument("--stacks-after-s", type=float, default=300,

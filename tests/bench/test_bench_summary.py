@@ -29,7 +29,8 @@ CPU_ALONE = {"generated_tokens_per_s": 100.0, "scale": 1, "gpus_per_worker": 0}
 TOKENS = 100  # trained tokens per step
 LENGTHS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # num_tokens of the 10 samples of a step
 MAX_NEW = 100
-CFG = SimpleNamespace(engine=SimpleNamespace(name="hf", tensor_parallel_size=1),
+CFG = SimpleNamespace(engine=SimpleNamespace(name="hf",
+                                           vllm=SimpleNamespace(tensor_parallel_size=1)),
                       model="/models/tiny-smollm2",
                       task=SimpleNamespace(name="basic_arithmetic"),
                       trainer=SimpleNamespace(steps=5, batch_size=2, ranks=2),

@@ -80,7 +80,7 @@ def test_plans_for_gpu_ids_resolve_for_gpus_without_one(tiny_model, tmp_path):
     vllm = make_plan(compose([*base, "engine=vllm"]), gpus=[0, 1]).cfg
     # a Llama at TP 1
     assert (vllm.engine.lm_head_fp32, vllm.engine.weight_update) == ("true", "inplace")
-    tp2 = make_plan(compose([*base, "engine=vllm", "engine.tensor_parallel_size=2"]),
+    tp2 = make_plan(compose([*base, "engine=vllm", "engine.vllm.tensor_parallel_size=2"]),
                     gpus=[0, 1, 2]).cfg
     # any TP: each rank's weight loaders keep its slice
     assert tp2.engine.weight_update == "inplace"

@@ -1,6 +1,6 @@
 """Every config key written in README.md and the guides (``rollout.max_staleness``,
-``engine.pause_mode=keep``, in prose, tables and code blocks) is a key of the schema: a renamed or
-removed key fails here even where no runnable block uses it. File names such as ``eval.json`` are
+``engine.vllm.pause_mode=keep``, in prose, tables and code blocks) is a key of the schema: a renamed
+or removed key fails here even where no runnable block uses it. File names such as ``eval.json`` are
 not keys; the benchmark history is a record and is not checked."""
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from areal_cli.engines.base import Sequence
 
 
 def _engine(path, **kw):
-    """The paged loop (transformers' continuous batching: the GPU's, and engine.cpu_batching=paged);
-    the slot loop's edges: test_slots.py."""
+    """The paged loop (transformers' continuous batching: the GPU's, and
+    engine.hf.cpu_batching=paged); the slot loop's edges: test_slots.py."""
     return hf_engine(path, cpu_batching="paged", **kw)
 
 

@@ -208,7 +208,7 @@ def test_llm_kwargs_ask_for_processed_logprobs_and_nccl_transfer():
     assert "disable_log_stats" not in kw  # vllm.LLM's default: no stats
     # Sequence.grammar is llguidance's Lark: vLLM's guidance backend compiles it
     assert kw["structured_outputs_config"] == {"backend": "guidance"}
-    cfg.engine.log_stats = True
+    cfg.engine.vllm.log_stats = True
     assert llm_kwargs(cfg.engine, cfg.seed, 1)["disable_log_stats"] is False
     assert "enable_sleep_mode" not in llm_kwargs(cfg.engine, cfg.seed, 1)
     assert llm_kwargs(cfg.engine, cfg.seed, 1, sleep_mode=True)["enable_sleep_mode"] is True
@@ -263,8 +263,8 @@ def _gpu_vllm() -> str:
 def test_real_vllm_generates_with_logprobs(tiny_model):
     cfg = RootConfig()
     cfg.engine.name = "vllm"
-    cfg.engine.enforce_eager, cfg.engine.gpu_memory_utilization = True, 0.2
-    cfg.engine.max_model_len = 512
+    cfg.engine.vllm.enforce_eager, cfg.engine.gpu_memory_utilization = True, 0.2
+    cfg.engine.vllm.max_model_len = 512
     cfg.engine = resolve_engine(cfg.engine, updates=False)
     from areal_cli.engines.base import EngineSetup, Sampling
     from areal_cli.engines.factory import make_engine

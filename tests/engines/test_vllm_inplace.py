@@ -193,7 +193,7 @@ def test_tensor_parallel_ranks_stage_only_with_staged_tp():
     assert staging_choice(1, {"staging": False}, fits)[0] is False
     staged, why = staging_choice(2, {"staging": True}, fits)
     # the default at TP > 1: received in the pause
-    assert not staged and "engine.staged_tp=false" in why
+    assert not staged and "engine.vllm.staged_tp=false" in why
     assert staging_choice(2, {"staging": True, "staged_tp": True}, fits) == (True, "fits")
     # memory still decides
     assert staging_choice(4, {"staging": True, "staged_tp": True}, short)[0] is False

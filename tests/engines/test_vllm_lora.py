@@ -90,9 +90,9 @@ def test_real_vllm_adapter_updates_are_loaded_and_verified(tiny_model, monkeypat
 
     cfg = resolve(compose(["engine=vllm", "trainer.lora.rank=8", "trainer.lora.alpha=16",
                            "engine.lora_merge=false",
-                           "weights.backend=gloo", "engine.enforce_eager=true",
+                           "weights.backend=gloo", "engine.vllm.enforce_eager=true",
                            "engine.gpu_memory_utilization=0.2",
-                           "engine.max_model_len=512", "launcher.peer_timeout_s=120"]),
+                           "engine.vllm.max_model_len=512", "launcher.peer_timeout_s=120"]),
                   # as the launcher resolves it: no "auto" left
                   Placement(model_path=Path(tiny_model)))
     trainer = lora.inject(AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32),

@@ -118,7 +118,7 @@ def test_gpus_that_are_not_visible_are_a_user_error():
 @pytest.mark.parametrize("args, message", [
     (["gpus=[0,0]"], "distinct GPU ids"),
     (["workers=-1"], "workers=-1"),
-    (["engine=vllm", "engine.tensor_parallel_size=2", "gpus=[0,1,2]"], "multiple of 2 GPUs"),
+    (["engine=vllm", "engine.vllm.tensor_parallel_size=2", "gpus=[0,1,2]"], "multiple of 2 GPUs"),
 ])
 def test_bad_data_parallel_settings(args, message):
     from areal_cli.eval.config import compose_eval
@@ -131,7 +131,7 @@ def test_bad_data_parallel_settings(args, message):
 def test_worker_gpus_follow_tensor_parallel_size():
     from areal_cli.eval.config import compose_eval
 
-    cfg = compose_eval(["engine=vllm", "engine.tensor_parallel_size=2", "gpus=[0,1,2,3]"])[0]
+    cfg = compose_eval(["engine=vllm", "engine.vllm.tensor_parallel_size=2", "gpus=[0,1,2,3]"])[0]
     assert cfg.worker_count() == 2 and [cfg.worker_gpus(k) for k in (0, 1)] == [[0, 1], [2, 3]]
     cfg = compose_eval(["gpus=[4,5]", "workers=3"])[0]
     assert [cfg.worker_gpus(k) for k in range(3)] == [[4], [5], [4]]

@@ -51,7 +51,7 @@ def test_vllm_sleeps_while_the_trainer_steps_with_cluster_share_alternate(tmp_pa
     proc = run_train(run, *SHORT, "engine=vllm", "cluster.share=alternate", timeout=900)
     assert "alternate: vllm sleeps while the trainer steps" in proc.stdout
     cfg = yaml.safe_load(RunDir(run).config.read_text())
-    assert cfg["cluster"]["share"] == "alternate" and cfg["engine"]["staging"] is False
+    assert cfg["cluster"]["share"] == "alternate" and cfg["engine"]["vllm"]["staging"] is False
     updates = read_jsonl(RunDir(run).weight_updates)
     metrics = {m["version"]: m for m in read_jsonl(RunDir(run).metrics)}
     assert len(updates) >= 3

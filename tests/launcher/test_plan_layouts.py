@@ -27,7 +27,7 @@ def env_of(p, name):
 
 def test_one_tp2_vllm_worker_and_two_trainer_ranks_on_four_gpus(tiny_model, tmp_path):
     p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "cluster.gpus=[0,1,2,3]",
-             "engine.tensor_parallel_size=2", "rollout.workers=1", "trainer.ranks=2")
+             "engine.vllm.tensor_parallel_size=2", "rollout.workers=1", "trainer.ranks=2")
     assert p.devices == {"rollout": [0, 1], "trainer": [2, 3]}
     assert env_of(p, "rollout-0") == "0,1" and env_of(p, "trainer") == "2,3"
     assert p.cfg.engine.weight_update == "inplace"  # each TP rank's weight loaders keep its slice
@@ -47,8 +47,8 @@ def test_two_tp1_workers_each_get_a_gpu_and_ranks_in_one_group(tiny_model, tmp_p
 
 
 def test_two_tp2_workers_leave_the_trainer_the_rest(tiny_model, tmp_path):
-    p = plan(tiny_model, tmp_path, list(range(8)), "engine=vllm", "engine.tensor_parallel_size=2",
-             "rollout.workers=2", "trainer.ranks=4")
+    p = plan(tiny_model, tmp_path, list(range(8)), "engine=vllm",
+             "engine.vllm.tensor_parallel_size=2", "rollout.workers=2", "trainer.ranks=4")
     assert p.devices == {"rollout": [0, 1, 2, 3], "trainer": [4, 5, 6, 7]}
     assert [env_of(p, "rollout-0"), env_of(p, "rollout-1")] == ["0,1", "2,3"]
     assert "one NCCL group of 5 ranks" in p.describe() and "rollout-1: ranks 3..4" in p.describe()
@@ -74,18 +74,19 @@ def test_gpus_no_process_uses_are_shown_idle(tiny_model, tmp_path):
 def test_explicit_gpu_lists_with_tensor_parallel_workers(tiny_model, tmp_path):
     p = plan(tiny_model, tmp_path, [0, 1, 2, 3], "engine=vllm", "rollout.gpus=[2,3]",
              "trainer.gpus=[0]",
-             "engine.tensor_parallel_size=2")
+             "engine.vllm.tensor_parallel_size=2")
     assert p.devices == {"rollout": [2, 3], "trainer": [0], "idle": [1]}
     assert env_of(p, "rollout-0") == "2,3"
 
 
 @pytest.mark.parametrize("overrides,fix", [
-    (["engine.tensor_parallel_size=2", "rollout.workers=2"], "leave none of the 4 GPUs"),
-    (["engine.tensor_parallel_size=2", "trainer.ranks=4"], "trainer.ranks=4 but only 2 GPU(s)"),
-    (["engine.tensor_parallel_size=2", "rollout.gpus=[0,1]", "rollout.workers=2",
+    (["engine.vllm.tensor_parallel_size=2", "rollout.workers=2"], "leave none of the 4 GPUs"),
+    (["engine.vllm.tensor_parallel_size=2", "trainer.ranks=4"],
+     "trainer.ranks=4 but only 2 GPU(s)"),
+    (["engine.vllm.tensor_parallel_size=2", "rollout.gpus=[0,1]", "rollout.workers=2",
       "trainer.gpus=[2,3]"],
      "needs 4 generation GPUs; rollout.gpus has 2"),
-    (["engine=hf", "engine.tensor_parallel_size=2"], "only with engine=vllm"),
+    (["engine=hf", "engine.vllm.tensor_parallel_size=2"], "only with engine=vllm"),
 ])
 def test_layouts_that_do_not_add_up_name_the_fix(overrides, fix):
     cfg = compose(["engine=vllm", "cluster.gpus=[0,1,2,3]", *overrides])
@@ -94,7 +95,7 @@ def test_layouts_that_do_not_add_up_name_the_fix(overrides, fix):
 
 
 def test_one_gpu_cannot_hold_a_tp2_worker():
-    cfg = compose(["engine=vllm", "engine.tensor_parallel_size=2", "cluster.gpus=[0]"])
+    cfg = compose(["engine=vllm", "engine.vllm.tensor_parallel_size=2", "cluster.gpus=[0]"])
     with pytest.raises(ValueError, match="needs 2 GPUs per rollout worker"):
         device_map(cfg, gpus=[0])
 
@@ -107,7 +108,7 @@ def test_tp2_layout_exits_2_at_the_cli_when_it_does_not_fit(tmp_path):
 
     proc = subprocess.run(AREAL
                           + ["train", "engine=vllm", "cluster.gpus=[0,1,2,3]",
-                             "engine.tensor_parallel_size=2",
+                             "engine.vllm.tensor_parallel_size=2",
                                    "--dry-run"], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert proc.returncode == 2 and "do not exist here" in proc.stderr

@@ -62,7 +62,7 @@ def test_two_nodes_of_eight_gpus(tmp_path):
 
 def test_four_nodes_three_train(tmp_path):
     cfg = _cfg(tmp_path, "launcher.nodes=4", "launcher.gen_nodes=1", "launcher.gpus_per_node=8",
-               "trainer.batch_size=6", "engine.tensor_parallel_size=2")
+               "trainer.batch_size=6", "engine.vllm.tensor_parallel_size=2")
     _, script, _ = build(cfg)
     # 1 generation node / tp 2 = 4 workers; 3 training nodes × 8 GPUs = 24 ranks; 6×4 = 24 samples
     assert (cfg.rollout.workers, cfg.trainer.ranks) == (4, 24)
@@ -81,7 +81,7 @@ def test_one_cpu_node(tmp_path):
 @pytest.mark.parametrize("overrides, fix", [
     (["launcher.nodes=1", "launcher.gpus_per_node=1"], "launcher=local"),
     (["launcher.nodes=2", "launcher.gen_nodes=2"], "choose 1..1 generation nodes"),
-    (["launcher.nodes=2", "launcher.gpus_per_node=8", "engine.tensor_parallel_size=3"],
+    (["launcher.nodes=2", "launcher.gpus_per_node=8", "engine.vllm.tensor_parallel_size=3"],
      "does not divide"),
     (["launcher.nodes=3", "launcher.gen_nodes=1", "launcher.gpus_per_node=8",
       "trainer.batch_size=3"],

@@ -39,7 +39,7 @@ def test_forms_of_a_packed_gpu_run_cover_rows_and_segment_offsets(tiny_model):
         assert (x.cu_seqlens is not None) == (form.name == "segment offsets")
         assert x.ids.shape[0] == (2 if form.name == "packed rows" else 1)
     # responses of at most 512 tokens never exceed a packed row: no segment offsets to compile for
-    runner.cfg.rollout.max_new_tokens, runner.cfg.engine.max_model_len = 512, 1536
+    runner.cfg.rollout.max_new_tokens, runner.cfg.engine.vllm.max_model_len = 512, 1536
     assert "segment offsets" not in [f.name for f in input_forms(runner, PACKED_ROW_TOKENS_CUDA)]
 
 

@@ -1,5 +1,5 @@
 """The embedded engine: transformers continuous batching (paged KV cache), on a GPU and with
-engine.cpu_batching=paged (the CPU's default is the slot loop, slots.py; select.py chooses).
+engine.hf.cpu_batching=paged (the CPU's default is the slot loop, slots.py; select.py chooses).
 
 Interruptible: on a weight update the generation loop is paused at a step boundary, the
 weights are loaded in place, every unfinished request is cancelled (its KV was computed

@@ -1,5 +1,5 @@
 """The grammar masks (grammar.py) as a logits processor of transformers' continuous batching: the
-paged path of the hf engine (a GPU, or engine.cpu_batching=paged).
+paged path of the hf engine (a GPU, or engine.hf.cpu_batching=paged).
 
 Before each step the batch's requests are prepared (``prepare_tensor_args``): each request with a
 grammar catches its matcher up with the tokens it has (the engine's sequence up to its segment, then

@@ -1,5 +1,5 @@
 """engine=hf: the slot loop on the CPU (slots.py), transformers' continuous batching (engine.py) on
-a GPU, with engine.cpu_batching=paged, or for a model the slot loop does not fit."""
+a GPU, with engine.hf.cpu_batching=paged, or for a model the slot loop does not fit."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ __all__ = ["ENGINE", "make_sender"]
 
 
 def uses_slots(setup: EngineSetup) -> bool:
-    """The slot loop decodes: a CPU device, engine.cpu_batching=slots and a model it fits."""
+    """The slot loop decodes: a CPU device, engine.hf.cpu_batching=slots and a model it fits."""
     from transformers import AutoConfig
 
-    if engine_device(setup.device).type != "cpu" or str(setup.engine.cpu_batching) != "slots":
+    if engine_device(setup.device).type != "cpu" or str(setup.engine.hf.cpu_batching) != "slots":
         return False
     return slots_fit(AutoConfig.from_pretrained(setup.model_path))
 

@@ -36,8 +36,8 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
                          "(areal_cli.config.resolve)")
     kw = dict(dtype=str(e.dtype), seed=seed * 1000 + index,
               gpu_memory_utilization=e.gpu_memory_utilization,
-              tensor_parallel_size=e.tensor_parallel_size,
-              enforce_eager=e.enforce_eager, logprobs_mode="processed_logprobs",
+              tensor_parallel_size=e.vllm.tensor_parallel_size,
+              enforce_eager=e.vllm.enforce_eager, logprobs_mode="processed_logprobs",
               enable_prefix_caching=True)
     if lora_rank > 0:
         kw.update(enable_lora=True, max_lora_rank=vllm_lora_rank(lora_rank), max_loras=1)
@@ -49,11 +49,11 @@ def llm_kwargs(e: EngineConfig, seed: int, index: int, lora_rank: int = 0,
         kw["hf_overrides"] = {"head_dtype": "float32"}
     # a request's grammar (Sequence.grammar) is Lark of llguidance: vLLM's guidance backend
     kw["structured_outputs_config"] = dict(backend="guidance")
-    if e.max_num_seqs:
-        kw["max_num_seqs"] = e.max_num_seqs
-    if e.max_model_len:
-        kw["max_model_len"] = e.max_model_len
-    if e.log_stats:
+    if e.vllm.max_num_seqs:
+        kw["max_num_seqs"] = e.vllm.max_num_seqs
+    if e.vllm.max_model_len:
+        kw["max_model_len"] = e.vllm.max_model_len
+    if e.vllm.log_stats:
         kw["disable_log_stats"] = False
     if sleep_mode:
         kw["enable_sleep_mode"] = True

@@ -18,10 +18,11 @@ under a grammar (``Sequence.grammar``: vLLM's structured outputs, its llguidance
 again from its prompt instead, since vLLM's grammar state begins at a request's first token. Every
 request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
 other weights to it (requests of one version still share their prompts' blocks) and is never reset
-(a reset walks every block of the cache while generation is held). ``engine.pause_mode=keep`` skips
-the abort: sequences keep their old-weight KV. The receiving end is built here when the engine has a
-weight source, from ``updates.py``, which holds the trainer's end too (``make_sender``). vLLM sizes
-its own KV cache (engine.gpu_memory_utilization of the GPU).
+(a reset walks every block of the cache while generation is held).
+``engine.vllm.pause_mode=keep`` skips the abort: sequences keep their old-weight KV. The receiving
+end is built here when the engine has a weight source, from ``updates.py``, which holds the
+trainer's end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of
+the GPU).
 
 Verified: after an in-place update that changed the weights (the receiver compares fingerprints of
 the received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe
@@ -270,7 +271,7 @@ class VLLMEngine(Engine):
     @contextlib.contextmanager
     def paused(self, version: int):
         t0 = time.perf_counter()
-        abort = self.engine_cfg.pause_mode == "abort"
+        abort = self.engine_cfg.vllm.pause_mode == "abort"
         if abort:
             self._abort_running()
         self._mark_idle()

@@ -15,9 +15,9 @@ Two ways to receive, chosen when the worker joins and logged:
   buckets are received and loaded into a staging copy by a thread of vLLM's worker process, on a
   stream of its own, **while generation goes on**; the pause is only the swap, one fused copy of
   staging into the live parameters (BENCHMARKS.md "Weight updates"). The pause does not grow with
-  the bytes moved. At TP > 1 only with ``engine.staged_tp=true``: a receiving thread's broadcasts
-  then run beside the engine's own TP collectives (two NCCL communicators, in an order the ranks
-  need not share), which is off until it has been measured not to hang.
+  the bytes moved. At TP > 1 only with ``engine.vllm.staged_tp=true``: a receiving thread's
+  broadcasts then run beside the engine's own TP collectives (two NCCL communicators, in an order
+  the ranks need not share), which is off until it has been measured not to hang.
 * direct: the buckets are received during the pause and loaded straight into the live parameters
   (two bucket buffers; the pause is the wire plus the loads). At TP > 1 by default.
 
@@ -333,14 +333,14 @@ def room_for_staging(live: dict[str, torch.nn.Parameter], bucket_bytes: int,
 def staging_choice(tp: int, plan: dict, room: Callable[[], tuple[bool, str]]) -> tuple[bool, str]:
     """Whether a GPU rank of an engine at tensor parallel size ``tp`` receives behind generation,
     and why: where ``plan["staging"]`` asks for it and ``room()`` finds the memory, at TP 1, or at
-    TP > 1 only with
-    ``plan["staged_tp"]`` (engine.staged_tp): there the receiving thread's broadcasts run beside the
-    engine's own TP collectives, on two NCCL communicators in an order the ranks need not share."""
+    TP > 1 only with ``plan["staged_tp"]`` (engine.vllm.staged_tp): there the receiving thread's
+    broadcasts run beside the engine's own TP collectives, on two NCCL communicators in an order the
+    ranks need not share."""
     if not plan["staging"]:
         return False, "staging off"
     if tp > 1 and not plan.get("staged_tp", False):
         return False, ("tensor_parallel_size > 1: received while the engine is paused "
-                       "(engine.staged_tp=false)")
+                       "(engine.vllm.staged_tp=false)")
     return room()
 
 

@@ -1,7 +1,8 @@
-"""What engine=vllm declares: it loads its model itself, spans ``engine.tensor_parallel_size`` GPUs,
-computes logprobs with a float32 head, and receives weights through its own transfer
-(``weights.py``: in place through its loaders, or a layer-wise reload): over NCCL between GPUs, and
-in place through CUDA IPC on a GPU it shares with trainer rank 0."""
+"""What engine=vllm declares: it loads its model itself, spans
+``engine.vllm.tensor_parallel_size`` GPUs, computes logprobs with a float32 head, and receives
+weights through its own transfer (``weights.py``: in place through its loaders, or a layer-wise
+reload): over NCCL between GPUs, and in place through CUDA IPC on a GPU it shares with trainer
+rank 0."""
 
 from __future__ import annotations
 
@@ -23,13 +24,13 @@ class VLLMSpec(EngineSpec):
         from areal_cli.engines.vllm.weights import choose_weight_update
 
         return WeightUpdate(choose_weight_update("auto", model_path,
-                                                 engine.tensor_parallel_size)[0])
+                                                 engine.vllm.tensor_parallel_size)[0])
 
     def weight_notes(self, asked: RootConfig, cfg: RootConfig,
                      model_path: Path | None) -> list[str]:
         from areal_cli.engines.vllm.weights import choose_weight_update, group_size, rank_offset
 
-        w, tp, wt = cfg.rollout.workers, cfg.engine.tensor_parallel_size, cfg.weights
+        w, tp, wt = cfg.rollout.workers, cfg.engine.vllm.tensor_parallel_size, cfg.weights
         if model_path is None:
             why = "decided from config.json once the model is fetched"
         else:
@@ -84,7 +85,7 @@ def staging_bytes(cfg: RootConfig, model_path: Path | None) -> int:
     e, w = cfg.engine, cfg.weights
     # with lora_merge auto (true for vllm), merged full weights travel
     adapter = lora.enabled(cfg) and e.lora_merge == "false"
-    if not e.staging or adapter or model_path is None:
+    if not e.vllm.staging or adapter or model_path is None:
         return 0
     from areal_cli.config.memory_plan import Layout
 

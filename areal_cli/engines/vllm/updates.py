@@ -31,15 +31,16 @@ def weight_receiver(llm, model_path, source: WeightSource, index: int):
 
     cfg, e = source.cfg, source.cfg.engine
     wire = getattr(torch, cfg.weights.dtype)  # resolved when the run was planned
-    first, world = rank_offset(index, e.tensor_parallel_size), group_size(cfg.rollout.workers,
-                                                                          e.tensor_parallel_size)
+    tp = e.vllm.tensor_parallel_size
+    first, world = rank_offset(index, tp), group_size(cfg.rollout.workers, tp)
     if e.weight_update == WeightUpdate.inplace:
         return InplaceReceiver(llm, wire_spec(model_path, wire), dict(
             host=source.host, port=source.port, store=source.store, rank_offset=first,
             world_size=world,
             backend=str(cfg.weights.backend), wire_dtype=cfg.weights.dtype,
             bucket_bytes=bucket_bytes(cfg.weights),
-            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.staging, staged_tp=e.staged_tp,
+            timeout_s=2 * cfg.launcher.peer_timeout_s, staging=e.vllm.staging,
+            staged_tp=e.vllm.staged_tp,
             high_priority=cfg.weights.high_priority))
     return VLLMWeightReceiver(llm, wire_spec(model_path, wire), source.host, source.port, first,
                               world)
@@ -155,7 +156,7 @@ def make_sender(cfg: RootConfig, host: str, port: int, model, device, store: str
     from areal_cli.engines.vllm.weights import VLLMWeightSender, group_size
     from areal_cli.transport.weights import WeightSender
 
-    world = group_size(cfg.rollout.workers, cfg.engine.tensor_parallel_size)
+    world = group_size(cfg.rollout.workers, cfg.engine.vllm.tensor_parallel_size)
     wire, staged = getattr(torch, cfg.weights.dtype), cfg.weights.staged == "true"
     if cfg.engine.weight_update == WeightUpdate.inplace:
         return WeightSender(lora.update_specs(model, cfg), host, port, world,
