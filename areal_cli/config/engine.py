@@ -102,13 +102,6 @@ class EngineConfig:
     hf: HFConfig = field(default_factory=HFConfig)
     """What only engine=hf reads."""
 
-    @property
-    def max_model_len(self) -> int:
-        """engine.vllm.max_model_len, read-only, for the trainer's precompile plan
-        (areal_cli/trainer/precompile.py), which reads it under its old name; not a key of the
-        config."""
-        return self.vllm.max_model_len
-
 
 MOVED_KEYS: dict[str, str] = {
     "engine.tensor_parallel_size": "engine.vllm.tensor_parallel_size",

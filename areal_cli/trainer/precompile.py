@@ -26,8 +26,8 @@ import torch
 from areal_cli.trainer.batching import Rollouts, dummy_forward
 
 PROMPT_TOKENS_ASSUMED = 1024
-"""Without engine.max_model_len, a prompt is taken to be at most this long when deciding whether a
-sequence can exceed a packed row (and so take the segment-offset path)."""
+"""Without engine.vllm.max_model_len, a prompt is taken to be at most this long when deciding
+whether a sequence can exceed a packed row (and so take the segment-offset path)."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ def compiled_graphs() -> int:
 
 def longest_sequence(cfg) -> int:
     """The most tokens (prompt and response) one trained sequence can hold in this run."""
-    if cfg.engine.max_model_len > 0:
-        return cfg.engine.max_model_len
+    if cfg.engine.vllm.max_model_len > 0:
+        return cfg.engine.vllm.max_model_len
     return PROMPT_TOKENS_ASSUMED + cfg.rollout.max_new_tokens * max(1, cfg.workflow.max_turns)
 
 

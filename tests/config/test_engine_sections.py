@@ -61,7 +61,6 @@ def test_the_sections_round_trip_through_config_yaml(tmp_path):
 def test_the_presets_set_their_engine_s_section():
     vllm, hf = compose(["engine=vllm"]).engine, compose(["engine=hf"]).engine
     assert vllm.vllm == VLLMConfig() and hf.hf == HFConfig()
-    assert vllm.max_model_len == vllm.vllm.max_model_len  # the read-only alias the trainer reads
 
 
 def test_each_moved_key_is_gone_from_its_old_place_and_found_at_its_new_one():

@@ -48,6 +48,8 @@ def test_cpu_and_gpu_resolve_the_device_dependent_keys_differently():
     # padded micro-batches on the CPU (a packed row's dense mask is O(T²) in CPU SDPA), packed on
     # GPUs
     assert (cpu.trainer.packing, gpu.trainer.packing) == ("false", "true")
+    # a group's prompt once per row on the CPU (batching.share_prompts), not on GPUs
+    assert (cpu.trainer.shared_prompts, gpu.trainer.shared_prompts) == ("true", "false")
     # bfloat16 on GPUs; on the CPU what this processor computes natively (config/cpu_dtype.py)
     assert (gpu.engine.dtype, gpu.trainer.dtype, gpu.weights.dtype) == ("bfloat16",) * 3
     assert (cpu.engine.dtype, cpu.trainer.dtype, cpu.weights.dtype) == (choose().dtype,) * 3
@@ -173,7 +175,8 @@ def test_no_auto_is_left_in_the_resolved_config_or_the_written_config_yaml(tiny_
     assert unresolved(compose([])) == [
         "reward.judge.engine", "engine.dtype", "engine.weight_update", "engine.lora_merge",
         "engine.lm_head_fp32", "trainer.optim_state",
-        "trainer.packing", "trainer.dtype", "trainer.activation_checkpointing", "trainer.compile",
+        "trainer.packing", "trainer.shared_prompts", "trainer.dtype",
+        "trainer.activation_checkpointing", "trainer.compile",
         "trainer.shard", "weights.dtype", "weights.staged", "weights.backend", "launcher.allocator",
         "cluster.share", "logging.wandb_mode"]
     assert (unresolved(resolve(compose([]))) == [] and auto_lines(to_yaml(resolve(compose([]))))
