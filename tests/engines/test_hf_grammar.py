@@ -28,13 +28,17 @@ def _valid(obj) -> bool:
 
 
 def _run(eng, seqs, update_after: int = -1) -> list:
+    """Every sequence of ``seqs`` to its end; with ``update_after``, a weight update once a
+    constrained sequence has that many tokens (by tokens, not polls: a poll's work depends on the
+    machine's speed, and every reply must still be unfinished when the update comes)."""
     for s in seqs:
         eng.submit(s)
-    done, steps = [], 0
-    while len(done) < len(seqs) and steps < 2000:
-        done += eng.poll(0.05)
+    done, steps, updated = [], 0, update_after < 0
+    while len(done) < len(seqs) and steps < 4000:
+        done += eng.poll(0.01)
         steps += 1
-        if steps == update_after:
+        if not updated and any(len(s.output_ids) >= update_after for s in seqs if s.grammar):
+            updated = True
             with eng.paused(1), torch.no_grad():
                 for p in eng.model.parameters():
                     p.mul_(1.1)
@@ -61,7 +65,7 @@ def test_constrained_sequences_are_json_of_their_schema_across_an_update(tiny_mo
         grammar = json_grammar(SCHEMA)
         seqs = [Sequence(f"c{i}", PROMPT + [i + 5], 48, grammar=grammar) for i in range(5)]
         free = [Sequence(f"f{i}", PROMPT + [i + 5], 24) for i in range(2)]
-        _run(eng, seqs + free, update_after=4)
+        _run(eng, seqs + free, update_after=3)
         _check(tok, seqs)
         assert {v for s in seqs for v in s.versions} == {0, 1}  # interrupted, and continued
         assert not eng.grammars.matchers  # forgotten with their sequences

@@ -69,6 +69,34 @@ def test_arrivals_departures_and_updates_keep_every_logprob_exact(tiny_model):
             assert torch.allclose(got, want, atol=1e-4), (s.rid, v, (got - want).abs().max())
 
 
+def test_a_groups_samples_share_one_prefill_row_and_keep_every_logprob_exact(tiny_model):
+    """4 groups of 4 samples of one prompt each: the prefill forward runs a row per prompt (the
+    others copy its keys and values), the samples still draw apart, and every logprob equals a
+    teacher-forced forward."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
+    eng = hf_engine(tiny_model, sequences=16, temperature=1.0)
+    rows: list[int] = []
+    eng.model.get_decoder().register_forward_pre_hook(
+        lambda _m, _a, kw: rows.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    rng = random.Random(1)
+    for g in range(4):
+        prompt = [1] + [rng.randrange(3, 40000) for _ in range(rng.randrange(5, 20))]
+        for i in range(4):
+            eng.submit(Sequence(f"g{g}-{i}", list(prompt), 12, ignore_eos=True))
+    done = _poll_until(eng, lambda d: len(d) == 16, 500, [])
+    eng.close()
+    assert len(done) == 16 and rows[0] == 4  # one prefill of the 4 prompts, then 16-row decodes
+    assert max(rows) == 16
+    for g in range(4):
+        outs = {tuple(s.output_ids) for s in done if s.rid.startswith(f"g{g}-")}
+        assert len(outs) > 1  # sampled apart from the shared first logits
+    for s in done:
+        want = _teacher_forced(model, s.prompt_ids, s.output_ids)
+        assert torch.allclose(torch.tensor(s.logprobs), want, atol=1e-4), s.rid
+
+
 def test_nonfinite_weights_stop_generation_with_a_named_error(tiny_model):
     eng = hf_engine(tiny_model)
     for i in range(4):

@@ -162,25 +162,37 @@ class SlotEngine(HFEngine):
     @torch.no_grad()
     def _prefill(self) -> None:
         """Prefill waiting sequences into new rows (as many as fit the free slots and
-        engine.max_batch_tokens), right-aligned on the write column; sample their next token."""
+        engine.max_batch_tokens), right-aligned on the write column; sample their next token.
+        Sequences with the same context (a group's samples of one prompt) share one row of the
+        forward: the others' rows get a copy of its keys and values and sample from its logits."""
         batch: list[Sequence] = []
+        first: dict[tuple, int] = {}  # context -> its first sequence's index in batch
         width = 0
         while self.waiting and len(self.rows) + len(batch) < self.slots:
-            n = len(self.waiting[0].prompt_ids) + len(self.waiting[0].output_ids)
-            if batch and (len(batch) + 1) * max(width, n) > self.setup.engine.max_batch_tokens:
-                break
+            head = self.waiting[0]
+            key = (*head.prompt_ids, *head.output_ids)
+            if key not in first:
+                if first and (len(first) + 1) * max(width, len(key)) > \
+                        self.setup.engine.max_batch_tokens:
+                    break
+                first[key] = len(batch)
+                width = max(width, len(key))
             batch.append(self.waiting.popleft())
-            width = max(width, n)
+        # the first of each context, then the others: rows n0 .. n0 + u run the forward
+        owners = sorted(first.values())
+        row_of = {j: r for r, j in enumerate(owners)}
+        batch = [batch[j] for j in owners] + [b for j, b in enumerate(batch) if j not in row_of]
         ctx = [list(s.prompt_ids) + list(s.output_ids) for s in batch]
+        src = [row_of[first[tuple(x)]] for x in ctx]  # the row each one's forward ran in
         if not self.rows:
             self.t = 0
         if self.t < width:  # room before the write column for the longest context
             self._shift(width - self.t)
         if self.t > self.cache.columns:
             self.cache = self.cache.grown(self.t + 64)
-        n0, m = len(self.rows), len(batch)
-        ids = torch.tensor([[0] * (width - len(x)) + x for x in ctx])
-        pad = torch.tensor([width - len(x) for x in ctx])
+        n0, m, u = len(self.rows), len(batch), len(owners)
+        ids = torch.tensor([[0] * (width - len(x)) + x for x in ctx[:u]])
+        pad = torch.tensor([width - len(x) for x in ctx[:u]])
         cols = torch.arange(width)
         keep = (cols[None, None, :] <= cols[None, :, None]) & (cols[None, None, :] >= pad[:, None,
                                                                                           None])
@@ -189,17 +201,19 @@ class SlotEngine(HFEngine):
         mask = torch.zeros(keep.shape, dtype=self._model.dtype).masked_fill_(~keep,
                                                                              float("-inf"))[:, None]
         positions = (cols[None, :] - pad[:, None]).clamp_(min=0)
-        self.cache.r0, self.cache.r1 = n0, n0 + m
+        self.cache.r0, self.cache.r1 = n0, n0 + u
         self.cache.w = self.cache.lo = self.t - width
         logits = self._forward(ids, mask, positions)
+        for j in range(u, m):  # a copy of the owner's keys and values
+            self.cache.copy_row(n0 + src[j], n0 + j, slice(self.t - width, self.t))
         if self.record:  # a re-prefill writes every position again (the latest forward's experts)
-            routed = self._routed(m, width)
+            routed = self._routed(u, width)
             for j, seq in enumerate(batch):
-                seq.routing = list(routed[j, int(pad[j]):])
+                seq.routing = list(routed[src[j], int(pad[src[j]]):])
         self.rows += batch
         self.start += [self.t - len(x) for x in ctx]
         self.pos += [len(x) for x in ctx]
-        self._emit(range(n0, n0 + m), logits)
+        self._emit(range(n0, n0 + m), logits[src])
         self.prefills += 1
 
     @torch.no_grad()
