@@ -5,6 +5,8 @@ allocator the plan names."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -26,6 +28,7 @@ def _environ(pid: int) -> dict:
     return {k.decode(): v.decode(errors="replace") for k, v in items}
 
 
+@pytest.mark.slow  # a whole run's start (~20 s on 2 cores): `make test-slow`, which CI runs too
 def test_the_launcher_and_controller_hold_no_torch_and_one_cpu_rank_has_no_agent(tiny_model,
                                                                                  tmp_path):
     cmd = AREAL + ["train", "--quiet", f"run_dir={tmp_path}", f"model={tiny_model}", *TINY_RUN,
