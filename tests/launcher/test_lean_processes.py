@@ -5,13 +5,12 @@ allocator the plan names."""
 
 from __future__ import annotations
 
-import pytest
-
 import json
 import os
 import subprocess
 import time
 
+import pytest
 from conftest import AREAL, ROOT, TINY_RUN
 
 from areal_cli.launcher.plan import find_allocator
