@@ -35,31 +35,39 @@ def choice_at(root: type, key: str) -> type[Enum] | None:
     return t if isinstance(t, type) and issubclass(t, Enum) else None
 
 
+def _chain(err: BaseException | None):
+    """``err`` and the exceptions it was raised from or during, innermost last."""
+    while err is not None:
+        yield err
+        err = err.__cause__ or err.__context__
+
+
 def choice_message(err: BaseException | None) -> str:
     """"key=value: use a, b or c" for a value outside a choice anywhere in ``err``'s chain; "" if
     none."""
-    while err is not None:
-        key = getattr(err, "full_key", None) or ""
+    for e in _chain(err):
+        key = getattr(e, "full_key", None) or ""
         found = re.search(r"Invalid value '(.*)', expected one of",
-                          str(getattr(err, "msg", "") or err))
+                          str(getattr(e, "msg", "") or e))
         choices = choice_at(RootConfig, key) if key else None
         if found and choices:
             quote = " (in YAML quoted: 'true', 'false')" if found.group(1) in ("True",
                                                                                "False") else ""
             return f"{key}={found.group(1)}: use {listed(choices)}{quote}"
-        err = err.__cause__ or err.__context__
     return ""
 
 
 def moved_message(err: BaseException | None) -> str:
     """"engine.max_model_len moved to engine.vllm.max_model_len" where ``err``'s chain is about a
     key that moved (``config/engine.py``, ``MOVED_KEYS``); "" if none."""
-    while err is not None:
-        found = moved_key_problem(getattr(err, "full_key", None) or "")
-        if found:
-            return found
-        err = err.__cause__ or err.__context__
-    return ""
+    found = (moved_key_problem(getattr(e, "full_key", None) or "") for e in _chain(err))
+    return next((m for m in found if m), "")
+
+
+def known_message(err: BaseException | None) -> str:
+    """What ``err``'s chain says in the config's own terms (a value outside a choice, a key that
+    moved); "" if neither."""
+    return choice_message(err) or moved_message(err)
 
 
 def to_root(cfg) -> RootConfig:
@@ -80,8 +88,8 @@ def to_root(cfg) -> RootConfig:
 
 
 def _schema_message(err: Exception) -> str:
-    if choice_message(err) or moved_message(err):
-        return choice_message(err) or moved_message(err)
+    if known := known_message(err):
+        return known
     key = getattr(err, "full_key", None) or ""
     msg = getattr(err, "msg", None) or str(err).splitlines()[0]
     if "not in struct" in msg or "Key '" in msg and "not in" in msg:

@@ -189,8 +189,8 @@ def _compose(overrides: list[str]) -> EvalRunConfig:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    if moved_override_problems(overrides):  # engine.max_model_len=...: the key's new place
-        raise ConfigError(moved_override_problems(overrides))
+    if moved := moved_override_problems(overrides):  # engine.max_model_len=...: its new place
+        raise ConfigError(moved)
     rest, params = split_task_params(quote_choices(list(overrides), EvalRunConfig))
     try:
         with initialize_config_dir(str(conf_dir()), version_base=None):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from areal_cli.config.engine import moved_override_problems
 from areal_cli.config.ranges import check_ranges, drop_repeats
-from areal_cli.config.read import ConfigError, choice_at, choice_message, moved_message, to_root
+from areal_cli.config.read import ConfigError, choice_at, known_message, to_root
 from areal_cli.config.schema import RootConfig
 from areal_cli.config.trackers import problems as tracking_problems
 from areal_cli.engines import unknown as unknown_engine
@@ -43,8 +43,8 @@ def compose(overrides: list[str], config_name: str = "config") -> RootConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    if moved_override_problems(overrides):  # engine.max_model_len=...: the key's new place
-        raise ConfigError(moved_override_problems(overrides))
+    if moved := moved_override_problems(overrides):  # engine.max_model_len=...: its new place
+        raise ConfigError(moved)
     _register_schema()
     rest, params = split_task_params(quote_choices(overrides))
     try:
@@ -125,8 +125,8 @@ def _register_schema() -> None:
 
 
 def _hydra_message(err: Exception) -> str:
-    if choice_message(err) or moved_message(err):
-        return choice_message(err) or moved_message(err)
+    if known := known_message(err):
+        return known
     lines = [x.strip() for x in str(err).strip().splitlines() if x.strip()]
     text = lines[0]
     if text.startswith("Error merging override"):

@@ -167,6 +167,7 @@ class SlotEngine(HFEngine):
         forward: the others' rows get a copy of its keys and values and sample from its logits."""
         batch: list[Sequence] = []
         first: dict[tuple, int] = {}  # context -> its first sequence's index in batch
+        owner: list[int] = []  # of each sequence in batch: that index for its context
         width = 0
         while self.waiting and len(self.rows) + len(batch) < self.slots:
             head = self.waiting[0]
@@ -177,20 +178,21 @@ class SlotEngine(HFEngine):
                     break
                 first[key] = len(batch)
                 width = max(width, len(key))
+            owner.append(first[key])
             batch.append(self.waiting.popleft())
         # the first of each context, then the others: rows n0 .. n0 + u run the forward
-        owners = sorted(first.values())
+        owners = list(first.values())  # ascending: in the order they came
         row_of = {j: r for r, j in enumerate(owners)}
-        batch = [batch[j] for j in owners] + [b for j, b in enumerate(batch) if j not in row_of]
+        order = owners + [j for j in range(len(batch)) if j not in row_of]
+        batch, src = [batch[j] for j in order], [row_of[owner[j]] for j in order]
         ctx = [list(s.prompt_ids) + list(s.output_ids) for s in batch]
-        src = [row_of[first[tuple(x)]] for x in ctx]  # the row each one's forward ran in
         if not self.rows:
             self.t = 0
         if self.t < width:  # room before the write column for the longest context
             self._shift(width - self.t)
         if self.t > self.cache.columns:
             self.cache = self.cache.grown(self.t + 64)
-        n0, m, u = len(self.rows), len(batch), len(owners)
+        n0, m, u = len(self.rows), len(batch), len(first)
         ids = torch.tensor([[0] * (width - len(x)) + x for x in ctx[:u]])
         pad = torch.tensor([width - len(x) for x in ctx[:u]])
         cols = torch.arange(width)
