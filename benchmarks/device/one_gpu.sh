@@ -37,6 +37,9 @@
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
+#   pausemode (nothing carried; PAUSES, default "keep abort") the default model, 50 steps + closing
+#                                            evaluation on cluster.gpus=[0] with vLLM, once per
+#                                            engine.vllm.pause_mode: the learning and the pause of each
 # Results: $OUT/summary.txt, the runs' summaries and logs.
 set -u
 phase=${1:?phase}
@@ -131,6 +134,15 @@ PY
     step hf50_summary 30 $TF python3 benchmarks/device/run_summary.py /tmp/runs/hf50 2
     for r in vllm50 hf50; do
       [ -d /tmp/runs/$r ] && tar czf $OUT/$r.tgz -C /tmp/runs --exclude=checkpoints $r
+    done
+    ;;
+  pausemode)
+    for m in ${PAUSES:-keep abort}; do
+      TAIL=8 step pause_$m ${PAUSE_LIMIT:-280} python3 -m areal_cli.cli train model=$MODEL cluster.gpus=[0] \
+          engine=vllm engine.vllm.pause_mode=$m trainer.steps=${STEPS:-50} launcher.peer_timeout_s=300 \
+          run_dir=/tmp/runs/pause_$m ${EXTRA:-}
+      step pause_${m}_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/pause_$m 2
+      [ -d /tmp/runs/pause_$m ] && tar czf $OUT/pause_$m.tgz -C /tmp/runs --exclude=checkpoints pause_$m
     done
     ;;
   staleness)
