@@ -24,7 +24,7 @@
 #                                            machine's first start costs ~5 min, then ~45 s); the third
 #                                            call, both modes kept, measures generation alone and compares
 #   alternate (nothing carried)              the GPU test of cluster.share=alternate (vLLM sleeps
-#                                            while the trainer steps), then the constrained-decoding test
+#                                            while the trainer steps; ALT=0: not), then the constrained-decoding test
 #   seven   (nothing carried; MODE=lora, then MODE=full) the random-weights Qwen2.5-7B layout on
 #                                            cluster.gpus=[0]: LoRA rank 16 concurrent, 10 steps; full
 #                                            fine-tuning in the mode that fits, 5 steps; peak memory per process
@@ -57,7 +57,7 @@ case $phase in
     ;;
   alternate)
     # cluster.share=alternate on one GPU: vLLM sleeps through each step (the GPU test)
-    TAIL=30 step gpu_alternate 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k alternate
+    [ "${ALT:-1}" = 1 ] && TAIL=30 step gpu_alternate 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k alternate
     # grammar-constrained decoding through vLLM's structured outputs (workflow.constrained_tokens)
     TAIL=15 step gpu_constrained 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_constrained_decoding.py
     ;;
