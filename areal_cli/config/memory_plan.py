@@ -76,6 +76,15 @@ def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: i
     return int(states + wire + acts + head + HEADROOM)
 
 
+def resident_bytes(lay: Layout, *, ranks: int, moments_bytes: int, lora: bool,
+                   staged: bool) -> int:
+    """What trainer rank 0 keeps on its card between two steps (its gradients freed): weights and
+    AdamW moments, the staged wire copy, ``HEADROOM``. With ``cluster.share=alternate`` the engine
+    wakes beside this much at each update."""
+    per_param = 4 if lora else 4 + moments_bytes
+    return int(lay.params * per_param / ranks + (2 * lay.params if staged else 0) + HEADROOM)
+
+
 def choose(lay: Layout, card_bytes: int, **kw) -> tuple[int | None, int]:
     """``(every, estimate)``: the least checkpointing (None, then 2, then 1) whose estimate fits
     ``FILL`` of the card; every layer (1) when none does."""

@@ -197,19 +197,39 @@ def checkpointing(cfg: RootConfig, where: Placement) -> tuple[int | None, int]:
     other keys are resolved: every layer (1) on the CPU and wherever the card or the model is not
     known here (estimate 0); on GPUs ``memory_plan.choose``'s (None = no checkpointing)."""
     t = cfg.trainer
-    if not where.trainer_gpu or not where.gpu_memory_bytes or where.model_path is None:
-        return t.checkpoint_every, 0
-    try:
-        lay = memory_plan.Layout.from_config(where.model_path)
-    except (OSError, KeyError, TypeError, ValueError):
+    lay = _layout(where)
+    if lay is None or not where.gpu_memory_bytes:
         return t.checkpoint_every, 0  # no config.json of a decoder-only layout: the safe choice
+    return memory_plan.choose(lay, where.gpu_memory_bytes, micro_batch_tokens=t.micro_batch_tokens,
+                              chunk=t.logprob_chunk_tokens, **_states(cfg))
+
+
+def _layout(where: Placement) -> memory_plan.Layout | None:
+    """The trainer's model layout where it trains on a GPU and its config.json reads as a
+    decoder-only layout; None elsewhere."""
+    if not where.trainer_gpu or where.model_path is None:
+        return None
+    try:
+        return memory_plan.Layout.from_config(where.model_path)
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def resident(cfg: RootConfig, where: Placement) -> int:
+    """``memory_plan.resident_bytes`` of a resolved config on its trainer's GPU (0 where the card
+    or the model is not known here)."""
+    lay = _layout(where)
+    return 0 if lay is None else memory_plan.resident_bytes(lay, **_states(cfg))
+
+
+def _states(cfg: RootConfig) -> dict:
+    """What sets the trainer's weights and optimizer memory, as ``memory_plan`` takes it."""
     from areal_cli import lora
 
-    return memory_plan.choose(
-        lay, where.gpu_memory_bytes, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens,
-        moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8, lora=t.lora.rank > 0,
-        staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg),
-        chunk=t.logprob_chunk_tokens)
+    t = cfg.trainer
+    return dict(ranks=t.ranks, moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8,
+                lora=t.lora.rank > 0,
+                staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg))
 
 
 def _switch(value, on: bool) -> Switch:

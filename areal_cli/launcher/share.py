@@ -14,8 +14,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-from areal_cli.config.choices import Share
-from areal_cli.config.resolve import Placement, checkpointing
+from areal_cli.config.choices import Share, Switch
+from areal_cli.config.resolve import Placement, checkpointing, resident
 from areal_cli.config.schema import RootConfig
 from areal_cli.engines import spec
 from areal_cli.runconfig.autos import resolve
@@ -37,8 +37,11 @@ def choose_share(asked: RootConfig, cfg: RootConfig, placement: Placement,
             return cfg, placement  # fits beside it (or not known here, or nothing to gain)
     wide = dataclasses.replace(placement, gpu_memory_bytes=total - engine.asleep_bytes)
     asked = copy.deepcopy(asked)
-    # no generation while an update arrives: nothing to stage behind
+    # no generation while an update arrives: nothing to stage behind, on either side (the
+    # trainer's staged wire copy would sit beside the woken engine)
     asked.engine.vllm.staging = False
+    if asked.weights.staged == Switch.auto:
+        asked.weights.staged = Switch.false
     out = resolve(asked, wide)
     out.cluster.share = Share.alternate
     return out, wide
@@ -80,6 +83,18 @@ def share_notes(cfg: RootConfig, placement: Placement, total: int, gpu: int) -> 
     if need > room:
         raise ValueError("\n  ".join([f"trainer rank 0 and rollout-0 do not fit on GPU {gpu} "
                                       "together:", *lines, *_fixes(cfg, alternate)]))
+    if alternate and engine.asleep_bytes >= 0:
+        kept = resident(cfg, placement)
+        lines.append(f"  at each update {name} wakes beside the trainer's ~{kept / GIB:.1f} GiB "
+                     "kept between steps (weights and optimizer state; gradients freed)")
+        if kept + awake > total:
+            fit = (total - kept) / total
+            raise ValueError("\n  ".join([
+                f"trainer rank 0 and rollout-0 do not fit on GPU {gpu} when {name} wakes for an "
+                "update:", *lines,
+                f"lower engine.gpu_memory_utilization to {fit:.2f} or less (now "
+                f"{cfg.engine.gpu_memory_utilization:g}); or use trainer.optim_state=bfloat16, "
+                "a LoRA adapter (trainer.lora.rank=16) or a GPU with more memory"]))
     return lines
 
 

@@ -345,7 +345,9 @@ class Trainer:
             return {}
         out = self.sender.prepare(params)
         if self.cfg.cluster.share == "alternate" and self.device.type == "cuda":
-            # the engine beside it wakes at this update: the step's cached blocks go back first
+            # the engine beside it wakes at this update: the gradients and the step's cached
+            # blocks go back first
+            self.runner.release_gradients()
             torch.cuda.empty_cache()
         self.status.send(WeightsReady(self.name, version))
         out.update(self.sender.broadcast(digest=self.cfg.weights.verify))

@@ -190,6 +190,13 @@ class StepRunner:
             return [], 0.0
         return precompile(self, packed_row_tokens(self.device))
 
+    def release_gradients(self) -> None:
+        """Free the gradients between steps (the next step starts without them): memory for an
+        engine that wakes beside this rank (``cluster.share=alternate``)."""
+        self.opt.zero_grad(set_to_none=True)
+        if self.critic is not None:
+            self.critic.opt.zero_grad(set_to_none=True)
+
     def release_optimizer(self) -> None:
         """Free the gradients and the optimizer state (no step follows) and give the memory back."""
         import ctypes

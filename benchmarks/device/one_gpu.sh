@@ -3,7 +3,9 @@
 # 1-GPU machine; one phase per `run` call, the calls back to back (the machine stays warm ~30 s):
 # (a call carries at most 64 MiB with the tree: split the vLLM overlay 48 + 28 MiB)
 #   stage1  carry .vllm/a                    vLLM overlay, part 1
-#   stage2  carry .vllm/b .whl .tf .extwhl   vLLM part 2, wheels, transformers 5.24, pytest
+#   stage2  carry .vllm/b .whl .tf .extwhl   vLLM part 2, wheels, transformers 5.24, pytest (.extwhl: peft,
+#                                            pytest, lm-format-enforcer + interegular, which vLLM's
+#                                            structured-output check imports)
 #   stage3  carry .models/a                  model part 1
 #   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
 #                                            broadcast, compiled vs eager logprobs against float32,

@@ -217,6 +217,16 @@ def test_auto_alternates_where_the_trainer_fits_only_while_the_engine_sleeps(tmp
                                  "trainer.optim_state=bfloat16"))
     assert "alternate: vllm sleeps while the trainer steps" in text, text
     assert "of the 136.0 GiB while it sleeps" in text and "staging" not in text
+    # it wakes beside the weights and bfloat16 moments (~57 GiB), not the staged copy's 14 more
+    assert "wakes beside the trainer's ~60.7 GiB kept between steps" in text, text
+    # float32 moments: ~85 GiB kept, and 0.5 of the card no longer fits beside it when it wakes
+    with pytest.raises(ValueError) as err:
+        shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.5")
+    msg = str(err.value)
+    assert "do not fit on GPU 0 when vllm wakes for an update" in msg
+    assert "lower engine.gpu_memory_utilization to 0.36 or less (now 0.5)" in msg, msg
+    text = "\n".join(shared_plan(model, tmp_path, 140, "engine.gpu_memory_utilization=0.35"))
+    assert "alternate" in text
     # the 1.5B layout fits beside it: concurrent, staged
     small = layout_dir(tmp_path)
     text = "\n".join(shared_plan(small, tmp_path, 140, "engine.gpu_memory_utilization=0.5"))
