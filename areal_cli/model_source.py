@@ -12,6 +12,7 @@ cannot handle.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,7 +116,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantize a GGUF checkpoint once into a Hugging Face directory (float32 safetensors).
     Processes that need it at the same time (two runs, parallel test workers) convert it once: the
     others wait on a lock beside it, then read what the first wrote."""
-    if _converted(out):
+    if _converted(out) and not _byte_level_fix(out / "tokenizer.json"):
         return out
     import fcntl
 
@@ -124,7 +125,36 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _converted(out):
             _convert(gguf, out)
+        fixed = _byte_level_fix(out / "tokenizer.json")
+        if fixed:  # a directory converted before this fix, or by an older transformers
+            tmp = out / f"tokenizer.json.tmp{os.getpid()}"
+            tmp.write_text(json.dumps(fixed, ensure_ascii=False))
+            tmp.replace(out / "tokenizer.json")
     return out
+
+
+def _byte_level_fix(path: Path) -> dict | None:
+    """The tokenizer.json at ``path`` with its decoder made plain ``ByteLevel`` where it
+    pre-tokenizes byte-level and decodes through a sequence that ends in ByteLevel (ByteFallback,
+    Fuse, Replace "▁" before it: what some transformers versions write for a GGUF tokenizer);
+    None where nothing is to change. The two decode every token of a byte-level vocabulary alike,
+    but llguidance (grammar-constrained decoding, in both engines) reads a token's bytes only from
+    a plain ByteLevel decoder: from the sequence it takes "Ċ" for the characters, not a newline,
+    and masks the wrong tokens."""
+    try:
+        tj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    pre, dec = tj.get("pre_tokenizer") or {}, tj.get("decoder") or {}
+    pres = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if not any(p.get("type") == "ByteLevel" for p in pres) or dec.get("type") != "Sequence":
+        return None
+    parts = dec.get("decoders") or []
+    if not parts or parts[-1].get("type") != "ByteLevel" or not all(
+            p.get("type") in ("ByteFallback", "Fuse", "Replace") for p in parts[:-1]):
+        return None
+    tj["decoder"] = parts[-1]
+    return tj
 
 
 def _convert(gguf: Path, out: Path) -> None:

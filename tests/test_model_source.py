@@ -197,3 +197,41 @@ def test_a_gguf_needed_by_two_processes_at_once_is_converted_once(tmp_path, monk
         t.join()
     assert calls == [out] and got == [out, out]
     assert (out / "model.safetensors").read_text() == "w"
+
+
+def test_a_converted_tokenizer_decodes_byte_level_where_llguidance_reads_its_bytes(tmp_path):
+    """Some transformers versions write a GGUF tokenizer's decoder as ByteFallback, Fuse, Replace
+    "▁", ByteLevel: llguidance then takes the newline token "Ċ" for the two characters and masks
+    the wrong tokens (vLLM's structured outputs sampled outside the grammar). A directory with
+    that decoder, converted earlier, gets a plain ByteLevel one when resolved again, and decodes
+    every token as before."""
+    import json
+    import shutil
+
+    import llguidance.hf
+    from transformers import AutoTokenizer
+
+    from areal_cli import model_source
+
+    src = resolve_model("smollm2-135m-instruct")
+    out = tmp_path / "m"
+    shutil.copytree(src, out)
+    tj = json.loads((out / "tokenizer.json").read_text())
+    tj["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}
+    (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False))
+    before = AutoTokenizer.from_pretrained(out)
+    newline = before.convert_tokens_to_ids("Ċ")
+    assert llguidance.hf.from_tokenizer(before).decode_bytes([newline]) == "Ċ".encode()
+    text = '{"answer": 89, "confidence": "high"}\n<tool_call>\n  x = ü\n'
+    ids = before.encode(text)
+
+    assert model_source.convert_gguf(tmp_path, out) == out  # converted: only the decoder changes
+    after = AutoTokenizer.from_pretrained(out)
+    assert json.loads((out / "tokenizer.json").read_text())["decoder"]["type"] == "ByteLevel"
+    assert llguidance.hf.from_tokenizer(after).decode_bytes([newline]) == b"\n"
+    assert after.decode(ids) == before.decode(ids) and after.encode(text) == ids
+    assert model_source._byte_level_fix(out / "tokenizer.json") is None  # nothing more to change
+    assert model_source._byte_level_fix(src / "tokenizer.json") is None
