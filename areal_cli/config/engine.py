@@ -19,9 +19,10 @@ class VLLMConfig:
 
     tensor_parallel_size: int = 1
     """GPUs per rollout worker."""
-    pause_mode: PauseMode = PauseMode.abort
-    """Pause on weight update: "abort" (re-prefill unfinished sequences) | "keep" (keep their
-    KV)."""
+    pause_mode: PauseMode = PauseMode.keep
+    """Pause on weight update: "keep" (unfinished sequences keep their KV of the old weights and go
+    on under the new ones; the pause is the swap alone) | "abort" (they are aborted and prefilled
+    again under the new weights)."""
     enforce_eager: bool = False
     """No torch.compile / CUDA graphs (starts sooner, decodes slower)."""
     max_model_len: int = 0
