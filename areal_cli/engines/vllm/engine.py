@@ -11,10 +11,10 @@ default, raw logprobs, are of the temperature-1 distribution and disagree whenev
 
 Interruptible: on a weight update (``engine.vllm.pause_mode=abort``) every unfinished request is
 aborted, the new weights are swapped in (``engine.weight_update=inplace``: received behind
-generation into a staging copy through areal's bucketed broadcast, ``engines/vllm/inplace.py``; ``reload``: vLLM's own NCCL transfer and
-layer-wise reload, ``engines/vllm/weights.py``), and each sequence is resubmitted as prompt + the
-tokens it has so far — re-prefilled under the new version, exactly as the hf engine does. A sequence
-under a grammar (``Sequence.grammar``: vLLM's structured outputs, its llguidance backend) starts
+generation into a staging copy through areal's bucketed broadcast, ``engines/vllm/inplace.py``;
+``reload``: vLLM's own NCCL transfer and layer-wise reload, ``engines/vllm/weights.py``), and each
+sequence is resubmitted as prompt + the tokens it has so far — re-prefilled under the new version,
+exactly as the hf engine does. A sequence under a grammar (``Sequence.grammar``: vLLM's structured outputs, its llguidance backend) starts
 again from its prompt instead, since vLLM's grammar state begins at a request's first token. Every
 request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
 other weights to it (requests of one version still share their prompts' blocks) and is never reset
