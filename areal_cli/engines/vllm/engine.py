@@ -14,16 +14,16 @@ aborted, the new weights are swapped in (``engine.weight_update=inplace``: recei
 generation into a staging copy through areal's bucketed broadcast, ``engines/vllm/inplace.py``;
 ``reload``: vLLM's own NCCL transfer and layer-wise reload, ``engines/vllm/weights.py``), and each
 sequence is resubmitted as prompt + the tokens it has so far — re-prefilled under the new version,
-exactly as the hf engine does. A sequence under a grammar (``Sequence.grammar``: vLLM's structured outputs, its llguidance backend) starts
-again from its prompt instead, since vLLM's grammar state begins at a request's first token. Every
-request carries its weight version as vLLM's ``cache_salt``, so the prefix cache never serves KV of
-other weights to it (requests of one version still share their prompts' blocks) and is never reset
-(a reset walks every block of the cache while generation is held).
+exactly as the hf engine does. A sequence under a grammar (``Sequence.grammar``: vLLM's structured
+outputs, its llguidance backend) starts again from its prompt instead, since vLLM's grammar state
+begins at a request's first token. Every request carries its weight version as vLLM's
+``cache_salt``, so the prefix cache never serves KV of other weights to it (requests of one version
+still share their prompts' blocks) and is never reset (a reset walks every block of the cache while
+generation is held).
 ``engine.vllm.pause_mode=keep`` (the default) skips the abort: sequences keep their old-weight KV
-and go on under the new weights, each token recording the version that sampled it. The receiving
-end is built here when the engine has a weight source, from ``updates.py``, which holds the
-trainer's end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of
-the GPU).
+and go on under the new weights, each token recording the version that sampled it. The receiving end
+is built here when the engine has a weight source, from ``updates.py``, which holds the trainer's
+end too (``make_sender``). vLLM sizes its own KV cache (engine.gpu_memory_utilization of the GPU).
 
 Verified: after an in-place update that changed the weights (the receiver compares fingerprints of
 the received and the live weights on every GPU rank), vLLM's prompt logprobs of a fixed probe
