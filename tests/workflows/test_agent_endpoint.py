@@ -62,7 +62,7 @@ def test_recorded_trajectories_are_the_engines_ids_across_a_weight_update(setup,
 
 
 @pytest.mark.parametrize("agent", ["three_calls", "three_calls_sync"])
-def test_every_episode_of_a_worker_calls_through_one_connection_pool(setup, agent):
+def test_every_episode_of_a_worker_calls_through_the_workers_connection_pools(setup, agent):
     eng, make = setup
     flow = make(agent)
     for g in range(3):  # one group after the other: 2 episodes at once
@@ -74,7 +74,7 @@ def test_every_episode_of_a_worker_calls_through_one_connection_pool(setup, agen
     # synchronous openai client closes a stream's connection when it reads [DONE] (before the
     # chunked body's end): one more per episode's streamed call
     assert flow.endpoint.connections_opened <= 2 + (6 if agent.endswith("sync") else 0)
-    assert flow.runner.http is not None and not flow.runner.http.is_closed
+    assert flow.runner.http is not None and not any(h.is_closed for h in flow.runner.http.pools)
 
 
 def test_calls_that_do_not_extend_each_other_are_separate_trajectories_of_one_episode(setup):

@@ -4,7 +4,7 @@ problem)`` is awaited in the endpoint's event loop and returns what the agent re
 describes in full).
 
 - ``AsyncAgent``: ``async def run(client, problem)``, awaited in the endpoint's loop with an
-  ``openai.AsyncOpenAI`` client; every episode's client shares one connection pool.
+  ``openai.AsyncOpenAI`` client; the episodes' clients share the worker's connection pools.
 - ``ThreadAgent``: a plain ``def run(client, problem)`` (or an async one marked
   ``run.blocking = True``) in a pool of ``workflow.agent_concurrency`` threads, so a blocking call
   never stalls the endpoint's loop. A plain function gets an ``openai.OpenAI`` client on one shared
@@ -82,10 +82,10 @@ def running_for(key: str):
 class AsyncAgent:
     def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
         self.fn, self.base, self.token, self.cfg = fn, base, token, cfg
-        # one HTTP connection pool for every episode's client, made in the endpoint's loop at the
-        # first episode: a client of its own per episode would build a TLS context (the system's
-        # certificates read and parsed) and open a connection for each call
-        self.http = None
+        # the worker's HTTP connection pools, shared by the episodes' clients, made in the
+        # endpoint's loop at the first episode: a client of its own per episode would build a TLS
+        # context (the system's certificates read and parsed) and open a connection for each call
+        self.http: Pools | None = None
 
     def describe(self) -> str:
         return "async, in the endpoint's event loop"
@@ -94,43 +94,38 @@ class AsyncAgent:
         import openai
 
         if self.http is None:
-            import httpx
-
-            n = self.cfg.agent_concurrency
-            self.http = openai.DefaultAsyncHttpxClient(
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
-        # the shared pool is closed with the workflow, never by an episode's client
-        client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
-                               max_retries=0, timeout=client_timeout(self.cfg),
-                               http_client=self.http)
-        with running_for(episode.key):  # the agent's task, made within, inherits it
-            return await episode.clock.bound(self.fn(client, problem))
+            self.http = Pools(self.cfg.agent_concurrency, openai.DefaultAsyncHttpxClient)
+        # the shared pools are closed with the workflow, never by an episode's client
+        with self.http.lease() as http:
+            client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
+                                   max_retries=0, timeout=client_timeout(self.cfg),
+                                   http_client=http)
+            with running_for(episode.key):  # the agent's task, made within, inherits it
+                return await episode.clock.bound(self.fn(client, problem))
 
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self.http is not None:
+        if self.http is None:
+            return
+        for http in self.http.pools:
             try:
-                asyncio.run_coroutine_threadsafe(self.http.aclose(), loop).result(5)
+                asyncio.run_coroutine_threadsafe(http.aclose(), loop).result(5)
             except (cf.TimeoutError, RuntimeError) as err:  # a loop already stopping
                 log.warning("agent endpoint: closing its client pool: %r", err)
+                return
 
 
 class ThreadAgent:
     def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
-        import httpx
         import openai
 
         self.fn, self.base, self.token, self.cfg = fn, base, token, cfg
         self.is_async = inspect.iscoroutinefunction(fn)
         n = cfg.agent_concurrency
         self.pool = DaemonPool(n, "agent")
-        # httpx.Client is thread-safe: one pool of connections for every thread's client
-        self.http = openai.DefaultHttpxClient(
-            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
-        self.ssl = None
-        if self.is_async:  # each episode's own async pool shares these certificates, read once
-            import ssl
-
-            self.ssl = ssl.create_default_context()
+        # httpx.Client is thread-safe: the threads' clients share the worker's pools
+        self.http = Pools(n, openai.DefaultHttpxClient)
+        # each episode's own async pool (a blocking async agent) shares these certificates
+        self.ssl = self.http.ssl
         self.overrunning = 0  # threads still running an agent whose episode timed out
 
     def describe(self) -> str:
@@ -170,9 +165,10 @@ class ThreadAgent:
         with running_for(key):
             if self.is_async:  # the loop's tasks inherit the context
                 return asyncio.run(self._call_async(url, problem))
-            client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
-                                   timeout=client_timeout(self.cfg), http_client=self.http)
-            return self.fn(client, problem)
+            with self.http.lease() as http:
+                client = openai.OpenAI(base_url=url, api_key=self.token, max_retries=0,
+                                       timeout=client_timeout(self.cfg), http_client=http)
+                return self.fn(client, problem)
 
     async def _call_async(self, url: str, problem: Problem):
         import openai
@@ -185,7 +181,47 @@ class ThreadAgent:
     def close(self, loop: asyncio.AbstractEventLoop) -> None:
         # threads of agents that overran are not waited for: they end with the process
         self.pool.shutdown()
-        self.http.close()
+        for http in self.http.pools:
+            http.close()
+
+
+POOL_CONNECTIONS = 16
+"""Connections of one HTTP pool of the episodes' clients. httpcore looks through every connection of
+a pool for each request it places: with one pool of ~1,000 connections (an agent run's episodes at
+once) that search took 41% of the endpoint thread's time (py-spy, 2-core CPU), and the engine waited
+for requests. The worker's connections are split among pools of this size instead."""
+
+
+class Pools:
+    """``ceil(n / POOL_CONNECTIONS)`` HTTP connection pools (``make(limits=..., verify=...)``: an
+    httpx client, sync or async) sharing one TLS context, holding ``n`` connections in all; an
+    episode leases the one fewest episodes use (``lease``, from any thread)."""
+
+    def __init__(self, n: int, make):
+        import ssl
+
+        import httpx
+
+        n = max(1, n)
+        k = -(-n // POOL_CONNECTIONS)
+        size = -(-n // k)
+        self.ssl = ssl.create_default_context()  # the system's certificates, read once
+        self.pools = [make(limits=httpx.Limits(max_connections=size,
+                                               max_keepalive_connections=size),
+                           verify=self.ssl) for _ in range(k)]
+        self.users = [0] * k
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lease(self):
+        with self.lock:
+            i = min(range(len(self.pools)), key=self.users.__getitem__)
+            self.users[i] += 1
+        try:
+            yield self.pools[i]
+        finally:
+            with self.lock:
+                self.users[i] -= 1
 
 
 class DaemonPool:

@@ -134,22 +134,30 @@ class Server:
 
 
 DISCONNECTED = object()
-DISCONNECT_POLL_S = 0.25
 
 
 async def until_disconnected(request: Request, work):
     """``work``'s result, or ``DISCONNECTED`` once the client has gone away (``work`` is then
-    cancelled, and so its requests in the engine)."""
+    cancelled, and so its requests in the engine). The request's body is read by then: the server's
+    next message for it is the disconnection, awaited once (polling ``is_disconnected`` four times a
+    second for each of ~1,000 open calls took 15% of the endpoint thread)."""
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ApiError):
-                await task
-            return DISCONNECTED
+    gone = asyncio.ensure_future(_disconnection(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, ApiError):
+        await task
+    return DISCONNECTED
+
+
+async def _disconnection(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def read_body(request: Request, limit: int) -> bytes | None:
