@@ -42,7 +42,9 @@ def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
     kept = rows[warmup:] or rows
     wall = sum(r["step_wall_s"] for r in kept)
     return {"steps": len(kept), "episodes_per_s": episodes_per_step * len(kept) / wall,
-            "gen_tokens_per_s": statistics.mean(r["gen_tokens_per_s"] for r in kept),
+            # the tokens of every kept step over their wall time (a mean of the steps' rates would
+            # weigh a 0.2-s step, which a buffered batch makes, as much as a 10-s one)
+            "gen_tokens_per_s": sum(r["gen_tokens_per_s"] * r["step_wall_s"] for r in kept) / wall,
             "step_s_median": statistics.median(r["step_wall_s"] for r in kept),
             "calls_per_episode": (sum(r.get("agent_calls", 0) for r in kept) /
                                   max(1, sum(r.get("agent_episodes", 0) for r in kept))) or 1.0}
