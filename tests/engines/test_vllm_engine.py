@@ -61,9 +61,10 @@ def never_reset():
                          "generation")
 
 
-def fake_engine() -> VLLMEngine:
+def fake_engine(pause_mode: str = "abort") -> VLLMEngine:
     eng = VLLMEngine.__new__(VLLMEngine)
     eng.engine_cfg, eng.core = EngineConfig(name="vllm"), FakeCore()
+    eng.engine_cfg.vllm.pause_mode, eng._slept = pause_mode, False
     eng.llm = types.SimpleNamespace(reset_prefix_cache=never_reset)
     eng._params = lambda n, ignore_eos=False, top=0, grammar="": types.SimpleNamespace(
         max_tokens=n, ignore_eos=ignore_eos, logprobs=top, grammar=grammar)
@@ -100,6 +101,27 @@ def test_interrupted_sequence_continues_from_its_tokens_under_the_new_version():
     assert seq.versions == [0] * made + [1] * (5 - made)
     assert seq.logprobs == [0.0] * made + [-0.1] * (5 - made)
     assert seq.segments == 2 and seq.finish_reason == "length" and eng.in_flight() == 0
+
+
+def test_with_pause_mode_keep_a_sequence_goes_on_in_its_request_under_the_new_version():
+    """The default: nothing is aborted or resubmitted; the tokens after the swap are the new
+    version's (their logprobs too), in the same request."""
+    eng = fake_engine("keep")
+    assert EngineConfig(name="vllm").vllm.pause_mode == "keep"
+    eng.submit(Sequence("a", [1, 2], max_new_tokens=5))
+    for _ in range(2):
+        for out in eng.core.step():
+            assert eng._apply(out) is None
+    with eng.paused(1) as timings:
+        eng.core.version = 1
+    assert eng.core.aborted == [] and list(eng.core.requests) == ["a#1"]
+    assert timings["interrupted"] == 1
+    done = []
+    while not done:
+        done = eng.poll(0.01)
+    seq = done[0]
+    assert seq.versions == [0, 0, 1, 1, 1] and len(seq.output_ids) == 5
+    assert seq.logprobs[:2] == [0.0, 0.0] and seq.logprobs[2:] == pytest.approx([-0.1] * 3)
 
 
 def test_an_interrupted_sequence_under_a_grammar_starts_again_from_its_prompt():
