@@ -117,6 +117,7 @@ def test_unknown_architecture_in_a_local_directory_is_refused(tmp_path):
         check_supported(tmp_path, "model=x")
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_docs_examples_with_the_hub_alias_run_through_dry_run(hub):
     """docs/multinode.md's Slurm example and a local one, with the alias resolved from the cache."""
     cache, snaps = hub

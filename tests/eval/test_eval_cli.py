@@ -47,6 +47,7 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_cli_writes_eval_json_matching_the_printed_table(tiny_model, tmp_path):
     run_dir = tmp_path / "run"  # a run_dir stands for its final checkpoint: base vs "trained"
     shutil.copytree(tiny_model, run_dir / "checkpoints" / "final")
@@ -148,6 +149,7 @@ def test_evaluate_on_the_real_135m_model():
     assert any(s["answer"] is not None for s in result["samples"])  # a real model writes numbers
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_an_agent_is_evaluated_greedily_through_the_endpoint(tiny_model, tmp_path):
     out = tmp_path / "out"
     cmd = AREAL + [f"model={tiny_model}", "workflow=agent",

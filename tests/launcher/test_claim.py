@@ -14,6 +14,7 @@ from areal_cli.launcher.plan import make_plan
 from areal_cli.runconfig.compose import compose, save_yaml
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_runs_started_in_the_same_second_get_their_own_directories(tmp_path):
     dirs = [new_run_dir(tmp_path) for _ in range(50)]
     assert len(set(dirs)) == 50 and all(d.is_dir() for d in dirs)
@@ -41,6 +42,7 @@ def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
     RunLock(tmp_path).release()  # a crashed holder leaves no stale lock
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_resume_of_a_locked_run_dir_exits_2_naming_the_holder(tmp_path):
     run = tmp_path / "run"
     run.mkdir(mode=0o700)  # as areal makes them: a run others can read is refused before its lock
@@ -71,6 +73,7 @@ def test_links_in_a_run_directory_are_named(tmp_path):
         RunLock(run)
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_a_dry_run_checks_what_a_start_checks(tmp_path):
     """--dry-run prints the plan, then runs the start's checks (the model, the data, custom code):
     a data file a start would refuse exits 2 here too, naming it."""

@@ -44,6 +44,7 @@ def test_bad_lora_settings_exit_2_before_any_process(tiny_model, tmp_path, overr
     assert _nothing_started(run)
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_a_lora_checkpoint_resumed_with_another_rank_exits_2(tiny_model, tmp_path):
     run = tmp_path / "r"
     cfg = compose([f"model={tiny_model}", f"run_dir={run}", "trainer.lora.rank=4", *TINY_RUN])

@@ -158,6 +158,7 @@ def test_an_existing_run_dir_others_can_read_is_made_0700_unless_it_holds_a_run(
     assert stat.S_IMODE(held.stat().st_mode) == 0o755
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_dry_run_checks_the_run_dir_as_a_start_does(tmp_path):
     """Before: --dry-run skipped the run directory's checks and printed a plan a start refuses."""
     open_dir, held = tmp_path / "open", tmp_path / "held"

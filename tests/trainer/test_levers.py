@@ -110,6 +110,7 @@ def _two_ranks(rank: int, init: str, path: str, out: str) -> None:
     exit_now(0)  # as every areal process ends: no interpreter teardown beside a gloo thread
 
 
+@pytest.mark.slow  # 10-19 s: make test-slow (make test stays within 15 minutes)
 def test_keeping_parameters_gathered_after_forward_gives_the_same_step(tiny_model, tmp_path):
     out = tmp_path / "rank0.pt"
     mp.spawn(_two_ranks, args=(f"file://{tmp_path / 'store'}", str(tiny_model), str(out)), nprocs=2,
