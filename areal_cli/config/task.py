@@ -203,7 +203,9 @@ class RewardConfig:
     the reference occurs inside the answer); false = only a correct answer earns reward (1), else
     0."""
     timeout_s: float = 10.0
-    """Per-call limit in the reward pool; a call past it scores 0 with status "timeout"."""
+    """Per-call limit in the reward pool, and of a model-based part's call from when the
+    reward-model process takes it (a call queued behind others there waits up to 10× as long to be
+    taken); a call past it scores 0 with status "timeout"."""
     workers: int = 2
     """Reward worker processes per rollout worker."""
     numeric_tol: float = 1e-6

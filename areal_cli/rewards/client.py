@@ -2,8 +2,10 @@
 (part, problem, completion) and returns a Future of a ``RewardResult``.
 
 Guarantees, as the reward pool's: submit() never blocks; every call resolves within
-reward.timeout_s of its submission: a reply, or status "timeout" (counted in ``timeouts``) when
-none came in time (the process is busy, hung or dead; a late reply is dropped); status "error"
+reward.timeout_s of the moment the reward-model process takes it (``RewardTaken``), and within
+``QUEUED`` times that of its submission while it is not taken (queued behind others' calls): a
+reply, or status "timeout" (counted in ``timeouts``) when none came in time (the process is busy,
+hung or dead; a late reply is dropped); status "error"
 (counted in ``errors``) for a failed batch; a judge's unparseable verdict comes back as
 "parse_error" (``parse_errors``) or "error", per reward.judge.on_parse_error. One thread owns
 the DEALER socket (ZeroMQ sockets are single-threaded); callers only touch a queue.
@@ -30,10 +32,14 @@ from areal_cli.rundir import RunDir
 from areal_cli.tasks.base import Problem
 from areal_cli.transport.auth import Keys
 from areal_cli.transport.channels import reward_client
-from areal_cli.transport.messages import RewardReply, RewardRequest
+from areal_cli.transport.messages import RewardReply, RewardRequest, RewardTaken
 
 logger = logging.getLogger(__name__)
 PROCESS = "reward-model"
+QUEUED = 10
+"""A call not yet taken by the reward-model process (queued behind other calls: a judge on 2 CPU
+cores scores a step's completions in several forwards) times out after this many
+reward.timeout_s."""
 
 
 def reward_address(run_dir: str | Path, timeout_s: float) -> str:
@@ -55,8 +61,9 @@ class ServedRewards:
         self.timeouts = self.errors = self.parse_errors = 0
         self._ids = itertools.count()
         self._queue: collections.deque = collections.deque()
-        # request id → (future, deadline, problem id)
+        # request id → (future, deadline, problem id); taken: the ids the process has started
         self._waiting: dict[int, tuple[Future, float, str]] = {}
+        self._taken: set[int] = set()
         self._lock = threading.Lock()
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -73,7 +80,8 @@ class ServedRewards:
         with self._lock:
             if self._closed:
                 raise RuntimeError("ServedRewards.submit after close()")
-            self._queue.append((req, future, time.monotonic() + self.cfg.timeout_s, problem.id))
+            self._queue.append((req, future, time.monotonic() + QUEUED * self.cfg.timeout_s,
+                                problem.id))
         os.write(self._wake_w, b"x")
         return future
 
@@ -120,8 +128,15 @@ class ServedRewards:
                              RewardResult(0.0, "error", f"the {PROCESS} process takes no requests"))
 
     def _on_reply(self, msg) -> None:
-        if not isinstance(msg, RewardReply) or msg.request_id not in self._waiting:
+        if getattr(msg, "request_id", None) not in self._waiting:
             return  # a late reply to a call that already timed out
+        if isinstance(msg, RewardTaken):
+            future, _, pid = self._waiting[msg.request_id]
+            self._waiting[msg.request_id] = (future, time.monotonic() + self.cfg.timeout_s, pid)
+            self._taken.add(msg.request_id)
+            return
+        if not isinstance(msg, RewardReply):
+            return
         info = {"batch": msg.batch, "batch_workers": msg.batch_workers}
         score = float(msg.score) if math.isfinite(msg.score) else 0.0
         status = msg.status if math.isfinite(msg.score) else "nonfinite"
@@ -129,13 +144,18 @@ class ServedRewards:
 
     def _expire(self) -> None:
         now = time.monotonic()
+        t = self.cfg.timeout_s
         for rid in [rid for rid, (_, deadline, _) in self._waiting.items() if now >= deadline]:
-            self._finish(rid, RewardResult(0.0, "timeout", f"no reply from the {PROCESS} process "
-                                                          "within "
-                                                          f"reward.timeout_s={self.cfg.timeout_s:g}s"))
+            why = (f"no reply from the {PROCESS} process within reward.timeout_s={t:g}s of its "
+                   "taking the call" if rid in self._taken else
+                   f"the {PROCESS} process did not take the call within {QUEUED} × "
+                   f"reward.timeout_s={QUEUED * t:g}s (busy with other calls, hung or dead; "
+                   f"see logs/{PROCESS}.log)")
+            self._finish(rid, RewardResult(0.0, "timeout", why))
 
     def _finish(self, rid: int, result: RewardResult) -> None:
         future, _, pid = self._waiting.pop(rid)
+        self._taken.discard(rid)
         if result.status != "ok":
             counter = {"timeout": "timeouts", "parse_error": "parse_errors"}.get(result.status,
                                                                                  "errors")

@@ -30,7 +30,7 @@ from areal_cli.rundir import RunDir
 from areal_cli.runtime import run_main, set_threads, setup_process
 from areal_cli.transport.auth import Gatekeeper, load_keys
 from areal_cli.transport.channels import Channel, Endpoints, ReplyRouter, max_frame_bytes
-from areal_cli.transport.messages import RewardReply, RewardRequest, Stop
+from areal_cli.transport.messages import RewardReply, RewardRequest, RewardTaken, Stop
 
 NAME = "reward-model"
 """The process's name: its log is logs/reward-model.log; errors of its parts name it."""
@@ -122,6 +122,8 @@ class Server:
         for part, items in chunks:
             requests = [r for _, r in items]
             workers = len({identity for identity, _ in items})
+            for identity, req in items:  # each call's reward.timeout_s counts from now
+                self.sock.reply(identity, RewardTaken(req.request_id))
             for (identity, req), (score, status, detail) in zip(items, self._score(part, requests),
                                                                 strict=True):
                 self.sock.reply(identity,

@@ -260,6 +260,14 @@ class RewardRequest:
 
 
 @message
+class RewardTaken:
+    """The reward-model process starts scoring this request now: its reward.timeout_s counts from
+    here, not from its submission (time queued behind other requests is not the call's)."""
+
+    request_id: int  # as in the RewardRequest
+
+
+@message
 class RewardReply:
     request_id: int  # as in the RewardRequest
     score: float  # 0 unless status is "ok" (or "parse_error" with reward.judge.on_parse_error=min)
@@ -440,5 +448,5 @@ CHANNELS: dict[str, tuple[type, ...]] = {
     "ranks": (Batch, Stop),
     # rollout DEALER → reward-model ROUTER, and the replies back  # trainer rank 0 → the other ranks
     # (torch broadcast of the frame, ranks.py)
-    "reward": (RewardRequest, RewardReply),
+    "reward": (RewardRequest, RewardTaken, RewardReply),
 }

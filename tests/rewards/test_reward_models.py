@@ -22,7 +22,7 @@ from areal_cli.rewards.judge import Judge, parse_number, render
 from areal_cli.rewards.reward_model import RewardModel, head_config, label_index
 from areal_cli.tasks import Problem
 from areal_cli.transport.channels import ReplyRouter
-from areal_cli.transport.messages import RewardReply
+from areal_cli.transport.messages import RewardReply, RewardTaken
 
 PROBLEM = Problem("p/0", "What is 3 + 4?", "7")
 
@@ -121,11 +121,13 @@ def test_reward_model_scores_a_batch_as_one_by_one(tmp_path):
 
 class FakeJudgeProcess:
     """A real ROUTER on loopback standing in for the reward-model process: it answers each
-    request with score 0.25, or never when ``silent``."""
+    request with score 0.25, or never when ``silent``; ``take_after``: seconds a request waits
+    before the process says it takes it (the reply follows ``score_s`` later), None = never."""
 
-    def __init__(self, keys, gate, silent=False):
+    def __init__(self, keys, gate, silent=False, take_after=None, score_s=0.0):
         self.sock = ReplyRouter("tcp://127.0.0.1:0", keys, 1 << 20, gate)
         self.silent, self.seen = silent, []
+        self.take_after, self.score_s = take_after, score_s
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -133,7 +135,13 @@ class FakeJudgeProcess:
     def _run(self):
         while not self.stop.is_set():
             got = self.sock.recv_from(0.05)
-            if got and not self.silent:
+            if not got:
+                continue
+            if self.take_after is not None:
+                time.sleep(self.take_after)
+                self.sock.reply(got[0], RewardTaken(got[1].request_id))
+                time.sleep(self.score_s)
+            if not self.silent:
                 self.seen.append(got[1])
                 self.sock.reply(got[0], RewardReply(got[1].request_id, 0.25, "ok", "", 1, 1))
 
@@ -143,15 +151,38 @@ class FakeJudgeProcess:
         self.sock.close()
 
 
-def test_served_rewards_time_out_without_a_reply(keys, gate):
-    server = FakeJudgeProcess(keys, gate, silent=True)
-    client = ServedRewards(RewardConfig(fn="judge", timeout_s=0.3), server.sock.addr, "rollout-0",
+@pytest.mark.parametrize("take_after", [None, 0.2])
+def test_served_rewards_time_out_without_a_reply(keys, gate, take_after):
+    """Taken and never answered: reward.timeout_s after the take. Never taken (the process busy,
+    hung or dead): QUEUED times that after the submission, and the message says which."""
+    server = FakeJudgeProcess(keys, gate, silent=True, take_after=take_after)
+    client = ServedRewards(RewardConfig(fn="judge", timeout_s=0.1), server.sock.addr, "rollout-0",
                            keys, 1 << 20)
     try:
         t0 = time.monotonic()
-        result = client.submit("judge", PROBLEM, "7").result(timeout=5)
-        assert result.status == "timeout" and "reward.timeout_s=0.3" in result.detail
-        assert 0.25 < time.monotonic() - t0 < 2.0 and client.timeouts == 1
+        result = client.submit("judge", PROBLEM, "7").result(timeout=10)
+        waited = time.monotonic() - t0
+        assert result.status == "timeout" and client.timeouts == 1
+        if take_after is None:
+            assert "did not take the call within 10 × reward.timeout_s=1s" in result.detail
+            assert 0.95 < waited < 3.0
+        else:
+            assert "within reward.timeout_s=0.1s of its taking the call" in result.detail
+            assert 0.28 < waited < 0.95
+    finally:
+        client.close()
+        server.close()
+
+
+def test_time_queued_in_the_reward_process_is_not_the_calls(keys, gate):
+    """A call the process takes after 0.4 s and answers 0.05 s later is answered, at a
+    reward.timeout_s of 0.2 s: the limit counts from the take."""
+    server = FakeJudgeProcess(keys, gate, take_after=0.4, score_s=0.05)
+    client = ServedRewards(RewardConfig(fn="judge", timeout_s=0.2), server.sock.addr, "rollout-0",
+                           keys, 1 << 20)
+    try:
+        result = client.submit("judge", PROBLEM, "7").result(timeout=10)
+        assert result.status == "ok" and result.score == 0.25 and client.timeouts == 0
     finally:
         client.close()
         server.close()

@@ -26,6 +26,7 @@ from areal_cli.transport.messages import (
     Phase,
     RewardReply,
     RewardRequest,
+    RewardTaken,
     Sample,
     Sleep,
     StaleBefore,
@@ -110,6 +111,7 @@ EXAMPLES = {  # one well-formed message of every registered type
     Bye: Bye("trainer-0", finished=True),
     WeightsLoaded: WeightsLoaded("rollout-1", 3, {"pause_total_s": 0.1}),
     RewardRequest: RewardRequest(4, "judge", "What is 3 + 4?", "7", "{problem} Answer: 7"),
+    RewardTaken: RewardTaken(4),
     RewardReply: RewardReply(4, 0.75, "ok", "", 8, 2),
 }
 
