@@ -64,16 +64,14 @@ def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: i
                    moments_bytes: int,
                    lora: bool, staged: bool, chunk: int) -> int:
     """Estimated peak of trainer rank 0: ``every`` None = no checkpointing, k = every k-th layer."""
-    per_param = 4 if lora else 4 + 4 + moments_bytes
-    states = lay.params * per_param / ranks
-    wire = 2 * lay.params if staged else 0
+    grads = 0 if lora else lay.params * 4 / ranks
     whole = ACT_FACTOR * (18 * lay.hidden + 6 * lay.intermediate)
     # layers not recomputed
     kept = lay.layers if every is None else lay.layers - -(-lay.layers // every)
     inputs = (lay.layers - kept) * 4 * lay.hidden
     acts = micro_batch_tokens * (kept * whole + inputs + (whole if every is not None else 0))
     head = 3 * chunk * lay.vocab * 4
-    return int(states + wire + acts + head + HEADROOM)
+    return int(_kept(lay, ranks, moments_bytes, lora, staged) + grads + acts + head)
 
 
 def resident_bytes(lay: Layout, *, ranks: int, moments_bytes: int, lora: bool,
@@ -81,8 +79,14 @@ def resident_bytes(lay: Layout, *, ranks: int, moments_bytes: int, lora: bool,
     """What trainer rank 0 keeps on its card between two steps (its gradients freed): weights and
     AdamW moments, the staged wire copy, ``HEADROOM``. With ``cluster.share=alternate`` the engine
     wakes beside this much at each update."""
+    return int(_kept(lay, ranks, moments_bytes, lora, staged))
+
+
+def _kept(lay: Layout, ranks: int, moments_bytes: int, lora: bool, staged: bool) -> float:
+    """Bytes of weights and AdamW moments per rank (with LoRA the frozen weights alone), the staged
+    wire copy and ``HEADROOM``: what a rank holds outside a step's gradients and activations."""
     per_param = 4 if lora else 4 + moments_bytes
-    return int(lay.params * per_param / ranks + (2 * lay.params if staged else 0) + HEADROOM)
+    return lay.params * per_param / ranks + (2 * lay.params if staged else 0) + HEADROOM
 
 
 def choose(lay: Layout, card_bytes: int, **kw) -> tuple[int | None, int]:

@@ -61,9 +61,8 @@ class ServedRewards:
         self.timeouts = self.errors = self.parse_errors = 0
         self._ids = itertools.count()
         self._queue: collections.deque = collections.deque()
-        # request id → (future, deadline, problem id); taken: the ids the process has started
-        self._waiting: dict[int, tuple[Future, float, str]] = {}
-        self._taken: set[int] = set()
+        # request id → (future, deadline, problem id, taken by the process yet)
+        self._waiting: dict[int, tuple[Future, float, str, bool]] = {}
         self._lock = threading.Lock()
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
@@ -100,7 +99,7 @@ class ServedRewards:
         poller.register(self._wake_r, zmq.POLLIN)
         while not self._closed:
             self._send_queued(sock)
-            nearest = min((d for _, d, _ in self._waiting.values()), default=math.inf)
+            nearest = min((d for _, d, _, _ in self._waiting.values()), default=math.inf)
             wait_ms = int(min(0.1, max(0.0, nearest - time.monotonic())) * 1000)
             ready = dict(poller.poll(wait_ms))
             if self._wake_r in ready:
@@ -112,7 +111,7 @@ class ServedRewards:
                 self._on_reply(msg)
             self._expire()
         sock.close()
-        for future, _, _ in self._waiting.values():
+        for future, _, _, _ in self._waiting.values():
             settle(future, RewardResult(0.0, "error", "reward client closed"))
 
     def _send_queued(self, sock) -> None:
@@ -121,7 +120,7 @@ class ServedRewards:
                 if not self._queue:
                     return
                 req, future, deadline, pid = self._queue.popleft()
-            self._waiting[req.request_id] = (future, deadline, pid)
+            self._waiting[req.request_id] = (future, deadline, pid, False)
             # 10000 requests already queued for a process that is not reading
             if not sock.try_send(req):
                 self._finish(req.request_id,
@@ -131,9 +130,9 @@ class ServedRewards:
         if getattr(msg, "request_id", None) not in self._waiting:
             return  # a late reply to a call that already timed out
         if isinstance(msg, RewardTaken):
-            future, _, pid = self._waiting[msg.request_id]
-            self._waiting[msg.request_id] = (future, time.monotonic() + self.cfg.timeout_s, pid)
-            self._taken.add(msg.request_id)
+            future, _, pid, _ = self._waiting[msg.request_id]
+            self._waiting[msg.request_id] = (future, time.monotonic() + self.cfg.timeout_s, pid,
+                                             True)
             return
         if not isinstance(msg, RewardReply):
             return
@@ -145,17 +144,18 @@ class ServedRewards:
     def _expire(self) -> None:
         now = time.monotonic()
         t = self.cfg.timeout_s
-        for rid in [rid for rid, (_, deadline, _) in self._waiting.items() if now >= deadline]:
+        expired = [(rid, taken) for rid, (_, deadline, _, taken) in self._waiting.items()
+                   if now >= deadline]
+        for rid, taken in expired:
             why = (f"no reply from the {PROCESS} process within reward.timeout_s={t:g}s of its "
-                   "taking the call" if rid in self._taken else
+                   "taking the call" if taken else
                    f"the {PROCESS} process did not take the call within {QUEUED} × "
                    f"reward.timeout_s={QUEUED * t:g}s (busy with other calls, hung or dead; "
                    f"see logs/{PROCESS}.log)")
             self._finish(rid, RewardResult(0.0, "timeout", why))
 
     def _finish(self, rid: int, result: RewardResult) -> None:
-        future, _, pid = self._waiting.pop(rid)
-        self._taken.discard(rid)
+        future, _, pid, _ = self._waiting.pop(rid)
         if result.status != "ok":
             counter = {"timeout": "timeouts", "parse_error": "parse_errors"}.get(result.status,
                                                                                  "errors")

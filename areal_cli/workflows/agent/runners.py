@@ -124,8 +124,6 @@ class ThreadAgent:
         self.pool = DaemonPool(n, "agent")
         # httpx.Client is thread-safe: the threads' clients share the worker's pools
         self.http = Pools(n, openai.DefaultHttpxClient)
-        # each episode's own async pool (a blocking async agent) shares these certificates
-        self.ssl = self.http.ssl
         self.overrunning = 0  # threads still running an agent whose episode timed out
 
     def describe(self) -> str:
@@ -173,7 +171,8 @@ class ThreadAgent:
     async def _call_async(self, url: str, problem: Problem):
         import openai
 
-        async with openai.DefaultAsyncHttpxClient(verify=self.ssl) as http:
+        # each episode's own async pool shares the worker's certificates, read once
+        async with openai.DefaultAsyncHttpxClient(verify=self.http.ssl) as http:
             client = EpisodeClient(base_url=url, api_key=self.token, max_retries=0,
                                    timeout=client_timeout(self.cfg), http_client=http)
             return await self.fn(client, problem)
