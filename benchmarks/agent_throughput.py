@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -36,6 +37,15 @@ def run(name: str, overrides: list[str], out: Path, steps: int) -> list[dict]:
     subprocess.run(cmd, check=True, cwd=Path(__file__).resolve().parents[1])
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()
             if x.strip()]
+
+
+def engine_figures(run_dir: Path) -> dict:
+    """The engine's own line of the whole run (rollout-0's log): its tokens/s while it held
+    sequences, and how many it held on average then."""
+    line = re.findall(r"generation over the run: .*?([\d.]+) tokens/s generating, ([\d.]+) "
+                      r"sequences at once", (run_dir / "logs" / "rollout-0.log").read_text())
+    return ({"engine_tokens_per_s": float(line[-1][0]), "sequences_held": float(line[-1][1])}
+            if line else {})
 
 
 def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
@@ -64,9 +74,11 @@ def main() -> None:
     common = [f"trainer.batch_size={args.batch}", f"rollout.group_size={args.group}", *overrides]
     per_step = args.batch * args.group
     single = summary(run("single_turn", common, out, args.steps), args.warmup, per_step)
+    single.update(engine_figures(out / "single_turn"))
     agent = summary(run("agent", ["workflow=agent", f"workflow.agent={args.agent}", *common], out,
                         args.steps),
                     args.warmup, per_step)
+    agent.update(engine_figures(out / "agent"))
     result = {"single_turn": single, "agent": agent, "agent_spec": args.agent, "overrides": common,
               "episodes_per_s_ratio": agent["episodes_per_s"] / single["episodes_per_s"],
               "gen_tokens_per_s_ratio": agent["gen_tokens_per_s"] / single["gen_tokens_per_s"]}
@@ -75,7 +87,9 @@ def main() -> None:
         r = result[name]
         print(f"{name:12s} episodes/s {r['episodes_per_s']:.2f}  gen tokens/s "
               f"{r['gen_tokens_per_s']:.0f}  step {r['step_s_median']:.1f} s  calls/episode "
-              f"{r['calls_per_episode']:.2f}  ({r['steps']} steps)")
+              f"{r['calls_per_episode']:.2f}  ({r['steps']} steps); engine over the run: "
+              f"{r.get('engine_tokens_per_s', 0):.0f} tokens/s while holding "
+              f"{r.get('sequences_held', 0):.1f} sequences")
     print(f"agent / single_turn: episodes/s {result['episodes_per_s_ratio']:.2f}x, gen tokens/s "
           f"{result['gen_tokens_per_s_ratio']:.2f}x   ({out / 'agent_throughput.json'})")
 

@@ -81,6 +81,7 @@ class GenerationSpeed:
     def __init__(self, every_s: float = 30.0):
         self.every_s, self.tokens, self.busy_s, self.held_s = every_s, 0, 0.0, 0.0
         self.wall0 = self.last = time.perf_counter()
+        self.run = [0, 0.0, 0.0]  # the same over the whole run: tokens, busy_s, held_s
 
     def add(self, held: int, log) -> None:
         """One turn of the worker's loop; ``held``: sequences in the engine when it began."""
@@ -89,12 +90,23 @@ class GenerationSpeed:
         self.held_s += (now - self.last) * held
         self.last = now
         if now - self.wall0 >= self.every_s:
-            busy = max(self.busy_s, 1e-9)
-            log.info("generation: %d tokens in %.0fs, %.0fs of it generating: %.0f tokens/s "
-                     "generating, %.1f sequences at "
-                     "once", self.tokens, now - self.wall0, self.busy_s, self.tokens / busy,
-                     self.held_s / busy)
+            self._log(log, "generation: %d tokens in %.0fs", self.tokens, now - self.wall0,
+                      self.busy_s, self.held_s)
+            self.run = [self.run[0] + self.tokens, self.run[1] + self.busy_s,
+                        self.run[2] + self.held_s]
             self.tokens, self.busy_s, self.held_s, self.wall0 = 0, 0.0, 0.0, now
+
+    def close(self, log) -> None:
+        """The line of the whole run (benchmarks/agent_throughput.py reads its sequences)."""
+        tokens, busy, held = (self.run[0] + self.tokens, self.run[1] + self.busy_s,
+                              self.run[2] + self.held_s)
+        self._log(log, "generation over the run: %d tokens, %.0fs", tokens, busy, busy, held)
+
+    @staticmethod
+    def _log(log, head: str, tokens: int, wall_s: float, busy_s: float, held_s: float) -> None:
+        busy = max(busy_s, 1e-9)
+        log.info(head + ", %.0fs of it generating: %.0f tokens/s generating, %.1f sequences at "
+                 "once", tokens, wall_s, busy_s, tokens / busy, held_s / busy)
 
 
 class Worker:
@@ -180,6 +192,7 @@ class Worker:
                 self.results.send(result)
                 self.hb.advance()
         self.log.info("stop received")
+        self.speed.close(self.log)
 
     def _step_engine(self) -> None:
         """Take work while there is room, step the engine once and hand what finished to the

@@ -61,7 +61,11 @@ case $phase in
     # cluster.share=alternate on one GPU: vLLM sleeps through each step (the GPU test)
     [ "${ALT:-1}" = 1 ] && TAIL=30 step gpu_alternate 300 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_one_gpu_run.py -k alternate
     # grammar-constrained decoding through vLLM's structured outputs (workflow.constrained_tokens)
-    TAIL=15 step gpu_constrained 200 python3 -m pytest -q -x -p no:cacheprovider tests/gpu/test_constrained_decoding.py
+    # (each engine under the transformers it runs with: the image's for vLLM, 5.24 for hf)
+    TAIL=15 step gpu_constrained_vllm 150 python3 -m pytest -q -x -p no:cacheprovider \
+        tests/gpu/test_constrained_decoding.py -k vllm
+    TAIL=15 step gpu_constrained_hf 120 $TF python3 -m pytest -q -x -p no:cacheprovider \
+        tests/gpu/test_constrained_decoding.py -k hf
     ;;
   seven)
     # the Qwen2.5-7B layout (random weights, built here once) on cluster.gpus=[0]: MODE=lora (rank 16,

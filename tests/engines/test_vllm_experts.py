@@ -17,9 +17,10 @@ from areal_cli.transport.weights import param_specs
 
 
 def engine_names(kind: str, layers: int = 2) -> set[str]:
-    """vLLM 0.26's parameter names of ``tiny_moe``'s layouts (tied embeddings)."""
+    """vLLM 0.26's parameter names of ``tiny_moe``'s layouts (tied embeddings but OLMoE's)."""
     block = "block_sparse_moe" if kind == "mixtral" else "mlp"
-    out = {"model.embed_tokens.weight", "model.norm.weight"}
+    out = {"model.embed_tokens.weight", "model.norm.weight"} | (
+        {"lm_head.weight"} if kind == "olmoe" else set())
     for i in range(layers):
         p = f"model.layers.{i}"
         out |= {f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",

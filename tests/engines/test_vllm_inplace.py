@@ -169,6 +169,10 @@ def test_checkpoint_tensors_route_into_the_engines_fused_parameters():
         routes(specs, {**fused, f"{layer}.self_attn.o_proj.weight": torch.zeros(4, 4)})
     with pytest.raises(ValueError, match="no engine parameter for .*q_proj"):
         routes(specs, {f"{layer}.self_attn.q_proj.weight": torch.zeros(4, 4)})
+    # a checkpoint with tied embeddings (no lm_head tensor) into an engine whose model keeps its own
+    # head (vLLM's OLMoE): nothing would ever load the head, and the message says so
+    with pytest.raises(ValueError, match="ties lm_head to embed_tokens.*tie_word_embeddings=false"):
+        routes(specs, {**fused, "lm_head.weight": torch.zeros(4, 4)})
 
 
 class Sharded(torch.nn.Parameter):

@@ -87,6 +87,11 @@ def routes(specs: list[ParamSpec], params: dict[str, torch.Tensor]
     missing = sorted(n for n, (p, _) in out.items() if p not in params)
     fed = {p for p, _ in out.values()}
     unfed = sorted(p for p in params if p not in fed)
+    if unfed == ["lm_head.weight"] and not missing:
+        raise ValueError("engine.weight_update=inplace: the checkpoint ties lm_head to "
+                         "embed_tokens (tie_word_embeddings) but the engine's model keeps its own "
+                         "lm_head, which nothing would load; save the model with "
+                         "tie_word_embeddings=false and lm_head.weight written out")
     if missing or unfed:
         raise ValueError("engine.weight_update=inplace: the engine's parameters do not match the "
                          f"checkpoint's (no engine parameter for {missing[:3]}, nothing sent to "
