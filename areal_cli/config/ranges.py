@@ -108,6 +108,7 @@ RANGES: dict[str, dict[str, Range]] = {
     "VLLMConfig": {"tensor_parallel_size": COUNT, "max_model_len": AUTO0, "max_num_seqs": AUTO0},
     "WorkflowConfig": {"max_turns": COUNT, "turn_discount": FRACTION,
                        "agent_concurrency": Range(0, 4096),
+                       "agent_processes": Range(-1, 64, note="-1 = auto, 0 = none"),
                        "agent_timeout_s": TIMEOUT, "max_failed_fraction": FRACTION,
                        "agent_wall_timeout_s": Range(0, WAIT_MAX_S, note="seconds; 0 = none"),
                        "agent_memory_mb": Range(0, 1 << 30, note="MiB; 0 = no limit"),

@@ -42,6 +42,12 @@ class WorkflowConfig:
     threads of a synchronous agent's pool and the programs of agent_cmd running at once. 0 = every
     episode the worker's groups hold (its concurrent groups × group_size: as many sequences as a
     single-turn worker keeps in its engine); 64 at most for agent_cmd programs."""
+    agent_processes: int = -1
+    """agent (an ``async def`` agent): processes that run the episodes' agent code beside the
+    rollout worker, sharing its episodes, so that the agents' client code does not take turns with
+    the worker's engine loop and endpoint for one GIL. 0 = in the endpoint's event loop, in the
+    worker's process; -1 = auto: with engine=vllm, one per 4 of the worker's CPU cores (1 to 4),
+    else 0."""
     agent_timeout_s: float = 300.0
     """agent: the agent's own time per episode: its wall time less the time its calls wait in the
     engine (queued or generating). Past it the episode fails (agent_failed_episode); a program's

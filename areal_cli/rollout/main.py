@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import signal
 import time
 
@@ -82,6 +83,14 @@ class GenerationSpeed:
         self.every_s, self.tokens, self.busy_s, self.held_s = every_s, 0, 0.0, 0.0
         self.wall0 = self.last = time.perf_counter()
         self.run = [0, 0.0, 0.0]  # the same over the whole run: tokens, busy_s, held_s
+        self.gc_s, self._gc_t0 = 0.0, 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t0
 
     def add(self, held: int, log) -> None:
         """One turn of the worker's loop; ``held``: sequences in the engine when it began."""
@@ -101,6 +110,7 @@ class GenerationSpeed:
         tokens, busy, held = (self.run[0] + self.tokens, self.run[1] + self.busy_s,
                               self.run[2] + self.held_s)
         self._log(log, "generation over the run: %d tokens, %.0fs", tokens, busy, busy, held)
+        log.info("garbage collection: %.1fs of the worker's time over the run", self.gc_s)
 
     @staticmethod
     def _log(log, head: str, tokens: int, wall_s: float, busy_s: float, held_s: float) -> None:
@@ -151,6 +161,9 @@ class Worker:
         self.speed = GenerationSpeed()
         self.hb.send(Hello(self.name))
         self.log.info("ready: engine=%s, %d groups at once", self.cfg.engine.name, self.capacity)
+        gc.collect()
+        gc.freeze()  # what start-up made lives as long as the worker: no collection scans it again
+        gc.set_threshold(50_000, 20, 100)
 
     def _doing(self, what: str) -> None:
         self.hb.doing = what

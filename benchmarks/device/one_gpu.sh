@@ -17,8 +17,9 @@
 #                                        the run's shape) alone, then beside a steady vLLM decode load on
 #                                        the same card (vllm_load.py), with FSDP and without (trainer.shard);
 #                                        the same under CUDA MPS where the machine has its control daemon
-#   agents  (nothing carried)                agent_throughput.py: workflow=agent (plan_then_answer) against
-#                                            single_turn on cluster.gpus=[0] with vLLM
+#   agents  (nothing carried)                agent_throughput.py: workflow=agent against single_turn on
+#                                            cluster.gpus=[0] with vLLM, for each of AGENTS (the bench's
+#                                            one_call, the same call as single_turn; then plan_then_answer)
 #   bench15 (nothing more; MODES=async, then MODES=sync, then the same again) the random-weights
 #                                            Qwen2.5-1.5B layout (built here once) on cluster.gpus=[0]:
 #                                            areal bench sync-vs-async, arithmetic_long lengths <= 2048,
@@ -34,9 +35,12 @@
 #                                            (benchmarks/device/build_moe_kernels.sh builds .vllm/moe)
 #   moe     (after stage_moe and the model; nothing carried) a random-weights MoE of a real layout
 #           (ARCH: olmoe-1b-7b-0924 or qwen3-30b-a3b, LAYERS of its decoder layers, 4 by default; built
-#           here once) on cluster.gpus=[0] with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
-#           (auto); MFU, the router's loss and each update's pause; TFRUN=1: under transformers 5.24;
+#           here once) on cluster.gpus=GPUS ([0]) with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
+#           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
+#           under transformers 5.24;
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
+#   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
+#                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 #   pausemode (nothing carried; PAUSES, default "keep abort") the default model, 50 steps + closing
@@ -49,6 +53,18 @@ BUDGET=${BUDGET:-590}
 source benchmarks/device/common.sh
 MODEL=$(model)
 echo "model: $MODEL" | tee -a $S
+peaks() {  # CSV of nvidia-smi's compute apps (timestamp, pid, MiB) -> each process's peak
+  python3 - "$1" <<'PY' | tee -a $S
+import collections, sys
+peak = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    parts = [p.strip() for p in line.split(",")]
+    if len(parts) == 3 and parts[2].isdigit():
+        peak[parts[1]] = max(peak[parts[1]], int(parts[2]))
+for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
+    print(f"peak GPU memory of pid {pid}: {mib / 1024:.1f} GiB")
+PY
+}
 case $phase in
   check)
     TAIL=25 step gpu_ipc 150 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
@@ -87,16 +103,7 @@ case $phase in
         rollout.length_profile=arithmetic_long rollout.max_new_tokens=1024 engine.vllm.max_model_len=2048 \
         trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 $M run_dir=/tmp/runs/seven_${MODE:-lora} ${EXTRA:-}
     kill $smi 2>/dev/null
-    python3 - $OUT/seven_${MODE:-lora}_apps.csv <<'PY' | tee -a $S
-import collections, sys
-peak = collections.defaultdict(int)
-for line in open(sys.argv[1]):
-    parts = [p.strip() for p in line.split(",")]
-    if len(parts) == 3 and parts[2].isdigit():
-        peak[parts[1]] = max(peak[parts[1]], int(parts[2]))
-for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
-    print(f"peak GPU memory of pid {pid}: {mib / 1024:.1f} GiB")
-PY
+    peaks $OUT/seven_${MODE:-lora}_apps.csv
     step seven_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/seven_${MODE:-lora} 2
     tar czf $OUT/seven_${MODE:-lora}.tgz -C /tmp/runs --exclude=checkpoints seven_${MODE:-lora} 2>/dev/null
     ;;
@@ -109,11 +116,16 @@ PY
     [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
         --device cuda --tokenizer $MODEL --layers $N
     P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
-    TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
+    nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -l 1 \
+        > $OUT/${RUN}_apps.csv 2>/dev/null &
+    smi=$!
+    TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=${GPUS:-[0]} \
         engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} \
         trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
         rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 \
         trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/$RUN ${EXTRA:-}
+    kill $smi 2>/dev/null
+    peaks $OUT/${RUN}_apps.csv
     grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
     python3 - /tmp/runs/$RUN <<'PY' | tee -a $S
 import json, pathlib, statistics, sys
@@ -129,6 +141,29 @@ print("update pause_total_s median", med([u["pause_total_s"] for u in ups if "pa
 PY
     step ${RUN}_summary 30 python3 benchmarks/device/run_summary.py /tmp/runs/$RUN 2
     tar czf $OUT/$RUN.tgz -C /tmp/runs --exclude=checkpoints $RUN 2>/dev/null
+    ;;
+  moegap)
+    # the behaviour-vs-trainer logprob gap with routing replay and without, the same MoE run
+    # otherwise (after stage_moe and the model; ARCH, LAYERS as for moe; STEPS 8 each)
+    A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N
+    [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
+    [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
+        --device cuda --tokenizer $MODEL --layers $N
+    for rr in true false; do
+      TAIL=6 step gap_$rr ${LIMIT:-240} python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
+          engine=vllm trainer.steps=${STEPS:-8} algorithm.routing_replay=$rr eval.at_end=false \
+          trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
+          rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 \
+          trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/gap_$rr ${EXTRA:-}
+      python3 - /tmp/runs/gap_$rr $rr <<'PY' | tee -a $S
+import json, pathlib, statistics, sys
+rows = [json.loads(x) for x in (pathlib.Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+gaps = [r["logp_gap_fresh"] for r in rows if "logp_gap_fresh" in r]
+print(f"routing_replay={sys.argv[2]}: steps {len(rows)}, logp_gap_fresh median {statistics.median(gaps) if gaps else None}"
+      f" mean {statistics.fmean(gaps) if gaps else None} (n={len(gaps)}): {[round(g, 4) for g in gaps]}")
+PY
+      tar czf $OUT/gap_$rr.tgz -C /tmp/runs --exclude=checkpoints gap_$rr 2>/dev/null
+    done
     ;;
   pair)
     # each engine with what a one-GPU run of it defaults to, unless B (groups a step) is given
@@ -202,12 +237,16 @@ for x in r.get('rows', r if isinstance(r, list) else []):
   agents)
     # the agent endpoint against single_turn on the one-GPU layout (benchmarks/agent_throughput.py):
     # the same model, engine, task and budgets; B = 32 x G = 8, <= 128 new tokens, 2 turns at most
-    step agent_bench ${LIMIT:-400} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
-        --batch 32 --group 8 --out /tmp/runs/agent_bench --agent ${AGENT:-examples.agents.plan_then_answer:run} \
-        workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
-        rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
-    cp /tmp/runs/agent_bench/agent_throughput.json $OUT/ 2>/dev/null
-    tar czf $OUT/agent_bench.tgz --exclude=checkpoints -C /tmp/runs agent_bench 2>/dev/null
+    # AGENTS: one_call (the same single call as single_turn: the endpoint's cost), then plan_then_answer
+    for a in ${AGENTS:-benchmarks.agent_throughput:one_call examples.agents.plan_then_answer:run}; do
+      n=${a%%:*}; n=${n##*.}
+      step agent_$n ${LIMIT:-300} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
+          --batch 32 --group 8 --out /tmp/runs/agent_$n --agent $a \
+          workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
+          rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
+      cp /tmp/runs/agent_$n/agent_throughput.json $OUT/agent_$n.json 2>/dev/null
+      tar czf $OUT/agent_$n.tgz --exclude=checkpoints -C /tmp/runs agent_$n 2>/dev/null
+    done
     ;;
   bench15)
     R=/tmp/rand/qwen2.5-1.5b

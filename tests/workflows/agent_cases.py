@@ -55,6 +55,18 @@ async def raises(client, problem):
     raise RuntimeError("the agent's own bug")
 
 
+async def exits_when_told(client, problem):
+    """One call, then (where its problem's meta says so) its whole process ends with code 3: run in
+    an agent process only."""
+    import os
+
+    await client.chat.completions.create(model="policy",
+                                         messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    if problem.meta.get("exit"):
+        os._exit(3)
+    return 1.0
+
+
 async def hangs(client, problem):
     await asyncio.sleep(3600)
 

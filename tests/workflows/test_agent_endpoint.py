@@ -20,7 +20,9 @@ from areal_cli.runtime import SWITCH_INTERVAL_S
 from areal_cli.workflows.agent.bridge import CallId
 
 # the same three calls (chat with tools, a streamed follow-up, n=2) made each way an agent comes in
-THREE_CALLS = {"async": {"agent": "three_calls"}, "sync": {"agent": "three_calls_sync"},
+THREE_CALLS = {"async": {"agent": "three_calls"},
+               "async_processes": {"agent": "three_calls", "agent_processes": 2},
+               "sync": {"agent": "three_calls_sync"},
                "async_blocking": {"agent": "three_calls_blocking"},
                "program": {"agent_cmd": f"python3 {PROGRAM}"},
                "program_sandboxed": {"agent_cmd": f"python3 {PROGRAM}", "agent_sandbox": True}}
@@ -294,6 +296,39 @@ def test_a_failing_agent_drops_its_group_and_is_named_in_the_log(setup, caplog, 
         [g], _ = drive(flow, eng, 1, timeout_s=60)
     assert g.failed == 2 and g.samples == [] and g.counters["agent_failed"] == 2
     assert why in caplog.text and f"agent_cases:{agent}" in caplog.text
+
+
+@pytest.mark.parametrize("agent, why", [("raises", "the agent's own bug"),
+                                        ("hangs", "agent_timeout_s"),
+                                        ("bad_return", "return a finite float")])
+def test_an_agent_failing_in_an_agent_process_drops_its_group_alone(setup, caplog, agent, why):
+    """In an agent process, as in the worker's loop: the failure is named, the group dropped, and
+    the process serves the next group (a timed-out episode's task is cancelled there)."""
+    eng, make = setup
+    flow = make(agent, agent_processes=1,
+                agent_timeout_s=2.0 if agent == "hangs" else 600.0)
+    with caplog.at_level(logging.ERROR):
+        flow.start(item(0))
+        [g], _ = drive(flow, eng, 1, timeout_s=60)
+    assert g.failed == 2 and g.samples == [] and g.counters["agent_failed"] == 2
+    assert why in caplog.text and f"agent_cases:{agent}" in caplog.text
+    [proc] = flow.runner.procs
+    assert not proc.dead and proc.pending == {}
+
+
+def test_a_dead_agent_process_fails_its_episodes_and_the_next_group_gets_a_new_one(setup, caplog):
+    eng, make = setup
+    flow = make("exits_when_told", agent_processes=1, agent_concurrency=2)
+    with caplog.at_level(logging.ERROR):
+        flow.start(item(0, exit=True))
+        [g], _ = drive(flow, eng, 1, timeout_s=60)
+    assert g.failed == 2 and "exited with code 3" in caplog.text
+    first = flow.runner.procs[0]
+    assert first.dead and first.popen.returncode == 3
+    flow.start(item(1))
+    [g], _ = drive(flow, eng, 1, timeout_s=60)
+    assert not g.failed and all(s.reward == 1.0 for s in g.samples)
+    assert flow.runner.procs[0] is not first and not flow.runner.procs[0].dead
 
 
 def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(setup):

@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import inspect
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,6 +38,7 @@ from areal_cli.tasks.base import Problem
 from areal_cli.workflows.agent.clients import EpisodeClient
 from areal_cli.workflows.agent.context import CURRENT, AgentContext
 from areal_cli.workflows.agent.episode import EpisodeLog
+from areal_cli.workflows.agent.frames import MAX_FRAME, frame, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +47,26 @@ class AgentFailure(Exception):
     """An episode's failure that its message describes in full (no traceback to log)."""
 
 
-def python_agent(fn, base: str, token: str, cfg: WorkflowConfig):
-    """The runner of ``fn``: in the endpoint's loop (``async def``) or in threads (``def``, or
-    ``async def`` with ``fn.blocking = True``). ``base``: the endpoint's URL (no ``/v1``)."""
+def python_agent(fn, base: str, token: str, cfg: WorkflowConfig, *, port: int = 0,
+                 processes: int = 0):
+    """The runner of ``fn`` (``cfg.agent``): an ``async def`` in ``processes`` agent processes, or
+    in the endpoint's loop where that is 0; a ``def`` (or an ``async def`` with
+    ``fn.blocking = True``) in threads. ``base``: the endpoint's URL (no ``/v1``), ``port`` its
+    port."""
     if inspect.iscoroutinefunction(fn) and not getattr(fn, "blocking", False):
+        if processes > 0:
+            return ProcessAgent(cfg.agent, processes, port, base, token, cfg)
         return AsyncAgent(fn, base, token, cfg)
     return ThreadAgent(fn, base, token, cfg)
+
+
+def client_connections(cfg: WorkflowConfig) -> int:
+    """Connections the episodes' clients of one worker may hold at once: agent_concurrency, but
+    never past 3/4 of workflow.agent_max_connections. The endpoint closes the newest silent
+    connection past that limit, and a client that had just opened it for a request failed with a
+    ReadError (so did 2 to 19 episodes of an agent run of ~1,150 episodes at once); a quarter is
+    left to clients the agents build themselves. Episodes beyond it wait in their pool."""
+    return max(1, min(cfg.agent_concurrency, cfg.agent_max_connections * 3 // 4))
 
 
 def client_timeout(cfg: WorkflowConfig) -> float | None:
@@ -94,7 +110,7 @@ class AsyncAgent:
         import openai
 
         if self.http is None:
-            self.http = Pools(self.cfg.agent_concurrency, openai.DefaultAsyncHttpxClient)
+            self.http = Pools(client_connections(self.cfg), openai.DefaultAsyncHttpxClient)
         # the shared pools are closed with the workflow, never by an episode's client
         with self.http.lease() as http:
             client = EpisodeClient(base_url=episode_url(self.base, episode), api_key=self.token,
@@ -114,6 +130,136 @@ class AsyncAgent:
                 return
 
 
+class ProcessAgent:
+    """An async agent's episodes in ``n`` processes of their own (``agent_process.py``), each
+    running its share in an event loop with an ``openai.AsyncOpenAI`` client: the agents' code
+    (their client library's work on every call) no longer takes turns with the worker's engine
+    loop and endpoint for one GIL. An episode goes to the process running the fewest; its clock
+    stays here (time in the engine is measured by the endpoint), and one that times out is
+    cancelled there. A process that dies fails its episodes with its exit code, and the next
+    episode starts a new one."""
+
+    def __init__(self, spec: str, n: int, port: int, base: str, token: str,
+                 cfg: WorkflowConfig):
+        self.spec, self.n, self.port, self.base, self.cfg = spec, n, port, base, cfg
+        self.connections = max(1, client_connections(cfg) // n)  # each process's pools
+        self.procs: list[AgentProcess | None] = [None] * n
+        self.lock: asyncio.Lock | None = None
+
+    def describe(self) -> str:
+        return f"async, in {self.n} agent process(es) beside the worker"
+
+    async def run(self, episode: EpisodeLog, problem: Problem):
+        proc = await self._least_busy()
+        fut = proc.submit(episode.key, episode_url(self.base, episode), problem)
+        try:
+            return await episode.clock.bound(fut)
+        finally:
+            proc.forget(episode.key)
+
+    async def _least_busy(self) -> AgentProcess:
+        if self.lock is None:
+            self.lock = asyncio.Lock()
+        async with self.lock:
+            for i, p in enumerate(self.procs):
+                if p is None or p.dead:
+                    self.procs[i] = await AgentProcess.start(self.spec, self.port,
+                                                             self.connections, i)
+            return min(self.procs, key=lambda p: len(p.pending))
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        for p in self.procs:
+            if p is not None:
+                p.stop()
+
+
+class AgentProcess:
+    """One process of ``ProcessAgent``: the socket to it, its episodes waiting for an answer."""
+
+    def __init__(self, index: int, popen, reader, writer):
+        self.index, self.popen, self.reader, self.writer = index, popen, reader, writer
+        self.pending: dict[str, asyncio.Future] = {}
+        self.dead = False
+        self.listener = asyncio.get_running_loop().create_task(self._listen())
+
+    @classmethod
+    async def start(cls, spec: str, port: int, connections: int, index: int) -> AgentProcess:
+        import socket
+        import subprocess
+        import sys
+
+        ours, theirs = socket.socketpair()
+        # it imports what the worker imports (an agent module found on the worker's path)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with theirs:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "areal_cli.workflows.agent.agent_process", spec,
+                 str(theirs.fileno()), str(port), str(connections)], pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL, env=env)
+        reader, writer = await asyncio.open_connection(sock=ours, limit=MAX_FRAME)
+        log.info("agent process %d started (pid %d)", index, popen.pid)
+        return cls(index, popen, reader, writer)
+
+    def submit(self, key: str, url: str, problem: Problem) -> asyncio.Future:
+        fut = self.pending[key] = asyncio.get_running_loop().create_future()
+        self.writer.write(frame({"run": key, "url": url, "problem": problem.to_dict()}))
+        return fut
+
+    def forget(self, key: str) -> None:
+        """``key`` is over here (answered, timed out, or failed): the process stops its task if it
+        still runs."""
+        if self.pending.pop(key, None) is not None and not self.dead:
+            self.writer.write(frame({"cancel": key}))
+
+    async def _listen(self) -> None:
+        try:
+            while (msg := await read_frame(self.reader)) is not None:
+                key = msg.get("done", msg.get("failed"))
+                fut = self.pending.pop(key, None)
+                if fut is None or fut.done():
+                    continue
+                if "done" in msg:
+                    fut.set_result(msg.get("result"))
+                else:
+                    fut.set_exception(AgentFailure(str(msg.get("why", "failed"))))
+        except ConnectionResetError:
+            pass  # it ended: its exit code says more, below
+        except (OSError, ValueError) as err:
+            if not self.dead:  # (not the worker stopping it)
+                log.error("agent process %d: %s", self.index, err)
+        self.dead = True
+        code = await asyncio.get_running_loop().run_in_executor(None, self._reap)
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(AgentFailure(
+                    f"the agent process running it (pid {self.popen.pid}) exited with code {code} "
+                    "(see the worker's log above for what it printed); a new one takes the next "
+                    "episodes"))
+        self.pending.clear()
+
+    def _reap(self) -> int | None:
+        import subprocess
+
+        try:
+            return self.popen.wait(10)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            return self.popen.wait()
+
+    def stop(self) -> None:
+        """End the process (from any thread): SIGTERM, then SIGKILL after 5 s."""
+        import subprocess
+
+        self.dead = True
+        if self.popen.poll() is None:
+            self.popen.terminate()
+        try:
+            self.popen.wait(5)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
+
+
 class ThreadAgent:
     def __init__(self, fn, base: str, token: str, cfg: WorkflowConfig):
         import openai
@@ -123,7 +269,7 @@ class ThreadAgent:
         n = cfg.agent_concurrency
         self.pool = DaemonPool(n, "agent")
         # httpx.Client is thread-safe: the threads' clients share the worker's pools
-        self.http = Pools(n, openai.DefaultHttpxClient)
+        self.http = Pools(min(n, client_connections(cfg)), openai.DefaultHttpxClient)
         self.overrunning = 0  # threads still running an agent whose episode timed out
 
     def describe(self) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from areal_cli.workflows.agent import anthropic_api as am
 from areal_cli.workflows.agent import logprobs as lp
@@ -365,7 +366,11 @@ def build_app(endpoint: Endpoint):
         if not endpoint.authorized(dialect.key(request.headers)):
             return unauthorized(dialect)
         key = endpoint.caller(request.headers, key)
-        raw = await read_body(request, endpoint.max_body)
+        try:
+            raw = await read_body(request, endpoint.max_body)
+        except ClientDisconnect:  # gone before its request arrived whole: no one to answer
+            endpoint.refuse("agent_disconnected")
+            return Response(status_code=499)
         if raw is None:
             endpoint.refuse("agent_refused_large")
             return refused(rq.ApiError(413, f"the body is larger than {endpoint.max_body} bytes "

@@ -41,6 +41,7 @@ import numpy as np
 from areal_cli.config.choices import AgentCredit, ConstrainedTokens, FailedEpisode
 from areal_cli.config.schema import RootConfig, WorkflowConfig, worker_concurrency
 from areal_cli.durable import atomic_write
+from areal_cli.engines import spec
 from areal_cli.engines.base import Engine, Sequence, routing_array
 from areal_cli.runtime import short_gil_switch
 from areal_cli.tasks.base import Problem
@@ -90,12 +91,26 @@ PROGRAMS_AT_ONCE = 64
 process); also the episodes at once where the worker's groups are not known (``areal eval``)."""
 
 
+def agent_processes(cfg: RootConfig) -> int:
+    """``workflow.agent_processes`` resolved: -1 (auto) is one process per 4 of this process's CPU
+    cores, 1 to 4, with an engine that runs in processes of its own (vLLM: the worker's cores are
+    mostly idle), else 0 (the hf engine's forward has the cores)."""
+    n = cfg.workflow.agent_processes
+    if n >= 0:
+        return n
+    if not spec(cfg.engine.name).loads_model:  # (the engine computes in this process)
+        return 0
+    import os
+
+    return max(1, min(4, len(os.sched_getaffinity(0)) // 4))
+
+
 class AgentWorkflow:
     """The ``Workflow`` (workflows/base.py) of workflow=agent."""
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None,
-                 episodes: int = PROGRAMS_AT_ONCE):
+                 episodes: int = PROGRAMS_AT_ONCE, processes: int | None = None):
         # workflow.agent_concurrency=0: every episode the worker's groups hold (``episodes``) runs
         # at once, as many sequences as a single-turn worker keeps in its engine; programs, each a
         # process, at most PROGRAMS_AT_ONCE
@@ -137,7 +152,9 @@ class AgentWorkflow:
             register_endpoint(self.server.port, self.server.thread.ident)
             export_environment(self.server.url, self.endpoint.token)
             self.runner = python_agent(import_agent(cfg.agent), self.server.url,
-                                       self.endpoint.token, cfg)
+                                       self.endpoint.token, cfg, port=self.server.port,
+                                       processes=max(0, cfg.agent_processes) if processes
+                                       is None else processes)
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
         # readable by the run's user alone; a link there is replaced, not followed
@@ -161,7 +178,8 @@ class AgentWorkflow:
                           "max_position_embeddings", 0) or 8192
         return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
                    max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir,
-                   episodes=worker_concurrency(cfg) * cfg.rollout.group_size)
+                   episodes=worker_concurrency(cfg) * cfg.rollout.group_size,
+                   processes=agent_processes(cfg))
 
     # ---- the Workflow interface ----
 
