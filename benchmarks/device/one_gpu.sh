@@ -41,6 +41,8 @@
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
+#   cpu     (nothing carried)                the CPU path on this host's processor pinned to 2 cores, no GPU:
+#                                            dtype auto (bfloat16 where native) then float32, STEPS (4) each
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
 #   pausemode (nothing carried; PAUSES, default "keep abort") the default model, 50 steps + closing
@@ -163,6 +165,21 @@ print(f"routing_replay={sys.argv[2]}: steps {len(rows)}, logp_gap_fresh median {
       f" mean {statistics.fmean(gaps) if gaps else None} (n={len(gaps)}): {[round(g, 4) for g in gaps]}")
 PY
       tar czf $OUT/gap_$rr.tgz -C /tmp/runs --exclude=checkpoints gap_$rr 2>/dev/null
+    done
+    ;;
+  cpu)
+    # the first run's CPU path on this machine's processor (native bfloat16 where it has AMX or
+    # AVX512_BF16), 2 cores as on the 2-core machines, no GPU: dtype auto (what it resolves to is
+    # printed), then float32; STEPS (4) steps each, the default model and task, no evaluation
+    lscpu | grep -E "Model name|^CPU\(s\)" | tee -a $S
+    grep -o -w -E "amx_bf16|amx_tile|avx512_bf16|avx512f|avx2" /proc/cpuinfo | sort -u | tr '\n' ' ' | tee -a $S; echo | tee -a $S
+    for d in auto float32; do
+      D=""; [ $d = float32 ] && D="trainer.dtype=float32 engine.dtype=float32 weights.dtype=float32"
+      TAIL=12 step cpu_$d ${LIMIT:-270} env CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m areal_cli.cli \
+          train model=$MODEL trainer.steps=${STEPS:-4} eval.at_end=false launcher.peer_timeout_s=300 \
+          run_dir=/tmp/runs/cpu_$d $D
+      grep -h -E "^dtype|tok/s" $L/cpu_$d.log | head -n 8 | tee -a $S
+      tar czf $OUT/cpu_$d.tgz -C /tmp/runs --exclude=checkpoints cpu_$d 2>/dev/null
     done
     ;;
   pair)

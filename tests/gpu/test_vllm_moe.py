@@ -83,8 +83,12 @@ def test_moe_weights_load_in_place_as_vllm_loads_them_and_routing_comes_back(kin
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the worker in this process
     a = tiny_moe(tmp_path / "a", kind, experts=8)
     b = perturbed(a, tmp_path / "b")
+    # (a few sequences, a short context: vLLM's FlexAttention, which it picks for some of these
+    # float32 layouts, keeps a table of sequences × KV blocks, 41 GiB at its defaults for a model
+    # this small)
     llm = vllm.LLM(model=str(a), dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3,
-                   enable_return_routed_experts=True, enable_prefix_caching=False, seed=0)
+                   enable_return_routed_experts=True, enable_prefix_caching=False, seed=0,
+                   max_num_seqs=8, max_model_len=1024)
     changed = llm.collective_rpc(load_inplace_then_vllms_own, args=(str(b),))[0]
     assert changed == {}  # areal's routes wrote exactly what vLLM's own loader writes
     params = vllm.SamplingParams(max_tokens=4, temperature=1.0, prompt_logprobs=0, ignore_eos=True,
