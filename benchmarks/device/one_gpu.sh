@@ -38,7 +38,9 @@
 #           here once) on cluster.gpus=GPUS ([0]) with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
 #           under transformers 5.24;
-#           first tests/gpu/test_vllm_moe.py (TESTS=0: not)
+#           first tests/gpu/test_vllm_moe.py (TESTS=0: not). The Qwen3-30B-A3B layout whole (a 61 GB
+#           checkpoint: the 2-GPU machine's disk), LoRA, trainer and vLLM on a GPU each:
+#           ARCH=qwen3-30b-a3b LAYERS=48 GPUS=[0,1] STEPS=5 EXTRA="trainer.lora.rank=16 eval.at_end=false"
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
 #   cpu     (nothing carried)                the CPU path on this host's processor pinned to 2 cores, no GPU:

@@ -145,13 +145,17 @@ class ProcessAgent:
         self.connections = max(1, client_connections(cfg) // n)  # each process's pools
         self.procs: list[AgentProcess | None] = [None] * n
         self.lock: asyncio.Lock | None = None
+        # a group's problem as sent: its G episodes share it
+        self.last: tuple[Problem, dict] | None = None
 
     def describe(self) -> str:
         return f"async, in {self.n} agent process(es) beside the worker"
 
     async def run(self, episode: EpisodeLog, problem: Problem):
         proc = await self._least_busy()
-        fut = proc.submit(episode.key, episode_url(self.base, episode), problem)
+        if self.last is None or self.last[0] is not problem:
+            self.last = (problem, problem.to_dict())
+        fut = proc.submit(episode.key, episode_url(self.base, episode), self.last[1])
         try:
             return await episode.clock.bound(fut)
         finally:
@@ -200,9 +204,10 @@ class AgentProcess:
         log.info("agent process %d started (pid %d)", index, popen.pid)
         return cls(index, popen, reader, writer)
 
-    def submit(self, key: str, url: str, problem: Problem) -> asyncio.Future:
+    def submit(self, key: str, url: str, problem: dict) -> asyncio.Future:
+        """``problem``: ``Problem.to_dict()``."""
         fut = self.pending[key] = asyncio.get_running_loop().create_future()
-        self.writer.write(frame({"run": key, "url": url, "problem": problem.to_dict()}))
+        self.writer.write(frame({"run": key, "url": url, "problem": problem}))
         return fut
 
     def forget(self, key: str) -> None:
