@@ -27,11 +27,13 @@ SHARED_CLIENTS = {"module_client_sync": "some", "environment_client": 2,
                   "default_set_by_each": "some"}
 
 
-@pytest.mark.parametrize("agent", SHARED_CLIENTS)
-def test_calls_through_a_process_wide_client_are_recorded_into_the_episode_making_them(setup,
-                                                                                        agent):
+@pytest.mark.parametrize("agent, processes", [(a, 0) for a in SHARED_CLIENTS] + [
+    ("environment_client", 2), ("default_set_by_each", 2)])
+def test_calls_through_a_process_wide_client_are_recorded_into_the_episode_making_them(
+        setup, agent, processes):
+    """In the worker's own loop, and in agent processes (each its own process-wide clients)."""
     eng, make = setup
-    flow = make(agent)
+    flow = make(agent, agent_processes=processes)
     for g in range(4):  # 8 episodes at once
         flow.start(item(g))
     results, seen = drive(flow, eng, 4)
