@@ -67,6 +67,19 @@ async def exits_when_told(client, problem):
     return 1.0
 
 
+async def writes_a_bad_frame(client, problem):
+    """In an agent process: one call, then a frame of its own into the socket to the worker (the
+    process's argv names its descriptor), as hostile code there could."""
+    import os
+    import struct
+    import sys
+
+    await client.chat.completions.create(model="policy",
+                                         messages=[{"role": "user", "content": "hi"}], max_tokens=2)
+    os.write(int(sys.argv[2]), struct.pack(">I", 2) + b"[]")
+    await asyncio.sleep(3600)
+
+
 async def hangs(client, problem):
     await asyncio.sleep(3600)
 

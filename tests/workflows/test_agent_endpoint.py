@@ -331,6 +331,16 @@ def test_a_dead_agent_process_fails_its_episodes_and_the_next_group_gets_a_new_o
     assert flow.runner.procs[0] is not first and not flow.runner.procs[0].dead
 
 
+def test_a_frame_that_is_not_an_answer_stops_its_agent_process(setup, caplog):
+    eng, make = setup
+    flow = make("writes_a_bad_frame", agent_processes=1, agent_concurrency=2)
+    with caplog.at_level(logging.ERROR):
+        flow.start(item(0))
+        [g], _ = drive(flow, eng, 1, timeout_s=60)
+    assert g.failed == 2 and "a frame that is not an answer" in caplog.text
+    assert flow.runner.procs[0].dead and flow.runner.procs[0].popen.returncode is not None
+
+
 def test_requests_without_the_token_or_beyond_the_context_get_openais_errors(setup):
     eng, make = setup
     flow = make("no_call")

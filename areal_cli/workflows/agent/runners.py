@@ -219,6 +219,10 @@ class AgentProcess:
     async def _listen(self) -> None:
         try:
             while (msg := await read_frame(self.reader)) is not None:
+                # the agent's code runs in that process: a frame is checked like any other input
+                if not isinstance(msg, dict) or not isinstance(msg.get("done", msg.get("failed")),
+                                                               str):
+                    raise ValueError(f"a frame that is not an answer: {str(msg)[:80]!r}")
                 key = msg.get("done", msg.get("failed"))
                 fut = self.pending.pop(key, None)
                 if fut is None or fut.done():
@@ -231,7 +235,8 @@ class AgentProcess:
             pass  # it ended: its exit code says more, below
         except (OSError, ValueError) as err:
             if not self.dead:  # (not the worker stopping it)
-                log.error("agent process %d: %s", self.index, err)
+                log.error("agent process %d: %s; it is stopped", self.index, err)
+                self.popen.kill()
         self.dead = True
         code = await asyncio.get_running_loop().run_in_executor(None, self._reap)
         for fut in self.pending.values():
