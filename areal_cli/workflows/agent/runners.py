@@ -30,6 +30,9 @@ import inspect
 import logging
 import os
 import queue
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -145,17 +148,13 @@ class ProcessAgent:
         self.connections = max(1, client_connections(cfg) // n)  # each process's pools
         self.procs: list[AgentProcess | None] = [None] * n
         self.lock: asyncio.Lock | None = None
-        # a group's problem as sent: its G episodes share it
-        self.last: tuple[Problem, dict] | None = None
 
     def describe(self) -> str:
         return f"async, in {self.n} agent process(es) beside the worker"
 
     async def run(self, episode: EpisodeLog, problem: Problem):
         proc = await self._least_busy()
-        if self.last is None or self.last[0] is not problem:
-            self.last = (problem, problem.to_dict())
-        fut = proc.submit(episode.key, episode_url(self.base, episode), self.last[1])
+        fut = proc.submit(episode.key, episode_url(self.base, episode), problem.to_dict())
         try:
             return await episode.clock.bound(fut)
         finally:
@@ -188,10 +187,6 @@ class AgentProcess:
 
     @classmethod
     async def start(cls, spec: str, port: int, connections: int, index: int) -> AgentProcess:
-        import socket
-        import subprocess
-        import sys
-
         ours, theirs = socket.socketpair()
         # it imports what the worker imports (an agent module found on the worker's path)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
@@ -220,10 +215,9 @@ class AgentProcess:
         try:
             while (msg := await read_frame(self.reader)) is not None:
                 # the agent's code runs in that process: a frame is checked like any other input
-                if not isinstance(msg, dict) or not isinstance(msg.get("done", msg.get("failed")),
-                                                               str):
+                key = msg.get("done", msg.get("failed")) if isinstance(msg, dict) else None
+                if not isinstance(key, str):
                     raise ValueError(f"a frame that is not an answer: {str(msg)[:80]!r}")
-                key = msg.get("done", msg.get("failed"))
                 fut = self.pending.pop(key, None)
                 if fut is None or fut.done():
                     continue
@@ -248,8 +242,6 @@ class AgentProcess:
         self.pending.clear()
 
     def _reap(self) -> int | None:
-        import subprocess
-
         try:
             return self.popen.wait(10)
         except subprocess.TimeoutExpired:
@@ -258,8 +250,6 @@ class AgentProcess:
 
     def stop(self) -> None:
         """End the process (from any thread): SIGTERM, then SIGKILL after 5 s."""
-        import subprocess
-
         self.dead = True
         if self.popen.poll() is None:
             self.popen.terminate()

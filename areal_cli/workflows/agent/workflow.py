@@ -110,7 +110,7 @@ class AgentWorkflow:
 
     def __init__(self, cfg: WorkflowConfig, engine: Engine, rewards, tokenizer, worker: int, *,
                  model: str, max_new_tokens: int, context: int, run_dir: str | Path | None = None,
-                 episodes: int = PROGRAMS_AT_ONCE, processes: int | None = None):
+                 episodes: int = PROGRAMS_AT_ONCE):
         # workflow.agent_concurrency=0: every episode the worker's groups hold (``episodes``) runs
         # at once, as many sequences as a single-turn worker keeps in its engine; programs, each a
         # process, at most PROGRAMS_AT_ONCE
@@ -153,8 +153,8 @@ class AgentWorkflow:
             export_environment(self.server.url, self.endpoint.token)
             self.runner = python_agent(import_agent(cfg.agent), self.server.url,
                                        self.endpoint.token, cfg, port=self.server.port,
-                                       processes=max(0, cfg.agent_processes) if processes
-                                       is None else processes)
+                                       # auto (-1) unresolved, as areal eval builds it: none
+                                       processes=max(0, cfg.agent_processes))
         self.groups: dict[int, AgentGroup] = {}
         self.url = f"{self.server.url}/v1"
         # readable by the run's user alone; a link there is replaced, not followed
@@ -176,10 +176,10 @@ class AgentWorkflow:
 
         context = getattr(AutoConfig.from_pretrained(resolve_model(cfg.model)),
                           "max_position_embeddings", 0) or 8192
-        return cls(cfg.workflow, engine, rewards, tokenizer, worker, model=cfg.model,
+        return cls(dataclasses.replace(cfg.workflow, agent_processes=agent_processes(cfg)), engine,
+                   rewards, tokenizer, worker, model=cfg.model,
                    max_new_tokens=cfg.rollout.max_new_tokens, context=context, run_dir=run_dir,
-                   episodes=worker_concurrency(cfg) * cfg.rollout.group_size,
-                   processes=agent_processes(cfg))
+                   episodes=worker_concurrency(cfg) * cfg.rollout.group_size)
 
     # ---- the Workflow interface ----
 
