@@ -69,6 +69,15 @@ for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
     print(f"peak GPU memory of pid {pid}: {mib / 1024:.1f} GiB")
 PY
 }
+moe_model() {  # R: the random-weights MoE of ARCH cut to LAYERS layers, built here once (moe, moegap)
+  A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N
+  [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
+  [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
+      --device cuda --tokenizer $MODEL --layers $N; }
+# the MoE runs' shape: arithmetic_long lengths <= 512, B = 8 x G = 8, every row trained
+MOE_SHAPE="trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long rollout.length_profile=arithmetic_long
+  rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 trainer.skip_zero_advantage=false
+  launcher.peer_timeout_s=600"
 case $phase in
   check)
     TAIL=25 step gpu_ipc 150 $TF python3 -m pytest -q -p no:cacheprovider tests/gpu/test_ipc_weights.py
@@ -112,22 +121,18 @@ case $phase in
     tar czf $OUT/seven_${MODE:-lora}.tgz -C /tmp/runs --exclude=checkpoints seven_${MODE:-lora} 2>/dev/null
     ;;
   moe)
-    A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N; RUN=moe_$A-$N
     [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
     # the in-place MoE loading against vLLM's own loader, and the routed experts (TESTS=0: skipped)
     [ "${TESTS:-1}" = 1 ] && TAIL=30 step gpu_moe 300 python3 -m pytest -q -x -p no:cacheprovider \
         tests/gpu/test_vllm_moe.py
-    [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
-        --device cuda --tokenizer $MODEL --layers $N
+    moe_model; RUN=moe_$A-$N
     P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
     nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -l 1 \
         > $OUT/${RUN}_apps.csv 2>/dev/null &
     smi=$!
     TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=${GPUS:-[0]} \
-        engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} \
-        trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
-        rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 \
-        trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/$RUN ${EXTRA:-}
+        engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} $MOE_SHAPE \
+        run_dir=/tmp/runs/$RUN ${EXTRA:-}
     kill $smi 2>/dev/null
     peaks $OUT/${RUN}_apps.csv
     grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
@@ -149,16 +154,11 @@ PY
   moegap)
     # the behaviour-vs-trainer logprob gap with routing replay and without, the same MoE run
     # otherwise (after stage_moe and the model; ARCH, LAYERS as for moe; STEPS 8 each)
-    A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N
-    [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
-    [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
-        --device cuda --tokenizer $MODEL --layers $N
+    moe_model
     for rr in true false; do
       TAIL=6 step gap_$rr ${LIMIT:-240} python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
           engine=vllm trainer.steps=${STEPS:-8} algorithm.routing_replay=$rr eval.at_end=false \
-          trainer.batch_size=8 rollout.group_size=8 task=arithmetic_long \
-          rollout.length_profile=arithmetic_long rollout.max_new_tokens=512 engine.vllm.max_model_len=1024 \
-          trainer.skip_zero_advantage=false launcher.peer_timeout_s=600 run_dir=/tmp/runs/gap_$rr ${EXTRA:-}
+          $MOE_SHAPE run_dir=/tmp/runs/gap_$rr ${EXTRA:-}
       python3 - /tmp/runs/gap_$rr $rr <<'PY' | tee -a $S
 import json, pathlib, statistics, sys
 rows = [json.loads(x) for x in (pathlib.Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
