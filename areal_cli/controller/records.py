@@ -107,13 +107,22 @@ AGENT_COUNTS = ("agent_episodes", "agent_failed", "agent_calls", "agent_trajecto
                 "agent_rerouted_calls")
 
 
+AGENT_TIMES = ("agent_wait_s", "agent_engine_s", "agent_own_s")
+"""Where an episode's wall time went, as means per episode that ran: waiting for a free
+``agent_concurrency`` slot after its group arrived, with a call in the engine (queued or
+generating), and the rest (the agent's code, its tools, the HTTP round trips)."""
+
+
 def agent_row(c: Counter) -> dict:
-    """workflow=agent's counts since the last step as metrics: sums, and the agent's own logged
-    numbers (``agent_extra_*``) as means per episode."""
+    """workflow=agent's counts since the last step as metrics: sums, the agent's own logged
+    numbers (``agent_extra_*``) as means per episode, and ``AGENT_TIMES`` as means per episode."""
+    c = dict(c)
     episodes = max(1.0, c.get("agent_episodes", 0.0))
+    timed = max(1.0, c.pop("agent_timed", 0.0))
     # every key on every step, also one in which no episode ended
-    row = dict.fromkeys(AGENT_COUNTS, 0.0)
-    row.update({k: (v / episodes if k.startswith("agent_extra_") else v) for k, v in c.items()})
+    row = dict.fromkeys(AGENT_COUNTS + AGENT_TIMES, 0.0)
+    row.update({k: (v / episodes if k.startswith("agent_extra_") else
+                    v / timed if k in AGENT_TIMES else v) for k, v in c.items()})
     return dict(sorted(row.items()))
 
 

@@ -16,7 +16,8 @@ tf_install() {  # transformers 5.24 from a carried .tf, for engine=hf ($TF)
   [ -d .tf ] && { python3 -m pip install -q --no-index --no-deps --target /tmp/tf524 .tf/*.whl; ls /tmp/tf524 | head -2; }
   return 0; }
 case $phase in
-  stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u; exit 0 ;;
+  stage1) source .vllm/a/vllm_stage.sh; nvidia-smi -L; python3 -V; date -u
+          df -h / /tmp /dev/shm 2>/dev/null; free -g; lscpu | grep -E "Model name|^CPU\(s\)"; exit 0 ;;
   stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh; tf_install
           # wheels the image lacks beyond .whl's (peft for LoRA, pytest for the GPU tests), from .extwhl
           [ -d .extwhl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .extwhl/*.whl

@@ -19,7 +19,8 @@
 #                                        the same under CUDA MPS where the machine has its control daemon
 #   agents  (nothing carried)                agent_throughput.py: workflow=agent against single_turn on
 #                                            cluster.gpus=[0] with vLLM, for each of AGENTS (the bench's
-#                                            one_call, the same call as single_turn; then plan_then_answer)
+#                                            one_call, the same call as single_turn; then plan_then_answer),
+#                                            one call; py-spy of each run's rollout worker (PYSPY=0: not)
 #   bench15 (nothing more; MODES=async, then MODES=sync, then the same again) the random-weights
 #                                            Qwen2.5-1.5B layout (built here once) on cluster.gpus=[0]:
 #                                            areal bench sync-vs-async, arithmetic_long lengths <= 2048,
@@ -255,17 +256,30 @@ for x in r.get('rows', r if isinstance(r, list) else []):
     ;;
   agents)
     # the agent endpoint against single_turn on the one-GPU layout (benchmarks/agent_throughput.py):
-    # the same model, engine, task and budgets; B = 32 x G = 8, <= 128 new tokens, 2 turns at most
-    # AGENTS: one_call (the same single call as single_turn: the endpoint's cost), then plan_then_answer
-    for a in ${AGENTS:-benchmarks.agent_throughput:one_call examples.agents.plan_then_answer:run}; do
-      n=${a%%:*}; n=${n##*.}
-      step agent_$n ${LIMIT:-300} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
-          --batch 32 --group 8 --out /tmp/runs/agent_$n --agent $a \
-          workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
-          rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
-      cp /tmp/runs/agent_$n/agent_throughput.json $OUT/agent_$n.json 2>/dev/null
-      tar czf $OUT/agent_$n.tgz --exclude=checkpoints -C /tmp/runs agent_$n 2>/dev/null
-    done
+    # the same model, engine, task and budgets; B = 32 x G = 8, <= 128 new tokens, 2 turns at most;
+    # one single_turn run, then one run of each of AGENTS (one_call: the same single call as
+    # single_turn, the endpoint's cost; then plan_then_answer); PYSPY=1 (default): py-spy --gil of
+    # each run's rollout worker for 25 s once it has run 60 s
+    A=""; for a in ${AGENTS:-benchmarks.agent_throughput:one_call examples.agents.plan_then_answer:run}; do
+      A="$A --agent $a"; done
+    if [ "${PYSPY:-1}" = 1 ] && { command -v py-spy >/dev/null 2>&1 || [ -x /tmp/site/bin/py-spy ]; }; then
+      SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+      ( seen=""; while true; do
+          for p in $(pgrep -f "areal_cli.rollout.main" 2>/dev/null); do
+            case " $seen " in *" $p "*) continue ;; esac; seen="$seen $p"
+            ( sleep 60; kill -0 $p 2>/dev/null && $SPY record -p $p -d 25 --gil --nonblocking --format raw \
+                -o $OUT/pyspy_rollout_$p.txt > $L/pyspy_$p.log 2>&1 ) &
+          done; sleep 2; done ) &
+      spy=$!
+    fi
+    step agents ${LIMIT:-560} python3 -m benchmarks.agent_throughput --steps ${STEPS:-8} --warmup 2 \
+        --batch 32 --group 8 --out /tmp/runs/agents $A \
+        workflow.max_turns=2 engine=vllm model=$MODEL cluster.gpus=[0] rollout.max_new_tokens=128 \
+        rollout.max_concurrent=0 trainer.micro_batch_tokens=16384 launcher.peer_timeout_s=300 ${EXTRA:-}
+    [ -n "${spy:-}" ] && kill $spy 2>/dev/null
+    grep -h -E "^(single_turn|agent) |/ single_turn" $L/agents.log | tee -a $S
+    cp /tmp/runs/agents/agent_throughput.json $OUT/ 2>/dev/null
+    tar czf $OUT/agents.tgz --exclude=checkpoints -C /tmp/runs agents 2>/dev/null
     ;;
   bench15)
     R=/tmp/rand/qwen2.5-1.5b

@@ -27,6 +27,11 @@ def test_an_agent_of_two_calls_trains_and_its_counts_are_in_the_metrics(tiny_mod
                                                                 for r in rows)
     assert sum(r["agent_calls"] for r in rows) == 2 * sum(r["agent_episodes"] for r in rows)
     assert sum(r["agent_splits"] for r in rows) == sum(r["agent_episodes"] for r in rows)
+    # where the episodes' time went: every call was in the engine a while, and the agent's own
+    # time (its code, the HTTP round trips) is a part of the wall time, not negative
+    for r in rows:
+        assert (r["agent_engine_s"] > 0) == (r["agent_episodes"] > 0)
+        assert r["agent_own_s"] >= 0 and r["agent_wait_s"] >= 0
     trained = read_jsonl(tmp_path / "trajectories.jsonl")
     per_episode = {}
     for t in trained:

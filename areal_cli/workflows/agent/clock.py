@@ -25,6 +25,7 @@ class EpisodeClock:
     def __init__(self, limit_s: float = 300.0, wall_s: float = 0.0):
         self.limit_s, self.wall_s = limit_s, wall_s
         self.t0: float | None = None
+        self.t1: float | None = None  # when the episode ended (stop)
         self.engine_s = 0.0  # closed spans with a call in the engine
         self.calls = 0  # calls in the engine now
         self.since = 0.0  # when the open span began (calls > 0)
@@ -32,6 +33,15 @@ class EpisodeClock:
 
     def start(self) -> None:
         self.t0 = time.monotonic()
+
+    def stop(self) -> None:
+        self.t1 = time.monotonic()
+
+    def spent(self) -> tuple[float, float] | None:
+        """(engine, own) seconds of an episode that ran and ended, else None."""
+        if self.t0 is None or self.t1 is None:
+            return None
+        return self.engine_time(self.t1), self.own_time(self.t1)
 
     @contextlib.contextmanager
     def in_engine(self):

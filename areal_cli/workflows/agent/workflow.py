@@ -241,6 +241,7 @@ class AgentWorkflow:
                 return await self.runner.run(episode, problem)
             finally:
                 episode.closed = True
+                episode.clock.stop()
 
     def _advance(self, group: AgentGroup, run: EpisodeRun) -> None:
         if run.reward_future is not None:
@@ -317,6 +318,10 @@ class AgentWorkflow:
                      agent_trajectories=len(ep.trajectories))
             for k, v in run.extras.items():
                 c[f"agent_extra_{k}"] += v
+            spent = ep.clock.spent()
+            if spent is not None:  # where the episode's wall time went (metrics: means)
+                c.update(agent_wait_s=ep.clock.t0 - group.t0, agent_engine_s=spent[0],
+                         agent_own_s=spent[1], agent_timed=1)
         c.update(self.endpoint.counters)  # endpoint-wide counts since the last group
         self.endpoint.counters.clear()
         return {k: float(v) for k, v in c.items()}
