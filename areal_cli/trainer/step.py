@@ -114,8 +114,9 @@ class StepRunner:
 
     def train(self, batch, version: int | None = None) -> dict:
         """One batch: advantages, then ``ppo_epochs`` optimizer steps. ``version``: the policy
-        version of the current weights; tokens sampled with it are compared with the first
-        forward (``logp_gap_fresh``: mean |log π_θ − log μ| where both are the same weights)."""
+        version of the current weights; the tokens of sequences sampled wholly with it are compared
+        with the first forward (``logp_gap_fresh``: mean |log π_θ − log μ| where both are the same
+        weights)."""
         cfg, clock = self.cfg, self.clock
         clock.start()
         graphs = compiled_graphs()
@@ -400,7 +401,11 @@ class StepRunner:
         aux, aux_st = self._router_aux(mask, global_tokens)
         st.update(aux_st)
         if version is not None and ro.versions is not None:
-            fresh = mask & (to_device(ro.versions[mb], dev) == version)
+            # a row's sampled tokens, every one of this version: the engine ran its whole context
+            # with these weights (a row whose sampling went on through a weight update saw a
+            # context the older weights computed, a gap no kernel or routing explains)
+            current = to_device(ro.versions[mb], dev) == version
+            fresh = mask & (current | ~mask).all(dim=-1, keepdim=True)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
         self.clock.mark("loss")

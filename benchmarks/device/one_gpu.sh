@@ -44,7 +44,7 @@
 #           ARCH=qwen3-30b-a3b LAYERS=48 GPUS=[0,1] STEPS=5 EXTRA="trainer.lora.rank=16 eval.at_end=false"
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
-#   cpu     (nothing carried)                the CPU path on this host's processor pinned to 2 cores, no GPU:
+#   cpu     (carry .tf; after stage3)        the CPU path on this host's processor pinned to 2 cores, no GPU:
 #                                            dtype auto (bfloat16 where native) then float32, STEPS (4) each
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
 #                                            cluster.gpus=[0], engine=vllm then engine=hf
@@ -175,10 +175,12 @@ PY
     # AVX512_BF16), 2 cores as on the 2-core machines, no GPU: dtype auto (what it resolves to is
     # printed), then float32; STEPS (4) steps each, the default model and task, no evaluation
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a $S
+    [ -d /tmp/tf524/transformers ] || tf_install
     grep -o -w -E "amx_bf16|amx_tile|avx512_bf16|avx512f|avx2" /proc/cpuinfo | sort -u | tr '\n' ' ' | tee -a $S; echo | tee -a $S
     for d in auto float32; do
       D=""; [ $d = float32 ] && D="trainer.dtype=float32 engine.dtype=float32 weights.dtype=float32"
-      TAIL=12 step cpu_$d ${LIMIT:-270} env CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m areal_cli.cli \
+      # engine=hf: under transformers 5.24 ($TF; the image's older one fails in its attention)
+      TAIL=12 step cpu_$d ${LIMIT:-270} $TF env CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m areal_cli.cli \
           train model=$MODEL trainer.steps=${STEPS:-4} eval.at_end=false launcher.peer_timeout_s=300 \
           run_dir=/tmp/runs/cpu_$d $D
       grep -h -E "^dtype|tok/s" $L/cpu_$d.log | head -n 8 | tee -a $S

@@ -145,9 +145,11 @@ def test_every_preset_trains_in_process(tiny_model, preset):
     assert all(math.isfinite(v) for v in metrics.values()), metrics
 
 
-def test_logp_gap_fresh_compares_tokens_of_the_current_version(tiny_model):
-    # behaviour logprobs of the same float32 weights: the gap is zero; shifted by 0.1 on the
-    # tokens of version 0, the gap is 0.1 and only those tokens count
+def test_logp_gap_fresh_compares_sequences_wholly_of_the_current_version(tiny_model):
+    # behaviour logprobs of the same float32 weights: the gap is zero. Then half the sequences
+    # sampled wholly with version 1 and shifted by 0.1, the others begun with version 0 and
+    # finished with version 1 (a weight update mid-sequence: their later tokens saw a context the
+    # old weights computed) and shifted by 0.5 there: only the whole ones count, gap 0.1
     runner = step_runner(tiny_model, "trainer.lr=1e-12")
     batch = make_batch(plain_model(tiny_model), groups=2, group_size=2, seed=6)
     same = runner.train(batch, version=0)
@@ -155,10 +157,14 @@ def test_logp_gap_fresh_compares_tokens_of_the_current_version(tiny_model):
     assert same["fresh_tokens"] == total and same["logp_gap_fresh"] == pytest.approx(0.0, abs=1e-5)
     fresh = 0
     for g in batch.groups:
-        for s in g.samples:
-            s.versions[len(s.versions) // 2:] = 1
-            s.logprobs[s.versions == 1] += 0.1
-            fresh += int((s.versions == 1).sum())
+        for i, s in enumerate(g.samples):
+            if i % 2 == 0:
+                s.versions[:] = 1
+                s.logprobs += 0.1
+                fresh += len(s.versions)
+            else:
+                s.versions[len(s.versions) // 2:] = 1
+                s.logprobs[s.versions == 1] += 0.5
     shifted = runner.train(batch, version=1)
     assert 0 < shifted["fresh_tokens"] == fresh < total
     assert shifted["logp_gap_fresh"] == pytest.approx(0.1, abs=1e-4)
