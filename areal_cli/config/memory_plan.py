@@ -7,7 +7,8 @@ recomputation whose estimated peak fits the trainer's card: none, every other la
 The estimate, per rank, in bytes:
 
 - weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with
-  LoRA the frozen weights' 4 bytes alone (the adapters are a rounding error);
+  LoRA the frozen weights alone, in the compute dtype (2 bytes; 4 with trainer.dtype=float32; the
+  adapters are a rounding error);
 - the staged wire copy on rank 0 (``weights.staged``): P × 2;
 - activations of one micro-batch of ``micro_batch_tokens``: a layer kept whole holds
   ``ACT_FACTOR × (18·hidden + 6·intermediate)`` bytes a token (its inputs and outputs, q/k/v, the
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 GIB = 1024 ** 3
 ACT_FACTOR = 1.15
@@ -47,6 +49,11 @@ class Layout:
 
     @classmethod
     def from_config(cls, path: Path) -> Layout:
+        """A dense layout, or a mixture-of-experts one (``areal_cli.moe``): every expert's weights
+        count in ``params``; ``intermediate`` is what one token runs through (its top-k experts and
+        a shared expert), for the activations."""
+        from areal_cli import moe
+
         c = json.loads((Path(path) / "config.json").read_text())
         c = c.get("text_config", c)
         h, inter = c["hidden_size"], c["intermediate_size"]
@@ -54,15 +61,23 @@ class Layout:
         heads = c["num_attention_heads"]
         head_dim = c.get("head_dim") or h // heads
         kv = c.get("num_key_value_heads", heads) * head_dim
-        per_layer = h * heads * head_dim * 2 + 2 * h * kv + 3 * h * inter + 2 * h
+        attention = h * heads * head_dim * 2 + 2 * h * kv + 2 * h
         embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
-        return cls(params=n * per_layer + embed + h, layers=n, hidden=h, intermediate=inter,
-                   vocab=v)
+        config = SimpleNamespace(**c)
+        sparse = set(moe.sparse_layers(config))
+        experts, k = moe.experts_of(config), moe.top_k(config)
+        expert = c.get("moe_intermediate_size") or inter  # OLMoE, Mixtral: intermediate_size
+        shared = c.get("shared_expert_intermediate_size") or 0  # Qwen2-MoE
+        routed = experts * 3 * h * expert + h * experts + (3 * h * shared + h if shared else 0)
+        mlp = [routed if i in sparse else 3 * h * inter for i in range(n)]
+        active = max([k * expert + shared] * bool(sparse) + [inter] * (n > len(sparse)))
+        return cls(params=n * attention + sum(mlp) + embed + h, layers=n, hidden=h,
+                   intermediate=active, vocab=v)
 
 
 def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: int | None,
                    moments_bytes: int,
-                   lora: bool, staged: bool, chunk: int) -> int:
+                   lora: bool, staged: bool, chunk: int, frozen_bytes: int = 2) -> int:
     """Estimated peak of trainer rank 0: ``every`` None = no checkpointing, k = every k-th layer."""
     grads = 0 if lora else lay.params * 4 / ranks
     whole = ACT_FACTOR * (18 * lay.hidden + 6 * lay.intermediate)
@@ -71,21 +86,22 @@ def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: i
     inputs = (lay.layers - kept) * 4 * lay.hidden
     acts = micro_batch_tokens * (kept * whole + inputs + (whole if every is not None else 0))
     head = 3 * chunk * lay.vocab * 4
-    return int(_kept(lay, ranks, moments_bytes, lora, staged) + grads + acts + head)
+    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes) + grads + acts + head)
 
 
 def resident_bytes(lay: Layout, *, ranks: int, moments_bytes: int, lora: bool,
-                   staged: bool) -> int:
+                   staged: bool, frozen_bytes: int = 2) -> int:
     """What trainer rank 0 keeps on its card between two steps (its gradients freed): weights and
     AdamW moments, the staged wire copy, ``HEADROOM``. With ``cluster.share=alternate`` the engine
     wakes beside this much at each update."""
-    return int(_kept(lay, ranks, moments_bytes, lora, staged))
+    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes))
 
 
-def _kept(lay: Layout, ranks: int, moments_bytes: int, lora: bool, staged: bool) -> float:
+def _kept(lay: Layout, ranks: int, moments_bytes: int, lora: bool, staged: bool,
+          frozen_bytes: int = 2) -> float:
     """Bytes of weights and AdamW moments per rank (with LoRA the frozen weights alone), the staged
     wire copy and ``HEADROOM``: what a rank holds outside a step's gradients and activations."""
-    per_param = 4 if lora else 4 + moments_bytes
+    per_param = frozen_bytes if lora else 4 + moments_bytes
     return lay.params * per_param / ranks + (2 * lay.params if staged else 0) + HEADROOM
 
 

@@ -228,7 +228,7 @@ def _states(cfg: RootConfig) -> dict:
 
     t = cfg.trainer
     return dict(ranks=t.ranks, moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8,
-                lora=t.lora.rank > 0,
+                lora=t.lora.rank > 0, frozen_bytes=4 if t.dtype == Dtype.float32 else 2,
                 staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg))
 
 

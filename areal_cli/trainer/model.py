@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import json
 import os
 import shutil
 from pathlib import Path
@@ -21,8 +22,8 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
                  lora=None, shard: bool = True):
     """fp32 master weights, each decoder layer and the root sharded with ``fully_shard`` (not on
     one CPU rank); ``lora`` (trainer.lora with rank > 0): adapters injected before sharding, the
-    only parameters that require gradients (on one unsharded rank the frozen linear weights stay in
-    the compute dtype: ``frozen_linear_to``);
+    only parameters that require gradients (on one unsharded rank and on GPUs the frozen matmul
+    weights stay in the compute dtype: ``frozen_linear_to``);
     ``fp32_head``: logits in float32 (see ``float32_head``); ``varlen``: attention over packed
     segments where this device and torch have FlashAttention's varlen op (``trainer.varlen``);
     ``checkpoint_every``, ``compile_layers``, ``reshard_after_forward``, ``shard``: the trainer keys
@@ -42,16 +43,21 @@ def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dt
         raise ValueError("trainer.shard=false: several trainer ranks need FSDP; set "
                          "trainer.ranks=1 or trainer.shard=auto")
     lora_on = lora is not None and lora.rank > 0
-    frozen = compute_dtype if lora_on and unsharded and compute_dtype in (torch.bfloat16,
-                                                                          torch.float16) \
-        else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
-                                                 attn_implementation=attn,
-                                                 **moe.load_kwargs(model_path)).to(device)
+    # LoRA: the frozen matmul weights in the compute dtype on one unsharded rank and on GPUs (FSDP2
+    # all-gathers them in it anyway); several CPU ranks gather float32 and compute under autocast
+    frozen = compute_dtype if (lora_on and compute_dtype in (torch.bfloat16, torch.float16)
+                               and (unsharded or device.type == "cuda")) else torch.float32
+    # a checkpoint already in that dtype loads as it is, on a GPU straight onto it: no float32 copy
+    # of the whole model in host memory (a 30B MoE's is 122 GB)
+    direct = frozen != torch.float32 and checkpoint_dtype(model_path) == frozen
+    model = AutoModelForCausalLM.from_pretrained(
+        model_path, dtype=frozen if direct else torch.float32, attn_implementation=attn,
+        **({"device_map": device} if direct and device.type == "cuda" else {}),
+        **moe.load_kwargs(model_path)).to(device)
     moe.Routers.install(model)  # MoE: routing replay and the load-balancing loss (model.routers)
-    zero_rows = zero_embedding_rows(model)
     if frozen != torch.float32:
         frozen_linear_to(model, frozen)
+    zero_rows = zero_embedding_rows(model)
     model.config.use_cache = False
     if fp32_head:
         float32_head(model)
@@ -183,20 +189,35 @@ def no_size_guards() -> None:
         inductor.triton.mix_order_reduction_non_strict_mode = True
 
 
+def checkpoint_dtype(model_path) -> torch.dtype | None:
+    """The dtype a checkpoint's config.json names (``dtype``, or ``torch_dtype`` of older ones);
+    None where it names none."""
+    try:
+        c = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    name = c.get("dtype") or c.get("torch_dtype")
+    return getattr(torch, name, None) if isinstance(name, str) else None
+
+
 def frozen_linear_to(model, dtype: torch.dtype) -> None:
-    """LoRA on one unsharded rank: the linear layers' weights, which stay frozen, in the compute
-    dtype
-    ``dtype``; they take no update, so they need no float32 master, and autocast cast them to that
-    dtype for every matmul anyway: the products are the same, 2 bytes a weight less (212 MB for
-    SmolLM2-135M). The rest (the embedding and the output layer tied to it, the norms) stays
-    float32, copied out of the checkpoint's memory map so that the map, which holds the whole
-    float32 file, is released. FSDP2 wants one dtype per group of parameters, so sharded ranks keep
-    float32."""
+    """LoRA: the weights of the matmuls, which stay frozen (the linear layers' and a mixture of
+    experts' fused expert weights), in the compute dtype ``dtype``; they take no update, so they
+    need no float32 master, and every matmul casts them to that dtype anyway: the products are the
+    same, 2 bytes a weight less (212 MB for SmolLM2-135M, 61 GB for a 30B MoE). The rest (the
+    embedding and the output layer tied to it, the norms, the routers) in float32, copied out of the
+    checkpoint's memory map so that the map, which holds the whole file, is released."""
+    from areal_cli import moe
+
     head = model.get_output_embeddings()
+    layers = model.get_decoder().layers
+    experts = {id(p) for i in moe.sparse_layers(model.config)
+               for p in layers[i].mlp.experts.parameters()}
     for m in model.modules():
         linear = isinstance(m, torch.nn.Linear) and m is not head
         for p in m.parameters(recurse=False):
-            p.data = p.data.to(dtype) if linear else p.data.clone()
+            p.data = (p.data.to(dtype) if linear or id(p) in experts
+                      else p.data.to(torch.float32, copy=True))
     gc.collect()
 
 

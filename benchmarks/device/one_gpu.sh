@@ -39,9 +39,11 @@
 #           here once) on cluster.gpus=GPUS ([0]) with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
 #           under transformers 5.24;
-#           first tests/gpu/test_vllm_moe.py (TESTS=0: not). The Qwen3-30B-A3B layout whole (a 61 GB
-#           checkpoint: the 2-GPU machine's disk), LoRA, trainer and vLLM on a GPU each:
-#           ARCH=qwen3-30b-a3b LAYERS=48 GPUS=[0,1] STEPS=5 EXTRA="trainer.lora.rank=16 eval.at_end=false"
+#           first tests/gpu/test_vllm_moe.py (TESTS=0: not); each process's peak GPU memory and the
+#           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU (a 57 GiB
+#           checkpoint: first thing after the stage, before any run fills the disk, or in RAM with
+#           MOE_DIR=/dev/shm/rand): TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 STEPS=5
+#           EXTRA="trainer.lora.rank=16 eval.at_end=false weights.staged=false"
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
 #   cpu     (carry .tf; after stage3)        the CPU path on this host's processor pinned to 2 cores, no GPU:
@@ -71,7 +73,7 @@ for pid, mib in sorted(peak.items(), key=lambda kv: -kv[1]):
 PY
 }
 moe_model() {  # R: the random-weights MoE of ARCH cut to LAYERS layers, built here once (moe, moegap)
-  A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=/tmp/rand/$A-$N
+  A=${ARCH:-olmoe-1b-7b-0924}; N=${LAYERS:-4}; R=${MOE_DIR:-/tmp/rand}/$A-$N
   [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
   [ -f $R/random_weights.json ] || step build_moe 300 python3 benchmarks/random_model.py $A $R \
       --device cuda --tokenizer $MODEL --layers $N; }
@@ -131,11 +133,14 @@ case $phase in
     nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -l 1 \
         > $OUT/${RUN}_apps.csv 2>/dev/null &
     smi=$!
+    (while true; do free -m | awk 'NR==2{print $3}' >> $OUT/${RUN}_host_mib.txt; sleep 2; done) &
+    hostmem=$!
     TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=${GPUS:-[0]} \
         engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} $MOE_SHAPE \
         run_dir=/tmp/runs/$RUN ${EXTRA:-}
-    kill $smi 2>/dev/null
+    kill $smi $hostmem 2>/dev/null
     peaks $OUT/${RUN}_apps.csv
+    echo "host memory used, peak: $(sort -n $OUT/${RUN}_host_mib.txt | tail -n 1) MiB" | tee -a $S
     grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
     python3 - /tmp/runs/$RUN <<'PY' | tee -a $S
 import json, pathlib, statistics, sys

@@ -22,6 +22,15 @@ def test_layouts_count_the_published_parameters():
     assert abs(Layout.from_config(Q15).params - 1.54e9) / 1.54e9 < 0.01
 
 
+def test_moe_layouts_count_every_expert_and_activate_top_k():
+    # the random-weights build of Qwen3-30B-A3B held 30,532,122,624; OLMoE-1B-7B: 6.92B published
+    q30, olmoe = Layout.from_config(MODELS / "qwen3-30b-a3b"), Layout.from_config(
+        MODELS / "olmoe-1b-7b-0924")
+    assert abs(q30.params - 30.532e9) / 30.532e9 < 0.001
+    assert abs(olmoe.params - 6.919e9) / 6.919e9 < 0.001
+    assert q30.intermediate == 8 * 768 and olmoe.intermediate == 8 * 1024  # a token's experts
+
+
 # (layout, ranks, micro_batch_tokens, every, AdamW moment bytes, output chunk, measured peak GiB)
 MEASURED = [
     (Q7, 3, 8256, None, 8, 4096, 85.6),
@@ -82,3 +91,7 @@ def test_lora_and_bf16_moments_need_less():
     full = estimate_bytes(lay, moments_bytes=8, lora=False, **kw)
     assert estimate_bytes(lay, moments_bytes=4, lora=False, **kw) < full
     assert estimate_bytes(lay, moments_bytes=8, lora=True, **kw) < full / 2
+    # LoRA's frozen weights in the compute dtype: half of float32's
+    lora32 = estimate_bytes(lay, moments_bytes=8, lora=True, frozen_bytes=4, **kw)
+    lora16 = estimate_bytes(lay, moments_bytes=8, lora=True, **kw)
+    assert lora32 - lora16 == pytest.approx(2 * lay.params, rel=1e-6)

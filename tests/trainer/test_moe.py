@@ -202,3 +202,44 @@ def test_lora_on_an_moe_adapts_attention_and_leaves_the_experts_frozen(tiny_moe_
     assert trainable and all("self_attn" in n and "lora_" in n for n in trainable)
     metrics = runner.train(make_batch(plain_model(tiny_moe_model), 2, 2), version=0)
     assert np.isfinite(metrics["grad_norm"]) and "router_aux_loss" in metrics
+
+
+@pytest.mark.parametrize("kind", ["qwen3_moe", "qwen2_moe"])
+def test_lora_keeps_frozen_matmul_weights_in_the_compute_dtype_and_loads_them_as_saved(
+        kind, tmp_path, monkeypatch):
+    # LoRA in bfloat16: the linear layers' and the fused experts' weights (the bulk of an MoE)
+    # bfloat16, the embedding, norms and routers float32. A bfloat16 checkpoint loads as it is (no
+    # float32 copy of the whole model first), to the same values as through float32
+    from transformers import AutoModelForCausalLM
+
+    from areal_cli.config.schema import LoraConfig
+    from areal_cli.trainer import model as policy
+
+    init_gloo()
+    src = tiny_moe(tmp_path / "f32", kind)
+    bf = tmp_path / "bf"
+    AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).save_pretrained(bf)
+    for f in src.glob("tokenizer*"):
+        (bf / f.name).write_bytes(f.read_bytes())
+    assert policy.checkpoint_dtype(bf) == torch.bfloat16
+    assert policy.checkpoint_dtype(src) == torch.float32
+
+    def params() -> dict[str, torch.Tensor]:
+        m = build_policy(bf, torch.device("cpu"), torch.bfloat16, activation_checkpointing=False,
+                         lora=LoraConfig(rank=4), shard=False)
+        return {n: p.detach().clone() for n, p in m.named_parameters()}
+
+    direct = params()
+    monkeypatch.setattr(policy, "checkpoint_dtype", lambda path: None)  # through float32
+    through = params()
+    experts = [n for n in direct if ".mlp.experts." in n]
+    # the linear layers' (nn.Linear: the projections, Qwen2-MoE's shared-expert gate)
+    linear = [n for n in direct if "lora_" not in n and n.endswith(
+        ("proj.weight", "proj.bias", "proj.base_layer.weight", "proj.base_layer.bias",
+         "shared_expert_gate.weight"))]
+    assert experts and linear
+    for n, p in direct.items():
+        want = torch.bfloat16 if n in experts + linear else torch.float32  # adapters float32
+        assert p.dtype == through[n].dtype == want, n
+        if "lora_" not in n:
+            assert torch.equal(p, through[n]), n
