@@ -179,14 +179,15 @@ PY
     # the first run's CPU path on this machine's processor (native bfloat16 where it has AMX or
     # AVX512_BF16), 2 cores as on the 2-core machines, no GPU: dtype auto (what it resolves to is
     # printed), then float32; STEPS (4) steps each, the default model and task, no evaluation
+    # (EVAL=true: the closing one; STEPS=30 EVAL=true DTYPES=auto: the first run, `make train`'s)
     lscpu | grep -E "Model name|^CPU\(s\)" | tee -a $S
     [ -d /tmp/tf524/transformers ] || tf_install
     grep -o -w -E "amx_bf16|amx_tile|avx512_bf16|avx512f|avx2" /proc/cpuinfo | sort -u | tr '\n' ' ' | tee -a $S; echo | tee -a $S
-    for d in auto float32; do
+    for d in ${DTYPES:-auto float32}; do
       D=""; [ $d = float32 ] && D="trainer.dtype=float32 engine.dtype=float32 weights.dtype=float32"
       # engine=hf: under transformers 5.24 ($TF; the image's older one fails in its attention)
       TAIL=12 step cpu_$d ${LIMIT:-270} $TF env CUDA_VISIBLE_DEVICES= taskset -c 0,1 python3 -m areal_cli.cli \
-          train model=$MODEL trainer.steps=${STEPS:-4} eval.at_end=false launcher.peer_timeout_s=300 \
+          train model=$MODEL trainer.steps=${STEPS:-4} eval.at_end=${EVAL:-false} launcher.peer_timeout_s=300 \
           run_dir=/tmp/runs/cpu_$d $D
       grep -h -E "^dtype|tok/s" $L/cpu_$d.log | head -n 8 | tee -a $S
       tar czf $OUT/cpu_$d.tgz -C /tmp/runs --exclude=checkpoints cpu_$d 2>/dev/null
