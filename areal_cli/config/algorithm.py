@@ -84,6 +84,12 @@ class AlgorithmConfig:
     """The engine returns the experts it chose for every token, and the trainer forces the same
     experts in every forward of those tokens, weighting them by its live router (docs/gpu.md
     "Mixture-of-experts models")."""
+    routing_probe: bool = False
+    """With routing_replay: each step also forwards its batch routed by the trainer's own routers
+    (no gradient; a forward more per micro-batch) and logs ``logp_gap_fresh_free``, the behaviour
+    vs trainer gap without replay on the same tokens as ``logp_gap_fresh``, and
+    ``routing_flip_fraction``, the share of (token, sparse layer) whose experts the trainer's
+    routers would choose otherwise than the engine did."""
 
     # --- critic (adv_estimator=gae) ---
     value_coef: float = 1.0

@@ -53,6 +53,9 @@ PACKED_ROW_TOKENS_CPU = 512
 """Token budget of a packed micro-batch on CPU (see ``StepRunner._micro_batches``)."""
 
 
+PROBE_SUMS = ("logp_gap_free_sum", "routed_slots", "routing_flips")
+"""algorithm.routing_probe's sums over a step's micro-batches and ranks (``StepRunner._probe``)."""
+
 class StepRunner:
     def __init__(self, model, cfg: RootConfig, device, compute_dtype, rank: int, world: int,
                  critic=None, reference=None):
@@ -89,6 +92,7 @@ class StepRunner:
         # MoE: the wrapped routers (moe.Routers); their experts forced from the engine's routing
         self.routers = getattr(model, "routers", None)
         self.replay = self.routers is not None and cfg.algorithm.routing_replay
+        self.probe = self.replay and cfg.algorithm.routing_probe  # the unreplayed gap, measured
         # one row per prompt, its samples' responses after it (batching.share_prompts)
         self.share = t.shared_prompts == "true" and not self.packing and not self.replay
         self.real = None  # the last micro-batch's [rows, T] real tokens (Inputs.real)
@@ -149,7 +153,7 @@ class StepRunner:
             # every rank all-reduces both, fresh tokens or not
             if epoch == 0 and version is not None:
                 gap = {k: stats.pop(k, torch.zeros((), device=self.device))  # one tensor each
-                       for k in ("logp_gap_sum", "fresh_tokens")}
+                       for k in ("logp_gap_sum", "fresh_tokens") + PROBE_SUMS * self.probe}
             if self.critic:
                 vstats, vnorm = self.critic.train(ro, mbs, values, returns, global_tokens, max_len)
                 clock.mark("critic_train")
@@ -161,6 +165,13 @@ class StepRunner:
         fresh, gap_sum = out.pop("fresh_tokens", 0.0), out.pop("logp_gap_sum", 0.0)
         if fresh:
             out.update(logp_gap_fresh=gap_sum / fresh, fresh_tokens=int(fresh))
+        if self.probe:  # algorithm.routing_probe
+            free, slots = out.pop("logp_gap_free_sum", 0.0), out.pop("routed_slots", 0.0)
+            flips = out.pop("routing_flips", 0.0)
+            if fresh:
+                out["logp_gap_fresh_free"] = free / fresh
+            if slots:
+                out["routing_flip_fraction"] = flips / slots
         if self.critic:
             out.update(reduce_stats(vstats, STAT_REDUCTIONS, global_tokens, self.device),
                        critic_grad_norm=float(vnorm), value_mean=_masked_mean(values, ro.loss_mask))
@@ -276,6 +287,8 @@ class StepRunner:
         for mb in mbs:
             if not mb:
                 dummy_forward(self.model, self.device, self.dtype, backward=True)
+                if self.probe and version is not None:  # the probe's forward: the same collectives
+                    dummy_forward(self.model, self.device, self.dtype, backward=False)
                 self.clock.mark("empty_micro_batch")
                 continue
             loss, st = self._micro_step(ro, adv, mb, prox, ref, global_tokens, max_len, version)
@@ -314,7 +327,8 @@ class StepRunner:
         alg = self.cfg.algorithm
         return alg.ppo_epochs > 1 and alg.recompute_proximal
 
-    def _forward(self, ro: Rollouts, mb: list[int], clock: StepClock | None = None):
+    def _forward(self, ro: Rollouts, mb: list[int], clock: StepClock | None = None,
+                 free: bool = False):
         t = self.cfg.trainer
         # varlen only where a row holds a sequence longer than a packed row: there FlashAttention's
         # causal skipping pays; rows of short sequences run faster through masked SDPA
@@ -325,19 +339,22 @@ class StepRunner:
         x = model_inputs(ro, mb, self.packing, device=self.device, row_tokens=row,
                          buckets=t.shape_buckets,
                          varlen=varlen, replay=self.replay, shared=self.share)
-        self._route(x)
+        self._route(x, free)
         if clock is not None:
             clock.mark("prepare")
         return forward_logprobs(self.model, x, self.dtype, self.cfg.rollout.temperature,
                                 t.logprob_chunk_tokens, t.shape_buckets,
                                 entropy_grad=self.cfg.algorithm.entropy_coef != 0, clock=clock)
 
-    def _route(self, x) -> None:
+    def _route(self, x, free: bool = False) -> None:
         """MoE: force the micro-batch's engine routing (kept through the backward's recomputation,
-        until the next forward) and collect the router logits of a forward with gradients."""
+        until the next forward) and collect the router logits of a forward with gradients;
+        ``free``: the routers choose (and their choices are recorded)."""
         if self.routers is None:
             return
-        r = x.routing
+        r = None if free else x.routing
+        if free:
+            self.routers.record = True
         self.routers.force(None if r is None else r.reshape(-1, *r.shape[2:]))
         self.routers.collect = torch.is_grad_enabled()
         self.routers.take_collected()  # nothing left over from another forward
@@ -356,6 +373,30 @@ class StepRunner:
         coef = self.cfg.algorithm.router_aux_loss_coef
         term = coef * aux * share if coef > 0 else None
         return term, {"router_aux_loss": aux.detach() * share}
+
+    @torch.no_grad()
+    def _probe(self, ro, mb, fresh, behav) -> dict[str, torch.Tensor]:
+        """algorithm.routing_probe: the micro-batch forwarded again with the trainer's own
+        routing (no gradient, after the backward, so nothing replayed is disturbed): the gap of its
+        logprobs on the fresh tokens, and how many (token, sparse layer) chose other experts than
+        the engine's (its forced routing; positions without one are not counted)."""
+        forced = self.routers.forced
+        logp, _ = self._forward(ro, mb, free=True)
+        chosen = self.routers.take_recorded()
+        self.routers.record = False
+        dev = logp.device
+        out = {"logp_gap_free_sum": torch.zeros((), device=dev),
+               "routed_slots": torch.zeros((), device=dev),
+               "routing_flips": torch.zeros((), device=dev)}
+        if fresh is not None:
+            out["logp_gap_free_sum"] = torch.where(fresh, (logp - behav).abs(), 0.0).sum()
+        if forced is not None:
+            forced = forced.to(chosen.device)
+            known = (forced >= 0).all(-1)  # [tokens, layers]
+            differ = (forced.sort(-1).values != chosen.sort(-1).values).any(-1)
+            out["routed_slots"] = known.sum().float().to(dev)
+            out["routing_flips"] = (differ & known).sum().float().to(dev)
+        return out
 
     @torch.no_grad()
     def _proximal(self, ro, mbs) -> dict[int, torch.Tensor]:
@@ -408,11 +449,15 @@ class StepRunner:
             fresh = mask & (current | ~mask).all(dim=-1, keepdim=True)
             st["logp_gap_sum"] = torch.where(fresh, (logp.detach() - behav).abs(), 0.0).sum()
             st["fresh_tokens"] = fresh.sum().float()
+        else:
+            fresh = None
         self.clock.mark("loss")
         # FSDP averages gradients over ranks; the loss is already a share of the global mean
         total = loss if aux is None else loss + aux  # the MoE load-balancing term
         (total * (self.world * self.scale.value)).backward()
         self.clock.mark("backward")
+        if self.probe and version is not None:
+            st.update(self._probe(ro, mb, fresh, behav))
         return loss.detach(), st
 
 

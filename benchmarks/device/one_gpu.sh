@@ -161,16 +161,21 @@ PY
     # the behaviour-vs-trainer logprob gap with routing replay and without, the same MoE run
     # otherwise (after stage_moe and the model; ARCH, LAYERS as for moe; STEPS 8 each)
     moe_model
+    # (the replayed run also measures, on the same tokens, the gap without replay and the flips:
+    # algorithm.routing_probe)
     for rr in true false; do
       TAIL=6 step gap_$rr ${LIMIT:-240} python3 -m areal_cli.cli train model=$R cluster.gpus=[0] \
-          engine=vllm trainer.steps=${STEPS:-8} algorithm.routing_replay=$rr eval.at_end=false \
+          engine=vllm trainer.steps=${STEPS:-8} algorithm.routing_replay=$rr \
+          algorithm.routing_probe=$rr eval.at_end=false \
           $MOE_SHAPE run_dir=/tmp/runs/gap_$rr ${EXTRA:-}
       python3 - /tmp/runs/gap_$rr $rr <<'PY' | tee -a $S
 import json, pathlib, statistics, sys
 rows = [json.loads(x) for x in (pathlib.Path(sys.argv[1]) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-gaps = [r["logp_gap_fresh"] for r in rows if "logp_gap_fresh" in r]
-print(f"routing_replay={sys.argv[2]}: steps {len(rows)}, logp_gap_fresh median {statistics.median(gaps) if gaps else None}"
-      f" mean {statistics.fmean(gaps) if gaps else None} (n={len(gaps)}): {[round(g, 4) for g in gaps]}")
+for key in ("logp_gap_fresh", "logp_gap_fresh_free", "routing_flip_fraction"):
+    v = [r[key] for r in rows if key in r]
+    if v:
+        print(f"routing_replay={sys.argv[2]}: steps {len(rows)}, {key} median {statistics.median(v):.4g}"
+              f" mean {statistics.fmean(v):.4g} (n={len(v)}): {[round(g, 4) for g in v]}")
 PY
       tar czf $OUT/gap_$rr.tgz -C /tmp/runs --exclude=checkpoints gap_$rr 2>/dev/null
     done

@@ -1,7 +1,7 @@
 """A tiny mixture-of-experts run for real (every process, gloo, ZeroMQ on loopback): 3 steps with
-routing replay, the load-balancing loss and logp_gap_fresh in every step's metrics, a final
-checkpoint of the same layout; and the architecture check that admits the MoE layouts areal knows
-and refuses the others with the reason."""
+routing replay and its probe, the load-balancing loss and logp_gap_fresh in every step's metrics,
+a final checkpoint of the same layout; and the architecture check that admits the MoE layouts areal
+knows and refuses the others with the reason."""
 
 from __future__ import annotations
 
@@ -21,13 +21,16 @@ def test_tiny_moe_trains_three_steps(tmp_path):
     run = tmp_path / "run"
     # every row trains (the random model's rewards are all 0): the step forwards fresh tokens
     run_train(run, f"model={model}", *TINY_RUN, "trainer.steps=3",
-              "trainer.skip_zero_advantage=false", "rollout.max_staleness=0", timeout=400)
+              "trainer.skip_zero_advantage=false", "rollout.max_staleness=0",
+              "algorithm.routing_probe=true", timeout=400)
     rd = RunDir(run)
     rows = read_jsonl(rd.metrics)
     assert len(rows) == 3
     for row in rows:
         assert 1.5 < row["router_aux_loss"] < 8  # top-2 of 8: 2 when balanced
         assert row["logp_gap_fresh"] < 1e-3 and row["fresh_tokens"] > 0
+        # the same float32 weights on both sides: the trainer's routers choose the engine's experts
+        assert row["routing_flip_fraction"] == 0 and row["logp_gap_fresh_free"] < 1e-3
     saved = AutoConfig.from_pretrained(rd.final)
     assert saved.model_type == "qwen3_moe" and saved.num_experts == 8
 

@@ -118,6 +118,36 @@ def test_replay_forces_the_engines_experts_and_the_router_keeps_its_gradient(tin
         assert router.weight.grad is not None and router.weight.grad.abs().sum() > 0
 
 
+def test_the_routing_probe_measures_the_gap_and_the_flips_without_replay(tiny_moe_model):
+    # algorithm.routing_probe: the same step also reports the behaviour gap of a forward routed by
+    # the trainer itself and the share of (token, sparse layer) whose experts it would change; both
+    # equal what a forward without replay gives on the same micro-batch, before the update
+    init_gloo()
+    prompts = [[1, 9690, 198, 504 + i, 30, 28][: 4 + i % 3] for i in range(4)]
+    seqs = _generated(tiny_moe_model, prompts, perturb=0.05)
+    batch = _with_routing(make_batch(plain_model(tiny_moe_model), 2, 2), seqs)
+    runner = step_runner(tiny_moe_model, "rollout.group_size=2", "algorithm.routing_probe=true",
+                         "trainer.lr=1e-12")
+    ro = from_batch(batch)
+    mb = list(range(ro.n))
+    forced_used, forced = _used_experts(runner, ro, mb)
+    runner.replay = False
+    live, _ = _used_experts(runner, ro, mb)
+    lp_free, _ = runner._forward(ro, mb)
+    runner.replay = True
+    known = (forced >= 0).all(-1)
+    flips = ((forced.sort(-1).values != live.sort(-1).values).any(-1) & known).sum()
+    mask = ro.loss_mask.bool()
+    want_gap = float((lp_free.detach() - ro.behav_logp).abs()[mask].mean())
+    out = runner.train(batch, version=0)
+    assert out["routing_flip_fraction"] == pytest.approx(float(flips / known.sum()), abs=1e-6)
+    assert 0 < out["routing_flip_fraction"] < 1  # the perturbed engine routed some tokens otherwise
+    assert out["logp_gap_fresh_free"] == pytest.approx(want_gap, rel=1e-4)
+    assert out["logp_gap_fresh_free"] > out["logp_gap_fresh"]  # replay closes part of the gap
+    off = step_runner(tiny_moe_model, "rollout.group_size=2").train(batch, version=0)
+    assert "routing_flip_fraction" not in off and "logp_gap_fresh_free" not in off
+
+
 def test_replay_survives_activation_recomputation(tiny_moe_model):
     """With activation checkpointing every layer's forward runs again in backward: the forced
     experts must be used there too, so the gradients equal those of the run without
