@@ -40,10 +40,13 @@
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
 #           under transformers 5.24;
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not); each process's peak GPU memory and the
-#           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU (a 57 GiB
-#           checkpoint: first thing after the stage, before any run fills the disk, or in RAM with
-#           MOE_DIR=/dev/shm/rand): TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 STEPS=5
-#           EXTRA="trainer.lora.rank=16 eval.at_end=false weights.staged=false"
+#           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
+#           plan without either staging copy: vLLM 69.9 GiB, the trainer ~66 GiB checkpointing every
+#           layer; the 57 GiB checkpoint in RAM, as the disk lacks the room beside the stage):
+#           MOE_DIR=/dev/shm/rand TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 STEPS=5 EXTRA="trainer.lora.rank=16
+#           eval.at_end=false weights.staged=false engine.vllm.staging=false" (with the staging
+#           copies the plan is alternate, and vLLM asleep keeps its 57 GiB in host memory: then
+#           not beside a checkpoint in RAM)
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
 #   cpu     (carry .tf; after stage3)        the CPU path on this host's processor pinned to 2 cores, no GPU:
