@@ -275,7 +275,7 @@ for x in r.get('rows', r if isinstance(r, list) else []):
     # the same model, engine, task and budgets; B = 32 x G = 8, <= 128 new tokens, 2 turns at most;
     # one single_turn run, then one run of each of AGENTS (one_call: the same single call as
     # single_turn, the endpoint's cost; then plan_then_answer); PYSPY=1 (default): py-spy --gil of
-    # each run's rollout worker for 25 s once it has run 60 s
+    # each run's rollout worker for SPY_FOR (20) s once it has run SPY_AFTER (35) s (vLLM starts in ~30 s)
     A=""; for a in ${AGENTS:-benchmarks.agent_throughput:one_call examples.agents.plan_then_answer:run}; do
       A="$A --agent $a"; done
     if [ "${PYSPY:-1}" = 1 ] && { command -v py-spy >/dev/null 2>&1 || [ -x /tmp/site/bin/py-spy ]; }; then
@@ -283,7 +283,7 @@ for x in r.get('rows', r if isinstance(r, list) else []):
       ( seen=""; while true; do
           for p in $(pgrep -f "areal_cli.rollout.main" 2>/dev/null); do
             case " $seen " in *" $p "*) continue ;; esac; seen="$seen $p"
-            ( sleep 60; kill -0 $p 2>/dev/null && $SPY record -p $p -d 25 --gil --nonblocking --format raw \
+            ( sleep ${SPY_AFTER:-35}; kill -0 $p 2>/dev/null && $SPY record -p $p -d ${SPY_FOR:-20} --gil --nonblocking --format raw \
                 -o $OUT/pyspy_rollout_$p.txt > $L/pyspy_$p.log 2>&1 ) &
           done; sleep 2; done ) &
       spy=$!
