@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One GPU, the trainer and the engine on the same card (weights through CUDA IPC), on a lent
 # 1-GPU machine; one phase per `run` call, the calls back to back (the machine stays warm ~30 s):
-# (a call carries at most 64 MiB with the tree: split the vLLM overlay 48 + 28 MiB)
+# (a call carries at most 64 MiB with the tree, ~8 MiB: split the vLLM overlay 48 + 28 MiB; .tf
+# (13 MiB) travels with stage_moe, or with stage2 where the tree leaves the room)
 #   stage1  carry .vllm/a                    vLLM overlay, part 1
-#   stage2  carry .vllm/b .whl .tf .extwhl   vLLM part 2, wheels, transformers 5.24, pytest (.extwhl: peft,
-#                                            pytest, lm-format-enforcer + interegular, which vLLM's
-#                                            structured-output check imports)
+#   stage2  carry .vllm/b .whl .extwhl       vLLM part 2, wheels, peft, pytest (.extwhl: peft, pytest,
+#                                            lm-format-enforcer + interegular, which vLLM's
+#                                            structured-output check imports; py-spy)
 #   stage3  carry .models/a                  model part 1
 #   check   carry .models/b                  model part 2; the GPU tests (tests/gpu: the IPC
 #                                            broadcast, compiled vs eager logprobs against float32,
