@@ -21,6 +21,8 @@ case $phase in
   stage2) source .vllm/b/vllm_stage.sh; source .whl/on-device.sh; tf_install
           # wheels the image lacks beyond .whl's (peft for LoRA, pytest for the GPU tests), from .extwhl
           [ -d .extwhl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .extwhl/*.whl
+          # py-spy's binary in a folder of its own (/tmp/site/bin exists already: pip would skip it)
+          ls .extwhl/py_spy*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index --no-deps --target /tmp/spy .extwhl/py_spy*.whl
           exit 0 ;;
   stage3) source benchmarks/device/on_device.sh; exit 0 ;;
   stage_moe) source benchmarks/device/stage_moe.sh; tf_install; exit 0 ;;

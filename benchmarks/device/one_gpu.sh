@@ -279,8 +279,8 @@ for x in r.get('rows', r if isinstance(r, list) else []):
     # each run's rollout worker for SPY_FOR (20) s once it has run SPY_AFTER (35) s (vLLM starts in ~30 s)
     A=""; for a in ${AGENTS:-benchmarks.agent_throughput:one_call examples.agents.plan_then_answer:run}; do
       A="$A --agent $a"; done
-    if [ "${PYSPY:-1}" = 1 ] && { command -v py-spy >/dev/null 2>&1 || [ -x /tmp/site/bin/py-spy ]; }; then
-      SPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
+    if [ "${PYSPY:-1}" = 1 ] && { command -v py-spy >/dev/null 2>&1 || [ -x /tmp/spy/bin/py-spy ]; }; then
+      SPY=$(command -v py-spy || echo /tmp/spy/bin/py-spy)
       ( seen=""; while true; do
           for p in $(pgrep -f "areal_cli.rollout.main" 2>/dev/null); do
             case " $seen " in *" $p "*) continue ;; esac; seen="$seen $p"
