@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from areal_cli.controller.records import AGENT_TIMES
+
 
 async def one_call(client, problem):
     """single_turn's work as an agent: the task's prompt, one completion, the task's reward."""
@@ -52,17 +54,16 @@ def engine_figures(run_dir: Path) -> dict:
 def summary(rows: list[dict], warmup: int, episodes_per_step: int) -> dict:
     kept = rows[warmup:] or rows
     wall = sum(r["step_wall_s"] for r in kept)
+    episodes = max(1, sum(r.get("agent_episodes", 0) for r in kept))
     return {"steps": len(kept), "episodes_per_s": episodes_per_step * len(kept) / wall,
             # the tokens of every kept step over their wall time (a mean of the steps' rates would
             # weigh a 0.2-s step, which a buffered batch makes, as much as a 10-s one)
             "gen_tokens_per_s": sum(r["gen_tokens_per_s"] * r["step_wall_s"] for r in kept) / wall,
             "step_s_median": statistics.median(r["step_wall_s"] for r in kept),
-            "calls_per_episode": (sum(r.get("agent_calls", 0) for r in kept) /
-                                  max(1, sum(r.get("agent_episodes", 0) for r in kept))) or 1.0,
+            "calls_per_episode": sum(r.get("agent_calls", 0) for r in kept) / episodes or 1.0,
             # means per episode over the kept steps (each step's mean weighed by its episodes)
-            **{k: sum(r.get(k, 0) * r.get("agent_episodes", 0) for r in kept) /
-               max(1, sum(r.get("agent_episodes", 0) for r in kept))
-               for k in ("agent_wait_s", "agent_engine_s", "agent_own_s")}}
+            **{k: sum(r.get(k, 0) * r.get("agent_episodes", 0) for r in kept) / episodes
+               for k in AGENT_TIMES}}
 
 
 def line(name: str, r: dict) -> str:

@@ -70,9 +70,10 @@ class Layout:
         shared = c.get("shared_expert_intermediate_size") or 0  # Qwen2-MoE
         routed = experts * 3 * h * expert + h * experts + (3 * h * shared + h if shared else 0)
         mlp = [routed if i in sparse else 3 * h * inter for i in range(n)]
-        active = max([k * expert + shared] * bool(sparse) + [inter] * (n > len(sparse)))
+        # a token's MLP width: its top-k experts and a shared one in a sparse layer, else the dense
+        widths = ([k * expert + shared] if sparse else []) + ([inter] if len(sparse) < n else [])
         return cls(params=n * attention + sum(mlp) + embed + h, layers=n, hidden=h,
-                   intermediate=active, vocab=v)
+                   intermediate=max(widths), vocab=v)
 
 
 def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: int | None,

@@ -56,6 +56,7 @@ PACKED_ROW_TOKENS_CPU = 512
 PROBE_SUMS = ("logp_gap_free_sum", "routed_slots", "routing_flips")
 """algorithm.routing_probe's sums over a step's micro-batches and ranks (``StepRunner._probe``)."""
 
+
 class StepRunner:
     def __init__(self, model, cfg: RootConfig, device, compute_dtype, rank: int, world: int,
                  critic=None, reference=None):
@@ -166,8 +167,7 @@ class StepRunner:
         if fresh:
             out.update(logp_gap_fresh=gap_sum / fresh, fresh_tokens=int(fresh))
         if self.probe:  # algorithm.routing_probe
-            free, slots = out.pop("logp_gap_free_sum", 0.0), out.pop("routed_slots", 0.0)
-            flips = out.pop("routing_flips", 0.0)
+            free, slots, flips = (out.pop(k, 0.0) for k in PROBE_SUMS)
             if fresh:
                 out["logp_gap_fresh_free"] = free / fresh
             if slots:
@@ -352,10 +352,12 @@ class StepRunner:
         ``free``: the routers choose (and their choices are recorded)."""
         if self.routers is None:
             return
-        r = None if free else x.routing
         if free:
             self.routers.record = True
-        self.routers.force(None if r is None else r.reshape(-1, *r.shape[2:]))
+            self.routers.force(None)
+        else:
+            r = x.routing
+            self.routers.force(None if r is None else r.reshape(-1, *r.shape[2:]))
         self.routers.collect = torch.is_grad_enabled()
         self.routers.take_collected()  # nothing left over from another forward
         self.real = x.real
@@ -385,9 +387,7 @@ class StepRunner:
         chosen = self.routers.take_recorded()
         self.routers.record = False
         dev = logp.device
-        out = {"logp_gap_free_sum": torch.zeros((), device=dev),
-               "routed_slots": torch.zeros((), device=dev),
-               "routing_flips": torch.zeros((), device=dev)}
+        out = {k: torch.zeros((), device=dev) for k in PROBE_SUMS}
         if fresh is not None:
             out["logp_gap_free_sum"] = torch.where(fresh, (logp - behav).abs(), 0.0).sum()
         if forced is not None:
