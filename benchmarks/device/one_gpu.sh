@@ -39,7 +39,7 @@
 #           (ARCH: olmoe-1b-7b-0924 or qwen3-30b-a3b, LAYERS of its decoder layers, 4 by default; built
 #           here once) on cluster.gpus=GPUS ([0]) with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
-#           under transformers 5.24;
+#           under transformers 5.24; BUILD_ONLY=1: build the checkpoint and stop (a call of its own for large layouts);
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not); each process's peak GPU memory and the
 #           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
 #           plan without either staging copy: vLLM 69.9 GiB, the trainer ~66 GiB checkpointing every
@@ -133,6 +133,7 @@ case $phase in
     [ "${TESTS:-1}" = 1 ] && TAIL=30 step gpu_moe 300 python3 -m pytest -q -x -p no:cacheprovider \
         tests/gpu/test_vllm_moe.py
     moe_model; RUN=moe_$A-$N
+    [ "${BUILD_ONLY:-0}" = 1 ] && { du -sh $R | tee -a $S; free -g | tee -a $S; exit 0; }  # the checkpoint alone
     P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
     nvidia-smi --query-compute-apps=timestamp,pid,used_memory --format=csv,noheader,nounits -l 1 \
         > $OUT/${RUN}_apps.csv 2>/dev/null &
