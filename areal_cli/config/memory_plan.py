@@ -64,12 +64,10 @@ class Layout:
         attention = h * heads * head_dim * 2 + 2 * h * kv + 2 * h
         embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
         config = SimpleNamespace(**c)
-        sparse = set(moe.sparse_layers(config))
-        experts, k = moe.experts_of(config), moe.top_k(config)
+        sparse, k = set(moe.sparse_layers(config)), moe.top_k(config)
         expert = c.get("moe_intermediate_size") or inter  # OLMoE, Mixtral: intermediate_size
         shared = c.get("shared_expert_intermediate_size") or 0  # Qwen2-MoE
-        routed = experts * 3 * h * expert + h * experts + (3 * h * shared + h if shared else 0)
-        mlp = [routed if i in sparse else 3 * h * inter for i in range(n)]
+        mlp = moe.mlp_params(config)
         # a token's MLP width: its top-k experts and a shared one in a sparse layer, else the dense
         widths = ([k * expert + shared] if sparse else []) + ([inter] if len(sparse) < n else [])
         return cls(params=n * attention + sum(mlp) + embed + h, layers=n, hidden=h,

@@ -28,10 +28,10 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 - trainer.activation_checkpointing: true on the CPU; on GPUs the least recomputation whose
   estimate fits the card (none, every other layer: checkpoint_every 2, every layer;
   config/memory_plan.py)
-- trainer.compile: true for the trainer on GPUs with a model of at least 1B decoder-layer
-  parameters
+- trainer.compile: true for the trainer on GPUs with a dense model of at least 1B decoder-layer
+  parameters; false for a mixture of experts
 - trainer.shard: true for several ranks, and for one GPU rank with a model of at least 1B
-  decoder-layer parameters (or one not known yet); false for one CPU rank
+  decoder-layer parameters, every expert counted (or one not known yet); false for one CPU rank
 - trainer.logprob_chunk_tokens (0): 2048 on GPUs, 256 on the CPU
 - cluster.share: concurrent; the launcher's plan of a shared GPU turns it to alternate where the
   trainer fits only while the engine sleeps (launcher/share.py)
@@ -140,9 +140,15 @@ rank"); smaller models were not measured."""
 
 
 def _compile(where: Placement) -> bool:
-    """trainer.compile=auto: the trainer on GPUs and a model of at least ``COMPILE_MIN_PARAMS``
-    (the CPU's first step would compile for minutes)."""
-    if not where.trainer_gpu or where.model_path is None:
+    """trainer.compile=auto: the trainer on GPUs and a dense model of at least
+    ``COMPILE_MIN_PARAMS`` (the CPU's first step would compile for minutes). Not a mixture of
+    experts: dynamo traces each decoder layer on its own, and an MoE layer's routing and grouped
+    matmul traced for minutes, with the GPU idle (the Qwen3-30B-A3B layout's 48 layers: no step in
+    the first 7 minutes, BENCHMARKS.md "Mixture of experts"); its experts run as grouped matmuls,
+    which compiling would not fuse anyway."""
+    from areal_cli import moe
+
+    if not where.trainer_gpu or where.model_path is None or moe.is_moe(where.model_path):
         return False
     return layer_params(where.model_path) >= COMPILE_MIN_PARAMS
 
@@ -170,18 +176,23 @@ def sharding(ranks: int, where: Placement) -> bool:
 
 def layer_params(model_path: Path) -> float:
     """The matmul weights of the decoder layers of the Llama-style model at ``model_path`` (its
-    config.json): attention q, k, v, o and the gated MLP; 0 for a config without those keys."""
+    config.json): attention q, k, v, o and the gated MLP, or in a sparse layer every expert
+    (``moe.mlp_params``); 0 for a config without those keys."""
     import json
+    from types import SimpleNamespace
+
+    from areal_cli import moe
 
     c = json.loads((Path(model_path) / "config.json").read_text())
+    c = c.get("text_config", c)
     try:
-        h, heads, layers, inter = (c["hidden_size"], c["num_attention_heads"],
-                                   c["num_hidden_layers"], c["intermediate_size"])
-    except KeyError:
+        h, heads, layers = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
+        mlp = moe.mlp_params(SimpleNamespace(**c))
+    except (KeyError, AttributeError):
         return 0.0
     d = c.get("head_dim") or h // heads
     kv = c.get("num_key_value_heads") or heads
-    return float(layers * (2 * h * heads * d + 2 * h * kv * d + 3 * h * inter))
+    return float(layers * (2 * h * heads * d + 2 * h * kv * d) + sum(mlp))
 
 
 def _judge_engine(cfg: RootConfig) -> JudgeEngine:

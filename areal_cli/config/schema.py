@@ -139,16 +139,17 @@ class TrainerConfig:
     other: half the recomputation, the other layers' activations held)."""
     compile: Switch = Switch.auto
     """torch.compile each decoder layer (fused norms, rotary and activations): "auto" (true for the
-    trainer on GPUs, false on the CPU) | "true" | "false". The trainer compiles for every form of
-    input its steps can meet (one packed row or several, segment offsets, an empty micro-batch)
-    before its first batch, while the engines start (tens of seconds a form); compiled_graphs in
-    metrics.jsonl counts any a step compiled still."""
+    trainer on GPUs with a dense model of 1B decoder-layer parameters or more; false on the CPU and
+    for a mixture of experts, whose layers traced for minutes) | "true" | "false". The trainer
+    compiles for every form of input its steps can meet (one packed row or several, segment
+    offsets, an empty micro-batch) before its first batch, while the engines start (tens of seconds
+    a form); compiled_graphs in metrics.jsonl counts any a step compiled still."""
     shard: Switch = Switch.auto
     """FSDP2 over the trainer's ranks. "auto": true, except for one rank that would shard nothing:
-    on the CPU, and on one GPU for a model under 1B decoder-layer parameters (``SHARD_MIN_PARAMS``),
-    whose step is bound by the host, which FSDP's per-layer gathers, casts and hooks lengthen
-    (BENCHMARKS.md "One GPU"); there the weights stay float32 under bfloat16 autocast. "false"
-    needs trainer.ranks=1."""
+    on the CPU, and on one GPU for a model under 1B decoder-layer parameters, every expert counted
+    (``SHARD_MIN_PARAMS``), whose step is bound by the host, which FSDP's per-layer gathers, casts
+    and hooks lengthen (BENCHMARKS.md "One GPU"); there the weights stay float32 under bfloat16
+    autocast. "false" needs trainer.ranks=1."""
     reshard_after_forward: bool = True
     """FSDP2: free each layer's gathered parameters after its forward and gather them again for the
     backward; false keeps them gathered until the backward (one all-gather less per layer and

@@ -104,6 +104,17 @@ def test_compile_auto_follows_the_layout():
     assert resolve(compose(["trainer.compile=false"]), on_gpu).trainer.compile == "false"
 
 
+def test_a_mixture_of_experts_counts_every_expert_and_is_not_compiled():
+    # OLMoE-1B-7B: 16 layers × (attention 4 · 2048², 64 experts × 3 · 2048 · 1024, router 2048 · 64)
+    models = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
+    olmoe = models / "olmoe-1b-7b-0924"
+    assert layer_params(olmoe) == 16 * (4 * 2048**2 + 64 * 3 * 2048 * 1024 + 2048 * 64)
+    on_gpu = Placement(trainer_gpu=True, model_path=olmoe)
+    resolved = resolve(compose([]), on_gpu).trainer
+    assert (resolved.compile, resolved.shard) == ("false", "true")
+    assert resolve(compose(["trainer.compile=true"]), on_gpu).trainer.compile == "true"
+
+
 def test_shard_auto_leaves_one_rank_of_a_small_model_unsharded(tiny_model):
     models = Path(__file__).resolve().parents[2] / "benchmarks" / "models"
     small = Placement(trainer_gpu=True, model_path=tiny_model)
