@@ -49,7 +49,9 @@
 #           copies the plan is alternate, and vLLM asleep keeps its 57 GiB in host memory: then
 #           not beside a checkpoint in RAM)
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
-#                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each
+#                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each;
+#                                            MOE_FROM=moefy: the default model as an MoE of its own
+#                                            neurons (benchmarks/moefy.py) on the default task
 #   cpu     (carry .tf; after stage3)        the CPU path on this host's processor pinned to 2 cores, no GPU:
 #                                            dtype auto (bfloat16 where native) then float32, STEPS (4) each
 #   pair    (nothing carried)                the default model, 50 steps + closing evaluation on
@@ -164,8 +166,16 @@ PY
     ;;
   moegap)
     # the behaviour-vs-trainer logprob gap with routing replay and without, the same MoE run
-    # otherwise (after stage_moe and the model; ARCH, LAYERS as for moe; STEPS 8 each)
-    moe_model
+    # otherwise (after stage_moe and the model; ARCH, LAYERS as for moe; STEPS 8 each).
+    # MOE_FROM=moefy: instead of random weights, the default model made a Mixtral-layout MoE of its
+    # own MLP neurons (benchmarks/moefy.py, 7 of 8 experts a token), on the default task
+    if [ "${MOE_FROM:-}" = moefy ]; then
+      R=/tmp/moefied
+      [ -f $R/moefied.json ] || TAIL=20 step moefy 300 $TF python3 benchmarks/moefy.py $R --model $MODEL --device cuda
+      MOE_SHAPE="launcher.peer_timeout_s=600"
+    else
+      moe_model
+    fi
     # (the replayed run also measures, on the same tokens, the gap without replay and the flips:
     # algorithm.routing_probe)
     for rr in true false; do
