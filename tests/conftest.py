@@ -123,8 +123,10 @@ def tiny_moe(out: Path, kind: str = "qwen3_moe", experts: int = 8, seed: int = 0
         vocab_size=len(tok), hidden_size=64, intermediate_size=32, moe_intermediate_size=32,
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
         num_experts_per_tok=2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=kind != "olmoe", **n, **extra)
-    # (vLLM's OLMoE keeps its own lm_head whatever the config says, as every OLMoE checkpoint does)
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=kind not in ("olmoe", "mixtral"),
+        **n, **extra)
+    # (vLLM's OLMoE keeps its own lm_head whatever the config says, as every OLMoE checkpoint does;
+    # so do Mixtral's checkpoints)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     with torch.no_grad():  # routers transformers starts at zero would tie every expert

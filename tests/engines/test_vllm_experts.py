@@ -17,10 +17,11 @@ from areal_cli.transport.weights import param_specs
 
 
 def engine_names(kind: str, layers: int = 2) -> set[str]:
-    """vLLM 0.26's parameter names of ``tiny_moe``'s layouts (tied embeddings but OLMoE's)."""
+    """vLLM 0.26's parameter names of ``tiny_moe``'s layouts (tied embeddings but OLMoE's and
+    Mixtral's)."""
     block = "block_sparse_moe" if kind == "mixtral" else "mlp"
     out = {"model.embed_tokens.weight", "model.norm.weight"} | (
-        {"lm_head.weight"} if kind == "olmoe" else set())
+        {"lm_head.weight"} if kind in ("olmoe", "mixtral") else set())
     for i in range(layers):
         p = f"model.layers.{i}"
         out |= {f"{p}.self_attn.qkv_proj.weight", f"{p}.self_attn.o_proj.weight",

@@ -73,7 +73,7 @@ def transformers_scores(path, ids: list[int]):
     return lp.cpu(), routers.take_recorded().cpu().numpy()
 
 
-@pytest.mark.parametrize("kind", ["qwen3_moe", "olmoe", "qwen2_moe"])
+@pytest.mark.parametrize("kind", ["qwen3_moe", "olmoe", "qwen2_moe", "mixtral"])
 def test_moe_weights_load_in_place_as_vllm_loads_them_and_routing_comes_back(kind, tmp_path,
                                                                            monkeypatch):
     import vllm
