@@ -40,7 +40,7 @@
 #           here once) on cluster.gpus=GPUS ([0]) with vLLM: STEPS (10) steps, engine.weight_update=UPDATE
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
 #           under transformers 5.24; BUILD_ONLY=1: build the checkpoint and stop (a call of its own for large layouts);
-#           first tests/gpu/test_vllm_moe.py (TESTS=0: not); each process's peak GPU memory and the
+#           first tests/gpu/test_vllm_moe.py (TESTS=0: not; TESTS_K=mixtral: those cases only); each process's peak GPU memory and the
 #           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
 #           plan without either staging copy: vLLM 69.9 GiB, the trainer ~66 GiB checkpointing every
 #           layer; the 57 GiB checkpoint in RAM, as the disk lacks the room beside the stage):
@@ -136,7 +136,7 @@ case $phase in
     [ -f /tmp/vsite/.moe_done ] || { echo "no MoE kernels: run stage_moe first" | tee -a $S; exit 2; }
     # the in-place MoE loading against vLLM's own loader, and the routed experts (TESTS=0: skipped)
     [ "${TESTS:-1}" = 1 ] && TAIL=30 step gpu_moe 300 python3 -m pytest -q -x -p no:cacheprovider \
-        tests/gpu/test_vllm_moe.py
+        tests/gpu/test_vllm_moe.py ${TESTS_K:+-k "$TESTS_K"}
     moe_model; RUN=moe_$A-$N
     [ "${BUILD_ONLY:-0}" = 1 ] && { du -sh $R | tee -a $S; free -g | tee -a $S; exit 0; }  # the checkpoint alone
     P=""; [ "${TFRUN:-0}" = 1 ] && P=$TF
