@@ -48,13 +48,13 @@ def balanced_kmeans(rows, k: int, iters: int = 10, seed: int = 0):
     for _ in range(iters):
         sim = x @ centres.T  # [n, k]
         order = sim.flatten().argsort(descending=True)
-        assign.fill_(-1)
-        room = [size] * k
+        taken, room = [-1] * n, [size] * k
         for flat in order.tolist():
             i, c = divmod(flat, k)
-            if assign[i] < 0 and room[c]:
-                assign[i] = c
+            if taken[i] < 0 and room[c]:
+                taken[i] = c
                 room[c] -= 1
+        assign = torch.tensor(taken)
         for c in range(k):
             centres[c] = torch.nn.functional.normalize(x[assign == c].mean(0), dim=0)
     return assign
