@@ -41,7 +41,11 @@
 #           (auto); MFU, the router's loss, each update's pause, each process's peak GPU memory; TFRUN=1:
 #           under transformers 5.24; BUILD_ONLY=1: build the checkpoint and stop (a call of its own for large layouts);
 #           first tests/gpu/test_vllm_moe.py (TESTS=0: not; TESTS_K=mixtral: those cases only); each process's peak GPU memory and the
-#           host's used memory. The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
+#           host's used memory. The OLMoE-1B-7B layout whole (16 layers, 6.9B) fully fine-tuned on one GPU:
+#           LAYERS=16 EXTRA="trainer.optim_state=bfloat16" (the plan computed on the CPU for a 140 GiB card:
+#           alternate, the trainer ~89 GiB without checkpointing while vLLM sleeps; float32 moments do not
+#           fit beside vLLM awake at an update, and the plan refuses them with the fixes).
+#           The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
 #           plan without either staging copy: vLLM 69.9 GiB, the trainer ~66 GiB checkpointing every
 #           layer; the 57 GiB checkpoint in RAM, as the disk lacks the room beside the stage):
 #           first BUILD_ONLY=1 MOE_DIR=/dev/shm/rand TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 (a call: ~180 s),
