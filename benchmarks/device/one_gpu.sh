@@ -179,8 +179,9 @@ PY
     if [ "${MOE_FROM:-}" = moefy ]; then
       R=/tmp/moefied
       [ -f $R/moefied.json ] || TAIL=20 step moefy 300 $TF python3 benchmarks/moefy.py $R --model $MODEL --device cuda
-      # every row trained (groups of one reward would be skipped, and with them the gap's tokens)
-      MOE_SHAPE="launcher.peer_timeout_s=600 trainer.skip_zero_advantage=false"
+      # every row trained (groups of one reward would be skipped, and with them the gap's tokens),
+      # synchronous so that every row is fresh, as in the CPU comparison (BENCHMARKS.md)
+      MOE_SHAPE="launcher.peer_timeout_s=600 trainer.skip_zero_advantage=false rollout.max_staleness=0"
     else
       moe_model
     fi
