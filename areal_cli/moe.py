@@ -70,15 +70,21 @@ def top_k(config) -> int:
     return int(getattr(config, "num_experts_per_tok", 0) or 0)
 
 
+def expert_widths(config) -> tuple[int, int]:
+    """(a routed expert's inner width, the shared expert's: 0 without one), from a transformers
+    config (or a namespace of its config.json)."""
+    # OLMoE and Mixtral give an expert's width as intermediate_size
+    expert = getattr(config, "moe_intermediate_size", None) or config.intermediate_size
+    return expert, getattr(config, "shared_expert_intermediate_size", None) or 0  # Qwen2-MoE
+
+
 def mlp_params(config) -> list[int]:
     """Each decoder layer's MLP parameters, from a transformers config (or a namespace of its
     config.json): a sparse layer counts every routed expert, its router and a shared expert
     (Qwen2-MoE); a dense layer its gated MLP."""
     h, inter = config.hidden_size, config.intermediate_size
     sparse, experts = set(sparse_layers(config)), experts_of(config)
-    # OLMoE and Mixtral give an expert's width as intermediate_size
-    expert = getattr(config, "moe_intermediate_size", None) or inter
-    shared = getattr(config, "shared_expert_intermediate_size", None) or 0  # Qwen2-MoE
+    expert, shared = expert_widths(config)
     routed = experts * 3 * h * expert + h * experts + (3 * h * shared + h if shared else 0)
     return [routed if i in sparse else 3 * h * inter for i in range(config.num_hidden_layers)]
 

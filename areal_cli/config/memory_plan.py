@@ -65,8 +65,7 @@ class Layout:
         embed = v * h * (1 if c.get("tie_word_embeddings", False) else 2)
         config = SimpleNamespace(**c)
         sparse, k = set(moe.sparse_layers(config)), moe.top_k(config)
-        expert = c.get("moe_intermediate_size") or inter  # OLMoE, Mixtral: intermediate_size
-        shared = c.get("shared_expert_intermediate_size") or 0  # Qwen2-MoE
+        expert, shared = moe.expert_widths(config)
         mlp = moe.mlp_params(config)
         # a token's MLP width: its top-k experts and a shared one in a sparse layer, else the dense
         widths = ([k * expert + shared] if sparse else []) + ([inter] if len(sparse) < n else [])

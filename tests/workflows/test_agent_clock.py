@@ -22,8 +22,7 @@ def _hold(flow, calls: int, hold_s: float) -> None:
     """Keep the worker's loop away (no call submitted to the engine) for ``hold_s`` seconds once
     ``calls`` calls wait in it: the engine as busy as it gets."""
     deadline = time.monotonic() + 60
-    while flow.bridge.pending.qsize() < calls:
-        arrived = flow.bridge.pending.qsize()
+    while (arrived := flow.bridge.pending.qsize()) < calls:
         assert time.monotonic() < deadline, f"{arrived} of {calls} agent calls arrived in 60 s"
         time.sleep(0.01)
     time.sleep(hold_s)
