@@ -149,11 +149,26 @@ case $phase in
     smi=$!
     (while true; do free -m | awk 'NR==2{print $3}' >> $OUT/${RUN}_host_mib.txt; sleep 2; done) &
     hostmem=$!
+    nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader -l 5 \
+        > $OUT/${RUN}_gpu_util.csv 2>/dev/null &
+    util=$!
+    # SPY=1: every 60 s from 150 s on, py-spy's stacks of the run's processes (where a slow step sits)
+    spyloop=""
+    if [ "${SPY:-1}" = 1 ] && [ -x /tmp/spy/bin/py-spy ]; then
+      (sleep 150; while true; do
+         for pid in $(pgrep -f "areal_cli" ); do
+           { echo "== $(date +%T) pid $pid: $(tr '\0' ' ' < /proc/$pid/cmdline | cut -c1-120)"
+             timeout 20 /tmp/spy/bin/py-spy dump --pid $pid 2>&1 | head -n 60; } >> $OUT/${RUN}_spy.txt
+         done; sleep 60; done) &
+      spyloop=$!
+    fi
     TAIL=30 step $RUN ${LIMIT:-480} $P python3 -m areal_cli.cli train model=$R cluster.gpus=${GPUS:-[0]} \
         engine=vllm engine.weight_update=${UPDATE:-auto} trainer.steps=${STEPS:-10} $MOE_SHAPE \
         run_dir=/tmp/runs/$RUN ${EXTRA:-}
-    kill $smi $hostmem 2>/dev/null
+    kill $smi $hostmem $util $spyloop 2>/dev/null
     peaks $OUT/${RUN}_apps.csv
+    awk -F', ' '{gsub(/ %/,"",$2); n++; s+=$2; if ($2>0) b++} END {if (n) printf "GPU utilization: mean %.0f%%, busy in %d of %d samples (5 s)\n", s/n, b, n}' \
+        $OUT/${RUN}_gpu_util.csv | tee -a $S
     echo "host memory used, peak: $(sort -n $OUT/${RUN}_host_mib.txt | tail -n 1) MiB" | tee -a $S
     grep -h -i -E "weight updates:|moe|expert" /tmp/runs/$RUN/logs/rollout*.log 2>/dev/null | head -n 8 | tee -a $S
     python3 - /tmp/runs/$RUN <<'PY' | tee -a $S
