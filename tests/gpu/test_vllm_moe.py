@@ -3,8 +3,8 @@ random MoE models of real layouts:
 
 - the tensors the trainer sends (transformers 5's names, fused 3D experts), loaded in place through
   areal's routes (engines/vllm/inplace.py, experts.py), leave every engine parameter exactly as
-  vLLM's own ``load_weights`` of the same tensors does, and the engine then scores a sequence as
-  transformers does with those weights;
+  vLLM's own ``load_weights`` of the checkpoint's tensors does, and the engine then scores a
+  sequence as transformers does with those weights;
 - the experts vLLM returns for a request (``enable_return_routed_experts``, engines/vllm/routing.py)
   are those a teacher-forced transformers forward of the same tokens routes to.
 """
@@ -37,8 +37,13 @@ def perturbed(src, out):
 
 def load_inplace_then_vllms_own(worker, path: str) -> dict:
     """In vLLM's worker: ``path``'s tensors as the trainer sends them, through areal's routes into
-    the live parameters; then vLLM's own load_weights of the same tensors on top. Returns the
-    parameters the second load changed (max |difference|)."""
+    the live parameters; then vLLM's own load_weights of the checkpoint's tensors on top, as
+    stored on disk (per expert, Mixtral's ``block_sparse_moe``: vLLM loads those names, where
+    transformers 5 renames and fuses on loading). Returns the parameters the second load changed
+    (max |difference|)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
     from areal_cli.engines.vllm.inplace import load_into, routes
@@ -52,7 +57,10 @@ def load_inplace_then_vllms_own(worker, path: str) -> dict:
         for name, (target, shard) in routes(param_specs(hf), live).items():
             load_into(live[target], sent[name], shard)
         ours = {n: p.detach().clone() for n, p in live.items()}
-        model.load_weights(iter(sent.items()))
+        disk = {}
+        for f in sorted(Path(path).glob("*.safetensors")):
+            disk.update(load_file(f, device="cuda"))
+        model.load_weights(iter(disk.items()))
     return {n: float((p.detach() - ours[n]).abs().max()) for n, p in live.items()
             if not torch.equal(p.detach(), ours[n])}
 
