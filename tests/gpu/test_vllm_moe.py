@@ -93,8 +93,9 @@ def test_moe_weights_load_in_place_as_vllm_loads_them_and_routing_comes_back(kin
     b = perturbed(a, tmp_path / "b")
     # (a few sequences, a short context: vLLM's FlexAttention, which it picks for some of these
     # float32 layouts, keeps a table of sequences × KV blocks, 41 GiB at its defaults for a model
-    # this small)
-    llm = vllm.LLM(model=str(a), dtype="float32", enforce_eager=True, gpu_memory_utilization=0.3,
+    # this small). Each case's engine stays in this process: 0.15 of the card each lets the four
+    # start (at 0.3, four would ask for 1.2 cards)
+    llm = vllm.LLM(model=str(a), dtype="float32", enforce_eager=True, gpu_memory_utilization=0.15,
                    enable_return_routed_experts=True, enable_prefix_caching=False, seed=0,
                    max_num_seqs=8, max_model_len=1024)
     changed = llm.collective_rpc(load_inplace_then_vllms_own, args=(str(b),))[0]
