@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import gc
 import json
 import os
@@ -13,6 +14,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+
+from areal_cli.transport.weights import clean_name
 
 
 def build_policy(model_path: Path, device: torch.device, compute_dtype: torch.dtype,
@@ -311,43 +314,121 @@ def full_parameters(model, only=None):
             yield name, p
 
 
-def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False) -> None:
-    """Gather the full state dict and write a Hugging Face checkpoint (rank 0), atomically. ``lora``
-    (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained`` loads a
-    plain model), and the adapter itself in ``adapter/`` (peft's format); ``last``: the model is not
-    used after this save, so the adapters are merged into its own float32 weights (no second
-    copy)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+SHARD_BYTES = 4 << 30
+"""The most bytes of one ``.safetensors`` file of a saved checkpoint (a group larger goes alone)."""
 
-    sd = get_model_state_dict(model,
-                              options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if dist.get_rank() != 0:
-        return
-    adapter = None
-    if lora is not None and lora.rank > 0:
-        from areal_cli.lora import adapter_items, merge_state_dict, scale
 
-        adapter = dict(adapter_items(iter(sd.items())))
-        # small; before an in-place merge
-        adapter = {n: t.detach().clone() for n, t in adapter.items()}
-        with torch.no_grad():
-            sd = merge_state_dict(sd, scale(lora), inplace=last)
+def save_groups(model) -> list[list[str]]:
+    """The parameter names of ``model`` in the groups ``save_hf`` gathers one at a time: each
+    decoder layer's, then the rest (embedding, final norm, output layer)."""
+    import re
+
+    layers: dict[str, list[str]] = {}
+    rest = []
+    for name, _ in model.named_parameters():
+        m = re.match(r"^(.*?\.layers\.\d+)\.", clean_name(name))
+        (layers.setdefault(m[1], []) if m else rest).append(name)
+    return [*layers.values(), *([rest] if rest else [])]
+
+
+def persistent_buffers(model):
+    """(name, tensor) of the buffers a state dict holds (not sharded by FSDP2)."""
+    for prefix, module in model.named_modules():
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and name not in module._non_persistent_buffers_set:
+                yield clean_name(f"{prefix}.{name}" if prefix else name), b
+
+
+def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False,
+            shard_bytes: int = SHARD_BYTES) -> None:
+    """Write a Hugging Face checkpoint of ``model`` (rank 0), atomically (``out.partial``, then
+    renamed). A collective: every rank takes part in gathering.
+
+    One decoder layer is gathered at a time, written in the checkpoint's own names (transformers'
+    reverse conversion: fused experts back to the per-expert matrices of the Hub's checkpoints)
+    into files of at most ``shard_bytes``, so rank 0's host memory holds one file's tensors, not
+    the model (a gathered 30B model would need 57 GiB beside everything else).
+
+    ``lora`` (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained``
+    loads a plain model), and the adapter itself in ``adapter/`` (peft's format), written first;
+    ``last``: the model is not used after this save, so the adapters are merged into its own float32
+    weights (no second copy)."""
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.core_model_loading import revert_weight_conversion
 
-    config = model.config
-    with torch.device("meta"):  # no second copy of the weights: the plain model takes sd's tensors
-        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(sd, strict=False, assign=True)
-    plain.tie_weights()
-    plain.generation_config = model.generation_config
+    rank0 = dist.get_rank() == 0
+    adapted = lora is not None and lora.rank > 0
+    if adapted:
+        from areal_cli.lora import adapter_items, merged_items, save_adapter, scale
+    groups = save_groups(model)
+    sizes = dict((n, p.numel() * p.element_size()) for n, p in model.named_parameters())
+    # groups → files, planned ahead so that each file's name knows the count
+    files, size = [[]], 0
+    for g in groups:
+        b = sum(sizes[n] for n in g)
+        if files[-1] and size + b > shard_bytes:
+            files.append([])
+            size = 0
+        files[-1].append(g)
+        size += b
     tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(tmp)
+    plain = None
+    if rank0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        with torch.device("meta"):  # names, tied keys and the reverse conversion; no weights
+            plain = AutoModelForCausalLM.from_config(model.config)
+        tied = set(getattr(plain, "all_tied_weights_keys", None) or {})
+    if adapted:  # the adapter first (small): it outlives a failure while the model is written
+        wanted = {n for n, _ in model.named_parameters() if "lora_" in n}
+        items = [(n, t.detach().cpu().clone()) for n, t in
+                 adapter_items(full_parameters(model, only=wanted.__contains__))]
+        if rank0:
+            save_adapter(tmp / "adapter", iter(items), lora, str(tokenizer_src))
+    weight_map, total, dtype = {}, 0, None
+    for i, groups_of_file in enumerate(files):
+        fname = ("model.safetensors" if len(files) == 1
+                 else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
+        shard: dict[str, torch.Tensor] = {}
+        for g in groups_of_file:
+            names = set(g)
+            got = ((n, t.detach().cpu())
+                   for n, t in full_parameters(model, only=names.__contains__))
+            if not rank0:
+                collections.deque(got, maxlen=0)  # take part in the gathers
+                continue
+            if adapted:
+                with torch.no_grad():
+                    part = dict(merged_items(got, scale(lora), inplace=last))
+            else:
+                part = {clean_name(n): t for n, t in got}
+            if g is groups[-1]:
+                part.update(persistent_buffers(model))
+            for k in tied:
+                part.pop(k, None)
+            part = revert_weight_conversion(plain, part)
+            for n, t in part.items():
+                if dtype is None and t.is_floating_point():
+                    dtype = t.dtype
+                shard[n] = t.contiguous()
+                weight_map[n] = fname
+                total += t.numel() * t.element_size()
+        if rank0:
+            save_file(shard, str(tmp / fname), metadata={"format": "pt"})
+        del shard
+    if not rank0:
+        return
+    if len(files) > 1:
+        (tmp / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+            indent=1) + "\n")
+    config = copy.deepcopy(model.config)
+    config.dtype = str(dtype or torch.float32).split(".")[1]
+    config.architectures = [type(plain).__name__]
+    config.save_pretrained(tmp)
+    model.generation_config.save_pretrained(tmp)
     AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp)
-    if adapter is not None:
-        from areal_cli.lora import save_adapter
-
-        save_adapter(tmp / "adapter", iter(adapter.items()), lora, str(tokenizer_src))
     (tmp / "COMPLETE").write_text("ok\n")
     if out.exists():
         shutil.rmtree(out)

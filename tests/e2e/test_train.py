@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+import torch
 from conftest import AREAL, ROOT, TINY_RUN, read_jsonl, run_train
 
 CONTRACT_METRICS = {"step", "version", "reward_mean", "trained_tokens", "step_time_s",
@@ -63,6 +64,16 @@ def test_weight_broadcast_bit_exact_two_trainer_ranks(tiny_model, tmp_path):
     assert len(loaded) == 4
     for u in loaded:
         assert u["weights_sha"] == sent[u["version"]], f"{u['worker']} v{u['version']} differs"
+    # the final checkpoint, gathered a layer at a time from both ranks' shards: where no step had a
+    # gradient (the tiny model's rewards are all 0), exactly the weights it started from
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoints" / "final").state_dict()
+    start = AutoModelForCausalLM.from_pretrained(tiny_model).state_dict()
+    assert set(final) == set(start)
+    same = all(torch.equal(final[k], start[k].to(final[k].dtype)) for k in start)
+    moved = any(m["grad_norm"] > 0 for m in read_jsonl(tmp_path / "metrics.jsonl"))
+    assert same != moved
 
 
 def _start_until_first_step(cmd, run_dir):
