@@ -26,6 +26,15 @@ class RunFailed(RuntimeError):
         self.name, self.code, self.tail = name, code, tail
         super().__init__(f"{name} exited with code {code}")
 
+    @property
+    def hint(self) -> str:
+        """A line on a cause the exit code alone hides ("" where none is known)."""
+        if self.code == -signal.SIGKILL or "Signal 9 (SIGKILL)" in self.tail:
+            return ("it was killed by SIGKILL, which the run never sends first: most often the "
+                    "kernel's out-of-memory killer (`dmesg` or `journalctl -k` says); lower the "
+                    "host memory the run needs or give it more")
+        return ""
+
 
 def tail(path: Path, n: int = 25) -> str:
     try:

@@ -167,9 +167,10 @@ def start_and_watch(plan, cfg: RootConfig, quiet: bool, lock) -> Path:
                 if progress:
                     progress.close()
                     progress = None
+                hint = f"\n{err.name}: {err.hint}" if err.hint else ""
                 print(f"\nareal: {err.name} failed (exit code {err.code}); every process was "
                       f"stopped.\nlast lines of its log:\n{err.tail}\n"
-                      f"(full logs: {RunDir(plan.run_dir).logs})",
+                      f"(full logs: {RunDir(plan.run_dir).logs}){hint}",
                       file=sys.stderr, flush=True)
                 raise SystemExit(1) from None
             if progress:

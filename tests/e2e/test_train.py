@@ -98,6 +98,7 @@ def test_killed_rollout_worker_stops_the_run(tiny_model, tmp_path):
     assert time.monotonic() - t0 < 30
     assert proc.returncode != 0
     assert "rollout-0" in err
+    assert "SIGKILL" in err and "out-of-memory" in err  # what usually sends it, and where to look
     time.sleep(0.5)
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True,
                           text=True).stdout.split()
