@@ -350,7 +350,8 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
     the model (a gathered 30B model would need 57 GiB beside everything else).
 
     ``lora`` (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained``
-    loads a plain model), and the adapter itself in ``adapter/`` (peft's format), written first;
+    loads a plain model), and the adapter itself in ``adapter/`` (peft's format), written first
+    (a save that fails later leaves it in ``out.partial/adapter``);
     ``last``: the model is not used after this save, so the adapters are merged into its own float32
     weights (no second copy)."""
     from safetensors.torch import save_file
@@ -380,7 +381,7 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
         with torch.device("meta"):  # names, tied keys and the reverse conversion; no weights
             plain = AutoModelForCausalLM.from_config(model.config)
         tied = set(getattr(plain, "all_tied_weights_keys", None) or {})
-    if adapted:  # the adapter first (small): it outlives a failure while the model is written
+    if adapted:  # the adapter first (small): kept should the model's files fail
         wanted = {n for n, _ in model.named_parameters() if "lora_" in n}
         items = [(n, t.detach().cpu().clone()) for n, t in
                  adapter_items(full_parameters(model, only=wanted.__contains__))]
