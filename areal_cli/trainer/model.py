@@ -361,7 +361,7 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
     rank0 = dist.get_rank() == 0
     adapted = lora is not None and lora.rank > 0
     if adapted:
-        from areal_cli.lora import adapter_items, merged_items, save_adapter, scale
+        from areal_cli.lora import adapter_items, is_adapter, merged_items, save_adapter, scale
     groups = save_groups(model)
     sizes = dict((n, p.numel() * p.element_size()) for n, p in model.named_parameters())
     # groups → files, planned ahead so that each file's name knows the count
@@ -382,9 +382,8 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
             plain = AutoModelForCausalLM.from_config(model.config)
         tied = set(getattr(plain, "all_tied_weights_keys", None) or {})
     if adapted:  # the adapter first (small): kept should the model's files fail
-        wanted = {n for n, _ in model.named_parameters() if "lora_" in n}
         items = [(n, t.detach().cpu().clone()) for n, t in
-                 adapter_items(full_parameters(model, only=wanted.__contains__))]
+                 adapter_items(full_parameters(model, only=is_adapter))]
         if rank0:
             save_adapter(tmp / "adapter", iter(items), lora, str(tokenizer_src))
     weight_map, total, dtype = {}, 0, None
