@@ -69,7 +69,7 @@ class Plan:
             lines += ["# rewards", *self.notes["reward"]]
         if self.notes.get("lengths"):
             lines += ["# response lengths", *self.notes["lengths"]]
-        lines += ["# memory", *self.notes.get("memory", [])]
+        lines += ["# memory", *self.notes.get("memory", []), *self.notes.get("disk", [])]
         if self.notes.get("share"):
             lines += ["# one GPU shared", *self.notes["share"]]
         lines.append("# commands")
@@ -187,6 +187,49 @@ def checkpointing_notes(asked: RootConfig, cfg: RootConfig, placement: Placement
     return [f"trainer: activation checkpointing {what} (auto: ~{need / gib:.0f} GiB estimated per "
             f"trainer GPU of {placement.gpu_memory_bytes / gib:.0f} GiB at "
             f"micro_batch_tokens={cfg.trainer.micro_batch_tokens})"]
+
+
+def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[str]:
+    """What the run writes to ``run_dir`` at most (its checkpoints, from the model's layout and the
+    trainer's dtypes), against the free space there; a warning where it does not fit, so that a long
+    run does not find out at its final save."""
+    import shutil
+
+    from areal_cli.config.memory_plan import Layout
+
+    if model_path is None or not (Path(model_path) / "config.json").is_file():
+        return []
+    try:
+        params = Layout.from_config(model_path).params
+    except (KeyError, TypeError, ValueError):
+        return []
+    t = cfg.trainer
+    lora = t.lora.rank > 0
+    # saved as the trainer keeps them: float32 masters; with LoRA the frozen weights' compute dtype
+    weight = 2 if lora and str(t.dtype) in ("bfloat16", "float16") else 4
+    moments = 0 if lora else (4 if str(t.optim_state) == "bfloat16" else 8)
+    final = params * weight
+    every = cfg.checkpoint.every
+    kept = 1 if not every else max(1, min(cfg.checkpoint.keep, -(-t.steps // every)))
+    parts = [("final checkpoint", final)]
+    if cfg.eval.every:
+        parts.append(("evaluation checkpoint", final))
+    parts.append((f"trainer checkpoint{'s' if kept > 1 else ''} (weights and optimizer)",
+                  kept * params * (weight + moments)))
+    need = sum(b for _, b in parts)
+    where = Path(run_dir)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    gb = 1e9
+    line = (f"disk: the run writes up to ~{need / gb:.1f} GB ("
+            + ", ".join(f"{what} ~{b / gb:.1f} GB" for what, b in parts)
+            + f"); {where} has {free / gb:.1f} GB free")
+    if need <= free:
+        return [line]
+    return [line, f"disk: WARNING: {need / gb:.1f} GB will not fit in {free / gb:.1f} GB: the run "
+                  "would fail when it saves. Free space, set run_dir= to a larger disk, or lower "
+                  "checkpoint.keep"]
 
 
 def resolve_model_for_run(cfg: RootConfig) -> tuple[Path | None, list[str]]:
@@ -320,7 +363,8 @@ def make_plan(cfg: RootConfig, gpus: list[int] | None = None,
     cpu_env, alloc_note = allocator_env(cfg.launcher.allocator, asked.launcher.allocator)
     notes = {"model": model_lines, "dtype": dtype_notes(asked, cfg, placement),
              "weights": weight_notes(asked, cfg, model_path), "lengths": length_notes(cfg),
-             "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)]}
+             "memory": [alloc_note, *checkpointing_notes(asked, cfg, placement)],
+             "disk": disk_notes(cfg, model_path, run_dir)}
     if shared and total:
         notes["share"] = share_notes(cfg, placement, total, devices["trainer"][0])
     py = sys.executable

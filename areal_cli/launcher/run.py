@@ -96,7 +96,7 @@ def train(cfg: RootConfig, quiet: bool = False, lean: bool = False, checks: bool
                 preflight(cfg, fetch=False)
                 print("# preflight: the model, the data, custom code and the engine check out")
             return plan.run_dir
-        shown = ("model", "dtype", "weights", "lengths", "memory", "reward", "share")
+        shown = ("model", "dtype", "weights", "lengths", "memory", "disk", "reward", "share")
         print("\n".join(f"{k}: {line}" for k in shown
                         for line in plan.notes.get(k, [])[:None if k == "share" else 2]),
               flush=True)
