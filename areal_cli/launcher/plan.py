@@ -210,12 +210,15 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
     moments = 0 if lora else (4 if str(t.optim_state) == "bfloat16" else 8)
     final = params * weight
     every = cfg.checkpoint.every
-    kept = 1 if not every else max(1, min(cfg.checkpoint.keep, -(-t.steps // every)))
+    # trainer checkpoints at every `every`-th version before the last, `keep` of them at once (a
+    # stop's checkpoint replaces the final one)
+    kept = min(cfg.checkpoint.keep, (t.steps - 1) // every) if every else 0
     parts = [("final checkpoint", final)]
     if cfg.eval.every:
         parts.append(("evaluation checkpoint", final))
-    parts.append((f"trainer checkpoint{'s' if kept > 1 else ''} (weights and optimizer)",
-                  kept * params * (weight + moments)))
+    if kept:
+        parts.append((f"{kept} trainer checkpoint{'s' if kept > 1 else ''} (weights and "
+                      "optimizer)", kept * params * (weight + moments)))
     need = sum(b for _, b in parts)
     where = Path(run_dir)
     while not where.exists() and where != where.parent:

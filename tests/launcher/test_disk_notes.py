@@ -15,7 +15,7 @@ def test_the_checkpoints_of_the_default_model_fit_and_are_counted(tiny_model, tm
                    "checkpoint.keep=3", "trainer.steps=10", "eval.every=5"])
     (line,) = disk_notes(cfg, tiny_model, tmp_path / "run")
     assert "final checkpoint" in line and "evaluation checkpoint" in line
-    assert "trainer checkpoints" in line and "GB free" in line
+    assert "3 trainer checkpoints" in line and "GB free" in line
     assert str(tmp_path) in line  # the nearest directory that exists
 
 
