@@ -217,9 +217,13 @@ def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: Lor
     out.mkdir(parents=True, exist_ok=True)
     tensors = {f"base_model.model.{n}": t.detach().to(dtype).cpu().contiguous() for n, t in items}
     save_file(tensors, str(out / "adapter_model.safetensors"))
+    # the modules that have an adapter, not every name asked for: an MoE's experts (3D weights)
+    # take none here, and peft would otherwise add zero adapters to them on loading
+    adapted = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank,
               "lora_alpha": lora.alpha,
-              "lora_dropout": lora.dropout, "target_modules": sorted(lora.target_modules),
+              "lora_dropout": lora.dropout,
+              "target_modules": adapted or sorted(lora.target_modules),
               "bias": "none",
               "base_model_name_or_path": str(base_model), "fan_in_fan_out": False,
               "use_rslora": False,

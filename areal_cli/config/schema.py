@@ -80,6 +80,11 @@ class LoraConfig:
     engine's)."""
     target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
     """Names of the linear layers that get an adapter (the last part of the module name)."""
+    merged_checkpoint: bool = True
+    """The final checkpoint holds the model with the adapter merged (loads as a plain model; the
+    size of the whole model) beside ``adapter/``; false: ``adapter/`` alone, with the base model's
+    path in its config (for a model whose merged copy would not fit the disk; needs
+    eval.at_end=false and eval.every=0, which score a merged checkpoint)."""
 
 
 @dataclass

@@ -229,6 +229,10 @@ def _cross_field(cfg: RootConfig) -> list[str]:
             f"algorithm.overlong_buffer={cfg.algorithm.overlong_buffer} must be < "
             f"rollout.max_new_tokens={r.max_new_tokens}: lower the buffer or raise max_new_tokens"
         )
+    if t.lora.rank > 0 and not t.lora.merged_checkpoint and (cfg.eval.every or cfg.eval.at_end):
+        problems.append("trainer.lora.merged_checkpoint=false writes the adapter alone, and the "
+                        "evaluation scores a merged checkpoint: set eval.at_end=false "
+                        "eval.every=0, or trainer.lora.merged_checkpoint=true")
     if (cfg.eval.every or cfg.eval.at_end) and cfg.eval.size < 0:
         problems.append(f"eval.size={cfg.eval.size} must be >= 0 (0 = the whole eval split, "
                         "at most task.eval_size problems)")

@@ -351,7 +351,8 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
 
     ``lora`` (trainer.lora with rank > 0): the adapters merged into the weights (``from_pretrained``
     loads a plain model), and the adapter itself in ``adapter/`` (peft's format), written first
-    (a save that fails later leaves it in ``out.partial/adapter``);
+    (a save that fails later leaves it in ``out.partial/adapter``); with
+    ``lora.merged_checkpoint`` false the adapter alone (and the tokenizer beside it);
     ``last``: the model is not used after this save, so the adapters are merged into its own float32
     weights (no second copy)."""
     from safetensors.torch import save_file
@@ -387,6 +388,8 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
         if rank0:
             save_adapter(tmp / "adapter", iter(items), lora, str(tokenizer_src))
     weight_map, total, dtype = {}, 0, None
+    if adapted and not lora.merged_checkpoint:
+        files = []  # trainer.lora.merged_checkpoint=false: the adapter alone
     for i, groups_of_file in enumerate(files):
         fname = ("model.safetensors" if len(files) == 1
                  else f"model-{i + 1:05d}-of-{len(files):05d}.safetensors")
@@ -418,6 +421,13 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
             save_file(shard, str(tmp / fname), metadata={"format": "pt"})
         del shard
     if not rank0:
+        return
+    if not files:
+        (tmp / "COMPLETE").write_text("ok\n")
+        AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp / "adapter")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
         return
     if len(files) > 1:
         (tmp / "model.safetensors.index.json").write_text(json.dumps(

@@ -76,3 +76,37 @@ def test_a_layer_at_a_time_in_the_checkpoints_own_names(kind, tmp_path):
     save_hf(adapted, src, tmp_path / "lora", lora=lo, shard_bytes=64 << 10)
     assert (tmp_path / "lora" / "adapter" / "adapter_model.safetensors").is_file()
     assert names(tmp_path / "lora") == names(src)
+
+
+def test_lora_without_the_merged_copy_writes_the_adapter_alone(tmp_path):
+    """trainer.lora.merged_checkpoint=false: the final checkpoint is adapter/ (peft loads it onto
+    the base model), no model files; a run that would evaluate it is refused up front."""
+    from peft import PeftModel
+
+    from areal_cli.config.read import ConfigError
+    from areal_cli.config.schema import LoraConfig
+    from areal_cli.lora import adapter_items
+    from areal_cli.runconfig.compose import compose
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    src = tiny_moe(tmp_path / "src", "qwen3_moe")
+    lo = LoraConfig(rank=4, merged_checkpoint=False)
+    adapted = build_policy(src, torch.device("cpu"), torch.float32, False, lora=lo)
+    with torch.no_grad():
+        for _, t in adapter_items(adapted.named_parameters()):
+            t.normal_(0, 0.1)
+    save_hf(adapted, src, tmp_path / "final", lora=lo)
+    out = tmp_path / "final"
+    assert (out / "COMPLETE").is_file() and not list(out.glob("*.safetensors"))
+    base = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    loaded = PeftModel.from_pretrained(base, out / "adapter")
+    ids = torch.tensor([[5, 17, 300, 42]])
+    adapted.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, adapted(input_ids=ids).logits,
+                                   atol=1e-4, rtol=1e-4)
+    with pytest.raises(ConfigError, match="eval.at_end=false eval.every=0"):
+        compose([f"model={src}", "trainer.lora.rank=4", "trainer.lora.merged_checkpoint=false"])
+    compose([f"model={src}", "trainer.lora.rank=4", "trainer.lora.merged_checkpoint=false",
+             "eval.at_end=false"])
