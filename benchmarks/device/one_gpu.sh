@@ -51,10 +51,12 @@
 #           first BUILD_ONLY=1 MOE_DIR=/dev/shm/rand TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 (a call: ~180 s),
 #           then MOE_DIR=/dev/shm/rand TESTS=0 ARCH=qwen3-30b-a3b LAYERS=48 STEPS=5 LIMIT=565 BUDGET=590
 #           EXTRA="trainer.lora.rank=16 eval.at_end=false weights.staged=false engine.vllm.staging=false
-#           engine.gpu_memory_utilization=0.46 trainer.activation_checkpointing=true" (the trainer held
-#           67.1 GiB before its first step beside vLLM's 65.6 GiB at 0.5: 0.46 leaves vLLM ~3 GiB of KV
-#           cache and the trainer ~5 GiB more; with the staging copies the plan is alternate, and vLLM
-#           asleep keeps its 57 GiB in host memory: then not beside a checkpoint in RAM)
+#           engine.gpu_memory_utilization=0.46 trainer.activation_checkpointing=true
+#           trainer.lora.merged_checkpoint=false" (the trainer held 67.1 GiB before its first step
+#           beside vLLM's 65.6 GiB at 0.5: 0.46 leaves vLLM ~3 GiB of KV cache and the trainer ~5 GiB
+#           more; with the staging copies the plan is alternate, and vLLM asleep keeps its 57 GiB in
+#           host memory: then not beside a checkpoint in RAM; the merged final checkpoint, 61 GB,
+#           fits neither the disk beside the stage nor the RAM beside the checkpoint: the adapter alone)
 #   moegap  (after stage_moe and the model)  the moe run with algorithm.routing_replay=true, then false
 #                                            (STEPS 8 each, no closing evaluation): logp_gap_fresh of each;
 #                                            MOE_FROM=moefy: the default model as an MoE of its own

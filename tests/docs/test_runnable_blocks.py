@@ -56,7 +56,10 @@ def hub(tmp_path_factory) -> Path:
     return cache
 
 
-@pytest.mark.parametrize("line", LINES, ids=str)
+# the commands that read a run share one worker, so that one real run serves them all
+@pytest.mark.parametrize("line", [
+    pytest.param(line, marks=[pytest.mark.xdist_group("docs-run")] if needs_run(line) else [])
+    for line in LINES], ids=str)
 def test_documented_command(line, hub, tmp_path, monkeypatch, request):
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
