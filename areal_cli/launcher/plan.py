@@ -208,12 +208,13 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
     # saved as the trainer keeps them: float32 masters; with LoRA the frozen weights' compute dtype
     weight = 2 if lora and str(t.dtype) in ("bfloat16", "float16") else 4
     moments = 0 if lora else (4 if str(t.optim_state) == "bfloat16" else 8)
-    final = params * weight
+    # trainer.lora.merged_checkpoint=false: the final checkpoint is the adapter alone (~nothing)
+    final = params * weight if not lora or t.lora.merged_checkpoint else 0
     every = cfg.checkpoint.every
     # trainer checkpoints at every `every`-th version before the last, `keep` of them at once (a
     # stop's checkpoint replaces the final one)
     kept = min(cfg.checkpoint.keep, (t.steps - 1) // every) if every else 0
-    parts = [("final checkpoint", final)]
+    parts = [("final checkpoint", final)] if final else []
     if cfg.eval.every:
         parts.append(("evaluation checkpoint", final))
     if kept:
@@ -227,7 +228,8 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
     gb = 1e9
     line = (f"disk: the run writes up to ~{need / gb:.1f} GB ("
             + ", ".join(f"{what} ~{b / gb:.1f} GB" for what, b in parts)
-            + f"); {where} has {free / gb:.1f} GB free")
+            + f"); {where} has {free / gb:.1f} GB free" if parts else
+            f"disk: the run's checkpoint is the adapter alone; {where} has {free / gb:.1f} GB free")
     if need <= free:
         return [line]
     return [line, f"disk: WARNING: {need / gb:.1f} GB will not fit in {free / gb:.1f} GB: the run "

@@ -422,23 +422,18 @@ def save_hf(model, tokenizer_src: Path, out: Path, lora=None, last: bool = False
         del shard
     if not rank0:
         return
-    if not files:
-        (tmp / "COMPLETE").write_text("ok\n")
-        AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp / "adapter")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-        return
     if len(files) > 1:
         (tmp / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
             indent=1) + "\n")
-    config = copy.deepcopy(model.config)
-    config.dtype = str(dtype or torch.float32).split(".")[1]
-    config.architectures = [type(plain).__name__]
-    config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp)
+    if files:
+        config = copy.deepcopy(model.config)
+        config.dtype = str(dtype or torch.float32).split(".")[1]
+        config.architectures = [type(plain).__name__]
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+    # beside the model, or beside the adapter alone
+    AutoTokenizer.from_pretrained(tokenizer_src).save_pretrained(tmp if files else tmp / "adapter")
     (tmp / "COMPLETE").write_text("ok\n")
     if out.exists():
         shutil.rmtree(out)

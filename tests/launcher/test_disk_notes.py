@@ -29,3 +29,10 @@ def test_a_model_too_large_for_the_disk_is_a_warning_that_names_the_fixes(tiny_m
     lines = disk_notes(cfg, big, tmp_path / "run")
     assert len(lines) == 2 and "WARNING" in lines[1]
     assert "run_dir=" in lines[1] and "checkpoint.keep" in lines[1]
+
+
+def test_lora_without_the_merged_copy_counts_no_model(tiny_model, tmp_path):
+    cfg = compose([f"model={tiny_model}", f"run_dir={tmp_path}/run", "trainer.lora.rank=4",
+                   "trainer.lora.merged_checkpoint=false", "eval.at_end=false"])
+    (line,) = disk_notes(cfg, tiny_model, tmp_path / "run")
+    assert "adapter alone" in line and "final checkpoint" not in line
