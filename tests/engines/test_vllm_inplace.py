@@ -243,7 +243,9 @@ def test_the_receiving_thread_signals_each_finished_receive_through_a_file(tmp_p
         deadline = time.monotonic() + 30
         while receives_finished(signal) < n and time.monotonic() < deadline:
             time.sleep(0.001)
-        # the file says it as soon as the future does
+        # the file is written as the receive ends, just before its future is marked done
+        while not rx2.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
         assert receives_finished(signal) == n and rx2.done()
         rx2.apply()
         sent.join()
