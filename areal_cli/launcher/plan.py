@@ -203,11 +203,13 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
         params = Layout.from_config(model_path).params
     except (KeyError, TypeError, ValueError):
         return []
-    t = cfg.trainer
-    lora = t.lora.rank > 0
+    from areal_cli.config.resolve import _states
+
+    t, states = cfg.trainer, _states(cfg)  # the bytes the memory plan counts
+    lora = states["lora"]
     # saved as the trainer keeps them: float32 masters; with LoRA the frozen weights' compute dtype
-    weight = 2 if lora and str(t.dtype) in ("bfloat16", "float16") else 4
-    moments = 0 if lora else (4 if str(t.optim_state) == "bfloat16" else 8)
+    weight = states["frozen_bytes"] if lora else 4
+    moments = 0 if lora else states["moments_bytes"]
     # trainer.lora.merged_checkpoint=false: the final checkpoint is the adapter alone (~nothing)
     final = params * weight if not lora or t.lora.merged_checkpoint else 0
     every = cfg.checkpoint.every
