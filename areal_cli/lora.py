@@ -10,6 +10,15 @@ weight becomes W = W0 + (alpha / rank) · B @ A. ``merged_items`` makes that sum
 (``engine.lora_merge=true`` and the final checkpoint); ``save_adapter`` writes the adapter in
 peft's own format (``adapter_config.json`` + ``adapter_model.safetensors``), which
 ``peft.PeftModel.from_pretrained`` and vLLM's LoRA loader read.
+
+A mixture of experts' routed experts (``trainer.lora.target_experts``) are 3D weights
+``[experts, out, in]`` (``gate_up_proj`` and ``down_proj`` of a layer's ``mlp.experts``), adapted
+by peft's parameter wrappers: one rank-r adapter per expert, ``lora_A`` [experts · r, in] and
+``lora_B`` [out, experts · r] (peft's layout: A's rows expert-major, B's columns rank-major), and
+W[e] = W0[e] + (alpha / rank) · B_e @ A_e. peft nests one wrapper per weight, the first of
+``EXPERT_PARAMS`` innermost, so the adapter of ``gate_up_proj`` is named
+``<experts>.base_layer.lora_A.weight`` and that of ``down_proj`` ``<experts>.lora_A.weight``, as
+peft saves them. They travel only merged (``engine.lora_merge=true``).
 """
 
 from __future__ import annotations
@@ -27,6 +36,10 @@ from areal_cli.transport.weights import ParamSpec, clean_name
 ADAPTER = "default"
 """peft's adapter name inside the trainer's model (one adapter)."""
 PARTS = (".lora_A.", ".lora_B.")
+EXPERT_PARAMS = ("gate_up_proj", "down_proj")
+"""The routed experts' 3D weights an adapter targets (``trainer.lora.target_experts``), in the
+order peft wraps them (the first innermost)."""
+WRAPPED = ".base_layer"
 
 
 def enabled(cfg: RootConfig) -> bool:
@@ -61,7 +74,10 @@ def wire_name(name: str) -> str:
 def base_name(name: str) -> str:
     """The plain model's name of a parameter of an adapted model (``q_proj.base_layer.weight`` →
     ``q_proj.weight``)."""
-    return clean_name(name).replace(".base_layer.", ".")
+    name = clean_name(name)
+    while ".base_layer." in name:  # nested: an experts module's weights
+        name = name.replace(".base_layer.", ".")
+    return name
 
 
 def target_layers(model: torch.nn.Module, lora: LoraConfig) -> list[tuple[str, torch.nn.Linear]]:
@@ -69,6 +85,35 @@ def target_layers(model: torch.nn.Module, lora: LoraConfig) -> list[tuple[str, t
     wanted = set(lora.target_modules)
     return [(clean_name(n), m) for n, m in model.named_modules()
             if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in wanted]
+
+
+def expert_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
+    """(name, module) of every routed-experts module of ``model``: one holding the 3D weights
+    ``EXPERT_PARAMS`` ``[experts, out, in]``."""
+    out = []
+    for n, m in model.named_modules():
+        params = [getattr(m, p, None) for p in EXPERT_PARAMS]
+        if all(isinstance(p, torch.nn.Parameter) and p.dim() == 3 for p in params):
+            out.append((clean_name(n), m))
+    return out
+
+
+def expert_targets(model: torch.nn.Module, lora: LoraConfig) -> list[str]:
+    """The full names of the experts' 3D weights an adapter targets (none unless
+    ``lora.target_experts``)."""
+    if not getattr(lora, "target_experts", False):
+        return []
+    return [f"{n}.{p}" for n, _ in expert_modules(model) for p in EXPERT_PARAMS]
+
+
+def expert_adapter_params(model: torch.nn.Module, rank: int) -> int:
+    """Parameters of rank-``rank`` adapters on every expert's ``EXPERT_PARAMS`` of ``model``."""
+    total = 0
+    for _, m in expert_modules(model):
+        for p in EXPERT_PARAMS:
+            e, out, inp = getattr(m, p).shape
+            total += e * rank * (out + inp)
+    return total
 
 
 def adapter_specs(model: torch.nn.Module, lora: LoraConfig) -> list[ParamSpec]:
@@ -103,9 +148,20 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
     if unknown:
         out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; "
                    f"use some of {sorted(linear - {'lm_head'})}")
-    layers = target_layers(model, lora)
-    if layers:
-        smallest = min(min(m.in_features, m.out_features) for _, m in layers)
+    experts = expert_modules(model)
+    if getattr(lora, "target_experts", False):
+        if not experts:
+            out.append("trainer.lora.target_experts=true: this model has no routed experts (a "
+                       "dense model); set trainer.lora.target_experts=false")
+        elif any(getattr(m, "is_transposed", False) for _, m in experts):
+            out.append("trainer.lora.target_experts=true: this model stores its experts as "
+                       "[experts, in, out], which areal's merge does not take; set "
+                       "trainer.lora.target_experts=false")
+    dims = [min(m.in_features, m.out_features) for _, m in target_layers(model, lora)]
+    if getattr(lora, "target_experts", False):
+        dims += [min(getattr(m, p).shape[1:]) for _, m in experts for p in EXPERT_PARAMS]
+    if dims:
+        smallest = min(dims)
         if lora.rank > smallest:
             out.append(f"trainer.lora.rank={lora.rank} exceeds {smallest}, the smallest dimension "
                        "of a targeted layer (a rank above it adds nothing but memory); use "
@@ -120,7 +176,8 @@ def adapter_size(model_path, lora: LoraConfig) -> int:
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    return 4 * sum(s.numel for s in adapter_specs(model, lora))
+    experts = expert_adapter_params(model, lora.rank) if lora.target_experts else 0
+    return 4 * (sum(s.numel for s in adapter_specs(model, lora)) + experts)
 
 
 def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
@@ -130,9 +187,10 @@ def inject(model: torch.nn.Module, lora: LoraConfig) -> torch.nn.Module:
     import peft
 
     # the linear layers by their full names: given the bare names, peft also wraps an MoE's 3D
-    # expert parameters, which the engines' adapter layout (``adapter_specs``) does not carry
+    # expert parameters, which only trainer.lora.target_experts asks for (by their full names too)
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=[n for n, _ in target_layers(model, lora)],
+                             target_parameters=expert_targets(model, lora) or None,
                              bias="none")
     model = peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     for name, p in model.named_parameters():
@@ -151,36 +209,39 @@ def adapter_items(named: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[s
 def merged_items(named: Iterator[tuple[str, torch.Tensor]], s: float,
                  inplace: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
     """(plain name, tensor) of an adapted model's parameters with every adapter merged: W0 + s · B @
-    A in float32, cast back to W0's dtype, in the plain model's order. An adapted layer's own
-    parameters (W0, a bias) wait until its A and B have come by (module order). ``inplace``: the sum
-    is written into float32 W0 tensors themselves (no second copy; the adapted model is then
-    spent)."""
-    # layer → its base_layer's parameters (weight, bias)
-    held: dict[str, dict[str, torch.Tensor]] = {}
-    parts: dict[str, dict[str, torch.Tensor]] = {}  # layer → lora_A, lora_B
+    A in float32 (per expert for the experts' 3D weights), cast back to W0's dtype, in the plain
+    model's order. An adapted module's own parameters (W0, a bias; an experts module's weights)
+    wait until all its adapters have come by (module order). ``inplace``: the sum is written into
+    float32 W0 tensors themselves (no second copy; the adapted model is then spent)."""
+    held: dict[str, dict[str, torch.Tensor]] = {}  # adapted module → its own parameters
+    parts: dict[str, dict[str, dict[str, torch.Tensor]]] = {}  # module → weight → lora_A, lora_B
     for name, t in named:
         name = clean_name(name)
-        if ".base_layer." in name:
-            layer, leaf = name.split(".base_layer.", 1)
-            held.setdefault(layer, {})[leaf] = t
-            continue
         if not is_adapter(name):
-            yield name, t
-            continue
-        layer, part = wire_name(name).rsplit(".", 2)[:2]
-        parts.setdefault(layer, {})[part] = t
-        if len(parts[layer]) == 2:
-            ab, own = parts.pop(layer), held.pop(layer)
-            w0 = own.pop("weight")
-            if inplace and w0.dtype == torch.float32:
-                yield f"{layer}.weight", w0.addmm_(ab["lora_B"].float(), ab["lora_A"].float(),
-                                                   alpha=s)
+            if f"{WRAPPED}." in name:
+                module, leaf = name.split(f"{WRAPPED}.", 1)
+                held.setdefault(module, {})[leaf.replace(f"{WRAPPED[1:]}.", "")] = t
             else:
-                yield f"{layer}.weight", merge(w0, ab["lora_A"], ab["lora_B"], s)
-            for leaf, rest in own.items():
-                yield f"{layer}.{leaf}", rest
+                yield name, t
+            continue
+        module, part = wire_name(name).rsplit(".", 2)[:2]
+        depth = 0
+        while module.endswith(WRAPPED):
+            module, depth = module[:-len(WRAPPED)], depth + 1
+        # peft nests an experts module's wrappers in the order of its weights, the first innermost
+        wanted = [k for k, w in held.get(module, {}).items() if w.dim() == 3] or ["weight"]
+        parts.setdefault(module, {}).setdefault(wanted[len(wanted) - 1 - depth], {})[part] = t
+        if any(len(parts[module].get(w, {})) < 2 for w in wanted):
+            continue
+        ab, own = parts.pop(module), held.pop(module)
+        for leaf, w0 in own.items():
+            if leaf in ab:
+                a, b = ab[leaf]["lora_A"], ab[leaf]["lora_B"]
+                w0 = merge(w0, a, b, s, inplace) if w0.dim() == 2 else merge_experts(
+                    w0, a, b, s, inplace)
+            yield f"{module}.{leaf}", w0
     if held or parts:
-        raise RuntimeError("adapted layers without both adapter tensors: "
+        raise RuntimeError("adapted layers without all their adapter tensors: "
                            f"{sorted(held) + sorted(parts)}")
 
 
@@ -195,9 +256,24 @@ def update_specs(model: torch.nn.Module, cfg: RootConfig) -> list[ParamSpec]:
     return [ParamSpec(clean_name(n), tuple(t.shape), int(t.numel())) for n, t in named]
 
 
-def merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float) -> torch.Tensor:
-    """W0 + s · B @ A, computed in float32, in W0's dtype."""
+def merge(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float,
+          inplace: bool = False) -> torch.Tensor:
+    """W0 + s · B @ A, computed in float32, in W0's dtype (``inplace``: into a float32 W0)."""
+    if inplace and w0.dtype == torch.float32:
+        return w0.addmm_(b.float(), a.float(), alpha=s)
     return torch.addmm(w0.float(), b.float(), a.float(), alpha=s).to(w0.dtype)
+
+
+def merge_experts(w0: torch.Tensor, a: torch.Tensor, b: torch.Tensor, s: float,
+                  inplace: bool = False) -> torch.Tensor:
+    """W0[e] + s · B_e @ A_e for every expert e of a 3D weight ``[experts, out, in]``, from peft's
+    layout (A [experts · r, in], B [out, r · experts]), computed in float32, in W0's dtype."""
+    e = w0.shape[0]
+    a3 = a.float().reshape(e, -1, a.shape[-1])  # [experts, r, in]
+    b3 = b.float().reshape(b.shape[0], -1, e).permute(2, 0, 1)  # [experts, out, r]
+    if inplace and w0.dtype == torch.float32:
+        return w0.baddbmm_(b3, a3, alpha=s)
+    return torch.baddbmm(w0.float(), b3, a3, alpha=s).to(w0.dtype)
 
 
 def merge_state_dict(sd: dict[str, torch.Tensor], s: float, inplace: bool = False) -> dict[str,
@@ -218,8 +294,11 @@ def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: Lor
     tensors = {f"base_model.model.{n}": t.detach().to(dtype).cpu().contiguous() for n, t in items}
     save_file(tensors, str(out / "adapter_model.safetensors"))
     # the modules that have an adapter, not every name asked for: an MoE's experts (3D weights)
-    # take none here, and peft would otherwise add zero adapters to them on loading
-    adapted = sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in tensors})
+    # take one only with target_experts, and peft would otherwise add zero adapters to them
+    modules = {n.split(".lora_")[0] for n in tensors}
+    experts = {m for m in modules if m.endswith(WRAPPED)}
+    experts |= {m for m in modules if m + WRAPPED in experts}
+    adapted = sorted({m.rsplit(".", 1)[-1] for m in modules - experts})
     config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora.rank,
               "lora_alpha": lora.alpha,
               "lora_dropout": lora.dropout,
@@ -228,6 +307,9 @@ def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: Lor
               "base_model_name_or_path": str(base_model), "fan_in_fan_out": False,
               "use_rslora": False,
               "use_dora": False, "modules_to_save": None}
+    if experts:  # their weights by the experts module's last name, as peft matches them
+        last = min(experts, key=len).rsplit(".", 1)[-1]
+        config["target_parameters"] = [f"{last}.{p}" for p in EXPERT_PARAMS]
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 

@@ -93,7 +93,7 @@ class EngineConfig:
     through the weight broadcast, instead of the adapter alone (the engine then runs without LoRA).
     "auto" = true with vllm (its merged in-place updates hold generation far shorter than loading
     the adapter through vLLM's LoRA API: BENCHMARKS.md "LoRA"), false with hf (its merge of the
-    received adapter is in place)."""
+    received adapter is in place); true with trainer.lora.target_experts."""
     lm_head_fp32: Switch = Switch.auto
     """Logits in float32 (bf16 inputs, fp32 accumulate and output) in the engine and in the trainer,
     so behaviour and recomputed logprobs agree (bf16 logits are rounded to 1/8 at |logit| >= 16).

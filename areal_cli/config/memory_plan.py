@@ -8,7 +8,9 @@ The estimate, per rank, in bytes:
 
 - weights, gradients and AdamW moments: P × (4 + 4 + 8, or 4 with bfloat16 moments) / ranks; with
   LoRA the frozen weights alone, in the compute dtype (2 bytes; 4 with trainer.dtype=float32; the
-  adapters are a rounding error);
+  adapters are a rounding error, except on a mixture of experts' routed experts
+  (``trainer.lora.target_experts``): their adapters' float32 weights, gradients and moments, and
+  each kept layer's experts merged with them, which the grouped GEMM keeps for its backward);
 - the staged wire copy on rank 0 (``weights.staged``): P × 2;
 - activations of one micro-batch of ``micro_batch_tokens``: a layer kept whole holds
   ``ACT_FACTOR × (18·hidden + 6·intermediate)`` bytes a token (its inputs and outputs, q/k/v, the
@@ -46,6 +48,10 @@ class Layout:
     hidden: int
     intermediate: int
     vocab: int
+    expert_params: int = 0
+    """Weights of the routed experts (every sparse layer)."""
+    expert_io: int = 0
+    """Σ over the routed experts' weights of (out + in): rank-r adapters on them hold r × this."""
 
     @classmethod
     def from_config(cls, path: Path) -> Layout:
@@ -69,38 +75,48 @@ class Layout:
         mlp = moe.mlp_params(config)
         # a token's MLP width: its top-k experts and a shared one in a sparse layer, else the dense
         widths = ([k * expert + shared] if sparse else []) + ([inter] if len(sparse) < n else [])
+        experts = len(sparse) * moe.experts_of(config)
         return cls(params=n * attention + sum(mlp) + embed + h, layers=n, hidden=h,
-                   intermediate=max(widths), vocab=v)
+                   intermediate=max(widths), vocab=v, expert_params=experts * 3 * h * expert,
+                   expert_io=experts * (3 * expert + 2 * h))
 
 
 def estimate_bytes(lay: Layout, *, ranks: int, micro_batch_tokens: int, every: int | None,
                    moments_bytes: int,
-                   lora: bool, staged: bool, chunk: int, frozen_bytes: int = 2) -> int:
-    """Estimated peak of trainer rank 0: ``every`` None = no checkpointing, k = every k-th layer."""
-    grads = 0 if lora else lay.params * 4 / ranks
+                   lora: bool, staged: bool, chunk: int, frozen_bytes: int = 2,
+                   expert_rank: int = 0) -> int:
+    """Estimated peak of trainer rank 0: ``every`` None = no checkpointing, k = every k-th layer;
+    ``expert_rank``: the rank of adapters on the routed experts (0: none)."""
+    grads = (lay.expert_io * expert_rank if lora else lay.params) * 4 / ranks
     whole = ACT_FACTOR * (18 * lay.hidden + 6 * lay.intermediate)
     # layers not recomputed
     kept = lay.layers if every is None else lay.layers - -(-lay.layers // every)
     inputs = (lay.layers - kept) * 4 * lay.hidden
     acts = micro_batch_tokens * (kept * whole + inputs + (whole if every is not None else 0))
     head = 3 * chunk * lay.vocab * 4
-    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes) + grads + acts + head)
+    # adapted experts: each kept layer's merged expert weights (one more while recomputing)
+    merged = (lay.expert_params * frozen_bytes * (kept + (every is not None)) / lay.layers
+              if expert_rank else 0)
+    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes, expert_rank) + grads
+               + acts + head + merged)
 
 
 def resident_bytes(lay: Layout, *, ranks: int, moments_bytes: int, lora: bool,
-                   staged: bool, frozen_bytes: int = 2) -> int:
+                   staged: bool, frozen_bytes: int = 2, expert_rank: int = 0) -> int:
     """What trainer rank 0 keeps on its card between two steps (its gradients freed): weights and
     AdamW moments, the staged wire copy, ``HEADROOM``. With ``cluster.share=alternate`` the engine
     wakes beside this much at each update."""
-    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes))
+    return int(_kept(lay, ranks, moments_bytes, lora, staged, frozen_bytes, expert_rank))
 
 
 def _kept(lay: Layout, ranks: int, moments_bytes: int, lora: bool, staged: bool,
-          frozen_bytes: int = 2) -> float:
+          frozen_bytes: int = 2, expert_rank: int = 0) -> float:
     """Bytes of weights and AdamW moments per rank (with LoRA the frozen weights alone), the staged
     wire copy and ``HEADROOM``: what a rank holds outside a step's gradients and activations."""
     per_param = frozen_bytes if lora else 4 + moments_bytes
-    return lay.params * per_param / ranks + (2 * lay.params if staged else 0) + HEADROOM
+    adapters = lay.expert_io * expert_rank * (4 + moments_bytes) if lora else 0
+    return ((lay.params * per_param + adapters) / ranks + (2 * lay.params if staged else 0)
+            + HEADROOM)
 
 
 def choose(lay: Layout, card_bytes: int, **kw) -> tuple[int | None, int]:

@@ -15,7 +15,7 @@ and the weight backend, so the inputs are a ``Placement``, which needs no GPU to
 - engine.lm_head_fp32: true where the engine's logits are float32 (vllm), else false
 - engine.weight_update: vllm: inplace for a known fused layout (any TP), else reload; hf: inplace
 - engine.lora_merge: true with vllm (merged weights through its in-place update), false with hf
-  (the adapter)
+  (the adapter); true with trainer.lora.target_experts (the experts' adapters travel merged)
 - reward.judge.engine: vllm where reward.gpus is set and engine=vllm (vLLM is installed), else hf
 - weights.dtype: engine.dtype
 - reward.dtype: bfloat16 on reward.gpus, else the CPU's rule as for engine.dtype
@@ -240,6 +240,7 @@ def _states(cfg: RootConfig) -> dict:
     t = cfg.trainer
     return dict(ranks=t.ranks, moments_bytes=4 if t.optim_state == OptimState.bfloat16 else 8,
                 lora=t.lora.rank > 0, frozen_bytes=4 if t.dtype == Dtype.float32 else 2,
+                expert_rank=t.lora.rank if t.lora.target_experts else 0,
                 staged=cfg.weights.staged == Switch.true and not lora.sends_adapter(cfg))
 
 

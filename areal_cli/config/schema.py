@@ -80,6 +80,11 @@ class LoraConfig:
     engine's)."""
     target_modules: list = field(default_factory=lambda: list(LORA_TARGETS))
     """Names of the linear layers that get an adapter (the last part of the module name)."""
+    target_experts: bool = False
+    """A mixture of experts: an adapter on every routed expert's weights too (each expert its own
+    rank-r A and B on its gate/up and down projections, peft's parameter wrappers); needs
+    dropout=0 and merged weight updates (engine.lora_merge auto or true). false: only the linear
+    layers of target_modules (attention, a shared expert)."""
     merged_checkpoint: bool = True
     """The final checkpoint holds the model with the adapter merged (loads as a plain model; the
     size of the whole model) beside ``adapter/``; false: ``adapter/`` alone, with the base model's

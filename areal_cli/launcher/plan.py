@@ -200,7 +200,8 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
     if model_path is None or not (Path(model_path) / "config.json").is_file():
         return []
     try:
-        params = Layout.from_config(model_path).params
+        lay = Layout.from_config(model_path)
+        params = lay.params
     except (KeyError, TypeError, ValueError):
         return []
     from areal_cli.config.resolve import _states
@@ -210,8 +211,10 @@ def disk_notes(cfg: RootConfig, model_path: Path | None, run_dir: Path) -> list[
     # saved as the trainer keeps them: float32 masters; with LoRA the frozen weights' compute dtype
     weight = states["frozen_bytes"] if lora else 4
     moments = 0 if lora else states["moments_bytes"]
-    # trainer.lora.merged_checkpoint=false: the final checkpoint is the adapter alone (~nothing)
-    final = params * weight if not lora or t.lora.merged_checkpoint else 0
+    # trainer.lora.merged_checkpoint=false: the final checkpoint is the adapter alone (~nothing
+    # but on a mixture of experts' routed experts)
+    adapter = lay.expert_io * states["expert_rank"] * 4
+    final = params * weight + adapter if not lora or t.lora.merged_checkpoint else adapter
     every = cfg.checkpoint.every
     # trainer checkpoints at every `every`-th version before the last, `keep` of them at once (a
     # stop's checkpoint replaces the final one)
@@ -302,6 +305,8 @@ def lora_notes(cfg: RootConfig, model_path: Path | None) -> list[str]:
     if lo.rank <= 0:
         return []
     what = f"LoRA rank {lo.rank}, alpha {lo.alpha:g}, on {','.join(lo.target_modules)}"
+    if lo.target_experts:
+        what += " and every routed expert (trainer.lora.target_experts)"
     if cfg.engine.lora_merge == "true":
         return [f"{what}: engine.lora_merge=true: the trainer merges the adapter and sends full "
                 "weights"]

@@ -42,6 +42,9 @@ from areal_cli.engines import spec
 def resolve(cfg: RootConfig, where: Placement = CPU) -> RootConfig:
     """A copy of ``cfg`` with every ``auto`` replaced by its concrete value for ``where``."""
     out = copy.deepcopy(cfg)
+    if out.trainer.lora.rank > 0 and out.trainer.lora.target_experts:
+        # the experts' adapters travel merged only (no engine applies them itself)
+        out.engine.lora_merge = _switch(out.engine.lora_merge, True)
     out.engine = resolve_engine(out.engine, where.model_path, gpu=where.engine_gpu)
     if out.reward.dtype == "auto":
         out.reward.dtype = str(_dtype(Dtype.auto, bool(out.reward.gpus)))

@@ -192,6 +192,14 @@ def lora_problems(cfg: RootConfig) -> list[str]:
         out.append(f"trainer.lora.target_modules={list(lora.target_modules)}: name at least one "
                    "linear layer, e.g. [q_proj,v_proj] (default: every attention and MLP "
                    "projection)")
+    if lora.target_experts and lora.dropout:
+        out.append(f"trainer.lora.target_experts=true with trainer.lora.dropout={lora.dropout}: "
+                   "an expert's adapter has no dropout (its input is not its own); set "
+                   "trainer.lora.dropout=0 or trainer.lora.target_experts=false")
+    if lora.target_experts and cfg.engine.lora_merge == "false":
+        out.append("trainer.lora.target_experts=true with engine.lora_merge=false: the experts' "
+                   "adapters travel merged into their weights only; set engine.lora_merge=auto "
+                   "or trainer.lora.target_experts=false")
     if cfg.algorithm.needs_critic:
         out.append(f"trainer.lora.rank={lora.rank} with "
                    f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (algorithm=ppo): the "

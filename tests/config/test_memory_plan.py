@@ -95,3 +95,18 @@ def test_lora_and_bf16_moments_need_less():
     lora32 = estimate_bytes(lay, moments_bytes=8, lora=True, frozen_bytes=4, **kw)
     lora16 = estimate_bytes(lay, moments_bytes=8, lora=True, **kw)
     assert lora32 - lora16 == pytest.approx(2 * lay.params, rel=1e-6)
+
+
+def test_adapters_on_the_experts_count_their_states_and_merged_weights():
+    """trainer.lora.target_experts: rank-16 adapters on Qwen3-30B-A3B's 18,432 experts are 0.63B
+    float32 parameters with gradients and moments (~10 GB), and each kept layer holds its experts
+    merged for the grouped GEMM's backward."""
+    q30 = Layout.from_config(MODELS / "qwen3-30b-a3b")
+    assert q30.expert_params == 48 * 128 * 3 * 2048 * 768
+    assert q30.expert_io * 16 == 48 * 128 * 16 * (3 * 768 + 2 * 2048)
+    kw = dict(ranks=1, micro_batch_tokens=4096, every=1, staged=False, chunk=2048,
+              moments_bytes=8, lora=True)
+    more = estimate_bytes(q30, expert_rank=16, **kw) - estimate_bytes(q30, **kw)
+    adapters = q30.expert_io * 16 * (4 + 4 + 8)
+    merged = q30.expert_params * 2 * 1 / 48  # checkpointing every layer: the one recomputed
+    assert more == pytest.approx(adapters + merged, rel=1e-6)
