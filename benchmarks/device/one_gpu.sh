@@ -45,6 +45,8 @@
 #           LAYERS=16 EXTRA="trainer.optim_state=bfloat16" (the plan computed on the CPU for a 140 GiB card:
 #           alternate, the trainer ~89 GiB without checkpointing while vLLM sleeps; float32 moments do not
 #           fit beside vLLM awake at an update, and the plan refuses them with the fixes).
+#           The same layout with LoRA on attention and every routed expert, concurrent:
+#           LAYERS=16 EXTRA="trainer.lora.rank=16 trainer.lora.target_experts=true".
 #           The Qwen3-30B-A3B layout whole with LoRA on one GPU, concurrent (the
 #           plan without either staging copy: vLLM 69.9 GiB, the trainer ~66 GiB checkpointing every
 #           layer; the 57 GiB checkpoint in RAM, as the disk lacks the room beside the stage):
