@@ -313,6 +313,13 @@ def save_adapter(out: Path, items: Iterator[tuple[str, torch.Tensor]], lora: Lor
     (out / "adapter_config.json").write_text(json.dumps(config, indent=1) + "\n")
 
 
+def saved_experts(adapter_dir: Path) -> bool:
+    """The adapter saved in ``adapter_dir`` adapts a mixture of experts' routed experts
+    (``target_experts``; false where none is saved)."""
+    path = adapter_dir / "adapter_config.json"
+    return path.is_file() and bool(json.loads(path.read_text()).get("target_parameters"))
+
+
 def saved_rank(adapter_dir: Path) -> int | None:
     """The rank of the adapter saved in ``adapter_dir`` (None where none is)."""
     path = adapter_dir / "adapter_config.json"

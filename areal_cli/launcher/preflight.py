@@ -65,7 +65,7 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
     if cfg.trainer.lora.rank <= 0 and not cfg.resume:
         return []  # nothing to check (and areal_cli.lora would import torch: seconds)
     from areal_cli.checkpoint_dirs import latest_checkpoint
-    from areal_cli.lora import check_model, saved_rank
+    from areal_cli.lora import check_model, saved_experts, saved_rank
 
     out = check_model(model_path, cfg.trainer.lora)
     if cfg.trainer.lora.rank > 0 and importlib.util.find_spec("peft") is None:
@@ -80,6 +80,11 @@ def lora_problems(cfg: RootConfig, model_path) -> list[str]:
                        + f": resume with trainer.lora.rank={saved} in {cfg.resume}/config.yaml, or "
                        "start a new run from its merged model "
                        f"(model={Path(cfg.resume) / 'checkpoints' / 'final'})")
+        elif saved and saved_experts(ckpt / "adapter") != cfg.trainer.lora.target_experts:
+            was = str(saved_experts(ckpt / "adapter")).lower()
+            out.append(f"trainer.lora.target_experts={str(cfg.trainer.lora.target_experts).lower()}"
+                       f" but the checkpoint {ckpt} holds an adapter made with "
+                       f"target_experts={was}: resume with trainer.lora.target_experts={was}")
     return out
 
 

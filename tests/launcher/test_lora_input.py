@@ -34,6 +34,8 @@ def _nothing_started(run_dir) -> bool:
     (["trainer.lora.rank=4", "trainer.lora.target_modules=[]"],
      ["trainer.lora.target_modules", "q_proj"]),
     (["trainer.lora.rank=-1"], ["trainer.lora.rank=-1"]),
+    (["trainer.lora.rank=4", "trainer.lora.target_experts=true"],
+     ["trainer.lora.target_experts=true", "no routed experts", "target_experts=false"]),
 ])
 def test_bad_lora_settings_exit_2_before_any_process(tiny_model, tmp_path, overrides, needles):
     run = tmp_path / "r"

@@ -176,3 +176,35 @@ def test_expert_adapter_checks(tiny_model, tiny_moe_model):
     with pytest.raises(ConfigError, match="engine.lora_merge=auto"):
         compose([f"model={tiny_moe_model}", "trainer.lora.rank=4",
                  "trainer.lora.target_experts=true", "engine.lora_merge=false"])
+
+
+def test_a_resume_keeps_the_experts_adapter_exactly_and_refuses_the_other_choice(
+        tiny_moe_model, tmp_path):
+    from areal_cli.checkpoint_dirs import MARKER, marker_text
+    from areal_cli.launcher.preflight import lora_problems
+    from areal_cli.runconfig.compose import compose
+    from areal_cli.rundir import RunDir
+    from areal_cli.trainer import checkpoint
+
+    init_gloo()
+    over = ("trainer.lora.rank=4", "trainer.lora.target_experts=true", "trainer.lr=1e-2",
+            "rollout.group_size=2")
+    a = step_runner(tiny_moe_model, *over)
+    a.train(make_batch(plain_model(tiny_moe_model), groups=2, group_size=2, seed=1), version=0)
+    run = tmp_path / "run"
+    ckpt = RunDir(run).checkpoint(1)
+    checkpoint.save(a, 1, ckpt)
+    (ckpt / "controller.json").write_text("{}")
+    (ckpt / MARKER).write_text(marker_text(1))
+    b = step_runner(tiny_moe_model, *over)  # a fresh run: new random A
+    assert checkpoint.load(b, ckpt) == 1
+    got = dict(b.model.named_parameters())
+    for n, p in a.model.named_parameters():
+        if lora.is_adapter(n):
+            assert torch.equal(p, got[n]), n
+    same = compose([f"model={tiny_moe_model}", *over[:2]])
+    other = compose([f"model={tiny_moe_model}", "trainer.lora.rank=4"])
+    same.resume = other.resume = str(run)
+    assert lora_problems(same, tiny_moe_model) == []
+    assert "resume with trainer.lora.target_experts=true" in lora_problems(other,
+                                                                          tiny_moe_model)[0]
