@@ -101,7 +101,7 @@ def expert_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module]]:
 def expert_targets(model: torch.nn.Module, lora: LoraConfig) -> list[str]:
     """The full names of the experts' 3D weights an adapter targets (none unless
     ``lora.target_experts``)."""
-    if not getattr(lora, "target_experts", False):
+    if not lora.target_experts:
         return []
     return [f"{n}.{p}" for n, _ in expert_modules(model) for p in EXPERT_PARAMS]
 
@@ -149,7 +149,7 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
         out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; "
                    f"use some of {sorted(linear - {'lm_head'})}")
     experts = expert_modules(model)
-    if getattr(lora, "target_experts", False):
+    if lora.target_experts:
         if not experts:
             out.append("trainer.lora.target_experts=true: this model has no routed experts (a "
                        "dense model); set trainer.lora.target_experts=false")
@@ -158,7 +158,7 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
                        "[experts, in, out], which areal's merge does not take; set "
                        "trainer.lora.target_experts=false")
     dims = [min(m.in_features, m.out_features) for _, m in target_layers(model, lora)]
-    if getattr(lora, "target_experts", False):
+    if lora.target_experts:
         dims += [min(getattr(m, p).shape[1:]) for _, m in experts for p in EXPERT_PARAMS]
     if dims:
         smallest = min(dims)
