@@ -106,16 +106,6 @@ def expert_targets(model: torch.nn.Module, lora: LoraConfig) -> list[str]:
     return [f"{n}.{p}" for n, _ in expert_modules(model) for p in EXPERT_PARAMS]
 
 
-def expert_adapter_params(model: torch.nn.Module, rank: int) -> int:
-    """Parameters of rank-``rank`` adapters on every expert's ``EXPERT_PARAMS`` of ``model``."""
-    total = 0
-    for _, m in expert_modules(model):
-        for p in EXPERT_PARAMS:
-            e, out, inp = getattr(m, p).shape
-            total += e * rank * (out + inp)
-    return total
-
-
 def adapter_specs(model: torch.nn.Module, lora: LoraConfig) -> list[ParamSpec]:
     """The adapter tensors of ``model`` (a plain model) in wire order: A [rank, in], B [out, rank]
     per layer."""
@@ -149,6 +139,7 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
         out.append(f"trainer.lora.target_modules: {unknown} name no linear layer of this model; "
                    f"use some of {sorted(linear - {'lm_head'})}")
     experts = expert_modules(model)
+    dims = [min(m.in_features, m.out_features) for _, m in target_layers(model, lora)]
     if lora.target_experts:
         if not experts:
             out.append("trainer.lora.target_experts=true: this model has no routed experts (a "
@@ -157,8 +148,6 @@ def check_model(model_path, lora: LoraConfig) -> list[str]:
             out.append("trainer.lora.target_experts=true: this model stores its experts as "
                        "[experts, in, out], which areal's merge does not take; set "
                        "trainer.lora.target_experts=false")
-    dims = [min(m.in_features, m.out_features) for _, m in target_layers(model, lora)]
-    if lora.target_experts:
         dims += [min(getattr(m, p).shape[1:]) for _, m in experts for p in EXPERT_PARAMS]
     if dims:
         smallest = min(dims)
@@ -173,10 +162,13 @@ def adapter_size(model_path, lora: LoraConfig) -> int:
     """Bytes of the adapter of the model at ``model_path`` in float32 (its config only)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from areal_cli.config.memory_plan import Layout
+
     config = AutoConfig.from_pretrained(model_path)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    experts = expert_adapter_params(model, lora.rank) if lora.target_experts else 0
+    # the experts' adapters as the memory plan counts them
+    experts = Layout.from_config(model_path).expert_io * lora.rank if lora.target_experts else 0
     return 4 * (sum(s.numel for s in adapter_specs(model, lora)) + experts)
 
 
